@@ -1,0 +1,1 @@
+//! codec layer (in progress).

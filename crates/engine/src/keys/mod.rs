@@ -1,0 +1,59 @@
+//! Secrets from files: passphrases and 32-byte key files. Never from argv, never logged.
+//!
+//! A `Secret` zeroizes itself on drop and has no `Debug` output beyond its kind.
+
+use std::path::Path;
+use zeroize::Zeroizing;
+
+use crate::{Error, Result};
+
+pub mod wrap;
+
+/// An unlock secret as the user gave it.
+pub enum Secret {
+    /// Bytes of a passphrase file, trailing newline removed; stretched with Argon2id.
+    Passphrase(Zeroizing<Vec<u8>>),
+    /// A 32-byte raw key file; used directly as the wrapping key.
+    KeyFile(Zeroizing<[u8; 32]>),
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Passphrase(_) => f.write_str("Secret::Passphrase(<redacted>)"),
+            Secret::KeyFile(_) => f.write_str("Secret::KeyFile(<redacted>)"),
+        }
+    }
+}
+
+fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    Ok(Zeroizing::new(bytes))
+}
+
+impl Secret {
+    pub fn from_passphrase_file(path: &Path) -> Result<Secret> {
+        let mut bytes = read_secret_file(path)?;
+        while matches!(bytes.last(), Some(b'\n') | Some(b'\r')) {
+            bytes.pop();
+        }
+        if bytes.is_empty() {
+            return Err(Error::Invalid(format!("passphrase file {} is empty", path.display())));
+        }
+        Ok(Secret::Passphrase(bytes))
+    }
+
+    pub fn from_key_file(path: &Path) -> Result<Secret> {
+        let bytes = read_secret_file(path)?;
+        if bytes.len() != 32 {
+            return Err(Error::Invalid(format!(
+                "key file {} holds {} bytes; a key file must hold exactly 32 random bytes (e.g. head -c 32 /dev/urandom > key)",
+                path.display(),
+                bytes.len()
+            )));
+        }
+        let mut key = Zeroizing::new([0u8; 32]);
+        key.copy_from_slice(&bytes);
+        Ok(Secret::KeyFile(key))
+    }
+}

@@ -1,0 +1,1 @@
+//! Key wrapping (in progress).

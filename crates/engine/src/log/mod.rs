@@ -1,0 +1,1 @@
+//! log layer (in progress).

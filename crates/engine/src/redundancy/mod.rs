@@ -1,0 +1,1 @@
+//! redundancy layer (in progress).

@@ -1,0 +1,68 @@
+//! Human sizes: "64K", "1G", "512", "1.5T" (binary units, as qemu-img and zfs read them).
+
+use crate::{Error, Result};
+
+/// Parse a size with an optional K/M/G/T/P suffix (powers of 1024; "B" and "iB" accepted).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let bad = || Error::Invalid(format!("invalid size '{text}': expected a number with an optional K, M, G or T suffix"));
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
+    let t = if t.len() > 1 { t.strip_suffix(['B', 'b']).unwrap_or(t) } else { t };
+    let (num, shift) = match t.chars().last().ok_or_else(bad)? {
+        'k' | 'K' => (&t[..t.len() - 1], 10),
+        'm' | 'M' => (&t[..t.len() - 1], 20),
+        'g' | 'G' => (&t[..t.len() - 1], 30),
+        't' | 'T' => (&t[..t.len() - 1], 40),
+        'p' | 'P' => (&t[..t.len() - 1], 50),
+        _ => (t, 0),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(1u64 << shift).ok_or_else(bad);
+    }
+    let f: f64 = num.parse().map_err(|_| bad())?;
+    if !(f.is_finite() && f >= 0.0) {
+        return Err(bad());
+    }
+    let v = f * (1u64 << shift) as f64;
+    if v > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(v as u64)
+}
+
+/// Format bytes the way zfs list does: 1.50G, 512K, 0.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{bytes}")
+    } else if v >= 100.0 || v.fract() == 0.0 {
+        format!("{:.0}{}", v, UNITS[i])
+    } else {
+        format!("{:.2}{}", v, UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("64k").unwrap(), 65536);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5T").unwrap(), 3 << 39);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1").is_err());
+        assert_eq!(format_size(1536 << 20), "1.50G");
+        assert_eq!(format_size(0), "0");
+    }
+}

@@ -1,0 +1,1 @@
+//! NBD server (in progress).
