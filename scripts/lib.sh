@@ -1,0 +1,50 @@
+# Shared by scripts/test.sh and scripts/demo.sh: install what bulwark, its
+# build and its tests need, when it is missing (Debian). Source it; it sets
+# SUDO and PATH and defines log().
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+log() { printf '==> %s\n' "$*"; }
+
+# --- system packages -------------------------------------------------------
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have qemu-io        || need_pkgs+=(qemu-utils)
+have qemu-img       || need_pkgs+=(qemu-utils)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+installed qemu-block-extra   || need_pkgs+=(qemu-block-extra)
+installed qemu-system-common || need_pkgs+=(qemu-system-common)
+have nbdinfo        || need_pkgs+=(libnbd-bin)
+have nbdcopy        || need_pkgs+=(libnbd-bin)
+have nbdfuse        || need_pkgs+=(libnbd-bin)
+/usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need_pkgs+=(python3-libnbd)
+have nbdkit         || need_pkgs+=(nbdkit)
+have fio            || need_pkgs+=(fio)
+have fusermount3    || need_pkgs+=(fuse3)
+have mkfs.ext4      || need_pkgs+=(e2fsprogs)
+have e2fsck         || need_pkgs+=(e2fsprogs)
+have pkg-config     || need_pkgs+=(pkg-config)
+have cc             || need_pkgs+=(build-essential)
+installed libssl-dev || need_pkgs+=(libssl-dev)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    # shellcheck disable=SC2207
+    pkgs=($(printf '%s\n' "${need_pkgs[@]}" | sort -u))
+    log "installing ${pkgs[*]}"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+fi
+
+# --- Rust --------------------------------------------------------------------
+if ! have cargo; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+    if ! have cargo; then
+        log "installing Rust with rustup"
+        if have rustup; then
+            rustup default stable
+        else
+            have curl || { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends curl ca-certificates; }
+            curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+        fi
+    fi
+fi
+

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install what the tests need (when missing), build, run the Rust tests and
+# the integration suite that drives bulwark through real NBD clients.
+#
+#   ./scripts/test.sh                 everything
+#   ./scripts/test.sh -k mirror       extra arguments go to pytest
+#
+# Environment: BULWARK_BIN (binary under test; default target/release/bulwark),
+# BULWARK_TEST_SEED (replay a randomised test), TEST_TIMEOUT (seconds per test, default 300).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+# --- pytest --------------------------------------------------------------------
+PY=${PYTHON:-python3}
+have "$PY" || PY=/usr/bin/python3
+if ! "$PY" -c 'import pytest, pytest_timeout' >/dev/null 2>&1; then
+    log "installing pytest and pytest-timeout for $PY"
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+        "$PY" -m pip install -q pytest pytest-timeout 2>/dev/null \
+            || "$PY" -m pip install -q --break-system-packages pytest pytest-timeout
+    else
+        PY=/usr/bin/python3
+        $SUDO apt-get update -q
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends python3-pytest python3-pytest-timeout
+    fi
+fi
+
+# --- build and test ------------------------------------------------------------
+log "cargo build --release"
+cargo build --release --workspace
+log "cargo test --release --workspace"
+cargo test --release --workspace
+
+export BULWARK_BIN=${BULWARK_BIN:-$ROOT/target/release/bulwark}
+log "integration tests against $BULWARK_BIN"
+exec "$PY" -m pytest -q -rfEs --timeout="${TEST_TIMEOUT:-300}" tests/ "$@"

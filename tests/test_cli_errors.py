@@ -1,0 +1,72 @@
+"""Every user mistake gets one line on stderr and a non-zero exit, never a
+usage dump, traceback or panic: a bad size, a bad layout, a missing key
+option, an unknown volume, a daemon that is not running."""
+
+import re
+
+
+from conftest import Pool, make_key_file, stderr_lines
+
+NOISE = ("panicked", "Traceback", "stack backtrace", "RUST_BACKTRACE", "Usage:", "For more information")
+
+
+def assert_one_line_error(r, what, mentions):
+    lines = stderr_lines(r)
+    assert r.returncode != 0, f"{what}: exit 0\nstdout:{r.stdout}\nstderr:{r.stderr}"
+    for n in NOISE:
+        assert n not in r.stderr + r.stdout, f"{what}: {n!r} in output:\n{r.stderr}"
+    assert len(lines) == 1, f"{what}: expected one line on stderr, got {len(lines)}:\n{r.stderr}"
+    assert re.search(mentions, lines[0], re.I), f"{what}: {lines[0]!r} does not mention /{mentions}/"
+
+
+def test_pool_create_errors(make_pool):
+    p = make_pool()
+    cases = [
+        ("bad layout", ["--layout", "raid9", "--devices", "1", "--device-size", "64M"], r"layout|raid9"),
+        ("mirror wider than the devices", ["--layout", "mirror:3", "--devices", "2", "--device-size", "64M"],
+         r"mirror|device|layout"),
+        ("bad device size", ["--layout", "single", "--devices", "1", "--device-size", "12Q"], r"size|12Q"),
+        ("missing device size", ["--layout", "single", "--devices", "1"], r"device-size|size"),
+    ]
+    for what, args, mentions in cases:
+        r = p.bulwark("pool", "create", p.dir, *args, check=False)
+        assert_one_line_error(r, f"pool create ({what})", mentions)
+
+
+def test_daemon_not_running(make_pool):
+    p = make_pool().create()
+    for args in (["status"], ["volume", "list"], ["volume", "destroy", "x"]):
+        r = p.cli(*args, check=False)
+        assert_one_line_error(r, f"{' '.join(args)} without a daemon", r"not running|daemon|serve|control|connect")
+    r = Pool(p.tmp / "nowhere").cli("status", check=False)
+    assert_one_line_error(r, "status on a directory that is no pool", r"pool|not running|daemon|no such|not found|nowhere")
+
+
+def test_volume_and_key_errors(pool, tmp_path):
+    key = make_key_file(tmp_path / "k")
+    cases = [
+        ("bad size", ["volume", "create", "v1", "--size", "12Q", "--key-file", key], r"size|12Q"),
+        ("bad block size", ["volume", "create", "v1", "--size", "64M", "--block-size", "3000",
+                            "--key-file", key], r"block"),
+        ("encrypted without a key", ["volume", "create", "v1", "--size", "64M"], r"key|passphrase"),
+        ("key file of the wrong length", ["volume", "create", "v1", "--size", "64M",
+                                          "--key-file", tmp_path / "short.key"], r"key|32|bytes"),
+        ("missing key file", ["volume", "create", "v1", "--size", "64M",
+                              "--key-file", tmp_path / "absent.key"], r"absent\.key|no such|not found"),
+        ("destroy unknown volume", ["volume", "destroy", "nosuch"], r"nosuch"),
+        ("load key of unknown volume", ["key", "load", "nosuch", "--key-file", key], r"nosuch"),
+        ("unload key of unknown volume", ["key", "unload", "nosuch"], r"nosuch"),
+        ("load key without a key option", ["key", "load", "nosuch"], r"key|passphrase"),
+    ]
+    (tmp_path / "short.key").write_bytes(b"0123456789")
+    for what, args, mentions in cases:
+        r = pool.cli(*args, check=False)
+        assert_one_line_error(r, what, mentions)
+    names = [v["name"] for v in pool.status()["volumes"]]
+    assert names == [], f"failed creates left volumes behind: {names}"
+
+    # A duplicate name is refused and leaves the first volume alone.
+    pool.create_volume("dup", size="16M")
+    r = pool.cli("volume", "create", "dup", "--size", "32M", "--key-file", key, check=False)
+    assert_one_line_error(r, "duplicate volume", r"dup")
+    assert pool.volume_status("dup")["size_bytes"] == 16 * 1024 * 1024
