@@ -14,9 +14,9 @@ def fio(uri, out, *extra, check=True):
     cmd = ["fio", "--name=bw", "--ioengine=nbd", f"--uri={uri}",
            "--rw=randwrite", "--bs=4k", "--iodepth=32", "--numjobs=2",
            f"--size={JOB_BYTES}", f"--offset_increment={JOB_BYTES}",
-           "--verify=crc32c", "--verify_fatal=1", "--do_verify=1",
+           "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0",
            "--output-format=json", f"--output={out}", *extra]
-    r = run(cmd, check=False, timeout=300)
+    r = run(cmd, check=False, timeout=300, cwd=out.parent)
     try:
         report = json.loads(out.read_text())
     except (OSError, ValueError):
