@@ -2,3 +2,58 @@
 
 /// Default bound on the clean map-node cache.
 pub const CACHE_BYTES_DEFAULT: u64 = 256 << 20;
+
+/// Bytes reserved at the front and at the back of every device for superblock slots.
+pub const DEVICE_RESERVED_FRONT: u64 = 1 << 20;
+pub const DEVICE_RESERVED_BACK: u64 = 1 << 20;
+/// One superblock slot.
+pub const SUPERBLOCK_BYTES: usize = 4096;
+/// Slot offsets inside the front and back regions (two slots each, written alternately).
+pub const SUPERBLOCK_SLOT_OFFSETS: [u64; 2] = [0, 256 << 10];
+/// Smallest device the pool accepts.
+pub const DEVICE_BYTES_MIN: u64 = 16 << 20;
+/// Most devices in one pool.
+pub const DEVICES_MAX: usize = 16;
+
+/// The log is cut into segments of this size; space is reclaimed a segment at a time.
+pub const SEGMENT_BYTES: u64 = 1 << 20;
+/// Records inside a segment start on this alignment.
+pub const RECORD_ALIGN: u64 = 16;
+/// Segments kept back from client data so commits and the cleaner can always proceed.
+pub const SEGMENTS_RESERVED: u32 = 4;
+/// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).
+pub const SEGMENTS_FREE_LOW: u32 = 8;
+pub const FREE_PERCENT_LOW: u32 = 10;
+/// At most this many segments are emptied in one cleaning pass.
+pub const CLEAN_BATCH_SEGMENTS: usize = 32;
+
+/// Block sizes a volume may use.
+pub const BLOCK_BYTES_MIN: u32 = 4096;
+pub const BLOCK_BYTES_MAX: u32 = 128 << 10;
+pub const BLOCK_BYTES_DEFAULT: u32 = 4096;
+/// Largest volume (2^60 bytes keeps every offset arithmetic inside u64).
+pub const VOLUME_BYTES_MAX: u64 = 1 << 60;
+
+/// Block-map radix tree: 64 pointers per node.
+pub const MAP_FANOUT_SHIFT: u32 = 6;
+pub const MAP_FANOUT: usize = 1 << MAP_FANOUT_SHIFT;
+/// Commit early when this many map nodes are dirty (bounds memory between flushes).
+pub const MAP_DIRTY_NODES_MAX: usize = 8192;
+/// Copies of every metadata record (map nodes, volume table) inside the log, on top of the layout's copies.
+pub const METADATA_COPIES: usize = 2;
+
+/// Background commit interval: unflushed writes are durable after at most this long.
+pub const COMMIT_INTERVAL_MS: u64 = 5000;
+/// Nonces are handed out from a range reserved in the superblock, this many at a time.
+pub const NONCE_RESERVE_STEP: u64 = 1 << 24;
+/// Stripe locks serialise read-modify-write of one block.
+pub const STRIPE_LOCKS: usize = 1024;
+
+/// AES-256-GCM tag length.
+pub const AEAD_TAG_BYTES: usize = 16;
+
+const _: () = assert!(SEGMENT_BYTES % RECORD_ALIGN == 0);
+const _: () = assert!(SEGMENT_BYTES >= 2 * (BLOCK_BYTES_MAX as u64 + AEAD_TAG_BYTES as u64));
+const _: () = assert!(DEVICE_RESERVED_FRONT > SUPERBLOCK_SLOT_OFFSETS[1] + SUPERBLOCK_BYTES as u64);
+const _: () = assert!(DEVICE_RESERVED_FRONT % SEGMENT_BYTES == 0);
+const _: () = assert!(BLOCK_BYTES_DEFAULT.is_power_of_two());

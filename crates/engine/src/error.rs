@@ -24,7 +24,9 @@ pub enum Error {
     /// The operation conflicts with current use (for example unloading a key while attached).
     #[error("{0}")]
     Busy(String),
-    #[error("access beyond the end of the volume: offset {offset} length {length}, volume size {size}")]
+    #[error(
+        "access beyond the end of the volume: offset {offset} length {length}, volume size {size}"
+    )]
     OutOfRange { offset: u64, length: u64, size: u64 },
     #[error("the pool is out of space")]
     NoSpace,
@@ -35,7 +37,10 @@ pub enum Error {
     #[error("corrupt: {0}")]
     Corrupt(String),
     #[error("{path}: {source}")]
-    Device { path: PathBuf, source: std::io::Error },
+    Device {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// A write or flush to every copy failed earlier: consistency cannot be promised
@@ -59,6 +64,9 @@ impl Error {
     }
 
     pub(crate) fn device(path: &std::path::Path, source: std::io::Error) -> Self {
-        Error::Device { path: path.to_path_buf(), source }
+        Error::Device {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }

@@ -24,5 +24,7 @@ pub mod volume;
 
 pub use error::{Error, Result};
 pub use keys::Secret;
-pub use pool::{DeviceSpec, Layout, OpenOptions, Pool, PoolStatus, DeviceStatus, SpaceStatus, VolumeStatus};
+pub use pool::{
+    DeviceSpec, DeviceStatus, Layout, OpenOptions, Pool, PoolStatus, SpaceStatus, VolumeStatus,
+};
 pub use volume::{Compression, Extent, Volume, VolumeOptions};

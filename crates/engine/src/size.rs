@@ -5,9 +5,20 @@ use crate::{Error, Result};
 /// Parse a size with an optional K/M/G/T/P suffix (powers of 1024; "B" and "iB" accepted).
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
-    let bad = || Error::Invalid(format!("invalid size '{text}': expected a number with an optional K, M, G or T suffix"));
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
-    let t = if t.len() > 1 { t.strip_suffix(['B', 'b']).unwrap_or(t) } else { t };
+    let bad = || {
+        Error::Invalid(format!(
+            "invalid size '{text}': expected a number with an optional K, M, G or T suffix"
+        ))
+    };
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
+    let t = if t.len() > 1 {
+        t.strip_suffix(['B', 'b']).unwrap_or(t)
+    } else {
+        t
+    };
     let (num, shift) = match t.chars().last().ok_or_else(bad)? {
         'k' | 'K' => (&t[..t.len() - 1], 10),
         'm' | 'M' => (&t[..t.len() - 1], 20),

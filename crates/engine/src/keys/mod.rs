@@ -8,6 +8,7 @@ use zeroize::Zeroizing;
 use crate::{Error, Result};
 
 pub mod wrap;
+pub use wrap::{KeySlot, SlotKind};
 
 /// An unlock secret as the user gave it.
 pub enum Secret {
@@ -27,7 +28,8 @@ impl std::fmt::Debug for Secret {
 }
 
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
     Ok(Zeroizing::new(bytes))
 }
 
@@ -38,7 +40,10 @@ impl Secret {
             bytes.pop();
         }
         if bytes.is_empty() {
-            return Err(Error::Invalid(format!("passphrase file {} is empty", path.display())));
+            return Err(Error::Invalid(format!(
+                "passphrase file {} is empty",
+                path.display()
+            )));
         }
         Ok(Secret::Passphrase(bytes))
     }

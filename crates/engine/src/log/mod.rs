@@ -1,1 +1,252 @@
-//! log layer (in progress).
+//! Log: the pool's address space cut into segments, appended to, and reclaimed.
+//!
+//! New data never overwrites live data: every record is appended at a head (an
+//! open segment). Four heads keep streams apart: client data, blocks relocated
+//! by the cleaner (cold data stays together), metadata, and second copies of
+//! metadata (so the two copies of a map node never share a segment).
+//!
+//! Each segment has a count of live bytes: bytes of records that the current
+//! in-memory state references. A segment whose count falls to zero is not free
+//! yet: the last *committed* state may still reference it. Commit collects the
+//! zero segments before it writes, and releases them only after its superblock
+//! is durable (`zero_sealed` / `release`).
+//!
+//! Invariant: a segment in state `Free` holds nothing that any committed or
+//! in-memory pointer references.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::constants::{RECORD_ALIGN, SEGMENTS_RESERVED, SEGMENT_BYTES};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Data = 0,
+    Clean = 1,
+    Meta = 2,
+    /// Second copies of metadata: never in the same segment as the first.
+    Meta2 = 3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegState {
+    Free,
+    Open,
+    Sealed,
+}
+
+struct Inner {
+    free: BTreeSet<u32>,
+    state: Vec<SegState>,
+    heads: [Option<(u32, u32)>; 4],
+    /// One past the highest segment ever allocated (persisted at commit).
+    high_water: u32,
+}
+
+pub struct Log {
+    segments: u32,
+    live: Vec<AtomicU32>,
+    inner: Mutex<Inner>,
+    /// Signalled when segments become free.
+    pub space: Condvar,
+}
+
+pub fn segment_of(addr: u64) -> u32 {
+    (addr / SEGMENT_BYTES) as u32
+}
+
+impl Log {
+    /// A log whose live counts come from a walk of everything reachable (`live_bytes`).
+    /// Segments below `high_water` whose accounting is unknown (`trust_zero == false`)
+    /// stay sealed so nothing possibly referenced is ever reused.
+    pub fn new(live_bytes: Vec<u32>, high_water: u32, trust_zero: bool) -> Log {
+        let segments = live_bytes.len() as u32;
+        let mut free = BTreeSet::new();
+        let mut state = Vec::with_capacity(live_bytes.len());
+        for (i, &l) in live_bytes.iter().enumerate() {
+            let i = i as u32;
+            if l == 0 && (trust_zero || i >= high_water) {
+                free.insert(i);
+                state.push(SegState::Free);
+            } else {
+                state.push(SegState::Sealed);
+            }
+        }
+        let live = live_bytes.into_iter().map(AtomicU32::new).collect();
+        Log {
+            segments,
+            live,
+            inner: Mutex::new(Inner {
+                free,
+                state,
+                heads: [None; 4],
+                high_water: high_water.min(segments),
+            }),
+            space: Condvar::new(),
+        }
+    }
+
+    pub fn segments(&self) -> u32 {
+        self.segments
+    }
+
+    pub fn free_segments(&self) -> u32 {
+        self.inner.lock().free.len() as u32
+    }
+
+    pub fn high_water(&self) -> u32 {
+        self.inner.lock().high_water
+    }
+
+    pub fn live_bytes_total(&self) -> u64 {
+        self.live
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed) as u64)
+            .sum()
+    }
+
+    /// Allocate `len` bytes at the head of `stream`. Client data (`Stream::Data`) may not
+    /// take the last `SEGMENTS_RESERVED` free segments: those keep commits and the cleaner going.
+    pub fn alloc(&self, stream: Stream, len: usize) -> Result<u64> {
+        let len = len as u64;
+        assert!(len > 0 && len <= SEGMENT_BYTES, "record of {len} bytes");
+        let mut g = self.inner.lock();
+        let h = stream as usize;
+        if let Some((seg, off)) = g.heads[h] {
+            if off as u64 + len <= SEGMENT_BYTES {
+                let next = (off as u64 + len).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+                g.heads[h] = Some((seg, next as u32));
+                self.live[seg as usize].fetch_add(len as u32, Ordering::Relaxed);
+                return Ok(seg as u64 * SEGMENT_BYTES + off as u64);
+            }
+            g.state[seg as usize] = SegState::Sealed;
+            g.heads[h] = None;
+        }
+        let reserve = if stream == Stream::Data {
+            SEGMENTS_RESERVED
+        } else {
+            0
+        };
+        if g.free.len() as u32 <= reserve {
+            return Err(Error::NoSpace);
+        }
+        let seg = g.free.pop_first().expect("checked non-empty");
+        g.state[seg as usize] = SegState::Open;
+        g.high_water = g.high_water.max(seg + 1);
+        let next = len.div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+        g.heads[h] = Some((seg, next as u32));
+        self.live[seg as usize].fetch_add(len as u32, Ordering::Relaxed);
+        Ok(seg as u64 * SEGMENT_BYTES)
+    }
+
+    /// Whether client data can be allocated without waiting for the cleaner.
+    pub fn data_space_available(&self) -> bool {
+        let g = self.inner.lock();
+        if let Some((_, off)) = g.heads[Stream::Data as usize] {
+            if (SEGMENT_BYTES - off as u64) >= (128 << 10) + 64 {
+                return true;
+            }
+        }
+        g.free.len() as u32 > SEGMENTS_RESERVED
+    }
+
+    /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.
+    pub fn release_bytes(&self, addr: u64, len: u32) {
+        let seg = segment_of(addr) as usize;
+        let prev = self.live[seg].fetch_sub(len, Ordering::AcqRel);
+        assert!(
+            prev >= len,
+            "segment {seg} live count underflow ({prev} - {len})"
+        );
+    }
+
+    /// Sealed segments with no live bytes: candidates to free once the next commit is durable.
+    pub fn zero_sealed(&self) -> Vec<u32> {
+        let g = self.inner.lock();
+        (0..self.segments)
+            .filter(|&s| {
+                g.state[s as usize] == SegState::Sealed
+                    && self.live[s as usize].load(Ordering::Acquire) == 0
+            })
+            .collect()
+    }
+
+    /// Free segments collected by `zero_sealed` before a commit that is now durable.
+    pub fn release(&self, segs: &[u32]) {
+        if segs.is_empty() {
+            return;
+        }
+        let mut g = self.inner.lock();
+        for &s in segs {
+            if g.state[s as usize] == SegState::Sealed
+                && self.live[s as usize].load(Ordering::Acquire) == 0
+            {
+                g.state[s as usize] = SegState::Free;
+                g.free.insert(s);
+            }
+        }
+        drop(g);
+        self.space.notify_all();
+    }
+
+    /// Sealed segments worth cleaning, emptiest first: at most `max`, each under `live_max_bytes` live.
+    pub fn victims(&self, max: usize, live_max_bytes: u32) -> Vec<u32> {
+        let g = self.inner.lock();
+        let mut v: Vec<(u32, u32)> = (0..self.segments)
+            .filter(|&s| g.state[s as usize] == SegState::Sealed)
+            .map(|s| (self.live[s as usize].load(Ordering::Relaxed), s))
+            .filter(|&(l, _)| l > 0 && l < live_max_bytes)
+            .collect();
+        v.sort_unstable();
+        v.truncate(max);
+        v.into_iter().map(|(_, s)| s).collect()
+    }
+
+    pub fn live_of(&self, seg: u32) -> u32 {
+        self.live[seg as usize].load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_free_only_after_release() {
+        let log = Log::new(vec![0; 8], 0, true);
+        let a = log.alloc(Stream::Data, 4096).unwrap();
+        let b = log.alloc(Stream::Data, 4112).unwrap();
+        assert_eq!(segment_of(a), segment_of(b));
+        assert_eq!(b - a, 4096);
+        // Fill the segment so it seals.
+        while segment_of(log.alloc(Stream::Data, 65536).unwrap()) == segment_of(a) {}
+        log.release_bytes(a, 4096);
+        log.release_bytes(b, 4112);
+        let before = log.free_segments();
+        // Still referenced by bytes of the third-sized records in the first segment.
+        let zero = log.zero_sealed();
+        assert!(
+            zero.is_empty(),
+            "segment still has the 64K records: {zero:?}"
+        );
+        assert_eq!(log.free_segments(), before);
+    }
+
+    #[test]
+    fn data_cannot_take_reserved_segments() {
+        let log = Log::new(vec![0; SEGMENTS_RESERVED as usize + 1], 0, true);
+        log.alloc(Stream::Data, SEGMENT_BYTES as usize).unwrap();
+        assert!(matches!(log.alloc(Stream::Data, 4096), Err(Error::NoSpace)));
+        assert!(log.alloc(Stream::Meta, 4096).is_ok());
+    }
+
+    #[test]
+    fn unknown_accounting_keeps_used_segments_sealed() {
+        let log = Log::new(vec![0; 10], 6, false);
+        assert_eq!(log.free_segments(), 4);
+        assert_eq!(segment_of(log.alloc(Stream::Meta, 16).unwrap()), 6);
+    }
+}

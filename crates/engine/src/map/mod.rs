@@ -1,1 +1,490 @@
-//! map layer (in progress).
+//! Block map: per volume, a copy-on-write radix tree from logical block to block pointer.
+//!
+//! Leaves (level 0) hold 64 data block pointers; a node at level L holds 64
+//! pointers to nodes at level L-1. The depth is fixed by the volume size. A
+//! pointer carries the stored length, codec flags, nonce and the blake3
+//! checksum of the bytes it points to, so every node is verified by its parent
+//! (a Merkle tree rooted in the volume table, itself checksummed by the
+//! superblock). An all-zero pointer is a hole: never written, or trimmed.
+//!
+//! Copy-on-write: a changed node is copied into `dirty` (its path up to the
+//! root with it) and written to a new place at commit; nothing committed is
+//! modified in place. Clean nodes live in a shared, bounded cache and are read
+//! again from the pool when evicted, so memory does not grow with volume size:
+//! it is bounded by the cache plus the dirty nodes, which a commit drains
+//! (`MAP_DIRTY_NODES_MAX`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::codec::Checksum;
+use crate::constants::{MAP_FANOUT, MAP_FANOUT_SHIFT};
+use crate::{Error, Result};
+
+pub const BLKPTR_BYTES: usize = 64;
+pub const NODE_HEADER_BYTES: usize = 16;
+pub const NODE_BYTES: usize = NODE_HEADER_BYTES + MAP_FANOUT * BLKPTR_BYTES;
+const NODE_MAGIC: &[u8; 4] = b"BWMN";
+/// `addr[1]` when a record has no second copy.
+pub const ADDR_NONE: u64 = u64::MAX;
+
+/// Where a record lives and how to verify and decode it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Blkptr {
+    /// Pool addresses of the copies (`addr[1] == ADDR_NONE` for one copy).
+    pub addr: [u64; 2],
+    /// AEAD nonce counter (pool-unique) for encrypted records; 0 otherwise.
+    pub nonce: u64,
+    /// Stored bytes; 0 means hole.
+    pub len: u32,
+    pub flags: u16,
+    pub checksum: Checksum,
+}
+
+impl Blkptr {
+    pub const HOLE: Blkptr = Blkptr {
+        addr: [0, 0],
+        nonce: 0,
+        len: 0,
+        flags: 0,
+        checksum: [0; 32],
+    };
+
+    pub fn is_hole(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The copies' addresses.
+    pub fn addrs(&self) -> &[u64] {
+        if self.addr[1] == ADDR_NONE {
+            &self.addr[..1]
+        } else {
+            &self.addr[..]
+        }
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.addr[0].to_le_bytes());
+        out[8..16].copy_from_slice(&self.addr[1].to_le_bytes());
+        out[16..24].copy_from_slice(&self.nonce.to_le_bytes());
+        out[24..28].copy_from_slice(&self.len.to_le_bytes());
+        out[28..30].copy_from_slice(&self.flags.to_le_bytes());
+        out[30..32].copy_from_slice(&[0, 0]);
+        out[32..64].copy_from_slice(&self.checksum);
+    }
+
+    pub fn decode(b: &[u8]) -> Blkptr {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        Blkptr {
+            addr: [u64_at(0), u64_at(8)],
+            nonce: u64_at(16),
+            len: u32::from_le_bytes(b[24..28].try_into().unwrap()),
+            flags: u16::from_le_bytes(b[28..30].try_into().unwrap()),
+            checksum: b[32..64].try_into().unwrap(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Node {
+    pub level: u8,
+    pub index: u64,
+    pub ptrs: [Blkptr; MAP_FANOUT],
+}
+
+impl Node {
+    pub fn empty(level: u8, index: u64) -> Node {
+        Node {
+            level,
+            index,
+            ptrs: [Blkptr::HOLE; MAP_FANOUT],
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ptrs.iter().all(Blkptr::is_hole)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; NODE_BYTES];
+        out[0..4].copy_from_slice(NODE_MAGIC);
+        out[4] = self.level;
+        out[8..16].copy_from_slice(&self.index.to_le_bytes());
+        for (i, p) in self.ptrs.iter().enumerate() {
+            let at = NODE_HEADER_BYTES + i * BLKPTR_BYTES;
+            p.encode(&mut out[at..at + BLKPTR_BYTES]);
+        }
+        out
+    }
+
+    /// Decode a node read from disk; `level` and `index` are where the parent says it belongs
+    /// (a misdirected write shows up here as a mismatch).
+    pub fn decode(b: &[u8], level: u8, index: u64) -> Result<Node> {
+        if b.len() != NODE_BYTES || &b[0..4] != NODE_MAGIC {
+            return Err(Error::Corrupt("map node has a bad length or magic".into()));
+        }
+        let got_index = u64::from_le_bytes(b[8..16].try_into().unwrap());
+        if b[4] != level || got_index != index {
+            return Err(Error::Corrupt(format!(
+                "map node is ({}, {got_index}) but its parent expects ({level}, {index})",
+                b[4]
+            )));
+        }
+        let mut n = Node::empty(level, index);
+        for (i, p) in n.ptrs.iter_mut().enumerate() {
+            let at = NODE_HEADER_BYTES + i * BLKPTR_BYTES;
+            *p = Blkptr::decode(&b[at..at + BLKPTR_BYTES]);
+        }
+        Ok(n)
+    }
+}
+
+/// Reads a node from the pool, verified by the pointer's checksum.
+pub trait NodeStore {
+    fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node>;
+}
+
+/// Clean nodes of every volume, bounded by bytes. Key: (tree id, level, index).
+pub type NodeCache = quick_cache::sync::Cache<(u64, u8, u64), Arc<Node>>;
+
+pub fn new_cache(bytes: u64) -> NodeCache {
+    let items = (bytes / NODE_BYTES as u64).max(64) as usize;
+    NodeCache::new(items)
+}
+
+/// Levels needed to address `blocks` logical blocks.
+pub fn depth_for(blocks: u64) -> u8 {
+    let mut d = 1u8;
+    while (blocks - 1) >> (MAP_FANOUT_SHIFT * d as u32) > 0 {
+        d += 1;
+    }
+    d
+}
+
+fn slot(lba: u64, level: u8) -> usize {
+    ((lba >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1)
+}
+
+fn node_index(lba: u64, level: u8) -> u64 {
+    lba >> (MAP_FANOUT_SHIFT * (level as u32 + 1))
+}
+
+pub struct Tree {
+    /// Namespace in the node cache; unique per volume for the life of the pool.
+    pub id: u64,
+    pub depth: u8,
+    /// The root as of the last commit (or as set by the last `commit` call).
+    pub root: Blkptr,
+    dirty: HashMap<(u8, u64), Box<Node>>,
+}
+
+/// What `Tree::walk` shows: every stored record reachable from the root.
+pub enum Visit<'a> {
+    /// A node's pointer as stored in its parent (its current on-disk place).
+    Node {
+        level: u8,
+        index: u64,
+        ptr: &'a Blkptr,
+    },
+    Data {
+        lba: u64,
+        ptr: &'a Blkptr,
+    },
+}
+
+impl Tree {
+    pub fn new(id: u64, depth: u8, root: Blkptr) -> Tree {
+        Tree {
+            id,
+            depth,
+            root,
+            dirty: HashMap::new(),
+        }
+    }
+
+    pub fn dirty_nodes(&self) -> usize {
+        self.dirty.len()
+    }
+
+    fn get(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        level: u8,
+        index: u64,
+        ptr: &Blkptr,
+    ) -> Result<Option<Arc<Node>>> {
+        if ptr.is_hole() {
+            return Ok(None);
+        }
+        if let Some(n) = cache.get(&(self.id, level, index)) {
+            return Ok(Some(n));
+        }
+        let n = Arc::new(store.load_node(ptr, level, index)?);
+        cache.insert((self.id, level, index), n.clone());
+        Ok(Some(n))
+    }
+
+    /// The pointer for logical block `lba` (a hole if never written).
+    pub fn lookup(&self, store: &dyn NodeStore, cache: &NodeCache, lba: u64) -> Result<Blkptr> {
+        let mut ptr = self.root;
+        for level in (0..self.depth).rev() {
+            let index = node_index(lba, level);
+            let s = slot(lba, level);
+            if let Some(n) = self.dirty.get(&(level, index)) {
+                ptr = n.ptrs[s];
+                continue;
+            }
+            match self.get(store, cache, level, index, &ptr)? {
+                Some(n) => ptr = n.ptrs[s],
+                None => return Ok(Blkptr::HOLE),
+            }
+        }
+        Ok(ptr)
+    }
+
+    /// Make the path to `lba`'s leaf dirty and return the leaf.
+    fn dirty_path(
+        &mut self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        lba: u64,
+    ) -> Result<&mut Node> {
+        let mut ptr = self.root;
+        for level in (0..self.depth).rev() {
+            let index = node_index(lba, level);
+            let key = (level, index);
+            if !self.dirty.contains_key(&key) {
+                let node = match self.get(store, cache, level, index, &ptr)? {
+                    Some(n) => Node::clone(&n),
+                    None => Node::empty(level, index),
+                };
+                self.dirty.insert(key, Box::new(node));
+            }
+            if level > 0 {
+                ptr = self.dirty[&key].ptrs[slot(lba, level)];
+            }
+        }
+        Ok(self
+            .dirty
+            .get_mut(&(0, node_index(lba, 0)))
+            .expect("leaf made dirty above"))
+    }
+
+    /// Point `lba` at `ptr`; returns the pointer it replaces.
+    pub fn set(
+        &mut self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        lba: u64,
+        ptr: Blkptr,
+    ) -> Result<Blkptr> {
+        let leaf = self.dirty_path(store, cache, lba)?;
+        Ok(std::mem::replace(&mut leaf.ptrs[slot(lba, 0)], ptr))
+    }
+
+    /// Force the node at (`level`, `index`) — and its path — to be rewritten at the next commit.
+    pub fn touch(
+        &mut self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        level: u8,
+        index: u64,
+    ) -> Result<()> {
+        let lba = index << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+        // dirty_path dirties every level down to the leaf; touching a leaf's ancestors is enough
+        // to move the node itself, and dirtying the leaf below it costs one copy.
+        self.dirty_path(store, cache, lba).map(|_| ())
+    }
+
+    /// Write every dirty node bottom-up: `write` stores an encoded node and returns its pointer;
+    /// `free` is told of each pointer that is replaced. Returns the new root.
+    pub fn commit(
+        &mut self,
+        cache: &NodeCache,
+        write: &mut dyn FnMut(&Node) -> Result<Blkptr>,
+        free: &mut dyn FnMut(&Blkptr),
+    ) -> Result<Blkptr> {
+        let mut keys: Vec<(u8, u64)> = self.dirty.keys().copied().collect();
+        keys.sort_unstable();
+        for key @ (level, index) in keys {
+            let node = self.dirty.remove(&key).expect("listed above");
+            let ptr = if node.is_empty() {
+                Blkptr::HOLE
+            } else {
+                write(&node)?
+            };
+            let old = if level + 1 == self.depth {
+                std::mem::replace(&mut self.root, ptr)
+            } else {
+                let parent = self
+                    .dirty
+                    .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
+                    .expect("a dirty node's parent is dirty");
+                std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
+            };
+            if !old.is_hole() {
+                free(&old);
+            }
+            if ptr.is_hole() {
+                cache.remove(&(self.id, level, index));
+            } else {
+                cache.insert((self.id, level, index), Arc::from(node));
+            }
+        }
+        Ok(self.root)
+    }
+
+    /// Visit every record reachable from the root (dirty nodes included) whose logical range
+    /// meets `[lo, hi)`, in logical order. Hole subtrees are skipped without reading them.
+    pub fn walk(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        lo: u64,
+        hi: u64,
+        f: &mut dyn FnMut(Visit) -> Result<()>,
+    ) -> Result<()> {
+        let root = self.root;
+        if !root.is_hole() {
+            f(Visit::Node {
+                level: self.depth - 1,
+                index: 0,
+                ptr: &root,
+            })?;
+        }
+        self.walk_node(store, cache, self.depth - 1, 0, &root, lo, hi, f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn walk_node(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        level: u8,
+        index: u64,
+        ptr: &Blkptr,
+        lo: u64,
+        hi: u64,
+        f: &mut dyn FnMut(Visit) -> Result<()>,
+    ) -> Result<()> {
+        let node: Arc<Node> = match self.dirty.get(&(level, index)) {
+            Some(n) => Arc::new(Node::clone(n)),
+            None => match self.get(store, cache, level, index, ptr)? {
+                Some(n) => n,
+                None => return Ok(()),
+            },
+        };
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        for (i, p) in node.ptrs.iter().enumerate() {
+            let first = (index << MAP_FANOUT_SHIFT | i as u64) * span;
+            if first >= hi || first + span <= lo {
+                continue;
+            }
+            if level == 0 {
+                if !p.is_hole() {
+                    f(Visit::Data { lba: first, ptr: p })?;
+                }
+                continue;
+            }
+            let child = index << MAP_FANOUT_SHIFT | i as u64;
+            if !p.is_hole() {
+                f(Visit::Node {
+                    level: level - 1,
+                    index: child,
+                    ptr: p,
+                })?;
+            } else if !self.dirty.contains_key(&(level - 1, child)) {
+                continue;
+            }
+            self.walk_node(store, cache, level - 1, child, p, lo, hi, f)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    struct MemStore(RefCell<HashMap<u64, Vec<u8>>>);
+    impl NodeStore for MemStore {
+        fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node> {
+            Node::decode(&self.0.borrow()[&ptr.addr[0]], level, index)
+        }
+    }
+
+    fn data(n: u64) -> Blkptr {
+        Blkptr {
+            addr: [n, ADDR_NONE],
+            nonce: n,
+            len: 4096,
+            flags: 0,
+            checksum: [n as u8; 32],
+        }
+    }
+
+    #[test]
+    fn depth() {
+        assert_eq!(depth_for(1), 1);
+        assert_eq!(depth_for(64), 1);
+        assert_eq!(depth_for(65), 2);
+        assert_eq!(depth_for(4096), 2);
+        assert_eq!(depth_for(1 << 28), 5);
+    }
+
+    #[test]
+    fn set_commit_evict_lookup() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(0);
+        let mut t = Tree::new(1, depth_for(1 << 20), Blkptr::HOLE);
+        let lbas = [0u64, 1, 63, 64, 4095, 4096, 777_777, (1 << 20) - 1];
+        for &l in &lbas {
+            assert!(t.set(&store, &cache, l, data(l + 1)).unwrap().is_hole());
+        }
+        let mut next = 1u64 << 40;
+        let mut freed = 0;
+        let root = t
+            .commit(
+                &cache,
+                &mut |n| {
+                    next += 1;
+                    store.0.borrow_mut().insert(next, n.encode());
+                    Ok(Blkptr {
+                        addr: [next, ADDR_NONE],
+                        len: NODE_BYTES as u32,
+                        ..Blkptr::HOLE
+                    })
+                },
+                &mut |_| freed += 1,
+            )
+            .unwrap();
+        assert_eq!(freed, 0);
+        // A fresh tree over the same root, empty cache: everything comes back from the store.
+        let t2 = Tree::new(2, t.depth, root);
+        for &l in &lbas {
+            assert_eq!(t2.lookup(&store, &cache, l).unwrap(), data(l + 1));
+        }
+        assert!(t2.lookup(&store, &cache, 5).unwrap().is_hole());
+        let mut seen = Vec::new();
+        t2.walk(&store, &cache, 0, 1 << 20, &mut |v| {
+            if let Visit::Data { lba, .. } = v {
+                seen.push(lba)
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, lbas);
+    }
+
+    #[test]
+    fn node_decode_rejects_misplaced_nodes() {
+        let n = Node::empty(1, 7);
+        let b = n.encode();
+        assert!(Node::decode(&b, 1, 7).is_ok());
+        assert!(Node::decode(&b, 1, 8).is_err());
+        assert!(Node::decode(&b, 0, 7).is_err());
+        assert!(Node::decode(&b[..100], 1, 7).is_err());
+    }
+}

@@ -1,15 +1,31 @@
 //! The pool: devices with labels, superblocks, the volume table, commit and import.
 //!
-//! PUBLIC API SKELETON — bodies are being filled in.
+//! `Pool` is the facade the daemon holds; `Core` is the state every volume
+//! handle shares. The commit protocol (`commit.rs`) is the one place that
+//! makes the in-memory state durable; import (`import.rs`) is the one place
+//! that reads it back. Creation lives in `create.rs`, the cleaner in `clean.rs`.
 
+mod clean;
+mod commit;
+mod core;
+mod create;
+mod import;
+pub mod superblock;
+pub mod table;
+
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::Secret;
 use crate::volume::{Volume, VolumeOptions};
 use crate::{Error, Result};
+
+pub(crate) use self::core::Core;
 
 /// How copies are laid out across devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,16 +43,26 @@ impl std::str::FromStr for Layout {
             return Ok(Layout::Single);
         }
         if let Some(n) = s.strip_prefix("mirror:") {
-            let n: u8 = n.parse().map_err(|_| Error::Invalid(format!("invalid layout '{s}': mirror:N needs N between 2 and 8")))?;
+            let n: u8 = n.parse().map_err(|_| {
+                Error::Invalid(format!(
+                    "invalid layout '{s}': mirror:N needs N between 2 and 8"
+                ))
+            })?;
             if !(2..=8).contains(&n) {
-                return Err(Error::Invalid(format!("invalid layout '{s}': mirror:N needs N between 2 and 8")));
+                return Err(Error::Invalid(format!(
+                    "invalid layout '{s}': mirror:N needs N between 2 and 8"
+                )));
             }
             return Ok(Layout::Mirror(n));
         }
         if s.starts_with("parity:") {
-            return Err(Error::Invalid(format!("layout '{s}': parity layouts are not supported yet; use single or mirror:N")));
+            return Err(Error::Invalid(format!(
+                "layout '{s}': parity layouts are not supported yet; use single or mirror:N"
+            )));
         }
-        Err(Error::Invalid(format!("invalid layout '{s}': expected single or mirror:N")))
+        Err(Error::Invalid(format!(
+            "invalid layout '{s}': expected single or mirror:N"
+        )))
     }
 }
 
@@ -66,7 +92,9 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { cache_bytes: crate::constants::CACHE_BYTES_DEFAULT }
+        OpenOptions {
+            cache_bytes: crate::constants::CACHE_BYTES_DEFAULT,
+        }
     }
 }
 
@@ -117,64 +145,104 @@ pub struct PoolStatus {
 }
 
 pub struct Pool {
-    _p: (),
+    core: Arc<Core>,
+    maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Holds the exclusive lock on `DIR/pool.lock` for the life of the pool.
+    _lock: File,
 }
 
 impl Pool {
     /// Create a new pool in `dir` (created if missing; must not already hold a pool).
-    pub fn create(_dir: &Path, _layout: Layout, _devices: DeviceSpec) -> Result<()> {
-        todo!()
+    pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
+        create::create(dir, layout, devices)
     }
 
     /// Import the pool in `dir`, taking its exclusive lock for the life of the `Pool`.
-    pub fn open(_dir: &Path, _opts: OpenOptions) -> Result<Arc<Pool>> {
-        todo!()
+    pub fn open(dir: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
+        let lock = import::lock_pool(dir)?;
+        let core = Arc::new(import::import(dir, &opts)?);
+        let pool = Arc::new(Pool {
+            core: core.clone(),
+            maintenance: Mutex::new(None),
+            _lock: lock,
+        });
+        let handle = std::thread::Builder::new()
+            .name("bulwark-maintenance".into())
+            .spawn(move || core.maintenance_loop())
+            .map_err(Error::Io)?;
+        *pool.maintenance.lock() = Some(handle);
+        Ok(pool)
     }
 
-    pub fn create_volume(&self, _name: &str, _opts: VolumeOptions, _secret: Option<&Secret>) -> Result<()> {
-        todo!()
+    pub fn create_volume(
+        &self,
+        name: &str,
+        opts: VolumeOptions,
+        secret: Option<&Secret>,
+    ) -> Result<()> {
+        self.core.create_volume(name, opts, secret)
     }
 
-    /// Destroy a volume and free its space. Refused while it is attached.
-    pub fn destroy_volume(&self, _name: &str) -> Result<()> {
-        todo!()
+    /// Destroy a volume and free its space.
+    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+        self.core.destroy_volume(name)
     }
 
     pub fn volumes(&self) -> Vec<VolumeStatus> {
-        todo!()
+        self.core.volume_statuses()
     }
 
     /// Unlock an encrypted volume. A wrong secret gives `Error::WrongKey`.
-    pub fn load_key(&self, _name: &str, _secret: &Secret) -> Result<()> {
-        todo!()
+    pub fn load_key(&self, name: &str, secret: &Secret) -> Result<()> {
+        self.core.load_key(name, secret)
     }
 
-    /// Lock an encrypted volume again; refused (`Error::Busy`) while attached.
-    pub fn unload_key(&self, _name: &str) -> Result<()> {
-        todo!()
+    /// Lock an encrypted volume again.
+    pub fn unload_key(&self, name: &str) -> Result<()> {
+        self.core.unload_key(name)
     }
 
     /// An unlocked volume for I/O. `Error::NotFound` or `Error::Locked` otherwise.
-    pub fn volume(&self, _name: &str) -> Result<Arc<Volume>> {
-        todo!()
+    pub fn volume(&self, name: &str) -> Result<Arc<Volume>> {
+        self.core.volume_handle(name)
     }
 
     /// Names of volumes that may be exported now (unlocked).
     pub fn exportable(&self) -> Vec<String> {
-        todo!()
+        self.core
+            .volume_statuses()
+            .into_iter()
+            .filter(|v| !v.locked)
+            .map(|v| v.name)
+            .collect()
     }
 
     pub fn status(&self) -> PoolStatus {
-        todo!()
+        self.core.status()
     }
 
     /// Make every write completed so far durable (one atomic commit).
     pub fn flush(&self) -> Result<()> {
-        todo!()
+        self.core.flush()
     }
 
     /// Final commit; stops background work. The pool is unusable afterwards.
     pub fn close(&self) -> Result<()> {
-        todo!()
+        self.core.closing.store(true, Ordering::SeqCst);
+        self.core.wake_maintenance();
+        if let Some(h) = self.maintenance.lock().take() {
+            let _ = h.join();
+        }
+        self.core.commit()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.core.closing.store(true, Ordering::SeqCst);
+        self.core.wake_maintenance();
+        if let Some(h) = self.maintenance.lock().take() {
+            let _ = h.join();
+        }
     }
 }

@@ -1,1 +1,257 @@
-//! redundancy layer (in progress).
+//! Redundancy: where the copies of a record live, and verified reads that repair.
+//!
+//! The log addresses records by `PoolAddr` (segment × SEGMENT_BYTES + offset).
+//! This layer maps a pool address onto (device, offset) places: one for
+//! `single` (devices concatenated), N for `mirror:N` (same offset on every
+//! member). Parity layouts will map a record onto a stripe of shards; the
+//! interface (write a record whole, read it back verified by a checksum) is
+//! already the one they need: no read-modify-write, no write hole.
+//!
+//! Repair rule (after OpenZFS's mirror code): a copy is rewritten only with
+//! bytes that verified against the checksum kept in the parent pointer. If the
+//! system lost power while rewriting the only good copy, there would be no good
+//! copy left, so a copy that verified is never overwritten by repair.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::codec::{checksum, Checksum};
+use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
+use crate::device::Device;
+use crate::pool::Layout;
+use crate::{Error, Result};
+
+/// One member device and its error counters (READ/WRITE/CKSUM, as zpool status shows them).
+pub struct Member {
+    pub path: PathBuf,
+    pub dev: Option<Box<dyn Device>>,
+    pub read_errors: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub cksum_errors: AtomicU64,
+    /// Set once a write or flush to this device failed.
+    pub faulted: AtomicBool,
+}
+
+impl Member {
+    pub fn new(path: PathBuf, dev: Option<Box<dyn Device>>) -> Member {
+        Member {
+            path,
+            dev,
+            read_errors: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+            cksum_errors: AtomicU64::new(0),
+            faulted: AtomicBool::new(false),
+        }
+    }
+    pub fn state(&self) -> &'static str {
+        if self.dev.is_none() {
+            "UNAVAIL"
+        } else if self.faulted.load(Ordering::Relaxed) {
+            "FAULTED"
+        } else if self.read_errors.load(Ordering::Relaxed)
+            + self.cksum_errors.load(Ordering::Relaxed)
+            > 0
+        {
+            "DEGRADED"
+        } else {
+            "ONLINE"
+        }
+    }
+}
+
+pub struct Redundancy {
+    pub layout: Layout,
+    pub members: Vec<Member>,
+    /// Data segments on each device (all members use the same count).
+    pub segments_per_device: u64,
+    pub repaired_blocks: AtomicU64,
+    pub unrecoverable_blocks: AtomicU64,
+}
+
+/// Up to this many places per record (mirror:8).
+type Places = smallvec_lite::Places;
+
+mod smallvec_lite {
+    /// A fixed-capacity list of (member, device offset) places; avoids an allocation per I/O.
+    pub struct Places {
+        pub len: usize,
+        pub items: [(usize, u64); 8],
+    }
+    impl Places {
+        pub fn iter(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+            self.items[..self.len].iter().copied()
+        }
+    }
+}
+
+impl Redundancy {
+    pub fn new(layout: Layout, members: Vec<Member>, segments_per_device: u64) -> Redundancy {
+        Redundancy {
+            layout,
+            members,
+            segments_per_device,
+            repaired_blocks: AtomicU64::new(0),
+            unrecoverable_blocks: AtomicU64::new(0),
+        }
+    }
+
+    /// Segments of the pool's log address space.
+    pub fn segments(&self) -> u64 {
+        match self.layout {
+            Layout::Single => self.segments_per_device * self.members.len() as u64,
+            Layout::Mirror(_) => self.segments_per_device,
+        }
+    }
+
+    /// Copies of every record kept by the layout.
+    pub fn copies(&self) -> usize {
+        match self.layout {
+            Layout::Single => 1,
+            Layout::Mirror(n) => n as usize,
+        }
+    }
+
+    fn places(&self, addr: u64) -> Places {
+        let seg = addr / SEGMENT_BYTES;
+        let off = addr % SEGMENT_BYTES;
+        let mut p = Places {
+            len: 0,
+            items: [(0, 0); 8],
+        };
+        match self.layout {
+            Layout::Single => {
+                let d = (seg / self.segments_per_device) as usize;
+                p.items[0] = (
+                    d,
+                    DEVICE_RESERVED_FRONT + (seg % self.segments_per_device) * SEGMENT_BYTES + off,
+                );
+                p.len = 1;
+            }
+            Layout::Mirror(_) => {
+                // Start reads on a different member per segment to spread load.
+                let n = self.members.len();
+                let first = (seg as usize) % n;
+                for i in 0..n {
+                    p.items[i] = (
+                        (first + i) % n,
+                        DEVICE_RESERVED_FRONT + seg * SEGMENT_BYTES + off,
+                    );
+                }
+                p.len = n;
+            }
+        }
+        p
+    }
+
+    /// Write a whole record to every copy. Succeeds if at least one copy was written;
+    /// a failed copy marks its device FAULTED and counts a WRITE error.
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        let mut written = 0;
+        let mut last_err = None;
+        for (m, off) in self.places(addr).iter() {
+            let member = &self.members[m];
+            let Some(dev) = &member.dev else { continue };
+            if member.faulted.load(Ordering::Relaxed) {
+                continue;
+            }
+            match dev.write_at(data, off) {
+                Ok(()) => written += 1,
+                Err(e) => {
+                    member.write_errors.fetch_add(1, Ordering::Relaxed);
+                    member.faulted.store(true, Ordering::Relaxed);
+                    tracing::error!(device = %member.path.display(), offset = off, "write failed: {e}");
+                    last_err = Some(Error::device(&member.path, e));
+                }
+            }
+        }
+        if written == 0 {
+            return Err(last_err.unwrap_or_else(|| {
+                Error::Io(std::io::Error::other("no device available for writing"))
+            }));
+        }
+        Ok(())
+    }
+
+    /// Read the record at any of `addrs` (extra metadata copies) into `out`, verified against
+    /// `sum`. Copies that fail are rewritten from the copy that verified.
+    pub fn read_verified(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        out.resize(len, 0);
+        let mut bad: [(usize, u64); 16] = [(0, 0); 16];
+        let mut nbad = 0;
+        for &addr in addrs {
+            for (m, off) in self.places(addr).iter() {
+                let member = &self.members[m];
+                let Some(dev) = &member.dev else { continue };
+                if let Err(e) = dev.read_at(out, off) {
+                    member.read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = %member.path.display(), offset = off, "read failed: {e}");
+                    continue;
+                }
+                if checksum(out) != *sum {
+                    member.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = %member.path.display(), offset = off, len, "checksum mismatch");
+                    if nbad < bad.len() {
+                        bad[nbad] = (m, off);
+                        nbad += 1;
+                    }
+                    continue;
+                }
+                // `out` verified: only now may the bad copies be rewritten from it.
+                for &(bm, boff) in &bad[..nbad] {
+                    let member = &self.members[bm];
+                    if let Some(dev) = &member.dev {
+                        match dev.write_at(out, boff) {
+                            Ok(()) => {
+                                self.repaired_blocks.fetch_add(1, Ordering::Relaxed);
+                                tracing::info!(device = %member.path.display(), offset = boff, len, "repaired copy");
+                            }
+                            Err(e) => {
+                                member.write_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::error!(device = %member.path.display(), "repair write failed: {e}");
+                            }
+                        }
+                    }
+                }
+                return Ok(());
+            }
+        }
+        self.unrecoverable_blocks.fetch_add(1, Ordering::Relaxed);
+        Err(Error::Unrecoverable(format!(
+            "no copy of the {len}-byte record at pool address {} verified",
+            addrs[0]
+        )))
+    }
+
+    /// Make all completed writes durable on every available device.
+    pub fn flush(&self) -> Result<()> {
+        let mut ok = 0;
+        for member in &self.members {
+            let Some(dev) = &member.dev else { continue };
+            if member.faulted.load(Ordering::Relaxed) {
+                continue;
+            }
+            match dev.flush() {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    member.write_errors.fetch_add(1, Ordering::Relaxed);
+                    member.faulted.store(true, Ordering::Relaxed);
+                    tracing::error!(device = %member.path.display(), "flush failed: {e}");
+                }
+            }
+        }
+        if ok == 0 {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    pub fn member_paths(&self) -> Vec<&Path> {
+        self.members.iter().map(|m| m.path.as_path()).collect()
+    }
+}

@@ -1,0 +1,134 @@
+//! Commit: the one place the in-memory state becomes durable, atomically.
+//!
+//! 1. Note the sealed segments with no live bytes (free once this commit lands).
+//! 2. Write every dirty map node bottom-up (copy-on-write: new places only),
+//!    then the volume table, each with `METADATA_COPIES` copies.
+//! 3. Flush every device: all data acknowledged so far and all new metadata are durable.
+//! 4. Write the superblock, generation + 1, to its slot on every device; flush again.
+//! 5. Only now release the old table record and the segments of step 1.
+//!
+//! A crash before step 4 completes leaves the previous superblock, whose
+//! records were never overwritten (nothing it references is freed before step
+//! 5), so the import finds the last commit whole. A failed flush poisons the
+//! pool: durability can no longer be promised.
+
+use std::sync::atomic::Ordering;
+
+use super::core::Core;
+use super::superblock::Superblock;
+use super::table::{ptr_to_hex, TableRecord, VolumeRecord};
+use crate::constants::NONCE_RESERVE_STEP;
+use crate::{Error, Result};
+
+impl Core {
+    pub fn commit(&self) -> Result<()> {
+        self.check_poisoned()?;
+        let _c = self.commit_lock.lock();
+        self.commits_begun.fetch_add(1, Ordering::AcqRel);
+        let result = self.commit_locked();
+        if let Err(e) = &result {
+            tracing::error!("commit failed, pool poisoned: {e}");
+            self.poisoned.store(true, Ordering::Release);
+        }
+        self.commits_done.fetch_add(1, Ordering::AcqRel);
+        result
+    }
+
+    fn commit_locked(&self) -> Result<()> {
+        let zero = self.log.zero_sealed();
+        self.table_dirty.store(false, Ordering::Release);
+        let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut records = Vec::with_capacity(volumes.len());
+        for v in &volumes {
+            let root = {
+                let mut tree = v.tree.lock();
+                if tree.dirty_nodes() > 0 {
+                    tree.commit(
+                        &self.cache,
+                        &mut |node| self.write_meta(&node.encode()),
+                        &mut |old| self.free_ptr(old),
+                    )?;
+                }
+                tree.root
+            };
+            records.push(VolumeRecord {
+                id: v.id,
+                uuid: v.uuid,
+                name: v.name.clone(),
+                size_bytes: v.size,
+                block_size: v.block_size,
+                compression: v.compression,
+                encryption: v.encryption,
+                root: ptr_to_hex(&root),
+                slots: v.slots.lock().clone(),
+            });
+        }
+        let next_volume_id = self.sb.lock().next_volume_id;
+        let table = TableRecord {
+            format: 1,
+            next_volume_id,
+            volumes: records,
+        };
+        let table_ptr = self.write_meta(&table.encode())?;
+
+        self.red.flush()?;
+
+        let (old_root, generation) = {
+            let mut st = self.sb.lock();
+            let old = st.sb.root;
+            st.sb.generation += 1;
+            st.sb.root = table_ptr;
+            st.sb.high_water = self.log.high_water();
+            let next = self.nonce_next.load(Ordering::Acquire);
+            if next.saturating_add(NONCE_RESERVE_STEP / 2) > st.sb.nonce_reserved {
+                st.sb.nonce_reserved = next.saturating_add(NONCE_RESERVE_STEP);
+            }
+            self.write_superblocks(&st.sb, st.back_region)?;
+            self.nonce_limit
+                .store(st.sb.nonce_reserved, Ordering::Release);
+            (old, st.sb.generation)
+        };
+        self.free_ptr(&old_root);
+        {
+            // Wait out reads that looked up a pointer before this commit.
+            let _gate = self.reuse_gate.write();
+        }
+        self.log.release(&zero);
+        tracing::debug!(generation, freed_segments = zero.len(), "committed");
+        Ok(())
+    }
+
+    /// Write `sb` (with each member's own identity) to its slots on every device, then flush.
+    pub(crate) fn write_superblocks(&self, sb: &Superblock, back_region: u64) -> Result<()> {
+        let mut written = 0;
+        for (i, m) in self.red.members.iter().enumerate() {
+            let Some(dev) = &m.dev else { continue };
+            if m.faulted.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mine = Superblock {
+                member_index: i as u32,
+                device_id: sb.member_ids[i],
+                ..sb.clone()
+            };
+            let bytes = mine.encode();
+            let mut ok = true;
+            for off in Superblock::slot_offsets(sb.generation, back_region) {
+                if let Err(e) = dev.write_at(&bytes, off) {
+                    tracing::error!(device = %m.path.display(), "superblock write failed: {e}");
+                    ok = false;
+                }
+            }
+            if ok && dev.flush().is_ok() {
+                written += 1;
+            } else {
+                m.write_errors.fetch_add(1, Ordering::Relaxed);
+                m.faulted.store(true, Ordering::Relaxed);
+            }
+        }
+        if written == 0 {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+}

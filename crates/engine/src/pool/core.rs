@@ -1,0 +1,456 @@
+//! `Core`: the state shared by the pool facade, volume handles and the maintenance thread.
+//!
+//! Lock order (outer first): `commit_lock` → `volumes` → a volume's stripe lock →
+//! its `tree` → `sb`. `reuse_gate` is read-held by every read of a block from the
+//! time its pointer is looked up until its bytes are verified, and write-held only
+//! while freed segments become reusable, so no read ever sees a segment reused
+//! under it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::superblock::Superblock;
+use super::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
+use crate::codec::{self, checksum};
+use crate::constants::*;
+use crate::keys::{wrap, Secret};
+use crate::log::{Log, Stream};
+use crate::map::{Blkptr, Node, NodeCache, NodeStore, Tree, ADDR_NONE};
+use crate::redundancy::Redundancy;
+use crate::volume::{Compression, Volume, VolumeOptions, VolumeState};
+use crate::{Error, Result};
+
+pub(crate) struct SbState {
+    pub sb: Superblock,
+    pub next_volume_id: u64,
+    /// Back region offset on every device (behind the data segments).
+    pub back_region: u64,
+}
+
+pub struct Core {
+    pub dir: PathBuf,
+    pub red: Redundancy,
+    pub log: Log,
+    pub cache: NodeCache,
+    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
+    pub(crate) sb: Mutex<SbState>,
+    pub nonce_next: AtomicU64,
+    pub nonce_limit: AtomicU64,
+    pub commit_lock: Mutex<()>,
+    /// Commits begun and finished, for group commit: a flush that arrives while a commit
+    /// runs waits for the next one; one that finds a newer commit finished returns.
+    pub commits_begun: AtomicU64,
+    pub commits_done: AtomicU64,
+    pub reuse_gate: RwLock<()>,
+    pub poisoned: AtomicBool,
+    pub closing: AtomicBool,
+    /// The volume table changed (create, destroy, keys) or the cleaner moved it.
+    pub table_dirty: AtomicBool,
+    /// False when import could not walk every map: segments are then never cleaned.
+    pub accounting_complete: bool,
+    pub(crate) wake: (Mutex<bool>, Condvar),
+    pub(crate) space_wait: Mutex<()>,
+}
+
+impl NodeStore for Core {
+    fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node> {
+        let raw = self.read_meta(ptr, crate::map::NODE_BYTES)?;
+        Node::decode(&raw, level, index)
+    }
+}
+
+impl Core {
+    pub fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    pub fn wake_maintenance(&self) {
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_all();
+    }
+
+    /// Release a record that the in-memory state no longer references.
+    pub fn free_ptr(&self, p: &Blkptr) {
+        if p.is_hole() {
+            return;
+        }
+        for &a in p.addrs() {
+            self.log.release_bytes(a, p.len);
+        }
+    }
+
+    /// A pool-unique nonce. Blocks (commits) when the reserved range is used up.
+    pub fn next_nonce(&self) -> Result<u64> {
+        loop {
+            let n = self.nonce_next.fetch_add(1, Ordering::AcqRel);
+            if n < self.nonce_limit.load(Ordering::Acquire) {
+                return Ok(n);
+            }
+            // Give the number back only in spirit: skipping it is harmless, reusing it is not.
+            self.commit()?;
+        }
+    }
+
+    /// Store a metadata record (`METADATA_COPIES` copies in different segments), lz4-compressed.
+    pub fn write_meta(&self, raw: &[u8]) -> Result<Blkptr> {
+        let mut stored = Vec::new();
+        let flags = codec::encode(raw, Compression::Lz4, None, &[], 0, &mut stored)?;
+        let sum = checksum(&stored);
+        let a0 = self.log.alloc(Stream::Meta, stored.len())?;
+        let a1 = if METADATA_COPIES > 1 {
+            self.log.alloc(Stream::Meta2, stored.len())?
+        } else {
+            ADDR_NONE
+        };
+        let ptr = Blkptr {
+            addr: [a0, a1],
+            nonce: 0,
+            len: stored.len() as u32,
+            flags,
+            checksum: sum,
+        };
+        for &a in ptr.addrs() {
+            if let Err(e) = self.red.write(a, &stored) {
+                self.free_ptr(&ptr);
+                return Err(e);
+            }
+        }
+        Ok(ptr)
+    }
+
+    /// Read a metadata record back, verified, decompressed to `raw_len` bytes (0: any length up to 64 MiB).
+    pub fn read_meta(&self, ptr: &Blkptr, raw_len: usize) -> Result<Vec<u8>> {
+        let mut stored = Vec::new();
+        self.red
+            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut stored)?;
+        if ptr.flags & codec::FLAG_LZ4 == 0 {
+            return Ok(stored);
+        }
+        if raw_len == 0 {
+            return lz4_flex::block::decompress(&stored, 64 << 20)
+                .map_err(|e| Error::Corrupt(format!("metadata lz4: {e}")));
+        }
+        let mut out = vec![0u8; raw_len];
+        codec::decode(&mut stored, ptr.flags, None, &[], 0, &mut out)?;
+        Ok(out)
+    }
+
+    fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
+        self.volumes
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("volume '{name}' does not exist")))
+    }
+
+    pub fn create_volume(
+        &self,
+        name: &str,
+        opts: VolumeOptions,
+        secret: Option<&Secret>,
+    ) -> Result<()> {
+        self.check_poisoned()?;
+        validate_name(name)?;
+        opts.validate()?;
+        if opts.encryption && secret.is_none() {
+            return Err(Error::Invalid(
+                "an encrypted volume needs a passphrase file or a key file".into(),
+            ));
+        }
+        if !opts.encryption && secret.is_some() {
+            return Err(Error::Invalid(
+                "a key was given for a volume with encryption off".into(),
+            ));
+        }
+        let uuid = wrap::random_bytes::<16>();
+        let (slots, cipher) = match secret {
+            Some(s) => {
+                let dk = wrap::new_data_key();
+                let slot = wrap::wrap(&dk, s, &uuid)?;
+                (
+                    vec![slot],
+                    Some(Arc::new(codec::BlockCipher::new(&wrap::block_key(&dk)))),
+                )
+            }
+            None => (Vec::new(), None),
+        };
+        {
+            let mut vols = self.volumes.write();
+            if vols.contains_key(name) {
+                return Err(Error::Exists(format!("volume '{name}' already exists")));
+            }
+            let id = {
+                let mut sb = self.sb.lock();
+                sb.next_volume_id += 1;
+                sb.next_volume_id - 1
+            };
+            let blocks = opts.size_bytes / opts.block_size as u64;
+            let tree = Tree::new(id, crate::map::depth_for(blocks), Blkptr::HOLE);
+            let st = VolumeState::new(id, uuid, name.to_string(), &opts, slots, tree, cipher);
+            vols.insert(name.to_string(), Arc::new(st));
+        }
+        self.table_dirty.store(true, Ordering::Release);
+        self.commit()?;
+        tracing::info!(
+            volume = name,
+            size = opts.size_bytes,
+            encryption = opts.encryption,
+            "volume created"
+        );
+        Ok(())
+    }
+
+    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+        self.check_poisoned()?;
+        let _c = self.commit_lock.lock();
+        let st = self.find(name)?;
+        if Arc::strong_count(&st) > 2 {
+            // One reference in the table, one here: any other is an open handle.
+            return Err(Error::Busy(format!(
+                "volume '{name}' is in use; detach its clients first"
+            )));
+        }
+        // Free every record the volume references. Its segments become reusable after the commit.
+        {
+            let tree = st.tree.lock();
+            tree.walk(self, &self.cache, 0, u64::MAX, &mut |v| {
+                let p = match v {
+                    crate::map::Visit::Node { ptr, .. } => ptr,
+                    crate::map::Visit::Data { ptr, .. } => ptr,
+                };
+                self.free_ptr(p);
+                Ok(())
+            })?;
+        }
+        // Dirty nodes were never written; their old places were freed by the walk above.
+        self.volumes.write().remove(name);
+        st.destroyed.store(true, Ordering::Release);
+        self.table_dirty.store(true, Ordering::Release);
+        drop(_c);
+        self.commit()?;
+        tracing::info!(volume = name, "volume destroyed");
+        Ok(())
+    }
+
+    pub fn load_key(&self, name: &str, secret: &Secret) -> Result<()> {
+        let st = self.find(name)?;
+        if !st.encryption {
+            return Err(Error::Invalid(format!(
+                "volume '{name}' is not encrypted; it has no key to load"
+            )));
+        }
+        if st.cipher.read().is_some() {
+            return Err(Error::Invalid(format!(
+                "the key of volume '{name}' is already loaded"
+            )));
+        }
+        let slots = st.slots.lock().clone();
+        for slot in &slots {
+            if let Some(dk) = wrap::unwrap(slot, secret, &st.uuid)? {
+                *st.cipher.write() = Some(Arc::new(codec::BlockCipher::new(&wrap::block_key(&dk))));
+                tracing::info!(volume = name, "key loaded");
+                return Ok(());
+            }
+        }
+        tracing::warn!(volume = name, "key load refused: wrong key");
+        Err(Error::WrongKey(name.to_string()))
+    }
+
+    pub fn unload_key(&self, name: &str) -> Result<()> {
+        let st = self.find(name)?;
+        if !st.encryption {
+            return Err(Error::Invalid(format!(
+                "volume '{name}' is not encrypted; it has no key to unload"
+            )));
+        }
+        if st.cipher.read().is_none() {
+            return Err(Error::Invalid(format!(
+                "the key of volume '{name}' is not loaded"
+            )));
+        }
+        if Arc::strong_count(&st) > 2 {
+            return Err(Error::Busy(format!(
+                "volume '{name}' is in use; detach its clients first"
+            )));
+        }
+        // Its writes must reach the disk under the key before the key goes.
+        self.flush()?;
+        *st.cipher.write() = None;
+        tracing::info!(volume = name, "key unloaded");
+        Ok(())
+    }
+
+    pub fn volume_handle(self: &Arc<Self>, name: &str) -> Result<Arc<Volume>> {
+        self.check_poisoned()?;
+        let st = self.find(name)?;
+        let cipher = st.cipher.read().clone();
+        if st.encryption && cipher.is_none() {
+            return Err(Error::Locked(name.to_string()));
+        }
+        Ok(Arc::new(Volume::new(self.clone(), st, cipher)))
+    }
+
+    pub fn volume_statuses(&self) -> Vec<VolumeStatus> {
+        self.volumes.read().values().map(|v| v.status()).collect()
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let sb = self.sb.lock();
+        let devices: Vec<DeviceStatus> = self
+            .red
+            .members
+            .iter()
+            .map(|m| DeviceStatus {
+                path: m.path.clone(),
+                state: m.state().to_string(),
+                read_errors: m.read_errors.load(Ordering::Relaxed),
+                write_errors: m.write_errors.load(Ordering::Relaxed),
+                cksum_errors: m.cksum_errors.load(Ordering::Relaxed),
+                size_bytes: sb.sb.device_bytes,
+            })
+            .collect();
+        let usable = devices
+            .iter()
+            .filter(|d| d.state != "UNAVAIL" && d.state != "FAULTED")
+            .count();
+        let state = if usable == devices.len() && devices.iter().all(|d| d.state == "ONLINE") {
+            "ONLINE"
+        } else if match self.red.layout {
+            super::Layout::Single => usable == devices.len(),
+            super::Layout::Mirror(_) => usable > 0,
+        } {
+            "DEGRADED"
+        } else {
+            "FAULTED"
+        };
+        let total = self.log.segments() as u64 * SEGMENT_BYTES;
+        let used = self.log.live_bytes_total().min(total);
+        PoolStatus {
+            pool_id: wrap::to_hex(&sb.sb.pool_id),
+            dir: self.dir.clone(),
+            state: if self.poisoned.load(Ordering::Relaxed) {
+                "FAULTED".into()
+            } else {
+                state.into()
+            },
+            layout: self.red.layout.to_string(),
+            generation: sb.sb.generation,
+            devices,
+            repaired_blocks: self.red.repaired_blocks.load(Ordering::Relaxed),
+            unrecoverable_blocks: self.red.unrecoverable_blocks.load(Ordering::Relaxed),
+            space: SpaceStatus {
+                total_bytes: total,
+                used_bytes: used,
+                free_bytes: total - used,
+            },
+            volumes: self.volume_statuses(),
+        }
+    }
+
+    /// Durable point for everything completed before the call (group commit).
+    pub fn flush(&self) -> Result<()> {
+        let arrived = self.commits_begun.load(Ordering::Acquire);
+        let _g = self.commit_lock.lock();
+        // A commit that began after we arrived has finished: it covered us.
+        if self.commits_done.load(Ordering::Acquire) > arrived {
+            return self.check_poisoned();
+        }
+        drop(_g);
+        self.commit()
+    }
+
+    /// Wait until client data can be allocated, asking the maintenance thread to commit and clean.
+    pub fn wait_for_space(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !self.log.data_space_available() {
+            self.check_poisoned()?;
+            if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
+                return Err(Error::NoSpace);
+            }
+            self.wake_maintenance();
+            let mut g = self.space_wait.lock();
+            self.log.space.wait_for(&mut g, Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    fn low_on_space(&self) -> bool {
+        let free = self.log.free_segments();
+        let low = SEGMENTS_FREE_LOW.max(self.log.segments() * FREE_PERCENT_LOW / 100);
+        free < low
+    }
+
+    pub fn any_dirty(&self) -> bool {
+        self.table_dirty.load(Ordering::Acquire)
+            || self
+                .volumes
+                .read()
+                .values()
+                .any(|v| v.tree.lock().dirty_nodes() > 0)
+    }
+
+    /// Background work: periodic commits (bounding what an unflushed crash loses), commits when
+    /// many map nodes are dirty, and cleaning when free segments run low.
+    pub fn maintenance_loop(self: Arc<Self>) {
+        loop {
+            {
+                let mut woken = self.wake.0.lock();
+                if !*woken {
+                    self.wake
+                        .1
+                        .wait_for(&mut woken, Duration::from_millis(COMMIT_INTERVAL_MS));
+                }
+                *woken = false;
+            }
+            if self.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            if self.poisoned.load(Ordering::Relaxed) {
+                continue;
+            }
+            if self.any_dirty() {
+                if let Err(e) = self.commit() {
+                    tracing::error!("background commit failed: {e}");
+                    continue;
+                }
+            }
+            if self.low_on_space() && self.accounting_complete {
+                match self.clean() {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::debug!(segments = n, "cleaned");
+                        if let Err(e) = self.commit() {
+                            tracing::error!("commit after cleaning failed: {e}");
+                        }
+                        // More may be needed: go round again at once.
+                        *self.wake.0.lock() = true;
+                    }
+                    Err(e) => tracing::error!("cleaning failed: {e}"),
+                }
+            }
+        }
+    }
+}
+
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !name.starts_with(['-', '.']);
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "invalid volume name '{name}': use 1-64 letters, digits, '.', '_' or '-', not starting with '-' or '.'"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Pool creation: devices, labels, and the pool's config file.
+//!
+//! `DIR/pool.json` says where to look for devices; the labels (superblocks) on
+//! the devices are the truth about membership. A device that already carries
+//! a bulwark label is refused: it may hold another pool's data.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::superblock::Superblock;
+use super::{DeviceSpec, Layout};
+use crate::constants::*;
+use crate::device::{Device, FileDevice};
+use crate::keys::wrap;
+use crate::map::Blkptr;
+use crate::{Error, Result};
+
+pub const CONFIG_FILE: &str = "pool.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolConfig {
+    pub format: u32,
+    pub pool_id: String,
+    pub layout: String,
+    /// Device paths; relative paths are inside the pool directory.
+    pub devices: Vec<PathBuf>,
+}
+
+impl PoolConfig {
+    pub fn read(dir: &Path) -> Result<PoolConfig> {
+        let p = dir.join(CONFIG_FILE);
+        let text = fs::read(&p).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::NotFound(format!(
+                    "no bulwark pool in {} (create one with 'bulwark pool create {} ...')",
+                    dir.display(),
+                    dir.display()
+                ))
+            } else {
+                Error::device(&p, e)
+            }
+        })?;
+        serde_json::from_slice(&text).map_err(|e| Error::Corrupt(format!("{}: {e}", p.display())))
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let p = dir.join(CONFIG_FILE);
+        let tmp = dir.join(".pool.json.tmp");
+        let text = serde_json::to_vec_pretty(self).expect("config serialises");
+        fs::write(&tmp, text).map_err(|e| Error::device(&tmp, e))?;
+        fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::device(&tmp, e))?;
+        fs::rename(&tmp, &p).map_err(|e| Error::device(&p, e))?;
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    pub fn resolve(&self, dir: &Path) -> Vec<PathBuf> {
+        self.devices
+            .iter()
+            .map(|d| {
+                if d.is_absolute() {
+                    d.clone()
+                } else {
+                    dir.join(d)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Read whatever superblock is in the front slots (used to refuse devices already in a pool).
+pub fn front_label(dev: &dyn Device) -> Option<Superblock> {
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    let mut best: Option<Superblock> = None;
+    for off in SUPERBLOCK_SLOT_OFFSETS {
+        if dev.read_at(&mut buf, off).is_ok() {
+            if let Ok(Some(sb)) = Superblock::decode(&buf) {
+                if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+                    best = Some(sb);
+                }
+            }
+        }
+    }
+    best
+}
+
+pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
+    if dir.join(CONFIG_FILE).exists() {
+        return Err(Error::Exists(format!(
+            "{} already holds a bulwark pool",
+            dir.display()
+        )));
+    }
+    let count = match &spec {
+        DeviceSpec::Files { count, .. } => *count,
+        DeviceSpec::Paths(p) => p.len(),
+    };
+    match layout {
+        Layout::Single if (1..=DEVICES_MAX).contains(&count) => {}
+        Layout::Single => {
+            return Err(Error::Invalid(format!(
+                "layout single needs 1 to {DEVICES_MAX} devices, got {count}"
+            )))
+        }
+        Layout::Mirror(n) if count == n as usize => {}
+        Layout::Mirror(n) => {
+            return Err(Error::Invalid(format!(
+                "layout mirror:{n} needs exactly {n} devices, got {count}"
+            )))
+        }
+    }
+    let mut created: Vec<PathBuf> = Vec::new();
+    let result = (|| {
+        let mut devices: Vec<(PathBuf, FileDevice)> = Vec::new();
+        match &spec {
+            DeviceSpec::Files { count, size_bytes } => {
+                if *size_bytes < DEVICE_BYTES_MIN {
+                    return Err(Error::Invalid(format!(
+                        "device size {} is too small: the minimum is {}",
+                        crate::size::format_size(*size_bytes),
+                        crate::size::format_size(DEVICE_BYTES_MIN)
+                    )));
+                }
+                for i in 0..*count {
+                    let name = PathBuf::from(format!("dev{i}.img"));
+                    let path = dir.join(&name);
+                    if path.exists() {
+                        return Err(Error::Exists(format!("{} already exists", path.display())));
+                    }
+                    let d = FileDevice::create_sparse(&path, *size_bytes)?;
+                    created.push(path);
+                    devices.push((name, d));
+                }
+            }
+            DeviceSpec::Paths(paths) => {
+                for p in paths {
+                    if !p.exists() {
+                        return Err(Error::NotFound(format!("device {} does not exist (create the file first, or use --devices N --device-size SIZE)", p.display())));
+                    }
+                    let abs = fs::canonicalize(p).map_err(|e| Error::device(p, e))?;
+                    let d = FileDevice::open(&abs)?;
+                    if d.size() < DEVICE_BYTES_MIN {
+                        return Err(Error::Invalid(format!(
+                            "device {} is too small ({}); the minimum is {}",
+                            p.display(),
+                            crate::size::format_size(d.size()),
+                            crate::size::format_size(DEVICE_BYTES_MIN)
+                        )));
+                    }
+                    if let Some(sb) = front_label(&d) {
+                        return Err(Error::Exists(format!(
+                            "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
+                            p.display(),
+                            wrap::to_hex(&sb.pool_id)
+                        )));
+                    }
+                    let stored = abs
+                        .strip_prefix(dir)
+                        .map(Path::to_path_buf)
+                        .unwrap_or(abs.clone());
+                    devices.push((stored, d));
+                }
+            }
+        }
+        let min = devices
+            .iter()
+            .map(|(_, d)| d.size())
+            .min()
+            .expect("at least one device");
+        let device_bytes = min / SEGMENT_BYTES * SEGMENT_BYTES;
+        let segments_per_device =
+            (device_bytes - DEVICE_RESERVED_FRONT - DEVICE_RESERVED_BACK) / SEGMENT_BYTES;
+        if segments_per_device < 2 * SEGMENTS_RESERVED as u64 {
+            return Err(Error::Invalid(
+                "devices are too small to hold a pool".into(),
+            ));
+        }
+        let back_region = DEVICE_RESERVED_FRONT + segments_per_device * SEGMENT_BYTES;
+        let pool_id = wrap::random_bytes::<16>();
+        let member_ids: Vec<[u8; 16]> =
+            devices.iter().map(|_| wrap::random_bytes::<16>()).collect();
+        let zero = vec![0u8; SUPERBLOCK_BYTES];
+        for (i, (_, d)) in devices.iter().enumerate() {
+            let sb = Superblock {
+                layout,
+                pool_id,
+                device_id: member_ids[i],
+                member_index: i as u32,
+                member_count: devices.len() as u32,
+                generation: 1,
+                device_bytes,
+                segments_per_device,
+                nonce_reserved: 0,
+                high_water: 0,
+                root: Blkptr::HOLE,
+                member_ids: member_ids.clone(),
+            };
+            for off in Superblock::all_slot_offsets(back_region) {
+                d.write_at(&zero, off)
+                    .map_err(|e| Error::device(d.path(), e))?;
+            }
+            for off in Superblock::slot_offsets(1, back_region) {
+                d.write_at(&sb.encode(), off)
+                    .map_err(|e| Error::device(d.path(), e))?;
+            }
+            d.flush().map_err(|e| Error::device(d.path(), e))?;
+        }
+        PoolConfig {
+            format: 1,
+            pool_id: wrap::to_hex(&pool_id),
+            layout: layout.to_string(),
+            devices: devices.iter().map(|(p, _)| p.clone()).collect(),
+        }
+        .write(dir)
+    })();
+    if result.is_err() {
+        for p in created {
+            let _ = fs::remove_file(p);
+        }
+    }
+    result
+}

@@ -1,0 +1,321 @@
+//! Import: find the members, pick the newest superblock, rebuild the in-memory state.
+//!
+//! Import is also crash recovery: whatever the last complete superblock points
+//! to is the pool; records written after it are unreferenced and their
+//! segments are free. Space accounting is rebuilt by walking every volume's
+//! map (bounded by the metadata size). If a map cannot be walked, segments
+//! below the high-water mark are never reused in this session, so nothing
+//! possibly referenced is overwritten.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::core::{Core, SbState};
+use super::create::PoolConfig;
+use super::superblock::Superblock;
+use super::table::{ptr_from_hex, TableRecord};
+use super::OpenOptions;
+use crate::constants::*;
+use crate::device::{Device, FileDevice};
+use crate::keys::wrap::to_hex;
+use crate::log::{segment_of, Log};
+use crate::map::{depth_for, new_cache, Blkptr, Tree, Visit};
+use crate::redundancy::{Member, Redundancy};
+use crate::volume::VolumeState;
+use crate::{Error, Result};
+
+/// Take the pool's exclusive lock (`DIR/pool.lock`, flock); refused while another process holds it.
+pub fn lock_pool(dir: &Path) -> Result<File> {
+    PoolConfig::read(dir)?;
+    let path = dir.join("pool.lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::device(&path, e))?;
+    // SAFETY: flock on a descriptor we own; no memory is touched.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let holder = fs::read_to_string(&path).unwrap_or_default();
+        return Err(Error::Busy(format!(
+            "pool {} is in use by another bulwark process{}",
+            dir.display(),
+            if holder.trim().is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {})", holder.trim())
+            }
+        )));
+    }
+    f.set_len(0).ok();
+    use std::io::Write;
+    (&f).write_all(std::process::id().to_string().as_bytes())
+        .ok();
+    Ok(f)
+}
+
+struct Found {
+    path: PathBuf,
+    dev: FileDevice,
+    sb: Superblock,
+}
+
+fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superblock> {
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    let mut best: Option<Superblock> = None;
+    let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
+    if let Some(b) = back_region {
+        offsets.extend(SUPERBLOCK_SLOT_OFFSETS.iter().map(|o| b + o));
+    }
+    for off in offsets {
+        if dev.read_at(&mut buf, off).is_err() {
+            continue;
+        }
+        match Superblock::decode(&buf) {
+            Ok(Some(sb)) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
+                best = Some(sb)
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(device = %dev.path().display(), offset = off, "ignoring superblock slot: {e}")
+            }
+        }
+    }
+    best
+}
+
+fn back_region_of(sb: &Superblock) -> u64 {
+    DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES
+}
+
+pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
+    let conf = PoolConfig::read(dir)?;
+    let listed = conf.resolve(dir);
+    let mut opened: Vec<(PathBuf, FileDevice)> = Vec::new();
+    for p in &listed {
+        match FileDevice::open(p) {
+            Ok(d) => opened.push((p.clone(), d)),
+            Err(e) => tracing::warn!("device {} cannot be opened: {e}", p.display()),
+        }
+    }
+    // Members renamed or moved inside the pool directory are found by their labels.
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            let is_file = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+            let known = opened.iter().any(|(q, _)| q == &p);
+            let name = e.file_name();
+            let meta_file = name.to_str().is_some_and(|n| {
+                n.starts_with("pool.") || n.starts_with('.') || n.ends_with(".log")
+            });
+            if is_file
+                && !known
+                && !meta_file
+                && e.metadata()
+                    .map(|m| m.len() >= DEVICE_BYTES_MIN)
+                    .unwrap_or(false)
+            {
+                if let Ok(d) = FileDevice::open(&p) {
+                    opened.push((p, d));
+                }
+            }
+        }
+    }
+    // Front slots first: they tell where the back slots are.
+    let spd = opened
+        .iter()
+        .filter_map(|(_, d)| best_superblock(d, None))
+        .map(|sb| sb.segments_per_device)
+        .max();
+    let back = spd.map(|s| DEVICE_RESERVED_FRONT + s * SEGMENT_BYTES);
+    let mut found: Vec<Found> = Vec::new();
+    for (path, dev) in opened {
+        let listed_here = listed.contains(&path);
+        match best_superblock(&dev, back) {
+            Some(sb) if to_hex(&sb.pool_id) == conf.pool_id => found.push(Found { path, dev, sb }),
+            Some(sb) if listed_here => return Err(Error::Invalid(format!(
+                "device {} belongs to another pool ({}), not to this one ({}); remove it from {}",
+                path.display(),
+                to_hex(&sb.pool_id),
+                conf.pool_id,
+                dir.join(super::create::CONFIG_FILE).display()
+            ))),
+            None if listed_here => {
+                tracing::warn!("device {} carries no bulwark label", path.display())
+            }
+            _ => {}
+        }
+    }
+    let newest = found
+        .iter()
+        .max_by_key(|f| f.sb.generation)
+        .map(|f| f.sb.clone())
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "no device of pool {} could be read: {:?}",
+                conf.pool_id, listed
+            ))
+        })?;
+    let mut members: Vec<Member> = Vec::new();
+    let mut paths_changed = false;
+    for (i, id) in newest.member_ids.iter().enumerate() {
+        let pos = found.iter().position(|f| &f.sb.device_id == id);
+        match pos {
+            Some(pos) => {
+                let f = found.swap_remove(pos);
+                if f.sb.generation + 1 < newest.generation {
+                    return Err(Error::Invalid(format!(
+                        "device {} is a stale member of this pool (generation {}, the pool is at {}): it missed writes; \
+                         remove it from the pool or replace it",
+                        f.path.display(),
+                        f.sb.generation,
+                        newest.generation
+                    )));
+                }
+                if listed.get(i) != Some(&f.path) {
+                    paths_changed = true;
+                }
+                members.push(Member::new(f.path, Some(Box::new(f.dev))));
+            }
+            None => {
+                let guess = listed
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| PathBuf::from(format!("<member {i}>")));
+                if newest.layout == super::Layout::Single {
+                    return Err(Error::NotFound(format!(
+                        "device {} (member {i} of {}) is missing; a single-layout pool cannot run without it",
+                        guess.display(),
+                        newest.member_count
+                    )));
+                }
+                tracing::warn!(
+                    "device {} (member {i}) is missing: the pool is DEGRADED",
+                    guess.display()
+                );
+                members.push(Member::new(guess, None));
+            }
+        }
+    }
+    if members.iter().all(|m| m.dev.is_none()) {
+        return Err(Error::NotFound(
+            "every device of the pool is missing".into(),
+        ));
+    }
+    if paths_changed {
+        let mut c = conf.clone();
+        c.devices = members
+            .iter()
+            .map(|m| {
+                m.path
+                    .strip_prefix(dir)
+                    .map(Path::to_path_buf)
+                    .unwrap_or(m.path.clone())
+            })
+            .collect();
+        c.write(dir)?;
+    }
+
+    let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
+    let segments = red.segments() as usize;
+    let cache = new_cache(opts.cache_bytes);
+    // A scratch core for reading metadata during the walk (the log is not used yet).
+    let mut core = Core {
+        dir: dir.to_path_buf(),
+        red,
+        log: Log::new(vec![0; segments], 0, true),
+        cache,
+        volumes: RwLock::new(BTreeMap::new()),
+        sb: Mutex::new(SbState {
+            sb: newest.clone(),
+            next_volume_id: 1,
+            back_region: back_region_of(&newest),
+        }),
+        nonce_next: AtomicU64::new(newest.nonce_reserved),
+        nonce_limit: AtomicU64::new(newest.nonce_reserved),
+        commit_lock: Mutex::new(()),
+        commits_begun: AtomicU64::new(0),
+        commits_done: AtomicU64::new(0),
+        reuse_gate: RwLock::new(()),
+        poisoned: AtomicBool::new(false),
+        closing: AtomicBool::new(false),
+        table_dirty: AtomicBool::new(true),
+        accounting_complete: true,
+        wake: (Mutex::new(false), Condvar::new()),
+        space_wait: Mutex::new(()),
+    };
+    let table = if newest.root.is_hole() {
+        TableRecord::empty()
+    } else {
+        TableRecord::decode(&core.read_meta(&newest.root, 0)?)?
+    };
+    let mut live = vec![0u32; segments];
+    let mut complete = true;
+    let count = |p: &Blkptr, live: &mut Vec<u32>| {
+        for &a in p.addrs() {
+            if let Some(l) = live.get_mut(segment_of(a) as usize) {
+                *l += p.len;
+            }
+        }
+    };
+    count(&newest.root, &mut live);
+    let mut volumes = BTreeMap::new();
+    for rec in &table.volumes {
+        let root = ptr_from_hex(&rec.root)?;
+        let blocks = rec.size_bytes / rec.block_size as u64;
+        let tree = Tree::new(rec.id, depth_for(blocks), root);
+        let mut used = 0u64;
+        let walked = tree.walk(&core, &core.cache, 0, u64::MAX, &mut |v| {
+            match v {
+                Visit::Node { ptr, .. } => count(ptr, &mut live),
+                Visit::Data { ptr, .. } => {
+                    count(ptr, &mut live);
+                    used += ptr.len as u64;
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = walked {
+            tracing::error!(volume = rec.name, "cannot walk the block map ({e}); space will not be reclaimed until this is repaired");
+            complete = false;
+        }
+        let opts = crate::volume::VolumeOptions {
+            size_bytes: rec.size_bytes,
+            block_size: rec.block_size,
+            compression: rec.compression,
+            encryption: rec.encryption,
+        };
+        let st = VolumeState::new(
+            rec.id,
+            rec.uuid,
+            rec.name.clone(),
+            &opts,
+            rec.slots.clone(),
+            tree,
+            None,
+        );
+        st.used_bytes.store(used, Ordering::Relaxed);
+        volumes.insert(rec.name.clone(), Arc::new(st));
+    }
+    core.log = Log::new(live, newest.high_water, complete);
+    core.accounting_complete = complete;
+    *core.volumes.get_mut() = volumes;
+    core.sb.get_mut().next_volume_id = table.next_volume_id;
+    // Reserve a fresh nonce range and bring every member's superblock to one generation.
+    core.commit()?;
+    tracing::info!(
+        pool = conf.pool_id,
+        generation = core.sb.lock().sb.generation,
+        volumes = table.volumes.len(),
+        "pool imported"
+    );
+    Ok(core)
+}

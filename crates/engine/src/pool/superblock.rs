@@ -1,0 +1,165 @@
+//! Superblock: the root of everything, in fixed slots on every device.
+//!
+//! Each device has four 4 KiB slots: two at the front, two behind the data
+//! segments. Generation `g` is written to slot `g % 2` at the front and at the
+//! back, on every device, after all the records it points to are durable. The
+//! import takes the valid slot with the highest generation; a torn superblock
+//! write fails its checksum and the other slot (one generation older, still
+//! complete) is used. The layout is drawn in docs/format.md.
+
+use crate::codec::checksum;
+use crate::constants::{DEVICES_MAX, SUPERBLOCK_BYTES, SUPERBLOCK_SLOT_OFFSETS};
+use crate::map::{Blkptr, BLKPTR_BYTES};
+use crate::pool::Layout;
+use crate::{Error, Result};
+
+pub const MAGIC: &[u8; 8] = b"BWSUPER1";
+pub const VERSION: u32 = 1;
+const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub layout: Layout,
+    pub pool_id: [u8; 16],
+    pub device_id: [u8; 16],
+    pub member_index: u32,
+    pub member_count: u32,
+    pub generation: u64,
+    /// Bytes of each device the pool uses.
+    pub device_bytes: u64,
+    pub segments_per_device: u64,
+    /// Nonces below this may have been used; the next import starts here.
+    pub nonce_reserved: u64,
+    /// One past the highest segment ever allocated.
+    pub high_water: u32,
+    /// The volume table record.
+    pub root: Blkptr,
+    pub member_ids: Vec<[u8; 16]>,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.member_ids.len() <= DEVICES_MAX);
+        let mut b = vec![0u8; SUPERBLOCK_BYTES];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let (kind, n) = match self.layout {
+            Layout::Single => (0u8, 1u8),
+            Layout::Mirror(n) => (1, n),
+        };
+        b[12] = kind;
+        b[13] = n;
+        b[16..32].copy_from_slice(&self.pool_id);
+        b[32..48].copy_from_slice(&self.device_id);
+        b[48..52].copy_from_slice(&self.member_index.to_le_bytes());
+        b[52..56].copy_from_slice(&self.member_count.to_le_bytes());
+        b[56..64].copy_from_slice(&self.generation.to_le_bytes());
+        b[64..72].copy_from_slice(&self.device_bytes.to_le_bytes());
+        b[72..80].copy_from_slice(&self.segments_per_device.to_le_bytes());
+        b[80..88].copy_from_slice(&self.nonce_reserved.to_le_bytes());
+        b[88..92].copy_from_slice(&self.high_water.to_le_bytes());
+        self.root.encode(&mut b[96..96 + BLKPTR_BYTES]);
+        for (i, id) in self.member_ids.iter().enumerate() {
+            b[160 + 16 * i..176 + 16 * i].copy_from_slice(id);
+        }
+        let sum = checksum(&b[..CHECKSUM_AT]);
+        b[CHECKSUM_AT..].copy_from_slice(&sum);
+        b
+    }
+
+    /// `Ok(None)` when the slot holds no bulwark superblock at all (never written, or wiped).
+    pub fn decode(b: &[u8]) -> Result<Option<Superblock>> {
+        if b.len() != SUPERBLOCK_BYTES || &b[0..8] != MAGIC {
+            return Ok(None);
+        }
+        if checksum(&b[..CHECKSUM_AT]) != b[CHECKSUM_AT..] {
+            return Err(Error::Corrupt("superblock checksum mismatch".into()));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
+        if version != VERSION {
+            return Err(Error::Corrupt(format!("superblock format version {version} is not supported (this bulwark reads {VERSION})")));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let layout = match (b[12], b[13]) {
+            (0, _) => Layout::Single,
+            (1, n) if (2..=8).contains(&n) => Layout::Mirror(n),
+            (k, n) => {
+                return Err(Error::Corrupt(format!(
+                    "superblock has unknown layout {k}/{n}"
+                )))
+            }
+        };
+        let member_count = u32_at(52);
+        if member_count == 0 || member_count as usize > DEVICES_MAX {
+            return Err(Error::Corrupt(format!(
+                "superblock has {member_count} members"
+            )));
+        }
+        let member_ids = (0..member_count as usize)
+            .map(|i| b[160 + 16 * i..176 + 16 * i].try_into().unwrap())
+            .collect();
+        Ok(Some(Superblock {
+            layout,
+            pool_id: b[16..32].try_into().unwrap(),
+            device_id: b[32..48].try_into().unwrap(),
+            member_index: u32_at(48),
+            member_count,
+            generation: u64_at(56),
+            device_bytes: u64_at(64),
+            segments_per_device: u64_at(72),
+            nonce_reserved: u64_at(80),
+            high_water: u32_at(88),
+            root: Blkptr::decode(&b[96..96 + BLKPTR_BYTES]),
+            member_ids,
+        }))
+    }
+
+    /// Device offsets of the slot that generation `generation` goes to (front and back copies).
+    pub fn slot_offsets(generation: u64, back_region: u64) -> [u64; 2] {
+        let s = SUPERBLOCK_SLOT_OFFSETS[(generation % 2) as usize];
+        [s, back_region + s]
+    }
+
+    /// Every slot offset on a device.
+    pub fn all_slot_offsets(back_region: u64) -> [u64; 4] {
+        let [a, b] = SUPERBLOCK_SLOT_OFFSETS;
+        [a, b, back_region + a, back_region + b]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let sb = Superblock {
+            layout: Layout::Mirror(2),
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: 1,
+            member_count: 2,
+            generation: 77,
+            device_bytes: 1 << 30,
+            segments_per_device: 1000,
+            nonce_reserved: 1 << 24,
+            high_water: 12,
+            root: Blkptr {
+                addr: [5, 6],
+                nonce: 0,
+                len: 99,
+                flags: 1,
+                checksum: [9; 32],
+            },
+            member_ids: vec![[3; 16], [2; 16]],
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b).unwrap().unwrap(), sb);
+        b[100] ^= 0x40;
+        assert!(Superblock::decode(&b).is_err());
+        assert!(Superblock::decode(&[0u8; SUPERBLOCK_BYTES])
+            .unwrap()
+            .is_none());
+    }
+}

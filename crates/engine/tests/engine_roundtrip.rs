@@ -1,0 +1,227 @@
+//! Engine-level scenarios: data survives restart and crash; nonces never repeat;
+//! space is reclaimed; wrong keys are refused.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use bulwark_engine::{
+    Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, VolumeOptions,
+};
+use zeroize::Zeroizing;
+
+fn key(b: u8) -> Secret {
+    Secret::KeyFile(Zeroizing::new([b; 32]))
+}
+
+fn opts(size: u64) -> VolumeOptions {
+    VolumeOptions {
+        size_bytes: size,
+        block_size: 4096,
+        compression: Compression::Lz4,
+        encryption: true,
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn new_pool(dir: &Path, layout: Layout, devices: usize, size: u64) {
+    Pool::create(
+        dir,
+        layout,
+        DeviceSpec::Files {
+            count: devices,
+            size_bytes: size,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn data_survives_restart_and_needs_key() {
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Mirror(2), 2, 64 << 20);
+    let a = pattern(1, 100_000);
+    {
+        let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+        pool.create_volume("v", opts(16 << 20), Some(&key(1)))
+            .unwrap();
+        let v = pool.volume("v").unwrap();
+        v.write(12_345, &a, false).unwrap();
+        drop(v);
+        pool.close().unwrap();
+    }
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    assert!(matches!(pool.volume("v"), Err(Error::Locked(_))));
+    assert!(matches!(
+        pool.load_key("v", &key(2)),
+        Err(Error::WrongKey(_))
+    ));
+    pool.load_key("v", &key(1)).unwrap();
+    let v = pool.volume("v").unwrap();
+    let mut back = vec![0u8; a.len()];
+    v.read(12_345, &mut back).unwrap();
+    assert_eq!(back, a);
+    let mut head = vec![1u8; 12_345];
+    v.read(0, &mut head).unwrap();
+    assert!(head.iter().all(|&b| b == 0));
+    assert!(matches!(
+        v.read((16 << 20) - 10, &mut [0u8; 20]),
+        Err(Error::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn flushed_data_survives_crash_and_nonces_never_repeat() {
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Single, 1, 64 << 20);
+    let mut nonces = HashSet::new();
+    let mut expect: Vec<(u64, Vec<u8>)> = Vec::new();
+    for round in 0..4u64 {
+        let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+        if round == 0 {
+            pool.create_volume("v", opts(8 << 20), Some(&key(7)))
+                .unwrap();
+        } else {
+            pool.load_key("v", &key(7)).unwrap();
+        }
+        let v = pool.volume("v").unwrap();
+        for (off, data) in &expect {
+            let mut b = vec![0u8; data.len()];
+            v.read(*off, &mut b).unwrap();
+            assert_eq!(&b, data, "round {round}: flushed data lost at {off}");
+        }
+        // Flushed writes, then unflushed ones, then a crash (no close).
+        for i in 0..32u64 {
+            let off = (i * 7 + round) % 2048 * 4096;
+            let data = pattern(round * 100 + i, 4096);
+            v.write(off, &data, false).unwrap();
+            assert!(
+                nonces.insert(v.debug_block_ptr(off / 4096).unwrap().nonce),
+                "nonce repeated"
+            );
+            expect.retain(|(o, _)| *o != off);
+            expect.push((off, data));
+        }
+        v.flush().unwrap();
+        for i in 0..16u64 {
+            let off = (i * 13 + 5) % 2048 * 4096 + 4096 * 3000 % (8 << 20);
+            v.write(off, &pattern(round * 1000 + i, 4096), false)
+                .unwrap();
+            assert!(
+                nonces.insert(v.debug_block_ptr(off / 4096).unwrap().nonce),
+                "nonce repeated"
+            );
+            expect.retain(|(o, _)| *o != off);
+        }
+        drop(v);
+        drop(pool); // crash: no final commit
+    }
+}
+
+#[test]
+fn overwriting_many_times_does_not_fill_the_pool() {
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Single, 1, 48 << 20);
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    pool.create_volume(
+        "v",
+        VolumeOptions {
+            encryption: false,
+            compression: Compression::Off,
+            ..opts(16 << 20)
+        },
+        None,
+    )
+    .unwrap();
+    let v = pool.volume("v").unwrap();
+    let chunk = 1 << 20;
+    for pass in 0..12u64 {
+        for c in 0..16u64 {
+            v.write(c * chunk, &pattern(pass * 16 + c, chunk as usize), false)
+                .unwrap();
+        }
+        v.flush().unwrap();
+    }
+    for c in 0..16u64 {
+        let mut b = vec![0u8; chunk as usize];
+        v.read(c * chunk, &mut b).unwrap();
+        assert_eq!(b, pattern(11 * 16 + c, chunk as usize));
+    }
+    let st = pool.status();
+    assert!(
+        st.space.used_bytes < 20 << 20,
+        "used {} of {}",
+        st.space.used_bytes,
+        st.space.total_bytes
+    );
+    drop(v);
+    pool.close().unwrap();
+    drop(pool);
+    // And the reclaimed pool imports with the same data.
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    let v = pool.volume("v").unwrap();
+    let mut b = vec![0u8; chunk as usize];
+    v.read(15 * chunk, &mut b).unwrap();
+    assert_eq!(b, pattern(11 * 16 + 15, chunk as usize));
+}
+
+#[test]
+fn trim_and_zero_make_holes() {
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Single, 1, 32 << 20);
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(4 << 20), Some(&key(3)))
+        .unwrap();
+    let v = pool.volume("v").unwrap();
+    v.write(0, &pattern(5, 1 << 20), false).unwrap();
+    v.trim(4096, 8192).unwrap();
+    v.write_zeroes(100, 50, false).unwrap();
+    let ext = v.block_status(0, 4 << 20).unwrap();
+    let holes: Vec<_> = ext.iter().map(|e| (e.length, e.hole)).collect();
+    assert_eq!(
+        holes,
+        vec![
+            (4096, false),
+            (8192, true),
+            ((1 << 20) - 12288, false),
+            ((3 << 20), true)
+        ]
+    );
+    let mut b = vec![1u8; 200];
+    v.read(0, &mut b).unwrap();
+    let p = pattern(5, 200);
+    assert_eq!(&b[..100], &p[..100]);
+    assert!(b[100..150].iter().all(|&x| x == 0));
+    assert_eq!(&b[150..], &p[150..]);
+}
+
+#[test]
+fn refuses_foreign_and_stale_devices() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    new_pool(a.path(), Layout::Single, 1, 32 << 20);
+    new_pool(b.path(), Layout::Single, 1, 32 << 20);
+    // Put pool b's device where pool a expects its own.
+    std::fs::copy(b.path().join("dev0.img"), a.path().join("dev0.img")).unwrap();
+    let e = Pool::open(a.path(), OpenOptions::default()).err().unwrap();
+    assert!(e.to_string().contains("belongs to another pool"), "{e}");
+    // A device given to `pool create` that is already a member is refused.
+    let c = tempfile::tempdir().unwrap();
+    let e = Pool::create(
+        c.path(),
+        Layout::Single,
+        DeviceSpec::Paths(vec![b.path().join("dev0.img")]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("already belongs"), "{e}");
+}
