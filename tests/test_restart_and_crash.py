@@ -26,7 +26,7 @@ from crashblocks import BLOCK, content, parse  # noqa: E402
 VOL = 32 * MiB
 NBLOCKS = VOL // BLOCK
 GEN_BLOCKS = 1024  # at most, per generation; the writer picks 1..GEN_BLOCKS
-ROUNDS = 4
+ROUNDS = 6
 
 
 def parse_log(text):
