@@ -1,1 +1,115 @@
-fn main() {}
+//! `bulwark`: one binary for the daemon (`serve`) and the CLI that drives it.
+//!
+//! This file only parses arguments, sets up logging and dispatches; see
+//! `cli` (arguments), `daemon` (serve), `client` (commands over the control
+//! socket), `control` (the protocol), `export` (volumes as NBD backends) and
+//! `display` (tables). Errors end as one `error: <message>` line on stderr,
+//! exit code 1, or 2 for usage mistakes.
+
+mod cli;
+mod client;
+mod control;
+mod daemon;
+mod display;
+mod error;
+mod export;
+
+use bulwark_nbd as nbd;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, KeyCommand, PoolCommand, VolumeCommand};
+use crate::error::Result;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let pool = cli.pool.as_deref();
+    match &cli.command {
+        Command::Pool(PoolCommand::Create(args)) => client::pool_create(args),
+        Command::Serve(args) => {
+            let dir = match &args.dir {
+                Some(dir) => dir.as_path(),
+                None => client::pool_dir(pool)?,
+            };
+            daemon::serve(dir, args)
+        }
+        Command::Volume(VolumeCommand::Create(args)) => {
+            client::volume_create(client::pool_dir(pool)?, args)
+        }
+        Command::Volume(VolumeCommand::List(args)) => {
+            client::volume_list(client::pool_dir(pool)?, args)
+        }
+        Command::Volume(VolumeCommand::Destroy(args)) => {
+            client::volume_destroy(client::pool_dir(pool)?, args)
+        }
+        Command::Key(KeyCommand::Load(args)) => client::key_load(client::pool_dir(pool)?, args),
+        Command::Key(KeyCommand::Unload(args)) => client::key_unload(client::pool_dir(pool)?, args),
+        Command::Status(args) => client::status(client::pool_dir(pool)?, args),
+    }
+}
+
+/// Help and version print as clap prints them; a usage mistake becomes one
+/// `error:` line (the message and any tip, without the usage dump), exit 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+        _ => {
+            eprintln!("error: {}", one_line(&e.render().to_string()));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// clap's message as one line: its first paragraph and its tips, lines joined.
+fn one_line(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    for (i, paragraph) in rendered.split("\n\n").enumerate() {
+        let text = paragraph
+            .split('\n')
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        if i == 0 {
+            parts.push(text.strip_prefix("error: ").unwrap_or(&text).to_string());
+        } else if text.starts_with("tip:") {
+            parts.push(text);
+        }
+    }
+    parts.join("; ")
+}
+
+/// Logs go to stderr; the filter comes from `BULWARK_LOG`, else `RUST_LOG`, else `info`.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = ["BULWARK_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        .and_then(|spec| EnvFilter::try_new(spec).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}

@@ -1,0 +1,440 @@
+//! The command line: every subcommand, flag and default, as clap structs.
+//!
+//! This file only describes arguments and checks what can be checked without
+//! the daemon (sizes parse, a block size is a power of two, a key is given
+//! exactly when encryption is on). Secrets never appear here: a flag names a
+//! file, and only the daemon reads it.
+
+use std::path::PathBuf;
+
+use bulwark_engine::Layout;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bulwark",
+    version,
+    about = "Encrypted, checksummed virtual disks served over NBD",
+    after_help = "Commands other than 'pool create' and 'serve' talk to the running daemon \
+                  through DIR/control.sock."
+)]
+pub struct Cli {
+    /// Pool directory of the running daemon.
+    #[arg(long, global = true, env = "BULWARK_POOL", value_name = "DIR")]
+    pub pool: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create pools.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Run the daemon in the foreground: import the pool, serve NBD and the control socket.
+    Serve(ServeArgs),
+    /// Create, list and destroy volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Load and unload the keys of encrypted volumes.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Show the pool's health, devices, space and volumes.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// Create a new pool in DIR.
+    Create(PoolCreateArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["device_size", "device"])))]
+pub struct PoolCreateArgs {
+    /// Pool directory (created if missing; must not hold a pool yet).
+    pub dir: PathBuf,
+
+    /// How copies are laid out: single, or mirror:N for N copies on N devices.
+    #[arg(long, value_parser = parse_layout, default_value = "single")]
+    pub layout: Layout,
+
+    /// Number of device files to create in DIR [default: 1 for single, N for mirror:N].
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "device_size",
+        conflicts_with = "device"
+    )]
+    pub devices: Option<usize>,
+
+    /// Size of each device file to create in DIR (e.g. 256M, 10G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, conflicts_with = "device")]
+    pub device_size: Option<u64>,
+
+    /// Use an existing file or block device (repeat for several).
+    #[arg(long, value_name = "PATH")]
+    pub device: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Pool directory [default: --pool or BULWARK_POOL].
+    pub dir: Option<PathBuf>,
+
+    /// Unix socket for NBD clients [default: DIR/nbd.sock].
+    #[arg(long, value_name = "PATH")]
+    pub nbd_socket: Option<PathBuf>,
+
+    /// Also serve NBD on TCP at HOST:PORT (no TLS yet: use loopback).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub nbd_listen: Option<String>,
+
+    /// Bound on the block-map cache (e.g. 256M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub cache_size: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Create a volume (encrypted by default).
+    Create(VolumeCreateArgs),
+    /// List volumes.
+    List(ListArgs),
+    /// Destroy a volume and free its space.
+    Destroy(NameArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompressionArg {
+    Off,
+    Lz4,
+}
+
+impl CompressionArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompressionArg::Off => "off",
+            CompressionArg::Lz4 => "lz4",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, Args)]
+pub struct VolumeCreateArgs {
+    pub name: String,
+
+    /// Size of the virtual disk (e.g. 10G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub size: u64,
+
+    /// Block size: a power of two from 4K to 128K.
+    #[arg(long, value_name = "SIZE", value_parser = parse_block_size, default_value = "4K")]
+    pub block_size: u32,
+
+    #[arg(long, value_enum, default_value = "lz4")]
+    pub compression: CompressionArg,
+
+    /// Encryption needs --passphrase-file or --key-file.
+    #[arg(long, value_enum, default_value = "on")]
+    pub encryption: OnOff,
+
+    #[command(flatten)]
+    pub secret: SecretArgs,
+}
+
+impl VolumeCreateArgs {
+    /// The key file, checked against `--encryption`.
+    pub fn secret_for_encryption(&self) -> Result<Option<SecretFile>> {
+        let secret = self.secret.file();
+        match (self.encryption, secret) {
+            (OnOff::On, Some(s)) => Ok(Some(s)),
+            (OnOff::On, None) => Err(Error::usage(
+                "an encrypted volume needs --passphrase-file PATH or --key-file PATH \
+                 (or --encryption off for a plain volume)",
+            )),
+            (OnOff::Off, Some(s)) => Err(Error::usage(format!(
+                "--{} was given with --encryption off; drop one of them",
+                s.kind.flag()
+            ))),
+            (OnOff::Off, None) => Ok(None),
+        }
+    }
+}
+
+/// Where an unlock secret comes from: a file, never argv.
+#[derive(Debug, Args)]
+pub struct SecretArgs {
+    /// File holding the passphrase (a trailing newline is ignored).
+    #[arg(long, value_name = "PATH", conflicts_with = "key_file")]
+    pub passphrase_file: Option<PathBuf>,
+
+    /// File holding exactly 32 random bytes (head -c 32 /dev/urandom > key).
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretKind {
+    Passphrase,
+    Key,
+}
+
+impl SecretKind {
+    pub fn flag(self) -> &'static str {
+        match self {
+            SecretKind::Passphrase => "passphrase-file",
+            SecretKind::Key => "key-file",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretFile {
+    pub kind: SecretKind,
+    pub path: PathBuf,
+}
+
+impl SecretArgs {
+    pub fn file(&self) -> Option<SecretFile> {
+        match (&self.passphrase_file, &self.key_file) {
+            (Some(p), _) => Some(SecretFile {
+                kind: SecretKind::Passphrase,
+                path: p.clone(),
+            }),
+            (None, Some(k)) => Some(SecretFile {
+                kind: SecretKind::Key,
+                path: k.clone(),
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NameArgs {
+    pub name: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Unlock an encrypted volume so it can be exported.
+    Load(KeyLoadArgs),
+    /// Lock an encrypted volume again (refused while it is attached).
+    Unload(NameArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("secret_source").required(true).args(["passphrase_file", "key_file"])))]
+pub struct KeyLoadArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub secret: SecretArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_layout(s: &str) -> Result<Layout, String> {
+    s.parse::<Layout>().map_err(|e| e.to_string())
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    bulwark_engine::size::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_block_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size_arg(s)?;
+    let ok = bytes.is_power_of_two()
+        && (BLOCK_BYTES_MIN as u64..=BLOCK_BYTES_MAX as u64).contains(&bytes);
+    if !ok {
+        return Err(format!(
+            "invalid block size '{s}': must be a power of two from {} to {}",
+            bulwark_engine::size::format_size(BLOCK_BYTES_MIN as u64),
+            bulwark_engine::size::format_size(BLOCK_BYTES_MAX as u64),
+        ));
+    }
+    Ok(bytes as u32)
+}
+
+/// Block sizes a volume may use (the engine checks them again).
+const BLOCK_BYTES_MIN: u32 = 4 << 10;
+const BLOCK_BYTES_MAX: u32 = 128 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bulwark").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn volume_create_defaults() {
+        let cli = parse(&["volume", "create", "v", "--size", "1G", "--key-file", "/k"]).unwrap();
+        let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.size, 1 << 30);
+        assert_eq!(a.block_size, 4096);
+        assert_eq!(a.compression, CompressionArg::Lz4);
+        assert_eq!(a.encryption, OnOff::On);
+        assert_eq!(
+            a.secret_for_encryption().unwrap().unwrap().kind,
+            SecretKind::Key
+        );
+    }
+
+    #[test]
+    fn encryption_needs_exactly_one_key() {
+        let cli = parse(&["volume", "create", "v", "--size", "1G"]).unwrap();
+        let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
+            panic!()
+        };
+        assert!(a.secret_for_encryption().is_err());
+
+        let cli = parse(&[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "1G",
+            "--encryption",
+            "off",
+            "--key-file",
+            "/k",
+        ])
+        .unwrap();
+        let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
+            panic!()
+        };
+        assert!(a.secret_for_encryption().is_err());
+
+        let cli = parse(&[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "1G",
+            "--encryption",
+            "off",
+        ])
+        .unwrap();
+        let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
+            panic!()
+        };
+        assert!(a.secret_for_encryption().unwrap().is_none());
+
+        assert!(parse(&[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "1G",
+            "--key-file",
+            "/k",
+            "--passphrase-file",
+            "/p"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn block_size_is_checked() {
+        for bad in ["2K", "256K", "5K", "x"] {
+            assert!(
+                parse(&["volume", "create", "v", "--size", "1G", "--block-size", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        for good in ["4K", "64K", "128K", "8192"] {
+            assert!(
+                parse(&[
+                    "volume",
+                    "create",
+                    "v",
+                    "--size",
+                    "1G",
+                    "--block-size",
+                    good
+                ])
+                .is_ok(),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn pool_create_sources() {
+        assert!(parse(&[
+            "pool",
+            "create",
+            "/p",
+            "--layout",
+            "single",
+            "--devices",
+            "1",
+            "--device-size",
+            "256M"
+        ])
+        .is_ok());
+        assert!(parse(&[
+            "pool", "create", "/p", "--layout", "mirror:2", "--device", "/a", "--device", "/b"
+        ])
+        .is_ok());
+        assert!(parse(&["pool", "create", "/p", "--layout", "single"]).is_err());
+        assert!(parse(&[
+            "pool",
+            "create",
+            "/p",
+            "--device-size",
+            "1G",
+            "--device",
+            "/a"
+        ])
+        .is_err());
+        assert!(parse(&["pool", "create", "/p", "--devices", "2", "--device", "/a"]).is_err());
+        assert!(parse(&[
+            "pool",
+            "create",
+            "/p",
+            "--layout",
+            "mirror:1",
+            "--device-size",
+            "1G"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn key_load_needs_a_file() {
+        assert!(parse(&["key", "load", "v"]).is_err());
+        assert!(parse(&["key", "load", "v", "--passphrase-file", "/p"]).is_ok());
+    }
+}

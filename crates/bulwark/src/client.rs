@@ -1,0 +1,214 @@
+//! The CLI side of every command: build a request, send it over the control
+//! socket, print the answer.
+//!
+//! The one exception is `pool create`, which runs the engine directly: there
+//! is no daemon before there is a pool. The CLI never opens a secret file: it
+//! checks the path exists, makes it absolute and sends the path.
+
+use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bulwark_engine::size::format_size;
+use bulwark_engine::{DeviceSpec, Layout, Pool, VolumeStatus};
+use serde::de::DeserializeOwned;
+
+use crate::cli::{
+    KeyLoadArgs, ListArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs,
+    VolumeCreateArgs,
+};
+use crate::control::{self, Request, Response, SecretRef, StatusReport, VolumeEntry};
+use crate::display;
+use crate::error::{Error, Result};
+
+/// How long the CLI waits for one answer; Argon2id and a commit fit well inside.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The pool directory from `--pool` or `BULWARK_POOL`.
+pub fn pool_dir(pool: Option<&Path>) -> Result<&Path> {
+    pool.ok_or_else(|| Error::usage("no pool given: use --pool DIR or set BULWARK_POOL"))
+}
+
+/// One connection to a running daemon.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Client {
+    pub fn connect(dir: &Path) -> Result<Client> {
+        let path = control::control_socket_path(dir);
+        let stream = UnixStream::connect(&path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound | ErrorKind::ConnectionRefused => Error::msg(format!(
+                "cannot reach the bulwark daemon for pool {} (is 'bulwark serve {}' running?)",
+                dir.display(),
+                dir.display()
+            )),
+            ErrorKind::PermissionDenied => Error::msg(format!(
+                "permission denied on {}: run as the user that runs the daemon",
+                path.display()
+            )),
+            _ => Error::msg(format!("cannot connect to {}: {e}", path.display())),
+        })?;
+        stream
+            .set_read_timeout(Some(RESPONSE_TIMEOUT))
+            .map_err(|e| Error::msg(format!("control socket: {e}")))?;
+        let writer = stream
+            .try_clone()
+            .map_err(|e| Error::msg(format!("control socket: {e}")))?;
+        Ok(Client {
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    /// Send one request and return its result, or the daemon's error as ours.
+    pub fn call(&mut self, request: &Request) -> Result<serde_json::Value> {
+        let mut line = serde_json::to_string(request).expect("a request always serializes");
+        line.push('\n');
+        let lost =
+            |e: std::io::Error| Error::msg(format!("lost the connection to the daemon: {e}"));
+        self.writer.write_all(line.as_bytes()).map_err(lost)?;
+        let mut answer = String::new();
+        let n = self.reader.read_line(&mut answer).map_err(lost)?;
+        if n == 0 {
+            return Err(Error::msg(
+                "the daemon closed the connection without answering (is it shutting down?)",
+            ));
+        }
+        match Response::from_line(answer.trim_end()).map_err(Error::msg)? {
+            Response::Ok(v) => Ok(v),
+            Response::Err(e) => Err(Error::msg(e)),
+        }
+    }
+
+    pub fn call_typed<T: DeserializeOwned>(&mut self, request: &Request) -> Result<T> {
+        let v = self.call(request)?;
+        serde_json::from_value(v)
+            .map_err(|e| Error::msg(format!("unexpected answer from the daemon: {e}")))
+    }
+}
+
+/// Print to stdout; a closed pipe (`bulwark volume list | head -1`) is not an error.
+pub fn print(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Error::msg(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).expect("results always serialize");
+    text.push('\n');
+    print(&text)
+}
+
+pub fn pool_create(args: &PoolCreateArgs) -> Result<()> {
+    let copies = match args.layout {
+        Layout::Single => 1,
+        Layout::Mirror(n) => n as usize,
+    };
+    let (spec, what) = match args.device_size {
+        Some(size_bytes) => {
+            let count = args.devices.unwrap_or(copies);
+            if count == 0 {
+                return Err(Error::usage("--devices must be at least 1"));
+            }
+            let what = format!("{count} device file(s) of {}", format_size(size_bytes));
+            (DeviceSpec::Files { count, size_bytes }, what)
+        }
+        None => {
+            let what = format!("{} device(s)", args.device.len());
+            (DeviceSpec::Paths(args.device.clone()), what)
+        }
+    };
+    Pool::create(&args.dir, args.layout, spec)?;
+    print(&format!(
+        "created pool {}: layout {}, {what}\n",
+        args.dir.display(),
+        args.layout
+    ))
+}
+
+/// The absolute, resolved path of a secret file, checked to exist but not read.
+fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
+    let what = match file.kind {
+        SecretKind::Passphrase => "passphrase file",
+        SecretKind::Key => "key file",
+    };
+    let path: PathBuf = std::fs::canonicalize(&file.path)
+        .map_err(|e| Error::msg(format!("cannot use {what} {}: {e}", file.path.display())))?;
+    if !path.is_file() {
+        return Err(Error::msg(format!(
+            "{what} {} is not a regular file",
+            file.path.display()
+        )));
+    }
+    Ok(match file.kind {
+        SecretKind::Passphrase => SecretRef::PassphraseFile(path),
+        SecretKind::Key => SecretRef::KeyFile(path),
+    })
+}
+
+pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
+    let secret = args
+        .secret_for_encryption()?
+        .as_ref()
+        .map(secret_ref)
+        .transpose()?;
+    let request = Request::VolumeCreate {
+        name: args.name.clone(),
+        size_bytes: args.size,
+        block_size: args.block_size,
+        compression: args.compression.as_str().to_string(),
+        encryption: secret.is_some(),
+        secret,
+    };
+    let created: VolumeStatus = Client::connect(dir)?.call_typed(&request)?;
+    print(&display::volume_created(&created))
+}
+
+pub fn volume_list(dir: &Path, args: &ListArgs) -> Result<()> {
+    let volumes: Vec<VolumeEntry> = Client::connect(dir)?.call_typed(&Request::VolumeList)?;
+    if args.json {
+        print_json(&volumes)
+    } else {
+        print(&display::volume_table(&volumes))
+    }
+}
+
+pub fn volume_destroy(dir: &Path, args: &NameArgs) -> Result<()> {
+    Client::connect(dir)?.call(&Request::VolumeDestroy {
+        name: args.name.clone(),
+    })?;
+    print(&format!("destroyed volume {}\n", args.name))
+}
+
+pub fn key_load(dir: &Path, args: &KeyLoadArgs) -> Result<()> {
+    let file = args.secret.file().expect("clap requires one secret source");
+    let request = Request::KeyLoad {
+        name: args.name.clone(),
+        secret: secret_ref(&file)?,
+    };
+    Client::connect(dir)?.call(&request)?;
+    print(&format!("key loaded: volume {} is unlocked\n", args.name))
+}
+
+pub fn key_unload(dir: &Path, args: &NameArgs) -> Result<()> {
+    Client::connect(dir)?.call(&Request::KeyUnload {
+        name: args.name.clone(),
+    })?;
+    print(&format!("key unloaded: volume {} is locked\n", args.name))
+}
+
+pub fn status(dir: &Path, args: &StatusArgs) -> Result<()> {
+    let report: StatusReport = Client::connect(dir)?.call_typed(&Request::Status)?;
+    if args.json {
+        print_json(&report)
+    } else {
+        print(&display::status_text(&report))
+    }
+}

@@ -1,0 +1,216 @@
+//! The control protocol between the CLI and the daemon, shared by both sides.
+//!
+//! Transport: the unix socket `DIR/control.sock` (mode 0600, and the daemon
+//! also checks the peer's uid). Framing: one JSON object per line each way;
+//! a connection may carry several requests in turn. A request is tagged by
+//! `op`:
+//!
+//! ```text
+//! {"op":"status"}
+//! {"op":"volume_list"}
+//! {"op":"volume_create","name":"v","size_bytes":1073741824,"block_size":4096,
+//!  "compression":"lz4","encryption":true,"secret":{"kind":"key_file","path":"/abs/key"}}
+//! {"op":"volume_destroy","name":"v"}
+//! {"op":"key_load","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
+//! {"op":"key_unload","name":"v"}
+//! ```
+//!
+//! and answered by `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`.
+//!
+//! Secrets never cross the socket: a request names an absolute path, the
+//! daemon (running as the same user) reads the file, uses the secret and
+//! drops it, zeroized, before it answers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use bulwark_engine::{PoolStatus, VolumeStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Name of the control socket inside the pool directory.
+pub const CONTROL_SOCKET_NAME: &str = "control.sock";
+/// Name of the default NBD socket inside the pool directory.
+pub const NBD_SOCKET_NAME: &str = "nbd.sock";
+/// Longest request line the daemon accepts (the largest honest one is a few hundred bytes).
+pub const REQUEST_BYTES_MAX: usize = 64 << 10;
+
+pub fn control_socket_path(dir: &Path) -> PathBuf {
+    dir.join(CONTROL_SOCKET_NAME)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    VolumeList,
+    VolumeCreate {
+        name: String,
+        size_bytes: u64,
+        block_size: u32,
+        /// "off" or "lz4".
+        compression: String,
+        encryption: bool,
+        secret: Option<SecretRef>,
+    },
+    VolumeDestroy {
+        name: String,
+    },
+    KeyLoad {
+        name: String,
+        secret: SecretRef,
+    },
+    KeyUnload {
+        name: String,
+    },
+}
+
+/// Where the daemon finds a secret: an absolute path, never the bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "path", rename_all = "snake_case")]
+pub enum SecretRef {
+    PassphraseFile(PathBuf),
+    KeyFile(PathBuf),
+}
+
+/// One answer line. `Ok` carries the request's result (`null` when there is none).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    Ok(Value),
+    Err(String),
+}
+
+#[derive(Serialize, Deserialize)]
+struct ResponseWire {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl Response {
+    /// The response as one line of JSON, without the newline.
+    pub fn to_line(&self) -> String {
+        let wire = match self {
+            Response::Ok(v) => ResponseWire {
+                ok: true,
+                result: Some(v.clone()),
+                error: None,
+            },
+            Response::Err(e) => ResponseWire {
+                ok: false,
+                result: None,
+                error: Some(e.clone()),
+            },
+        };
+        serde_json::to_string(&wire).expect("a response always serializes")
+    }
+
+    pub fn from_line(line: &str) -> Result<Response, String> {
+        let wire: ResponseWire = serde_json::from_str(line)
+            .map_err(|e| format!("malformed response from the daemon: {e}"))?;
+        Ok(if wire.ok {
+            Response::Ok(wire.result.unwrap_or(Value::Null))
+        } else {
+            Response::Err(
+                wire.error
+                    .unwrap_or_else(|| "the daemon reported an unnamed error".into()),
+            )
+        })
+    }
+}
+
+/// `status` result: the engine's `PoolStatus` fields at top level, plus what the daemon knows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusReport {
+    #[serde(flatten)]
+    pub pool: PoolStatus,
+    pub daemon: DaemonInfo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    pub version: String,
+    pub pid: u32,
+    pub nbd_socket: PathBuf,
+    pub nbd_tcp: Option<String>,
+    /// NBD connections per volume, only volumes with at least one.
+    pub attached: BTreeMap<String, usize>,
+}
+
+/// Whether an encrypted volume's key is loaded, as `zfs get keystatus` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyStatus {
+    Available,
+    Unavailable,
+    None,
+}
+
+impl KeyStatus {
+    pub fn of(v: &VolumeStatus) -> KeyStatus {
+        match (v.encryption, v.locked) {
+            (false, _) => KeyStatus::None,
+            (true, true) => KeyStatus::Unavailable,
+            (true, false) => KeyStatus::Available,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyStatus::Available => "available",
+            KeyStatus::Unavailable => "unavailable",
+            KeyStatus::None => "none",
+        }
+    }
+}
+
+/// One row of `volume_list` (and `volume_create`'s result): the engine's fields plus key status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeEntry {
+    #[serde(flatten)]
+    pub volume: VolumeStatus,
+    pub key_status: KeyStatus,
+    /// NBD connections to this volume now.
+    pub attached: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_as_documented() {
+        let r = Request::VolumeCreate {
+            name: "v".into(),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            compression: "lz4".into(),
+            encryption: true,
+            secret: Some(SecretRef::KeyFile("/abs/key".into())),
+        };
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            line,
+            r#"{"op":"volume_create","name":"v","size_bytes":1073741824,"block_size":4096,"compression":"lz4","encryption":true,"secret":{"kind":"key_file","path":"/abs/key"}}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&line).unwrap(), r);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"status"}"#).unwrap(),
+            Request::Status
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let ok = Response::Ok(Value::Null);
+        assert_eq!(ok.to_line(), r#"{"ok":true,"result":null}"#);
+        assert_eq!(Response::from_line(&ok.to_line()).unwrap(), ok);
+        let err = Response::Err("no such volume".into());
+        assert_eq!(err.to_line(), r#"{"ok":false,"error":"no such volume"}"#);
+        assert_eq!(Response::from_line(&err.to_line()).unwrap(), err);
+        assert!(Response::from_line("garbage").is_err());
+    }
+}

@@ -1,0 +1,555 @@
+//! `bulwark serve`: the daemon that owns one pool, exports its volumes over
+//! NBD and answers the CLI on the control socket.
+//!
+//! Life cycle: import the pool (the engine takes its exclusive lock) → listen
+//! on the NBD unix socket, then TCP if asked, then the control socket last, so
+//! a CLI that reaches the control socket knows NBD is up too → print
+//! "bulwark: serving pool ..." → on SIGTERM or SIGINT stop accepting, drain
+//! NBD and control work (bounded by `DRAIN_TIMEOUT`), make the final commit
+//! with `Pool::close`, remove the sockets, exit. A second signal exits at once
+//! without the final commit (what was flushed is durable anyway).
+//!
+//! The engine is blocking: every call from here runs under `spawn_blocking`,
+//! and an engine panic becomes an error answer, not a dead daemon. Sockets are
+//! created mode 0600; the control socket also checks the peer's uid, which is
+//! what makes it safe for the daemon to read the secret file a request names.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bulwark_engine::{Compression, OpenOptions, Pool, Secret, VolumeOptions, VolumeStatus};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::RwLock;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use crate::cli::ServeArgs;
+use crate::control::{
+    self, DaemonInfo, KeyStatus, Request, Response, SecretRef, StatusReport, VolumeEntry,
+};
+use crate::error::{Error, Result};
+use crate::export::PoolExports;
+use crate::nbd;
+
+/// How long shutdown waits for NBD requests and control requests to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the runtime waits for stray blocking tasks after the final commit.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause after a failed accept (for example EMFILE) before trying again.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
+
+pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
+    let dir = std::fs::canonicalize(dir)
+        .map_err(|e| Error::msg(format!("cannot open pool {}: {e}", dir.display())))?;
+    let mut opts = OpenOptions::default();
+    if let Some(cache_bytes) = args.cache_size {
+        opts.cache_bytes = cache_bytes;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bulwark")
+        .build()
+        .map_err(|e| Error::msg(format!("cannot start the runtime: {e}")))?;
+    let result = runtime.block_on(run(dir, args, opts));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    result
+}
+
+async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
+    let pool = {
+        let dir = dir.clone();
+        blocking(move || Pool::open(&dir, opts).map_err(|e| e.to_string()))
+            .await
+            .map_err(Error::msg)?
+    };
+
+    let served = serve_pool(&dir, args, pool.clone()).await;
+
+    let closed = blocking(move || pool.close().map_err(|e| e.to_string())).await;
+    match (served, closed) {
+        (Ok(()), Ok(())) => {
+            info!("pool closed");
+            Ok(())
+        }
+        (Ok(()), Err(e)) => Err(Error::msg(format!("final commit failed: {e}"))),
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(c)) => Err(Error::msg(format!("{e}; and the final commit failed: {c}"))),
+    }
+}
+
+/// Listen, serve until a signal (or a listener dies), then drain. Sockets are removed on return.
+async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()> {
+    let signal_err = |e: std::io::Error| Error::msg(format!("cannot install signal handlers: {e}"));
+    let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
+
+    let nbd_path = args
+        .nbd_socket
+        .clone()
+        .unwrap_or_else(|| dir.join(control::NBD_SOCKET_NAME));
+    let (nbd_listener, _nbd_file) = bind_private_socket(&nbd_path)?;
+    let tcp = match &args.nbd_listen {
+        Some(addr) => Some(bind_tcp(addr).await?),
+        None => None,
+    };
+    let nbd_tcp = tcp.as_ref().map(|(_, a)| a.clone());
+
+    let server = nbd::Server::new(
+        Arc::new(PoolExports(pool.clone())),
+        nbd::ServerConfig::default(),
+    );
+    let daemon = Arc::new(Daemon {
+        pool,
+        server: server.clone(),
+        closing: RwLock::new(false),
+        euid: unsafe { libc::geteuid() },
+        nbd_socket: nbd_path.clone(),
+        nbd_tcp: nbd_tcp.clone(),
+    });
+
+    let control_path = control::control_socket_path(dir);
+    let (control_listener, _control_file) = bind_private_socket(&control_path)?;
+
+    let mut nbd_unix_task = tokio::spawn(server.clone().serve_unix(nbd_listener));
+    let mut nbd_tcp_task = tcp.map(|(l, _)| tokio::spawn(server.clone().serve_tcp(l)));
+    let control_task = tokio::spawn(control_loop(daemon.clone(), control_listener));
+
+    let mut ready = format!(
+        "bulwark: serving pool {} (nbd socket {}",
+        dir.display(),
+        nbd_path.display()
+    );
+    if let Some(addr) = &nbd_tcp {
+        ready.push_str(&format!(", nbd tcp {addr}"));
+    }
+    eprintln!("{ready})");
+
+    let tcp_stopped = async {
+        match &mut nbd_tcp_task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
+    let outcome: Result<()> = tokio::select! {
+        _ = sigterm.recv() => { info!("SIGTERM received: shutting down"); Ok(()) }
+        _ = sigint.recv() => { info!("SIGINT received: shutting down"); Ok(()) }
+        r = &mut nbd_unix_task => Err(listener_stopped("NBD unix socket", r)),
+        r = tcp_stopped => Err(listener_stopped("NBD TCP listener", r)),
+    };
+    if let Err(e) = &outcome {
+        error!("{e}; shutting down");
+    }
+
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = sigterm.recv() => {}
+            _ = sigint.recv() => {}
+        }
+        eprintln!("bulwark: second signal: exiting now, without the final commit");
+        std::process::exit(130);
+    });
+
+    server.shutdown();
+    control_task.abort();
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    if tokio::time::timeout_at(deadline, server.wait_idle())
+        .await
+        .is_err()
+    {
+        warn!(
+            "NBD requests still in flight after {}s; closing the pool anyway",
+            DRAIN_TIMEOUT.as_secs()
+        );
+    }
+    match tokio::time::timeout_at(deadline, daemon.closing.write()).await {
+        Ok(mut closing) => *closing = true,
+        Err(_) => warn!(
+            "control requests still running after {}s; closing the pool anyway",
+            DRAIN_TIMEOUT.as_secs()
+        ),
+    }
+    nbd_unix_task.abort();
+    if let Some(task) = nbd_tcp_task {
+        task.abort();
+    }
+    outcome
+}
+
+fn listener_stopped(
+    what: &str,
+    r: std::result::Result<std::io::Result<()>, tokio::task::JoinError>,
+) -> Error {
+    match r {
+        Ok(Ok(())) => Error::msg(format!("{what} stopped serving")),
+        Ok(Err(e)) => Error::msg(format!("{what} failed: {e}")),
+        Err(e) => Error::msg(format!("{what} crashed: {e}")),
+    }
+}
+
+/// State the control handlers share.
+struct Daemon {
+    pool: Arc<Pool>,
+    server: Arc<nbd::Server>,
+    /// Requests hold it shared while they run; shutdown takes it exclusively
+    /// and sets it, so the final commit never races a request.
+    closing: RwLock<bool>,
+    euid: u32,
+    nbd_socket: PathBuf,
+    nbd_tcp: Option<String>,
+}
+
+async fn control_loop(daemon: Arc<Daemon>, listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(daemon.clone().connection(stream));
+            }
+            Err(e) => {
+                warn!("control socket accept failed: {e}");
+                tokio::time::sleep(ACCEPT_RETRY_DELAY).await;
+            }
+        }
+    }
+}
+
+impl Daemon {
+    async fn connection(self: Arc<Self>, stream: UnixStream) {
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == self.euid || cred.uid() == 0 => {}
+            Ok(cred) => {
+                warn!(
+                    uid = cred.uid(),
+                    "refused a control connection from another user"
+                );
+                return;
+            }
+            Err(e) => {
+                warn!("refused a control connection: cannot read peer credentials: {e}");
+                return;
+            }
+        }
+        let (read, mut write) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let limit = control::REQUEST_BYTES_MAX as u64 + 1;
+            match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    debug!("control connection: {e}");
+                    return;
+                }
+            }
+            let too_long = line.len() > control::REQUEST_BYTES_MAX;
+            let response = if too_long {
+                Response::Err(format!(
+                    "request longer than {} bytes",
+                    control::REQUEST_BYTES_MAX
+                ))
+            } else if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            } else {
+                match serde_json::from_slice::<Request>(&line) {
+                    Ok(request) => match self.handle(request).await {
+                        Ok(v) => Response::Ok(v),
+                        Err(e) => Response::Err(e),
+                    },
+                    Err(e) => Response::Err(format!("malformed request: {e}")),
+                }
+            };
+            let mut out = response.to_line();
+            out.push('\n');
+            if write.write_all(out.as_bytes()).await.is_err() || too_long {
+                return;
+            }
+        }
+    }
+
+    async fn handle(&self, request: Request) -> std::result::Result<Value, String> {
+        // The engine logs what each request changes; nothing to add here.
+        let closing = self.closing.read().await;
+        if *closing {
+            return Err("the daemon is shutting down".into());
+        }
+        let pool = self.pool.clone();
+        match request {
+            Request::Status => {
+                let status = blocking(move || Ok(pool.status())).await?;
+                let attached = status
+                    .volumes
+                    .iter()
+                    .map(|v| (v.name.clone(), self.server.attached(&v.name)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect::<BTreeMap<_, _>>();
+                let daemon = DaemonInfo {
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    pid: std::process::id(),
+                    nbd_socket: self.nbd_socket.clone(),
+                    nbd_tcp: self.nbd_tcp.clone(),
+                    attached,
+                };
+                to_value(&StatusReport {
+                    pool: status,
+                    daemon,
+                })
+            }
+            Request::VolumeList => {
+                let volumes = blocking(move || Ok(pool.volumes())).await?;
+                let entries: Vec<VolumeEntry> =
+                    volumes.into_iter().map(|v| self.entry(v)).collect();
+                to_value(&entries)
+            }
+            Request::VolumeCreate {
+                name,
+                size_bytes,
+                block_size,
+                compression,
+                encryption,
+                secret,
+            } => {
+                let compression: Compression = compression
+                    .parse()
+                    .map_err(|e: bulwark_engine::Error| e.to_string())?;
+                match (encryption, &secret) {
+                    (true, None) => {
+                        return Err(
+                            "an encrypted volume needs a passphrase file or a key file".into()
+                        )
+                    }
+                    (false, Some(_)) => {
+                        return Err("a key was given for a volume without encryption".into())
+                    }
+                    _ => {}
+                }
+                let opts = VolumeOptions {
+                    size_bytes,
+                    block_size,
+                    compression,
+                    encryption,
+                };
+                let created = {
+                    let name = name.clone();
+                    blocking(move || {
+                        let secret = secret.as_ref().map(load_secret).transpose()?;
+                        pool.create_volume(&name, opts, secret.as_ref())
+                            .map_err(|e| e.to_string())?;
+                        drop(secret);
+                        Ok(pool.volumes().into_iter().find(|v| v.name == name))
+                    })
+                    .await?
+                };
+                let created = created
+                    .ok_or_else(|| format!("volume {name} was created but is not listed"))?;
+                to_value(&self.entry(created))
+            }
+            Request::VolumeDestroy { name } => {
+                self.refuse_if_attached(&name)?;
+                blocking(move || pool.destroy_volume(&name).map_err(|e| e.to_string())).await?;
+                Ok(Value::Null)
+            }
+            Request::KeyLoad { name, secret } => {
+                blocking(move || {
+                    let secret = load_secret(&secret)?;
+                    pool.load_key(&name, &secret).map_err(|e| e.to_string())
+                    // `secret` is dropped (and zeroized) here, before the answer goes out.
+                })
+                .await?;
+                Ok(Value::Null)
+            }
+            Request::KeyUnload { name } => {
+                self.refuse_if_attached(&name)?;
+                blocking(move || pool.unload_key(&name).map_err(|e| e.to_string())).await?;
+                Ok(Value::Null)
+            }
+        }
+    }
+
+    fn entry(&self, volume: VolumeStatus) -> VolumeEntry {
+        VolumeEntry {
+            key_status: KeyStatus::of(&volume),
+            attached: self.server.attached(&volume.name),
+            volume,
+        }
+    }
+
+    fn refuse_if_attached(&self, name: &str) -> std::result::Result<(), String> {
+        match self.server.attached(name) {
+            0 => Ok(()),
+            n => Err(format!("volume {name} is in use by {n} NBD connection(s)")),
+        }
+    }
+}
+
+/// Read a secret the request names. The path must be absolute (the CLI
+/// canonicalizes it); the file's contents are never logged.
+fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
+    let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
+        SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
+        SecretRef::KeyFile(p) => (p, Secret::from_key_file),
+    };
+    if !path.is_absolute() {
+        return Err(format!(
+            "secret file path {} is not absolute",
+            path.display()
+        ));
+    }
+    from_file(path).map_err(|e| e.to_string())
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> std::result::Result<Value, String> {
+    serde_json::to_value(v).map_err(|e| format!("internal error: cannot encode the result: {e}"))
+}
+
+/// Run blocking engine work off the async threads; a panic becomes an error message.
+fn blocking<T, F>(f: F) -> impl Future<Output = std::result::Result<T, String>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> std::result::Result<T, String> + Send + 'static,
+{
+    let task = tokio::task::spawn_blocking(f);
+    async move {
+        match task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => {
+                let panic = e.into_panic();
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                error!("engine call panicked: {what}");
+                Err(format!("internal error in the engine: {what}"))
+            }
+            Err(e) => Err(format!("internal error: {e}")),
+        }
+    }
+}
+
+/// A socket file this daemon created; removed on drop if it is still the same file.
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if m.dev() == self.dev && m.ino() == self.ino {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Listen on a unix socket only its owner may connect to, replacing a stale socket file.
+fn bind_private_socket(path: &Path) -> Result<(UnixListener, SocketFile)> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::msg(format!(
+                "cannot use socket path {}: {e}",
+                path.display()
+            )))
+        }
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::msg(format!(
+                    "{} is in use by another running server",
+                    path.display()
+                )));
+            }
+            std::fs::remove_file(path).map_err(|e| {
+                Error::msg(format!(
+                    "cannot remove stale socket {}: {e}",
+                    path.display()
+                ))
+            })?;
+        }
+        Ok(_) => {
+            return Err(Error::msg(format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            )))
+        }
+    }
+    // The umask closes the window between bind and chmod in which another
+    // user could connect. It is process-wide for that instant: anything the
+    // engine creates meanwhile is only made more private.
+    let old_umask = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    unsafe { libc::umask(old_umask) };
+    let listener =
+        bound.map_err(|e| Error::msg(format!("cannot listen on {}: {e}", path.display())))?;
+    let meta = std::fs::symlink_metadata(path)
+        .and_then(|m| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map(|_| m)
+        })
+        .map_err(|e| Error::msg(format!("cannot secure {}: {e}", path.display())))?;
+    Ok((
+        listener,
+        SocketFile {
+            path: path.to_path_buf(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+    ))
+}
+
+async fn bind_tcp(addr: &str) -> Result<(TcpListener, String)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::msg(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::msg(format!("cannot listen on {addr}: {e}")))?;
+    if !local.ip().is_loopback() {
+        warn!(
+            "NBD over TCP on {local} is neither encrypted nor authenticated yet: anyone who can reach \
+             this address can read and write every unlocked volume; prefer a loopback address"
+        );
+    }
+    Ok((listener, local.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn private_socket_replaces_stale_and_refuses_live_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        {
+            let (_l, _f) = bind_private_socket(&path).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            assert!(
+                bind_private_socket(&path).is_err(),
+                "a live socket must not be replaced"
+            );
+        }
+        assert!(!path.exists(), "the socket is removed on drop");
+
+        // A stale socket (listener gone, file left behind) is replaced.
+        let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(stale);
+        assert!(path.exists());
+        let (_l, _f) = bind_private_socket(&path).unwrap();
+
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(bind_private_socket(&file).is_err());
+        assert!(file.exists());
+    }
+}

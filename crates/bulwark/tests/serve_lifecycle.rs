@@ -1,0 +1,305 @@
+//! The daemon's life as a user and a supervisor see it: start, answer the CLI
+//! and raw control-protocol lines, refuse to destroy or lock an attached
+//! volume, stop cleanly on SIGTERM (exit 0, sockets gone), and start again
+//! over the stale sockets a `kill -9` leaves behind.
+//!
+//! Data through real NBD clients (qemu-io, nbdcopy, ...) is proven by the
+//! integration suite in `tests/` at the repository root; here a volume is
+//! attached with the smallest NBD handshake that holds a connection open.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn bulwark(pool: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bulwark"))
+        .arg("--pool")
+        .arg(pool)
+        .args(args)
+        .env_remove("BULWARK_POOL")
+        .output()
+        .expect("run bulwark")
+}
+
+fn ok(pool: &Path, args: &[&str]) -> String {
+    let o = bulwark(pool, args);
+    assert!(
+        o.status.success(),
+        "bulwark {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn refused(pool: &Path, args: &[&str]) -> String {
+    let o = bulwark(pool, args);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "bulwark {args:?} should fail: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8(o.stderr).unwrap()
+}
+
+fn start(pool: &Path, n: usize) -> Daemon {
+    let log = pool.parent().unwrap().join(format!("serve-{n}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_bulwark"))
+        .arg("serve")
+        .arg(pool)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start bulwark serve");
+    let mut daemon = Daemon { child, log };
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            panic!(
+                "serve exited with {status} during start:\n{}",
+                daemon.log_text()
+            );
+        }
+        if bulwark(pool, &["status"]).status.success() {
+            return daemon;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not answer status:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Daemon {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: i32) {
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not exit:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Attach to an export with NBD_OPT_EXPORT_NAME and hold the connection open.
+fn attach(socket: &Path, name: &str) -> UnixStream {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    assert_eq!(&hello[8..16], b"IHAVEOPT");
+    s.write_all(&3u32.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE | NO_ZEROES
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    opt.extend_from_slice(name.as_bytes());
+    s.write_all(&opt).unwrap();
+    let mut export = [0u8; 10]; // size, transmission flags
+    s.read_exact(&mut export).unwrap();
+    s
+}
+
+/// One raw request line on the control socket, one answer line back.
+fn control_line(conn: &mut (BufReader<UnixStream>, UnixStream), line: &str) -> serde_json::Value {
+    conn.1.write_all(line.as_bytes()).unwrap();
+    conn.1.write_all(b"\n").unwrap();
+    let mut answer = String::new();
+    conn.0.read_line(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn serve_lifecycle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = tmp.path().join("pool");
+    let p = pool.as_path();
+    let out = Command::new(env!("CARGO_BIN_EXE_bulwark"))
+        .args(["pool", "create"])
+        .arg(p)
+        .args([
+            "--layout",
+            "single",
+            "--devices",
+            "1",
+            "--device-size",
+            "64M",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut daemon = start(p, 1);
+    let nbd_sock = pool.join("nbd.sock");
+    let control_sock = pool.join("control.sock");
+    assert!(daemon.log_text().contains(&format!(
+        "bulwark: serving pool {} (nbd socket {})",
+        p.display(),
+        nbd_sock.display()
+    )));
+    assert_eq!(mode(&nbd_sock), 0o600);
+    assert_eq!(mode(&control_sock), 0o600);
+
+    let key = tmp.path().join("key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let key = key.to_str().unwrap();
+    let created = ok(
+        p,
+        &["volume", "create", "v", "--size", "16M", "--key-file", key],
+    );
+    assert!(
+        created.starts_with("created volume v: 16M, block size 4K, compression lz4, encryption on"),
+        "{created}"
+    );
+    ok(
+        p,
+        &[
+            "volume",
+            "create",
+            "plain",
+            "--size",
+            "8M",
+            "--encryption",
+            "off",
+            "--compression",
+            "off",
+        ],
+    );
+
+    // Attached volumes can be neither destroyed nor locked.
+    let conn = attach(&nbd_sock, "v");
+    let status: serde_json::Value = serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
+    assert_eq!(status["daemon"]["attached"]["v"], 1, "{status}");
+    assert_eq!(status["state"], "ONLINE");
+    let err = refused(p, &["volume", "destroy", "v"]);
+    assert_eq!(err, "error: volume v is in use by 1 NBD connection(s)\n");
+    let err = refused(p, &["key", "unload", "v"]);
+    assert_eq!(err, "error: volume v is in use by 1 NBD connection(s)\n");
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bulwark(p, &["key", "unload", "v"]).status.code() != Some(0) {
+        assert!(Instant::now() < deadline, "the detach was never noticed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(p, &["volume", "list", "--json"])).unwrap();
+    let v = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v")
+        .unwrap();
+    assert_eq!(v["key_status"], "unavailable", "{list}");
+    assert_eq!(v["locked"], true);
+    let table = ok(p, &["volume", "list"]);
+    assert!(
+        table.starts_with("NAME   SIZE  USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS\n"),
+        "{table}"
+    );
+    ok(p, &["key", "load", "v", "--key-file", key]);
+    ok(p, &["volume", "destroy", "plain"]);
+    let text = ok(p, &["status"]);
+    assert!(text.contains("errors: No known data errors"), "{text}");
+
+    // The raw protocol: several requests per connection, errors as answers.
+    let stream = UnixStream::connect(&control_sock).unwrap();
+    let mut conn = (BufReader::new(stream.try_clone().unwrap()), stream);
+    let a = control_line(&mut conn, r#"{"op":"volume_list"}"#);
+    assert_eq!(a["ok"], true);
+    assert_eq!(a["result"].as_array().unwrap().len(), 1);
+    let a = control_line(&mut conn, r#"{"op":"format_everything"}"#);
+    assert_eq!(a["ok"], false);
+    assert!(
+        a["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("malformed request"),
+        "{a}"
+    );
+    let a = control_line(
+        &mut conn,
+        r#"{"op":"key_load","name":"v","secret":{"kind":"key_file","path":"key"}}"#,
+    );
+    assert_eq!(a["ok"], false);
+    assert!(a["error"].as_str().unwrap().contains("not absolute"), "{a}");
+    let a = control_line(&mut conn, r#"{"op":"volume_destroy","name":"nosuch"}"#);
+    assert_eq!(
+        a,
+        serde_json::json!({"ok": false, "error": "volume 'nosuch' does not exist"})
+    );
+    drop(conn);
+
+    // SIGTERM: final commit, sockets removed, exit 0.
+    daemon.signal(libc::SIGTERM);
+    let status = daemon.wait();
+    assert!(
+        status.success(),
+        "exit {status} after SIGTERM:\n{}",
+        daemon.log_text()
+    );
+    assert!(
+        !nbd_sock.exists() && !control_sock.exists(),
+        "sockets left behind"
+    );
+    assert!(refused(p, &["status"]).contains("cannot reach the bulwark daemon"));
+
+    // kill -9 leaves stale sockets; the next start replaces them, the volume is back, locked.
+    let mut daemon = start(p, 2);
+    daemon.signal(libc::SIGKILL);
+    daemon.wait();
+    assert!(nbd_sock.exists() && control_sock.exists());
+    let mut daemon = start(p, 3);
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(p, &["volume", "list", "--json"])).unwrap();
+    assert_eq!(list[0]["name"], "v");
+    assert_eq!(list[0]["key_status"], "unavailable");
+    daemon.signal(libc::SIGINT);
+    assert!(
+        daemon.wait().success(),
+        "exit after SIGINT:\n{}",
+        daemon.log_text()
+    );
+}
