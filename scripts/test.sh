@@ -34,8 +34,16 @@ fi
 log "cargo build --release"
 cargo build --release --workspace
 log "cargo test --release --workspace"
-cargo test --release --workspace
+cargo_rc=0
+cargo test --release --workspace || cargo_rc=$?
+[ "$cargo_rc" -eq 0 ] || log "cargo test FAILED (exit $cargo_rc); running the integration suite anyway"
 
 export BULWARK_BIN=${BULWARK_BIN:-$ROOT/target/release/bulwark}
 log "integration tests against $BULWARK_BIN"
-exec "$PY" -m pytest -q -rfEs --timeout="${TEST_TIMEOUT:-300}" tests/ "$@"
+pytest_rc=0
+"$PY" -m pytest -q -rfEs --durations=5 --timeout="${TEST_TIMEOUT:-300}" tests/ "$@" || pytest_rc=$?
+
+if [ "$cargo_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
+    log "FAILED: cargo test exit $cargo_rc, pytest exit $pytest_rc"
+    exit 1
+fi
