@@ -68,16 +68,24 @@ def flip(path, offsets):
         os.fsync(f.fileno())
 
 
-def find_all(path, needle):
-    found = []
+def load_data(path):
+    """[(start, bytes)] of the data extents in the middle of a device file."""
+    out = []
     with open(path, "rb") as f:
         for s, e in data_extents(path):
             f.seek(s)
-            buf = f.read(e - s)
-            i = buf.find(needle)
-            while i != -1:
-                found.append(s + i)
-                i = buf.find(needle, i + 1)
+            out.append((s, f.read(e - s)))
+    return out
+
+
+def find_all(data, needle):
+    """Offsets of needle in data loaded by load_data()."""
+    found = []
+    for s, buf in data:
+        i = buf.find(needle)
+        while i != -1:
+            found.append(s + i)
+            i = buf.find(needle, i + 1)
     return found
 
 
@@ -138,13 +146,27 @@ def test_mirror_tamper(mirror_pool, tmp_path, seed):
     assert st["unrecoverable_blocks"] == 0, f"unrecoverable blocks with one good copy: {st}"
     pool.stop()
 
-    # Phase 2: the same damage on both copies of some blocks.
-    victims = sorted(rng.sample(range(PLAIN_SIZE // BLOCK), 5))
-    for i in victims:
+    # Phase 2: the same damage on both copies of some blocks. Only blocks
+    # whose copies are both intact qualify: a copy that phase 1 damaged and no
+    # read has touched since (reads may be served by the other device) is
+    # still damaged.
+    data = {dev: load_data(dev) for dev in (dev0, dev1)}
+    victims, places = [], {}
+    for i in rng.sample(range(PLAIN_SIZE // BLOCK), PLAIN_SIZE // BLOCK):
         needle = plain_block(token, i)
-        for dev in (dev0, dev1):
-            offs = find_all(dev, needle)
-            assert offs, f"plain block {i} not found on {dev}: is every block on both devices?"
+        offs = {dev: find_all(data[dev], needle) for dev in (dev0, dev1)}
+        if offs[dev1] and not offs[dev0]:
+            continue  # damaged by phase 1 and not repaired
+        assert offs[dev1], f"plain block {i} not found intact on {dev1}, which was never damaged"
+        victims.append(i)
+        places[i] = offs
+        if len(victims) == 5:
+            break
+    assert len(victims) == 5, f"only {len(victims)} plain blocks are intact on both devices"
+    victims.sort()
+    del data
+    for i in victims:
+        for dev, offs in places[i].items():
             flip(dev, [o + 100 for o in offs])
     # Encrypted blocks: 4 KiB units stored identically at the same place on
     # both devices (the two copies of a mirrored block).
