@@ -1,1 +1,44 @@
-//! NBD server (in progress).
+//! `bulwark-nbd`: an NBD server (fixed newstyle, structured replies, block
+//! status) over a [`Backend`] trait. It knows nothing of volumes,
+//! encryption or the engine; it turns NBD requests into calls on a
+//! `Backend` and back.
+//!
+//! Data path: socket → `handshake` (options, export choice) →
+//! `transmission` reader (parse, validate, admit) → blocking pool
+//! (`Backend` call) → `transmission` writer (reply) → socket.
+//!
+//! Codemap:
+//! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Extent`],
+//!   [`errno`] values.
+//! - `proto.rs`: wire constants and a pure, panic-free codec ([`proto`]).
+//! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`.
+//! - `transmission.rs`: request validation, execution, reply writing.
+//! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
+//! - `limits.rs`: every bound on what a client can make us hold or wait on.
+//! - `buffers.rs`: per-connection payload buffer reuse.
+//!
+//! Invariants:
+//! - Bytes from a client are input: any sequence of them yields a reply or
+//!   a closed connection, never a panic, unbounded allocation or a stall of
+//!   another connection.
+//! - Requests are validated once, at the edge; backends only see in-range,
+//!   permitted, nonzero-length calls.
+//! - Everything is generic over `AsyncRead + AsyncWrite`, so TLS slots in
+//!   as another stream (`NBD_OPT_STARTTLS` answers `NBD_REP_ERR_POLICY`
+//!   until then).
+//!
+//! Not implemented: TLS, `NBD_OPT_EXTENDED_HEADERS` (answered
+//! `NBD_REP_ERR_UNSUP`), `NBD_CMD_CACHE` and `NBD_CMD_RESIZE` (`EINVAL`),
+//! `NBD_REPLY_TYPE_OFFSET_HOLE` (reads always send data), metadata
+//! contexts other than `base:allocation`.
+
+mod backend;
+mod buffers;
+mod handshake;
+pub mod limits;
+pub mod proto;
+mod server;
+mod transmission;
+
+pub use backend::{errno, Backend, Errno, Exports, Extent};
+pub use server::{Server, ServerConfig};

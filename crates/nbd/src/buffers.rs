@@ -1,0 +1,62 @@
+//! A small per-connection pool of payload buffers.
+//!
+//! Write payloads and read replies each need a buffer of up to
+//! `max_request_bytes`. Reusing them saves an allocation (and, for large
+//! buffers, an mmap and page faults) per request. The pool is bounded in
+//! both count and buffer size (`limits.rs`), so an idle connection pins at
+//! most `POOL_BUFFERS_MAX * POOL_BUFFER_BYTES_MAX` bytes.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::limits::{POOL_BUFFERS_MAX, POOL_BUFFER_BYTES_MAX};
+
+#[derive(Default)]
+pub(crate) struct BufPool {
+    bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufPool {
+    fn lock(&self) -> MutexGuard<'_, Vec<Vec<u8>>> {
+        // The pool holds no invariant a panic could break.
+        self.bufs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An empty buffer, with spare capacity if one was pooled.
+    pub(crate) fn take(&self) -> Vec<u8> {
+        self.lock().pop().unwrap_or_default()
+    }
+
+    /// Returns a buffer for reuse; oversized or surplus buffers are freed.
+    pub(crate) fn give(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > POOL_BUFFER_BYTES_MAX {
+            return;
+        }
+        buf.clear();
+        let mut bufs = self.lock();
+        if bufs.len() < POOL_BUFFERS_MAX {
+            bufs.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_reuse() {
+        let pool = BufPool::default();
+        assert_eq!(pool.take().capacity(), 0);
+        let mut b = pool.take();
+        b.resize(4096, 7);
+        pool.give(b);
+        let b = pool.take();
+        assert!(b.is_empty() && b.capacity() >= 4096);
+        pool.give(Vec::with_capacity(POOL_BUFFER_BYTES_MAX + 1));
+        assert_eq!(pool.take().capacity(), 0);
+        for _ in 0..POOL_BUFFERS_MAX + 5 {
+            pool.give(Vec::with_capacity(16));
+        }
+        assert_eq!(pool.lock().len(), POOL_BUFFERS_MAX);
+    }
+}

@@ -1,0 +1,431 @@
+//! Fixed-newstyle option haggling: from the greeting to the transmission
+//! phase.
+//!
+//! One [`negotiate`] call runs the whole handshake on any byte stream
+//! (`AsyncRead + AsyncWrite`), so a TLS stream can replace the socket
+//! later: `NBD_OPT_STARTTLS` is the one option that swaps the stream, and
+//! it answers `NBD_REP_ERR_POLICY` until TLS exists. Adding TLS means:
+//! ACK it, return the stream to the caller to wrap, and call the option
+//! loop again on the TLS stream with fresh state (the spec forbids keeping
+//! options negotiated before STARTTLS). The handshake never reads ahead of
+//! the option it is handling, so no byte of the transmission phase (or of a
+//! TLS handshake) is consumed here.
+//!
+//! Invariants: every option gets exactly one final reply (ACK or error)
+//! unless the connection is closed; the connection is closed only where
+//! the spec allows or requires it (bad magic, unknown client flags,
+//! oversized payloads, an `NBD_OPT_EXPORT_NAME` that cannot be honoured,
+//! `NBD_OPT_ABORT`). Malformed payloads get `NBD_REP_ERR_INVALID`.
+//! `Exports` and `Backend` methods may block, so they run on the blocking
+//! pool.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+use tracing::debug;
+
+use crate::backend::{Backend, Exports};
+use crate::limits::{OPTION_BYTES_MAX, STRING_BYTES_MAX};
+use crate::proto::*;
+use crate::server::Limits;
+use crate::transmission::transmission_flags;
+
+/// Metadata context id handed out for `base:allocation`.
+pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
+
+/// Why a handshake ended without reaching the transmission phase.
+#[derive(Debug, Error)]
+pub(crate) enum HandshakeError {
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("client sent unknown flags {0:#x}")]
+    ClientFlags(u32),
+    #[error("bad option header: {0}")]
+    Header(ProtoError),
+    #[error("option {option} carries {length} bytes (limit {OPTION_BYTES_MAX})")]
+    OptionTooLarge { option: u32, length: u32 },
+    #[error("NBD_OPT_EXPORT_NAME with an invalid name: {0}")]
+    ExportName(ProtoError),
+    #[error("NBD_OPT_EXPORT_NAME for unavailable export {0:?}")]
+    ExportUnavailable(String),
+    #[error("server is shutting down")]
+    Shutdown,
+}
+
+impl HandshakeError {
+    /// The client simply went away (EOF, reset, broken pipe), as clients
+    /// that only list or probe exports often do.
+    pub(crate) fn is_disconnect(&self) -> bool {
+        use std::io::ErrorKind::*;
+        matches!(self, HandshakeError::Io(e)
+            if matches!(e.kind(), UnexpectedEof | BrokenPipe | ConnectionReset))
+    }
+}
+
+/// Everything the transmission phase needs about the chosen export.
+pub(crate) struct Negotiated {
+    pub name: String,
+    pub backend: Arc<dyn Backend>,
+    pub size: u64,
+    /// Transmission flags as advertised to the client.
+    pub flags: u16,
+    /// Advertised preferred block size.
+    pub block_preferred: u32,
+    /// Largest READ/WRITE payload accepted (the advertised maximum).
+    pub request_bytes_max: u32,
+    pub fast_zero: bool,
+    pub structured: bool,
+    /// Context id for `base:allocation`, if selected for this export.
+    pub meta_context: Option<u32>,
+}
+
+pub(crate) enum Outcome {
+    Transmission(Negotiated),
+    /// The client sent `NBD_OPT_ABORT`.
+    Aborted,
+}
+
+/// An export opened and described on the blocking pool.
+struct Opened {
+    backend: Arc<dyn Backend>,
+    size: u64,
+    read_only: bool,
+    multi_conn: bool,
+    fast_zero: bool,
+    block_preferred: u32,
+    request_bytes_max: u32,
+}
+
+/// Block sizes advertised for a backend: (minimum, preferred, maximum).
+/// Minimum is 1 (any alignment is served); preferred is the backend's,
+/// made a power of two of at least 512 and no larger than the maximum.
+pub(crate) fn block_sizes(backend_preferred: u32, request_bytes_max: u32) -> (u32, u32, u32) {
+    let preferred = backend_preferred
+        .max(512)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << 31);
+    // Largest power of two not above the maximum (which is at least 4096).
+    let cap = 1u32 << (31 - request_bytes_max.leading_zeros());
+    (1, preferred.min(cap), request_bytes_max)
+}
+
+async fn open_export(exports: &Arc<dyn Exports>, name: &str, limits: &Limits) -> Option<Opened> {
+    let exports = Arc::clone(exports);
+    let name = name.to_owned();
+    let request_bytes_max = limits.request_bytes_max;
+    let opened = tokio::task::spawn_blocking(move || {
+        let backend = exports.open(&name)?;
+        let (_, block_preferred, request_bytes_max) =
+            block_sizes(backend.preferred_block_size(), request_bytes_max);
+        Some(Opened {
+            size: backend.size(),
+            read_only: backend.read_only(),
+            multi_conn: backend.can_multi_conn(),
+            fast_zero: backend.can_fast_zero(),
+            block_preferred,
+            request_bytes_max,
+            backend,
+        })
+    })
+    .await;
+    // A panicking `open` is treated as "not available".
+    opened.ok().flatten()
+}
+
+async fn list_exports(exports: &Arc<dyn Exports>) -> Vec<String> {
+    let exports = Arc::clone(exports);
+    tokio::task::spawn_blocking(move || exports.list())
+        .await
+        .unwrap_or_default()
+}
+
+/// Meta-context names that a query selects. `base:` is a wildcard only
+/// when listing; unknown namespaces and leaf names select nothing.
+fn meta_matches(query: &str, listing: bool) -> bool {
+    query == META_BASE_ALLOCATION || (listing && query == "base:")
+}
+
+/// What to do after replying to one option.
+enum Step {
+    Continue,
+    Go(Negotiated),
+    Abort,
+}
+
+struct Haggle<'a> {
+    exports: &'a Arc<dyn Exports>,
+    limits: &'a Limits,
+    no_zeroes: bool,
+    structured: bool,
+    /// Export name and context id chosen by the last NBD_OPT_SET_META_CONTEXT.
+    meta: Option<(String, u32)>,
+    /// Replies to the current option, written in one go.
+    out: Vec<u8>,
+}
+
+impl Haggle<'_> {
+    fn reply(&mut self, option: u32, reply: u32, payload: &[u8]) {
+        put_option_reply(&mut self.out, option, reply, payload);
+    }
+
+    async fn handle(&mut self, option: u32, payload: &[u8]) -> Result<Step, HandshakeError> {
+        match option {
+            OPT_EXPORT_NAME => self.export_name(payload).await,
+            OPT_ABORT => {
+                // The spec asks servers to ignore any data sent with ABORT.
+                self.reply(option, REP_ACK, &[]);
+                Ok(Step::Abort)
+            }
+            OPT_LIST => {
+                if !payload.is_empty() {
+                    self.reply(option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data");
+                    return Ok(Step::Continue);
+                }
+                for name in list_exports(self.exports).await {
+                    // Names that are not valid NBD strings cannot be used anyway.
+                    if name.len() <= STRING_BYTES_MAX && !name.contains('\0') {
+                        self.reply(option, REP_SERVER, &rep_server(&name));
+                    }
+                }
+                self.reply(option, REP_ACK, &[]);
+                Ok(Step::Continue)
+            }
+            OPT_STARTTLS => {
+                if payload.is_empty() {
+                    self.reply(option, REP_ERR_POLICY, b"TLS is not enabled on this server");
+                } else {
+                    self.reply(option, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data");
+                }
+                Ok(Step::Continue)
+            }
+            OPT_INFO | OPT_GO => self.info_or_go(option, payload).await,
+            OPT_STRUCTURED_REPLY => {
+                if payload.is_empty() {
+                    self.structured = true;
+                    self.reply(option, REP_ACK, &[]);
+                } else {
+                    self.reply(
+                        option,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                }
+                Ok(Step::Continue)
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                self.meta_context(option, payload);
+                Ok(Step::Continue)
+            }
+            // EXTENDED_HEADERS, PEEK_EXPORT and anything unknown.
+            _ => {
+                self.reply(option, REP_ERR_UNSUP, b"option not supported");
+                Ok(Step::Continue)
+            }
+        }
+    }
+
+    async fn export_name(&mut self, payload: &[u8]) -> Result<Step, HandshakeError> {
+        // NBD_OPT_EXPORT_NAME cannot return an error: hang up instead.
+        let name = parse_string(payload).map_err(HandshakeError::ExportName)?;
+        let Some(opened) = open_export(self.exports, &name, self.limits).await else {
+            return Err(HandshakeError::ExportUnavailable(name));
+        };
+        let negotiated = self.negotiated(name, opened);
+        self.out.extend_from_slice(&export_name_reply(
+            negotiated.size,
+            negotiated.flags,
+            self.no_zeroes,
+        ));
+        Ok(Step::Go(negotiated))
+    }
+
+    async fn info_or_go(&mut self, option: u32, payload: &[u8]) -> Result<Step, HandshakeError> {
+        let request = match InfoRequest::parse(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reply(option, REP_ERR_INVALID, e.to_string().as_bytes());
+                return Ok(Step::Continue);
+            }
+        };
+        let Some(opened) = open_export(self.exports, &request.name, self.limits).await else {
+            self.reply(option, REP_ERR_UNKNOWN, b"export not available");
+            return Ok(Step::Continue);
+        };
+        let negotiated = self.negotiated(request.name, opened);
+        self.reply(
+            option,
+            REP_INFO,
+            &info_export(negotiated.size, negotiated.flags),
+        );
+        // Block sizes are sent whether or not they were asked for: our
+        // minimum is 1, so they constrain nothing a client must honour.
+        self.reply(
+            option,
+            REP_INFO,
+            &info_block_size(1, negotiated.block_preferred, negotiated.request_bytes_max),
+        );
+        if request.requests.contains(&INFO_NAME) {
+            self.reply(option, REP_INFO, &info_name(&negotiated.name));
+        }
+        self.reply(option, REP_ACK, &[]);
+        Ok(if option == OPT_GO {
+            Step::Go(negotiated)
+        } else {
+            Step::Continue
+        })
+    }
+
+    fn meta_context(&mut self, option: u32, payload: &[u8]) {
+        let setting = option == OPT_SET_META_CONTEXT;
+        if setting {
+            // SET replaces the selection even when it fails.
+            self.meta = None;
+            if !self.structured {
+                self.reply(
+                    option,
+                    REP_ERR_INVALID,
+                    b"negotiate NBD_OPT_STRUCTURED_REPLY first",
+                );
+                return;
+            }
+        }
+        let request = match MetaRequest::parse(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reply(option, REP_ERR_INVALID, e.to_string().as_bytes());
+                return;
+            }
+        };
+        let selected = if setting {
+            request.queries.iter().any(|q| meta_matches(q, false))
+        } else {
+            // Listing with no queries lists everything.
+            request.queries.is_empty() || request.queries.iter().any(|q| meta_matches(q, true))
+        };
+        if selected {
+            // Ids in LIST replies are reserved and should be zero.
+            let id = if setting { BASE_ALLOCATION_ID } else { 0 };
+            self.reply(
+                option,
+                REP_META_CONTEXT,
+                &meta_context(id, META_BASE_ALLOCATION),
+            );
+            if setting {
+                self.meta = Some((request.export, BASE_ALLOCATION_ID));
+            }
+        }
+        self.reply(option, REP_ACK, &[]);
+    }
+
+    fn negotiated(&self, name: String, o: Opened) -> Negotiated {
+        let meta_context = match &self.meta {
+            Some((export, id)) if *export == name && self.structured => Some(*id),
+            _ => None,
+        };
+        Negotiated {
+            flags: transmission_flags(o.read_only, o.multi_conn, self.structured),
+            name,
+            backend: o.backend,
+            size: o.size,
+            request_bytes_max: o.request_bytes_max,
+            fast_zero: o.fast_zero,
+            structured: self.structured,
+            meta_context,
+            block_preferred: o.block_preferred,
+        }
+    }
+}
+
+/// Runs option haggling on `stream` until the client enters transmission,
+/// aborts, or breaks the protocol. The caller bounds it with a timeout.
+pub(crate) async fn negotiate<S>(
+    stream: &mut S,
+    exports: &Arc<dyn Exports>,
+    limits: &Limits,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Outcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream
+        .write_all(&greeting(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES))
+        .await?;
+    stream.flush().await?;
+    let client_flags = stream.read_u32().await?;
+    let known = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+    if client_flags & !known != 0 {
+        return Err(HandshakeError::ClientFlags(client_flags));
+    }
+    // Clients without FIXED_NEWSTYLE are served as fixed-newstyle anyway
+    // (the spec allows it); such clients only send NBD_OPT_EXPORT_NAME.
+    let mut haggle = Haggle {
+        exports,
+        limits,
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        structured: false,
+        meta: None,
+        out: Vec::new(),
+    };
+    loop {
+        let mut header = [0u8; OptionHeader::LEN];
+        stream.read_exact(&mut header).await?;
+        let header = OptionHeader::parse(&header).map_err(HandshakeError::Header)?;
+        if header.length > OPTION_BYTES_MAX {
+            return Err(HandshakeError::OptionTooLarge {
+                option: header.option,
+                length: header.length,
+            });
+        }
+        let mut payload = vec![0u8; header.length as usize];
+        stream.read_exact(&mut payload).await?;
+        debug!(
+            option = opt_name(header.option),
+            code = header.option,
+            length = header.length,
+            "option"
+        );
+        haggle.out.clear();
+        if *shutdown.borrow() && header.option != OPT_ABORT {
+            haggle.reply(header.option, REP_ERR_SHUTDOWN, b"server is shutting down");
+            stream.write_all(&haggle.out).await?;
+            stream.flush().await?;
+            return Err(HandshakeError::Shutdown);
+        }
+        let step = haggle.handle(header.option, &payload).await;
+        stream.write_all(&haggle.out).await?;
+        stream.flush().await?;
+        match step? {
+            Step::Continue => {}
+            Step::Go(negotiated) => return Ok(Outcome::Transmission(negotiated)),
+            Step::Abort => return Ok(Outcome::Aborted),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_are_sane() {
+        assert_eq!(block_sizes(4096, 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(block_sizes(0, 32 << 20), (1, 512, 32 << 20));
+        assert_eq!(block_sizes(3000, 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(block_sizes(u32::MAX, 32 << 20), (1, 32 << 20, 32 << 20));
+        assert_eq!(block_sizes(1 << 20, 4096), (1, 4096, 4096));
+        assert_eq!(block_sizes(1 << 20, 5000), (1, 4096, 5000));
+    }
+
+    #[test]
+    fn meta_queries() {
+        assert!(meta_matches("base:allocation", false));
+        assert!(meta_matches("base:allocation", true));
+        assert!(meta_matches("base:", true));
+        assert!(!meta_matches("base:", false));
+        assert!(!meta_matches("base:other", true));
+        assert!(!meta_matches("qemu:dirty-bitmap:a", true));
+        assert!(!meta_matches("", true));
+    }
+}

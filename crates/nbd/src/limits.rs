@@ -1,0 +1,72 @@
+//! Every bound the NBD server enforces, in one place.
+//!
+//! A client is untrusted input: each length it can send, each queue it can
+//! fill and each wait it can cause has a named limit here, so that a reader
+//! can check in one minute that no input can make the server allocate,
+//! queue or wait without bound. Values that the protocol itself fixes live
+//! in `proto`; the knobs a caller may turn live in `ServerConfig`.
+
+use std::time::Duration;
+
+/// Default for `ServerConfig::max_request_bytes` (the NBD spec's portable
+/// maximum, 2^25).
+pub const REQUEST_BYTES_DEFAULT: u32 = 32 << 20;
+/// `max_request_bytes` is clamped to at least this.
+pub const REQUEST_BYTES_MIN: u32 = 4096;
+/// `max_request_bytes` is clamped to at most this, so that one read reply
+/// always fits a single `NBD_REPLY_TYPE_OFFSET_DATA` chunk (2^32 - 8 bytes)
+/// and one client cannot pin gigabytes per request.
+pub const REQUEST_BYTES_LIMIT: u32 = 1 << 30;
+
+/// Default for `ServerConfig::max_inflight_per_conn`.
+pub const INFLIGHT_PER_CONN_DEFAULT: usize = 64;
+/// `max_inflight_per_conn` is clamped to at most this.
+pub const INFLIGHT_PER_CONN_LIMIT: usize = 4096;
+
+/// Payload bytes (write data received, read data not yet sent) one
+/// connection may hold at once, on top of the request-count bound. Raised
+/// to `max_request_bytes` if that is larger, so any single legal request
+/// can always proceed.
+pub const INFLIGHT_BYTES_PER_CONN_MAX: u32 = 128 << 20;
+
+/// Option payloads above this close the connection (the largest legal
+/// option, a meta-context query list, is far smaller in practice).
+pub const OPTION_BYTES_MAX: u32 = 64 << 10;
+
+/// Longest string the spec allows (export names, queries, messages).
+pub const STRING_BYTES_MAX: usize = 4096;
+
+/// Whole option-haggling phase must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Once a connection stops reading requests (disconnect, EOF, shutdown),
+/// each write of the remaining replies must complete within this, or the
+/// connection is dropped: a client that stops reading cannot hold up
+/// `Server::wait_idle`. Before that point a slow reader only slows itself.
+pub const DRAIN_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most block-status descriptors in one reply (the spec lets the server
+/// return fewer than the whole range; clients ask again for the rest).
+pub const BLOCK_STATUS_EXTENTS_MAX: usize = 64 << 10;
+
+/// Buffered reader in front of the socket (request headers are 28 bytes).
+pub const READ_BUFFER_BYTES: usize = 64 << 10;
+/// Buffered writer in front of the socket; larger payloads bypass it.
+pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
+
+/// Payload buffers kept for reuse per connection.
+pub const POOL_BUFFERS_MAX: usize = 16;
+/// Buffers with more capacity than this are freed, not pooled.
+pub const POOL_BUFFER_BYTES_MAX: usize = 2 << 20;
+
+/// Back-off after a transient `accept` error (e.g. out of descriptors).
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+const _: () = assert!(REQUEST_BYTES_MIN <= REQUEST_BYTES_DEFAULT);
+const _: () = assert!(REQUEST_BYTES_DEFAULT <= REQUEST_BYTES_LIMIT);
+const _: () = assert!((REQUEST_BYTES_LIMIT as u64) < (1u64 << 32) - 8);
+const _: () = assert!(REQUEST_BYTES_MIN.is_power_of_two());
+const _: () = assert!(INFLIGHT_PER_CONN_DEFAULT <= INFLIGHT_PER_CONN_LIMIT);
+// Permits are acquired with `acquire_many(n: u32)`.
+const _: () = assert!(INFLIGHT_PER_CONN_LIMIT <= u32::MAX as usize);
+const _: () = assert!(STRING_BYTES_MAX <= OPTION_BYTES_MAX as usize);

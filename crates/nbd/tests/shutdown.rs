@@ -1,0 +1,135 @@
+//! Graceful shutdown: accepting stops, in-flight requests still get their
+//! replies, `wait_idle` resolves only after the last backend call, and a
+//! client that stops reading cannot hold shutdown up forever.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bulwark_nbd::proto::*;
+use bulwark_nbd::ServerConfig;
+use common::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+#[tokio::test]
+async fn in_flight_requests_complete_after_shutdown() {
+    let (server, disk, _) = server();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nbd.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let serving = tokio::spawn(server.clone().serve_unix(listener));
+
+    let (mut a, _, _) = Client::open(UnixStream::connect(&path).await.unwrap(), "disk").await;
+    let (mut b, _, _) = Client::open(UnixStream::connect(&path).await.unwrap(), "disk").await;
+    assert_eq!(server.attached("disk"), 2);
+    assert_eq!(server.attached("ro"), 0);
+
+    disk.close_gate();
+    let handles = [
+        a.send(CMD_READ, 0, 0, 4096, &[]).await,
+        a.send(CMD_READ, 0, 4096, 4096, &[]).await,
+    ];
+    within(async {
+        while disk.inflight.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+
+    server.shutdown();
+    within(serving).await.unwrap().unwrap();
+    // No new connections once shut down.
+    assert!(UnixStream::connect(&path).await.is_err() || server.is_shutting_down());
+
+    // Idle connection `b` is closed; `a` waits for its reads.
+    b.expect_closed().await;
+    let idle = tokio::spawn({
+        let server = server.clone();
+        async move { server.wait_idle().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !idle.is_finished(),
+        "wait_idle resolved with backend calls running"
+    );
+    disk.open_gate();
+    let mut got = vec![
+        within(a.reply()).await.unwrap().handle(),
+        within(a.reply()).await.unwrap().handle(),
+    ];
+    got.sort();
+    assert_eq!(got, handles);
+    a.expect_closed().await;
+    within(idle).await.unwrap();
+    assert_eq!(server.connections(), 0);
+    assert_eq!(server.attached("disk"), 0);
+}
+
+#[tokio::test]
+async fn handshaking_clients_are_closed_and_late_ones_refused() {
+    let (server, _, _) = server();
+    let (s, task) = pipe(&server);
+    let mut c = Client::connect(s).await;
+    server.shutdown();
+    c.expect_closed().await;
+    within(task).await.unwrap();
+    // A stream handed over after shutdown is dropped at once.
+    let (s, task) = pipe(&server);
+    within(task).await.unwrap();
+    drop(s);
+    within(server.wait_idle()).await;
+}
+
+/// A client that sends reads and never reads the replies: after shutdown
+/// the server gives each write `DRAIN_WRITE_TIMEOUT`, then hangs up.
+#[tokio::test(start_paused = true)]
+async fn client_that_stops_reading_cannot_block_shutdown() {
+    let (server, _, _) = server_with(ServerConfig {
+        max_request_bytes: 64 << 10,
+        max_inflight_per_conn: 4,
+    });
+    let (client, server_end) = tokio::io::duplex(4096);
+    let task = tokio::spawn(server.clone().serve_stream(server_end));
+    let (mut c, _, _) = Client::open(client, "disk").await;
+    for i in 0..4u64 {
+        c.send(CMD_READ, 0, i * 65536, 65536, &[]).await;
+    }
+    // Let the replies pile up against the full pipe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(server.connections(), 1);
+    server.shutdown();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(120), server.wait_idle())
+        .await
+        .expect("shutdown stalled on a client that does not read");
+    // It was the drain timeout (virtual time) that ended the connection.
+    assert!(started.elapsed() >= bulwark_nbd::limits::DRAIN_WRITE_TIMEOUT);
+    task.await.unwrap();
+    // The client end still exists; the server dropped its side.
+    let _ = c.s.write_all(&[0]).await;
+}
+
+#[tokio::test]
+async fn attached_counts_per_export() {
+    let (server, _, _) = server();
+    let mut clients = Vec::new();
+    for name in ["disk", "disk", "ro", ""] {
+        let (s, task) = pipe(&server);
+        let (c, _, _) = Client::open(s, name).await;
+        clients.push((c, task));
+    }
+    // The default export is attached under the name the client used.
+    assert_eq!(server.attached("disk"), 2);
+    assert_eq!(server.attached("ro"), 1);
+    assert_eq!(server.attached(""), 1);
+    assert_eq!(server.connections(), 4);
+    let (mut c, task) = clients.remove(0);
+    c.send(CMD_DISC, 0, 0, 0, &[]).await;
+    within(task).await.unwrap();
+    assert_eq!(server.attached("disk"), 1);
+    server.shutdown();
+    within(server.wait_idle()).await;
+    assert_eq!(server.attached("disk") + server.attached("ro"), 0);
+}

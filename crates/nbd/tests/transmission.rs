@@ -1,0 +1,378 @@
+//! Transmission phase over an in-memory pipe: data round trips with simple
+//! and structured replies, every edge-validation error, block status, and
+//! many requests in flight at once.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use bulwark_nbd::errno::*;
+use bulwark_nbd::proto::*;
+use common::*;
+use tokio::io::DuplexStream;
+
+type C = Client<DuplexStream>;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[tokio::test]
+async fn simple_replies_round_trip() {
+    let (server, disk, _) = server();
+    let (s, _task) = pipe(&server);
+    let mut c = C::connect(s).await;
+    c.go("disk").await.unwrap();
+    let data = pattern(8192, 7);
+    let r = c.call(CMD_WRITE, CMD_FLAG_FUA, 4096, 8192, &data).await;
+    assert_eq!(C::errno_of(&r), 0);
+    let r = c.call(CMD_READ, 0, 4096, 8192, &[]).await;
+    assert_eq!(
+        r,
+        Reply::Simple {
+            handle: r.handle(),
+            error: 0,
+            data: data.clone()
+        }
+    );
+    assert_eq!(&disk.data.lock().unwrap()[4096..12288], &data[..]);
+    // Unaligned is fine: minimum block size is 1.
+    let r = c.call(CMD_READ, 0, 4097, 3, &[]).await;
+    let Reply::Simple { data: got, .. } = r else {
+        panic!()
+    };
+    assert_eq!(got, data[1..4]);
+    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
+    assert_eq!(C::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await), 0);
+    assert_eq!(
+        C::errno_of(
+            &c.call(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 4096, 100, &[])
+                .await
+        ),
+        0
+    );
+    assert!(disk.data.lock().unwrap()[4096..4196]
+        .iter()
+        .all(|b| *b == 0));
+    // A read error: no payload follows the simple reply.
+    disk.fail_reads.store(true, Ordering::SeqCst);
+    assert_eq!(
+        C::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await),
+        EIO as u32
+    );
+    disk.fail_reads.store(false, Ordering::SeqCst);
+    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await), 0);
+}
+
+#[tokio::test]
+async fn structured_read_is_one_data_chunk() {
+    let (server, disk, _) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, _, flags) = C::open(s, "disk").await;
+    assert_ne!(flags & FLAG_SEND_DF, 0);
+    let data = pattern(64 << 10, 3);
+    c.call(CMD_WRITE, 0, 0, 64 << 10, &data).await;
+    for flags in [0, CMD_FLAG_DF] {
+        let r = c.call(CMD_READ, flags, 0, 64 << 10, &[]).await;
+        let Reply::Chunk { header, payload } = r else {
+            panic!("simple reply to a structured read")
+        };
+        assert_eq!(header.kind, REPLY_TYPE_OFFSET_DATA);
+        assert_eq!(header.flags, REPLY_FLAG_DONE);
+        assert_eq!(u64::from_be_bytes(payload[..8].try_into().unwrap()), 0);
+        assert_eq!(payload[8..], data[..]);
+    }
+    // Zero-length read: a lone NONE chunk.
+    let r = c.call(CMD_READ, 0, 100, 0, &[]).await;
+    let Reply::Chunk { header, .. } = r else {
+        panic!()
+    };
+    assert_eq!(
+        (header.kind, header.flags),
+        (REPLY_TYPE_NONE, REPLY_FLAG_DONE)
+    );
+    // Errors are structured error chunks with a message.
+    disk.fail_reads.store(true, Ordering::SeqCst);
+    let r = c.call(CMD_READ, 0, 0, 512, &[]).await;
+    let Reply::Chunk { header, payload } = r else {
+        panic!()
+    };
+    assert_eq!(
+        (header.kind, header.flags),
+        (REPLY_TYPE_ERROR, REPLY_FLAG_DONE)
+    );
+    let (err, msg) = parse_error_chunk(&payload).unwrap();
+    assert_eq!(err, EIO as u32);
+    assert!(!msg.is_empty());
+}
+
+#[tokio::test]
+async fn edge_validation_errors() {
+    let (server, disk, _) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, size, _) = C::open(s, "disk").await;
+    let cases: Vec<(u16, u16, u64, u32, u32)> = vec![
+        // (command, flags, offset, length, expected errno)
+        (CMD_READ, 0, size, 1, EINVAL as u32),
+        (CMD_READ, 0, u64::MAX, 1, EINVAL as u32),
+        (CMD_READ, 0, 0, (64 << 10) + 1, EINVAL as u32),
+        (CMD_READ, CMD_FLAG_REQ_ONE, 0, 1, EINVAL as u32),
+        (CMD_READ, 1 << 15, 0, 1, EINVAL as u32),
+        (CMD_TRIM, 0, size - 1, 2, EINVAL as u32),
+        (CMD_WRITE_ZEROES, 0, size, 1, ENOSPC as u32),
+        (CMD_WRITE_ZEROES, 0, u64::MAX - 1, 4, ENOSPC as u32),
+        (
+            CMD_WRITE_ZEROES,
+            CMD_FLAG_FAST_ZERO | CMD_FLAG_NO_HOLE,
+            0,
+            1,
+            ENOTSUP as u32,
+        ),
+        (CMD_FLUSH, 0, 1, 0, EINVAL as u32),
+        (CMD_FLUSH, CMD_FLAG_DF, 0, 0, EINVAL as u32),
+        (CMD_BLOCK_STATUS, 0, 0, 0, EINVAL as u32),
+        (CMD_BLOCK_STATUS, 0, size, 1, EINVAL as u32),
+        (CMD_BLOCK_STATUS, CMD_FLAG_NO_HOLE, 0, 1, EINVAL as u32),
+        (CMD_CACHE, 0, 0, 1, EINVAL as u32),
+        (CMD_RESIZE, 0, 0, 0, EINVAL as u32),
+        (0x7777, 0, 0, 0, EINVAL as u32),
+    ];
+    for (kind, flags, offset, length, want) in cases {
+        let r = c.call(kind, flags, offset, length, &[]).await;
+        assert_eq!(
+            C::errno_of(&r),
+            want,
+            "{} flags={flags:#x} offset={offset} length={length}",
+            cmd_name(kind)
+        );
+    }
+    // Writes beyond the end: the payload is consumed, ENOSPC returned, and
+    // the stream stays in sync.
+    let r = c.call(CMD_WRITE, 0, size - 100, 200, &[1; 200]).await;
+    assert_eq!(C::errno_of(&r), ENOSPC as u32);
+    let r = c.call(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 10, &[1; 10]).await;
+    assert_eq!(C::errno_of(&r), EINVAL as u32);
+    // Zero lengths succeed without touching the backend.
+    let before = disk.calls.load(Ordering::SeqCst);
+    for kind in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES] {
+        assert_eq!(C::errno_of(&c.call(kind, 0, size, 0, &[]).await), 0);
+    }
+    assert_eq!(disk.calls.load(Ordering::SeqCst), before);
+    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 1, &[]).await), 0);
+}
+
+#[tokio::test]
+async fn read_only_export_refuses_writes() {
+    let (server, _, ro) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "ro").await;
+    assert_eq!(
+        C::errno_of(&c.call(CMD_WRITE, 0, 0, 4, &[1, 2, 3, 4]).await),
+        EPERM as u32
+    );
+    assert_eq!(
+        C::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await),
+        EPERM as u32
+    );
+    assert_eq!(
+        C::errno_of(&c.call(CMD_WRITE_ZEROES, 0, 0, 4096, &[]).await),
+        EPERM as u32
+    );
+    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 4096, &[]).await), 0);
+    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
+    assert_eq!(ro.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn block_status_reports_holes_and_respects_req_one() {
+    let (server, _, _) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    // Blocks 2 and 3 allocated, the rest holes.
+    c.call(
+        CMD_WRITE,
+        0,
+        2 * BLOCK,
+        2 * BLOCK as u32,
+        &vec![9; 2 * BLOCK as usize],
+    )
+    .await;
+    let status = |r: Reply| {
+        let Reply::Chunk { header, payload } = r else {
+            panic!("block status needs a structured reply")
+        };
+        assert_eq!(header.kind, REPLY_TYPE_BLOCK_STATUS);
+        assert_eq!(header.flags, REPLY_FLAG_DONE);
+        parse_block_status_chunk(&payload).unwrap().1
+    };
+    let hz = STATE_HOLE | STATE_ZERO;
+    let d = |length: u64, flags: u32| Descriptor {
+        length: length as u32,
+        flags,
+    };
+    // Coalesced, and never past the requested length.
+    assert_eq!(
+        status(
+            c.call(CMD_BLOCK_STATUS, 0, 0, 5 * BLOCK as u32 + 10, &[])
+                .await
+        ),
+        vec![d(2 * BLOCK, hz), d(2 * BLOCK, 0), d(BLOCK + 10, hz)]
+    );
+    assert_eq!(
+        status(c.call(CMD_BLOCK_STATUS, 0, 100, 50, &[]).await),
+        vec![d(50, hz)]
+    );
+    assert_eq!(
+        status(
+            c.call(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 5 * BLOCK as u32, &[])
+                .await
+        ),
+        vec![d(2 * BLOCK, hz)]
+    );
+    assert_eq!(
+        status(
+            c.call(
+                CMD_BLOCK_STATUS,
+                CMD_FLAG_REQ_ONE | CMD_FLAG_FUA,
+                3 * BLOCK - 1,
+                3,
+                &[]
+            )
+            .await
+        ),
+        vec![d(3, 0)]
+    );
+    // Trim punches the hole back.
+    c.call(CMD_TRIM, 0, 2 * BLOCK, BLOCK as u32, &[]).await;
+    assert_eq!(
+        status(c.call(CMD_BLOCK_STATUS, 0, 0, 4 * BLOCK as u32, &[]).await),
+        vec![d(3 * BLOCK, hz), d(BLOCK, 0)]
+    );
+}
+
+#[tokio::test]
+async fn many_requests_in_flight() {
+    let (server, disk, _) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    // Writes to distinct blocks, all sent before any reply is read.
+    let mut handles = Vec::new();
+    for i in 0..200u64 {
+        let data = pattern(BLOCK as usize, i as u8);
+        handles.push(c.send(CMD_WRITE, 0, i * BLOCK, BLOCK as u32, &data).await);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let r = within(c.reply()).await.unwrap();
+        assert_eq!(C::errno_of(&r), 0);
+        assert!(seen.insert(r.handle()));
+    }
+    assert_eq!(seen.len(), handles.len());
+    for i in 0..200u64 {
+        let r = c.call(CMD_READ, 0, i * BLOCK, BLOCK as u32, &[]).await;
+        let Reply::Chunk { payload, .. } = r else {
+            panic!()
+        };
+        assert_eq!(payload[8..], pattern(BLOCK as usize, i as u8)[..]);
+    }
+    // Reads in flight together, bounded by max_inflight_per_conn (8).
+    disk.close_gate();
+    for i in 0..20u64 {
+        c.send(CMD_READ, 0, i * BLOCK, BLOCK as u32, &[]).await;
+    }
+    within(async {
+        while disk.inflight.load(Ordering::SeqCst) < 8 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(disk.inflight.load(Ordering::SeqCst), 8);
+    disk.open_gate();
+    for _ in 0..20 {
+        assert_eq!(C::errno_of(&within(c.reply()).await.unwrap()), 0);
+    }
+    assert!(disk.inflight_peak.load(Ordering::SeqCst) <= 8);
+}
+
+#[tokio::test]
+async fn disconnect_finishes_in_flight_requests_first() {
+    let (server, disk, _) = server();
+    let (s, task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    disk.close_gate();
+    let h1 = c.send(CMD_READ, 0, 0, 512, &[]).await;
+    let h2 = c.send(CMD_READ, 0, 512, 512, &[]).await;
+    c.send(CMD_DISC, 0, 0, 0, &[]).await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    disk.open_gate();
+    let mut got = vec![
+        within(c.reply()).await.unwrap().handle(),
+        within(c.reply()).await.unwrap().handle(),
+    ];
+    got.sort();
+    assert_eq!(got, vec![h1, h2]);
+    c.expect_closed().await;
+    within(task).await.unwrap();
+    assert_eq!(server.attached("disk"), 0);
+}
+
+#[tokio::test]
+async fn oversized_write_closes_connection() {
+    let (server, disk, _) = server();
+    let (s, task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    c.send(CMD_WRITE, 0, 0, (64 << 10) + 1, &[]).await;
+    c.expect_closed().await;
+    within(task).await.unwrap();
+    assert_eq!(disk.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn bad_request_magic_closes_connection() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _, _) = server();
+    let (s, task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    let mut req = Request {
+        flags: 0,
+        kind: CMD_READ,
+        handle: 1,
+        offset: 0,
+        length: 1,
+    }
+    .encode();
+    req[0] = 0x12; // the historic, wrong-endian magic
+    c.s.write_all(&req).await.unwrap();
+    c.expect_closed().await;
+    within(task).await.unwrap();
+}
+
+#[tokio::test]
+async fn backend_panic_is_eio_not_a_crash() {
+    let (server, disk, _) = server();
+    let (s, _task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    disk.panic_on_flush.store(true, Ordering::SeqCst);
+    assert_eq!(
+        C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
+        EIO as u32
+    );
+    disk.panic_on_flush.store(false, Ordering::SeqCst);
+    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
+}
+
+#[tokio::test]
+async fn client_eof_without_disc_cleans_up() {
+    let (server, _, _) = server();
+    let (s, task) = pipe(&server);
+    let (mut c, _, _) = C::open(s, "disk").await;
+    c.call(CMD_READ, 0, 0, 1, &[]).await;
+    assert_eq!(server.attached("disk"), 1);
+    drop(c);
+    within(task).await.unwrap();
+    assert_eq!(server.attached("disk"), 0);
+    assert_eq!(server.connections(), 0);
+}
