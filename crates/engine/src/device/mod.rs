@@ -8,6 +8,8 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+pub mod fault;
+
 use crate::{Error, Result};
 
 /// What the redundancy layer needs of a device. Fault-injecting devices implement it too.
@@ -17,6 +19,24 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
     fn flush(&self) -> std::io::Result<()>;
+}
+
+impl<T: Device + ?Sized> Device for std::sync::Arc<T> {
+    fn path(&self) -> &Path {
+        (**self).path()
+    }
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        (**self).flush()
+    }
 }
 
 /// A regular file or a block device.

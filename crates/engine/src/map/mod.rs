@@ -190,6 +190,13 @@ pub enum Visit<'a> {
         lba: u64,
         ptr: &'a Blkptr,
     },
+    /// A node whose copies all failed to verify: its subtree is skipped if the visitor
+    /// returns `Ok`. Callers that need every record must return an error.
+    Unreadable {
+        level: u8,
+        index: u64,
+        error: &'a Error,
+    },
 }
 
 impl Tree {
@@ -370,9 +377,16 @@ impl Tree {
     ) -> Result<()> {
         let node: Arc<Node> = match self.dirty.get(&(level, index)) {
             Some(n) => Arc::new(Node::clone(n)),
-            None => match self.get(store, cache, level, index, ptr)? {
-                Some(n) => n,
-                None => return Ok(()),
+            None => match self.get(store, cache, level, index, ptr) {
+                Ok(Some(n)) => n,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    return f(Visit::Unreadable {
+                        level,
+                        index,
+                        error: &error,
+                    })
+                }
             },
         };
         let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);

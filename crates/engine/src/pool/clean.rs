@@ -40,6 +40,9 @@ impl Core {
                 let mut touch: Vec<(u8, u64)> = Vec::new();
                 tree.walk(self, &self.cache, 0, u64::MAX, &mut |visit| {
                     match visit {
+                        Visit::Unreadable { error, .. } => {
+                            return Err(Error::Corrupt(format!("cleaner: {error}")))
+                        }
                         Visit::Data { lba, ptr } if in_victim(ptr) => moves.push((lba, *ptr)),
                         Visit::Node { level, index, ptr } if in_victim(ptr) => {
                             touch.push((level, index))

@@ -68,6 +68,8 @@ impl Core {
             format: 1,
             next_volume_id,
             volumes: records,
+            scrub: self.scrub.lock().clone(),
+            errors: self.errors.lock().clone(),
         };
         let table_ptr = self.write_meta(&table.encode())?;
 

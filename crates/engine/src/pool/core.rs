@@ -18,6 +18,7 @@ use super::superblock::Superblock;
 use super::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
 use crate::codec::{self, checksum};
 use crate::constants::*;
+use crate::device::fault::{Fault, FaultyDevice};
 use crate::keys::{wrap, Secret};
 use crate::log::{Log, Stream};
 use crate::map::{Blkptr, Node, NodeCache, NodeStore, Tree, ADDR_NONE};
@@ -55,6 +56,17 @@ pub struct Core {
     pub accounting_complete: bool,
     pub(crate) wake: (Mutex<bool>, Condvar),
     pub(crate) space_wait: Mutex<()>,
+    /// The fault-injection layer of each member (None for a missing device).
+    pub faults: Vec<Option<Arc<FaultyDevice>>>,
+    pub allow_faults: bool,
+    pub scrub: Mutex<super::scrub::ScrubState>,
+    pub errors: Mutex<Vec<super::scrub::DataError>>,
+    pub scrub_running: AtomicBool,
+    /// Scrub throttle and the rate it achieved, bytes per second.
+    pub scrub_rate: AtomicU64,
+    pub scrub_rate_seen: AtomicU64,
+    /// Client reads and writes since the scrub last looked (it backs off when non-zero).
+    pub client_ops: AtomicU64,
 }
 
 impl NodeStore for Core {
@@ -225,6 +237,8 @@ impl Core {
                 let p = match v {
                     crate::map::Visit::Node { ptr, .. } => ptr,
                     crate::map::Visit::Data { ptr, .. } => ptr,
+                    // Space under an unreadable node leaks until a later import walks it.
+                    crate::map::Visit::Unreadable { .. } => return Ok(()),
                 };
                 self.free_ptr(p);
                 Ok(())
@@ -352,6 +366,8 @@ impl Core {
                 free_bytes: total - used,
             },
             volumes: self.volume_statuses(),
+            scrub: self.scrub_status(),
+            errors: self.data_errors(),
         }
     }
 
@@ -437,6 +453,54 @@ impl Core {
                 }
             }
         }
+    }
+}
+
+impl Core {
+    fn member_index(&self, path: &std::path::Path) -> Result<usize> {
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        self.red
+            .members
+            .iter()
+            .position(|m| {
+                m.path == path
+                    || std::fs::canonicalize(&m.path)
+                        .map(|p| p == canon)
+                        .unwrap_or(false)
+            })
+            .ok_or_else(|| {
+                Error::NotFound(format!("{} is not a device of this pool", path.display()))
+            })
+    }
+
+    /// Arm (or with an empty list, clear) injected faults on one device.
+    pub fn set_faults(&self, path: &std::path::Path, faults: Vec<Fault>) -> Result<()> {
+        if !self.allow_faults {
+            return Err(Error::Invalid(
+                "fault injection is disabled: start the daemon with 'bulwark serve DIR --allow-fault-injection'".into(),
+            ));
+        }
+        let i = self.member_index(path)?;
+        let dev = self.faults[i]
+            .as_ref()
+            .ok_or_else(|| Error::NotFound(format!("device {} is missing", path.display())))?;
+        tracing::warn!(device = %path.display(), ?faults, "fault injection set");
+        dev.set(faults);
+        Ok(())
+    }
+
+    pub fn list_faults(&self) -> Vec<(std::path::PathBuf, Vec<Fault>)> {
+        self.red
+            .members
+            .iter()
+            .zip(&self.faults)
+            .map(|(m, f)| {
+                (
+                    m.path.clone(),
+                    f.as_ref().map(|f| f.faults()).unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 }
 

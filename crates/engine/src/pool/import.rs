@@ -22,6 +22,7 @@ use super::superblock::Superblock;
 use super::table::{ptr_from_hex, TableRecord};
 use super::OpenOptions;
 use crate::constants::*;
+use crate::device::fault::FaultyDevice;
 use crate::device::{Device, FileDevice};
 use crate::keys::wrap::to_hex;
 use crate::log::{segment_of, Log};
@@ -141,13 +142,15 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let listed_here = listed.contains(&path);
         match best_superblock(&dev, back) {
             Some(sb) if to_hex(&sb.pool_id) == conf.pool_id => found.push(Found { path, dev, sb }),
-            Some(sb) if listed_here => return Err(Error::Invalid(format!(
+            Some(sb) if listed_here => {
+                return Err(Error::Invalid(format!(
                 "device {} belongs to another pool ({}), not to this one ({}); remove it from {}",
                 path.display(),
                 to_hex(&sb.pool_id),
                 conf.pool_id,
                 dir.join(super::create::CONFIG_FILE).display()
-            ))),
+            )))
+            }
             None if listed_here => {
                 tracing::warn!("device {} carries no bulwark label", path.display())
             }
@@ -165,6 +168,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             ))
         })?;
     let mut members: Vec<Member> = Vec::new();
+    let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
     let mut paths_changed = false;
     for (i, id) in newest.member_ids.iter().enumerate() {
         let pos = found.iter().position(|f| &f.sb.device_id == id);
@@ -183,7 +187,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 if listed.get(i) != Some(&f.path) {
                     paths_changed = true;
                 }
-                members.push(Member::new(f.path, Some(Box::new(f.dev))));
+                let faulty = Arc::new(FaultyDevice::new(Box::new(f.dev), back_region_of(&newest)));
+                faults.push(Some(faulty.clone()));
+                members.push(Member::new(f.path, Some(Box::new(faulty))));
             }
             None => {
                 let guess = listed
@@ -201,6 +207,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     "device {} (member {i}) is missing: the pool is DEGRADED",
                     guess.display()
                 );
+                faults.push(None);
                 members.push(Member::new(guess, None));
             }
         }
@@ -251,6 +258,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         accounting_complete: true,
         wake: (Mutex::new(false), Condvar::new()),
         space_wait: Mutex::new(()),
+        faults,
+        allow_faults: opts.allow_fault_injection,
+        scrub: Mutex::new(Default::default()),
+        errors: Mutex::new(Vec::new()),
+        scrub_running: AtomicBool::new(false),
+        scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
+        scrub_rate_seen: AtomicU64::new(0),
+        client_ops: AtomicU64::new(0),
     };
     let table = if newest.root.is_hole() {
         TableRecord::empty()
@@ -275,6 +290,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let mut used = 0u64;
         let walked = tree.walk(&core, &core.cache, 0, u64::MAX, &mut |v| {
             match v {
+                Visit::Unreadable { error, .. } => return Err(Error::Corrupt(error.to_string())),
                 Visit::Node { ptr, .. } => count(ptr, &mut live),
                 Visit::Data { ptr, .. } => {
                     count(ptr, &mut live);
@@ -309,6 +325,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     core.accounting_complete = complete;
     *core.volumes.get_mut() = volumes;
     core.sb.get_mut().next_volume_id = table.next_volume_id;
+    *core.scrub.get_mut() = table.scrub.clone();
+    *core.errors.get_mut() = table.errors.clone();
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
     tracing::info!(

@@ -10,6 +10,7 @@ mod commit;
 mod core;
 mod create;
 mod import;
+pub mod scrub;
 pub mod superblock;
 pub mod table;
 
@@ -88,12 +89,18 @@ pub enum DeviceSpec {
 pub struct OpenOptions {
     /// Bound on the clean block-map node cache, in bytes.
     pub cache_bytes: u64,
+    /// Let `set_faults` arm the fault-injection layer (drills and tests only).
+    pub allow_fault_injection: bool,
+    /// Scrub throttle, bytes per second.
+    pub scrub_rate_bytes: u64,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             cache_bytes: crate::constants::CACHE_BYTES_DEFAULT,
+            allow_fault_injection: false,
+            scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
         }
     }
 }
@@ -142,6 +149,9 @@ pub struct PoolStatus {
     pub unrecoverable_blocks: u64,
     pub space: SpaceStatus,
     pub volumes: Vec<VolumeStatus>,
+    pub scrub: scrub::ScrubStatus,
+    /// Byte ranges no copy could supply (volume, offset, length).
+    pub errors: Vec<scrub::DataError>,
 }
 
 pub struct Pool {
@@ -171,6 +181,10 @@ impl Pool {
             .spawn(move || core.maintenance_loop())
             .map_err(Error::Io)?;
         *pool.maintenance.lock() = Some(handle);
+        if pool.core.scrub.lock().state == "scanning" {
+            tracing::info!("resuming the scrub that was running when the pool was last closed");
+            pool.core.spawn_scrub();
+        }
         Ok(pool)
     }
 
@@ -219,6 +233,30 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         self.core.status()
+    }
+
+    /// Arm injected faults on the device at `path` (an empty list clears them).
+    /// Refused unless the pool was opened with `allow_fault_injection`.
+    pub fn set_faults(&self, path: &Path, faults: Vec<crate::device::fault::Fault>) -> Result<()> {
+        self.core.set_faults(path, faults)
+    }
+
+    pub fn list_faults(&self) -> Vec<(PathBuf, Vec<crate::device::fault::Fault>)> {
+        self.core.list_faults()
+    }
+
+    /// Start a scrub, or resume a paused one.
+    pub fn scrub_start(&self) -> Result<()> {
+        self.core.scrub_start()
+    }
+    pub fn scrub_pause(&self) -> Result<()> {
+        self.core.scrub_pause()
+    }
+    pub fn scrub_cancel(&self) -> Result<()> {
+        self.core.scrub_cancel()
+    }
+    pub fn scrub_status(&self) -> scrub::ScrubStatus {
+        self.core.scrub_status()
     }
 
     /// Make every write completed so far durable (one atomic commit).

@@ -17,6 +17,11 @@ pub struct TableRecord {
     pub format: u32,
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
+    #[serde(default)]
+    pub scrub: super::scrub::ScrubState,
+    /// Ranges no copy could supply, as `status` lists them.
+    #[serde(default)]
+    pub errors: Vec<super::scrub::DataError>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +58,8 @@ impl TableRecord {
             format: 1,
             next_volume_id: 1,
             volumes: Vec::new(),
+            scrub: Default::default(),
+            errors: Vec::new(),
         }
     }
     pub fn encode(&self) -> Vec<u8> {

@@ -59,6 +59,14 @@ impl Member {
     }
 }
 
+/// What scrubbing one record found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    pub bad_copies: usize,
+    pub repaired: usize,
+    pub unrecoverable: bool,
+}
+
 pub struct Redundancy {
     pub layout: Layout,
     pub members: Vec<Member>,
@@ -226,6 +234,74 @@ impl Redundancy {
             "no copy of the {len}-byte record at pool address {} verified",
             addrs[0]
         )))
+    }
+
+    /// Scrub one record: read *every* copy, verify each, and rewrite the copies that failed
+    /// from one that verified. When no copy verifies, nothing is written anywhere.
+    pub fn scrub(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &Checksum,
+        buf: &mut Vec<u8>,
+    ) -> ScrubOutcome {
+        buf.resize(len, 0);
+        let mut good: Option<Vec<u8>> = None;
+        let mut bad: Vec<(usize, u64)> = Vec::new();
+        for &addr in addrs {
+            for (m, off) in self.places(addr).iter() {
+                let member = &self.members[m];
+                let Some(dev) = &member.dev else { continue };
+                if member.faulted.load(Ordering::Relaxed) {
+                    continue;
+                }
+                if let Err(e) = dev.read_at(buf, off) {
+                    member.read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = %member.path.display(), offset = off, "scrub read failed: {e}");
+                    bad.push((m, off));
+                    continue;
+                }
+                if checksum(buf) == *sum {
+                    if good.is_none() {
+                        good = Some(buf.clone());
+                    }
+                } else {
+                    member.cksum_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = %member.path.display(), offset = off, len, "scrub: checksum mismatch");
+                    bad.push((m, off));
+                }
+            }
+        }
+        let Some(good) = good else {
+            // The scrub-of-death rule: with no verified source, touch nothing.
+            self.unrecoverable_blocks.fetch_add(1, Ordering::Relaxed);
+            return ScrubOutcome {
+                bad_copies: bad.len(),
+                repaired: 0,
+                unrecoverable: true,
+            };
+        };
+        let mut repaired = 0;
+        for (m, off) in &bad {
+            let member = &self.members[*m];
+            if let Some(dev) = &member.dev {
+                match dev.write_at(&good, *off) {
+                    Ok(()) => {
+                        repaired += 1;
+                        self.repaired_blocks.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        member.write_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(device = %member.path.display(), "scrub repair write failed: {e}");
+                    }
+                }
+            }
+        }
+        ScrubOutcome {
+            bad_copies: bad.len(),
+            repaired,
+            unrecoverable: false,
+        }
     }
 
     /// Make all completed writes durable on every available device.

@@ -239,6 +239,7 @@ impl Volume {
 
     /// Read and decode one whole block into `out` (zeros for a hole).
     fn read_block(&self, lba: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
+        self.core.client_ops.fetch_add(1, Ordering::Relaxed);
         let _gate = self.core.reuse_gate.read();
         let ptr = self
             .st
@@ -253,12 +254,16 @@ impl Volume {
             .red
             .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, stored)
             .map_err(|e| match e {
-                Error::Unrecoverable(_) => Error::Unrecoverable(format!(
-                    "volume '{}' bytes {}..{}: no copy verified",
-                    self.st.name,
-                    lba * self.st.block_size as u64,
-                    (lba + 1) * self.st.block_size as u64
-                )),
+                Error::Unrecoverable(_) => {
+                    let bs = self.st.block_size as u64;
+                    self.core.record_error(&self.st.name, lba * bs, bs, "data");
+                    Error::Unrecoverable(format!(
+                        "volume '{}' bytes {}..{}: no copy verified",
+                        self.st.name,
+                        lba * bs,
+                        (lba + 1) * bs
+                    ))
+                }
                 e => e,
             })?;
         drop(_gate);
@@ -449,6 +454,9 @@ impl Volume {
             .tree
             .lock()
             .walk(&*self.core, &self.core.cache, lo, hi, &mut |v| {
+                if let Visit::Unreadable { error, .. } = v {
+                    return Err(Error::Corrupt(format!("block status: {error}")));
+                }
                 if let Visit::Data { lba, .. } = v {
                     match allocated.last_mut() {
                         Some((_, end)) if *end == lba => *end = lba + 1,

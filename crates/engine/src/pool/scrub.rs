@@ -1,0 +1,370 @@
+//! Scrub: read every copy of every live record, repair from copies that verify.
+//!
+//! The contract (docs/scrub.md), enforced here and in `Redundancy::scrub`:
+//! - a copy is rewritten only from bytes that verified against the checksum
+//!   held in the record's parent pointer, after being read;
+//! - when no copy verifies, nothing on any device is written: the record is
+//!   listed as unrecoverable with its volume and byte range (`status`);
+//! - a later scrub that finds a good copy repairs it and clears the entry.
+//!
+//! No key is needed: checksums cover stored (encrypted) bytes, so locked
+//! volumes are scrubbed too. The scrub walks volumes in id order and each map
+//! in logical order, in batches; its cursor is saved in the volume table with
+//! every commit, so a scrub interrupted by a restart resumes where it stopped.
+//! It is throttled to `rate_bytes` per second and backs off while clients do I/O.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::core::Core;
+use crate::constants::MAP_FANOUT_SHIFT;
+use crate::map::{Blkptr, Visit};
+use crate::{Error, Result};
+
+/// Logical blocks examined per batch.
+const SCRUB_BATCH_BLOCKS: u64 = 4096;
+/// Default throttle.
+pub const SCRUB_RATE_DEFAULT: u64 = 256 << 20;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScrubState {
+    /// none, scanning, paused, finished, canceled
+    pub state: String,
+    pub started_unix: u64,
+    pub finished_unix: u64,
+    /// Cursor: next volume id and logical block to scrub.
+    pub volume_id: u64,
+    pub lba: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub repaired: u64,
+    pub unrecoverable: u64,
+    /// Scrub number; an error entry seen by an older scrub and not again is dropped at the end.
+    pub epoch: u64,
+}
+
+/// A byte range of a volume that no copy could supply.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DataError {
+    pub volume: String,
+    pub offset: u64,
+    pub length: u64,
+    /// "data" or "map"
+    pub kind: String,
+    #[serde(default)]
+    pub seen_epoch: u64,
+}
+
+/// What `status` shows of a scrub.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    pub state: String,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub rate_bytes_per_sec: u64,
+    pub eta_seconds: Option<u64>,
+    pub repaired: u64,
+    pub unrecoverable: u64,
+    pub started_unix: u64,
+    pub finished_unix: u64,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Core {
+    /// Note an unrecoverable range (from a client read or a scrub).
+    pub fn record_error(&self, volume: &str, offset: u64, length: u64, kind: &str) {
+        let epoch = self.scrub.lock().epoch;
+        let mut errs = self.errors.lock();
+        if let Some(e) = errs
+            .iter_mut()
+            .find(|e| e.volume == volume && e.offset == offset && e.length == length)
+        {
+            e.seen_epoch = epoch;
+            return;
+        }
+        errs.push(DataError {
+            volume: volume.to_string(),
+            offset,
+            length,
+            kind: kind.to_string(),
+            seen_epoch: epoch,
+        });
+        self.table_dirty.store(true, Ordering::Release);
+    }
+
+    fn clear_error(&self, volume: &str, offset: u64, length: u64) {
+        let mut errs = self.errors.lock();
+        let before = errs.len();
+        errs.retain(|e| {
+            !(e.volume == volume && e.offset < offset + length && offset < e.offset + e.length)
+        });
+        if errs.len() != before {
+            self.table_dirty.store(true, Ordering::Release);
+        }
+    }
+
+    pub fn scrub_status(&self) -> ScrubStatus {
+        let s = self.scrub.lock().clone();
+        let rate = self.scrub_rate_seen.load(Ordering::Relaxed);
+        let eta = (s.state == "scanning" && rate > 0)
+            .then(|| s.bytes_total.saturating_sub(s.bytes_done) / rate);
+        ScrubStatus {
+            state: if s.state.is_empty() {
+                "none".into()
+            } else {
+                s.state
+            },
+            bytes_done: s.bytes_done,
+            bytes_total: s.bytes_total,
+            rate_bytes_per_sec: rate,
+            eta_seconds: eta,
+            repaired: s.repaired,
+            unrecoverable: s.unrecoverable,
+            started_unix: s.started_unix,
+            finished_unix: s.finished_unix,
+        }
+    }
+
+    pub fn data_errors(&self) -> Vec<DataError> {
+        self.errors.lock().clone()
+    }
+
+    /// Begin a scrub (or resume a paused one).
+    pub fn scrub_start(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut s = self.scrub.lock();
+            match s.state.as_str() {
+                "scanning" if self.scrub_running.load(Ordering::Acquire) => {
+                    return Err(Error::Busy(
+                        "a scrub is already running; see 'bulwark scrub status'".into(),
+                    ))
+                }
+                "paused" | "scanning" => {}
+                _ => {
+                    let total = self
+                        .volumes
+                        .read()
+                        .values()
+                        .map(|v| v.used_bytes.load(Ordering::Relaxed))
+                        .sum();
+                    *s = ScrubState {
+                        state: "scanning".into(),
+                        started_unix: now_unix(),
+                        bytes_total: total,
+                        epoch: s.epoch + 1,
+                        ..Default::default()
+                    };
+                }
+            }
+            s.state = "scanning".into();
+        }
+        self.table_dirty.store(true, Ordering::Release);
+        self.spawn_scrub();
+        Ok(())
+    }
+
+    pub fn scrub_pause(&self) -> Result<()> {
+        let mut s = self.scrub.lock();
+        if s.state != "scanning" {
+            return Err(Error::Invalid("no scrub is running".into()));
+        }
+        s.state = "paused".into();
+        self.table_dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn scrub_cancel(&self) -> Result<()> {
+        let mut s = self.scrub.lock();
+        if s.state != "scanning" && s.state != "paused" {
+            return Err(Error::Invalid("no scrub is running".into()));
+        }
+        s.state = "canceled".into();
+        s.finished_unix = now_unix();
+        self.table_dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn spawn_scrub(self: &Arc<Self>) {
+        if self.scrub_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let core = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("bulwark-scrub".into())
+            .spawn(move || {
+                if let Err(e) = core.scrub_run() {
+                    tracing::error!("scrub stopped: {e}");
+                }
+                core.scrub_running.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.scrub_running.store(false, Ordering::Release);
+        }
+    }
+
+    fn keep_going(&self) -> bool {
+        !self.closing.load(Ordering::Acquire) && self.scrub.lock().state == "scanning"
+    }
+
+    fn scrub_run(&self) -> Result<()> {
+        tracing::info!("scrub started");
+        let run_start = Instant::now();
+        let done_at_start = self.scrub.lock().bytes_done;
+        let mut buf = Vec::new();
+        // The volume table itself.
+        let root = self.sb.lock().sb.root;
+        if !root.is_hole() {
+            let _gate = self.reuse_gate.read();
+            let o = self
+                .red
+                .scrub(root.addrs(), root.len as usize, &root.checksum, &mut buf);
+            self.count_outcome(o.repaired, o.unrecoverable, 0);
+        }
+        let mut volumes: Vec<_> = self.volumes.read().values().cloned().collect();
+        volumes.sort_by_key(|v| v.id);
+        for v in volumes {
+            let (cursor_vol, cursor_lba) = {
+                let s = self.scrub.lock();
+                (s.volume_id, s.lba)
+            };
+            if v.id < cursor_vol {
+                continue;
+            }
+            let blocks = v.size / v.block_size as u64;
+            let bs = v.block_size as u64;
+            let mut lba = if v.id == cursor_vol { cursor_lba } else { 0 };
+            while lba < blocks {
+                if !self.keep_going() {
+                    tracing::info!("scrub paused or stopped at volume {} block {lba}", v.name);
+                    return Ok(());
+                }
+                if v.destroyed.load(Ordering::Acquire) {
+                    break;
+                }
+                let batch_start = Instant::now();
+                let hi = (lba + SCRUB_BATCH_BLOCKS).min(blocks);
+                let mut data: Vec<(u64, Blkptr)> = Vec::new();
+                let mut batch_bytes = 0u64;
+                {
+                    // Map nodes are scrubbed under the map lock: a node is freed only by a
+                    // commit, which cannot run while we hold it.
+                    let tree = v.tree.lock();
+                    tree.walk(self, &self.cache, lba, hi, &mut |visit| {
+                        match visit {
+                            Visit::Data { lba, ptr } => data.push((lba, *ptr)),
+                            Visit::Node { level, index, ptr } => {
+                                let o = self.red.scrub(
+                                    ptr.addrs(),
+                                    ptr.len as usize,
+                                    &ptr.checksum,
+                                    &mut buf,
+                                );
+                                batch_bytes += ptr.len as u64;
+                                let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                                let (off, len) = ((index * span) * bs, span * bs);
+                                self.count_outcome(o.repaired, o.unrecoverable, 0);
+                                if o.unrecoverable {
+                                    self.record_error(
+                                        &v.name,
+                                        off,
+                                        len.min(v.size - off.min(v.size)),
+                                        "map",
+                                    );
+                                }
+                            }
+                            Visit::Unreadable { level, index, .. } => {
+                                let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                                let off = index * span * bs;
+                                self.record_error(
+                                    &v.name,
+                                    off,
+                                    (span * bs).min(v.size - off.min(v.size)),
+                                    "map",
+                                );
+                            }
+                        }
+                        Ok(())
+                    })?;
+                }
+                for (l, ptr) in data {
+                    let _gate = self.reuse_gate.read();
+                    // The client may have replaced the block since the walk; scrub only what is live.
+                    if v.tree.lock().lookup(self, &self.cache, l)? != ptr {
+                        continue;
+                    }
+                    let o = self
+                        .red
+                        .scrub(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut buf);
+                    batch_bytes += ptr.len as u64;
+                    if o.unrecoverable {
+                        self.record_error(&v.name, l * bs, bs, "data");
+                    } else {
+                        self.clear_error(&v.name, l * bs, bs);
+                    }
+                    self.count_outcome(o.repaired, o.unrecoverable, ptr.len as u64);
+                }
+                lba = hi;
+                {
+                    let mut s = self.scrub.lock();
+                    s.volume_id = v.id;
+                    s.lba = lba;
+                }
+                self.table_dirty.store(true, Ordering::Release);
+                self.throttle(batch_start, batch_bytes);
+                let done = self.scrub.lock().bytes_done - done_at_start;
+                let secs = run_start.elapsed().as_secs_f64().max(0.001);
+                self.scrub_rate_seen
+                    .store((done as f64 / secs) as u64, Ordering::Relaxed);
+            }
+            let mut s = self.scrub.lock();
+            s.volume_id = v.id + 1;
+            s.lba = 0;
+        }
+        let mut s = self.scrub.lock();
+        if s.state == "scanning" {
+            s.state = "finished".into();
+            s.finished_unix = now_unix();
+            s.bytes_done = s.bytes_done.max(s.bytes_total);
+            let epoch = s.epoch;
+            drop(s);
+            self.errors.lock().retain(|e| e.seen_epoch >= epoch);
+            self.table_dirty.store(true, Ordering::Release);
+            self.commit()?;
+            tracing::info!("scrub finished");
+        }
+        Ok(())
+    }
+
+    fn count_outcome(&self, repaired: usize, unrecoverable: bool, bytes: u64) {
+        let mut s = self.scrub.lock();
+        s.repaired += repaired as u64;
+        s.unrecoverable += unrecoverable as u64;
+        s.bytes_done += bytes;
+    }
+
+    /// Sleep long enough to hold the configured rate, and a little longer while clients are busy.
+    fn throttle(&self, batch_start: Instant, bytes: u64) {
+        let rate = self.scrub_rate.load(Ordering::Relaxed).max(1 << 20);
+        let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
+        let took = batch_start.elapsed();
+        let ops = self.client_ops.swap(0, Ordering::Relaxed);
+        let extra = if ops > 0 {
+            Duration::from_millis(5)
+        } else {
+            Duration::ZERO
+        };
+        let sleep = want.saturating_sub(took) + extra;
+        if !sleep.is_zero() {
+            std::thread::sleep(sleep.min(Duration::from_millis(500)));
+        }
+    }
+}
