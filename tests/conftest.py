@@ -11,6 +11,7 @@ a missing `bulwark` binary is an error, never a skip.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,6 +146,24 @@ def stderr_lines(r: subprocess.CompletedProcess) -> list[str]:
 # --------------------------------------------------------------------------
 # the pool under test
 
+_BIN_COPY: list = []
+
+
+def bulwark_bin() -> Path:
+    """A private copy of the binary under test, made once per session, so that
+    a rebuild during the run cannot pair a CLI and a daemon of two builds."""
+    if not _BIN_COPY:
+        if not BULWARK_BIN.exists():
+            pytest.fail(f"bulwark binary not found at {BULWARK_BIN}: "
+                        f"run `cargo build --release` or set BULWARK_BIN")
+        d = tempfile.mkdtemp(prefix="bulwark-bin-")
+        atexit.register(shutil.rmtree, d, True)
+        dst = Path(d) / "bulwark"
+        shutil.copy2(BULWARK_BIN, dst)
+        _BIN_COPY.append(dst)
+    return _BIN_COPY[0]
+
+
 
 class Pool:
     """One pool directory and, while started, the `bulwark serve` daemon on it."""
@@ -160,9 +180,7 @@ class Pool:
         self.starts = 0
         self.log_path: Path | None = None
         self._device_paths: list[str] | None = None
-        if not BULWARK_BIN.exists():
-            pytest.fail(f"bulwark binary not found at {BULWARK_BIN}: "
-                        f"run `cargo build --release` or set BULWARK_BIN")
+        self.bin = bulwark_bin()
 
     # -- paths
 
@@ -190,11 +208,11 @@ class Pool:
 
     def bulwark(self, *args, check=True, timeout=CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
         """Run the binary with exactly these arguments (no --pool added)."""
-        return run([BULWARK_BIN, *args], check=check, timeout=timeout, env=self._env())
+        return run([self.bin, *args], check=check, timeout=timeout, env=self._env())
 
     def cli(self, *args, check=True, timeout=CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
         """Run `bulwark --pool DIR ARGS...`."""
-        r = run([BULWARK_BIN, "--pool", self.dir, *args], check=False, timeout=timeout, env=self._env())
+        r = run([self.bin, "--pool", self.dir, *args], check=False, timeout=timeout, env=self._env())
         if check and r.returncode != 0:
             pytest.fail(f"bulwark {' '.join(map(str, args))} failed (exit {r.returncode})\n"
                         f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}\n{self.log_tail()}")
@@ -215,7 +233,7 @@ class Pool:
         self.starts += 1
         self.log_path = self.tmp / f"serve-{self.starts}.log"
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([str(BULWARK_BIN), "serve", str(self.dir)],
+        self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir)],
                                      stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=self._env())
         log.close()
@@ -226,7 +244,7 @@ class Pool:
                 rc = self.proc.returncode
                 self.proc = None
                 pytest.fail(f"bulwark serve exited with {rc} during start\n{self.log_tail()}")
-            last = run([BULWARK_BIN, "--pool", self.dir, "status", "--json"], check=False,
+            last = run([self.bin, "--pool", self.dir, "status", "--json"], check=False,
                        env=self._env(), timeout=10)
             if last.returncode == 0:
                 try:
