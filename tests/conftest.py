@@ -4,7 +4,8 @@ Every test drives the real `bulwark` binary and real NBD clients (qemu-io,
 qemu-img, nbdcopy, nbdinfo, nbdfuse, fio, libnbd's Python binding) and checks
 what a user would see. Nothing here knows the on-disk format.
 
-The binary is `$BULWARK_BIN`, or `<repo>/target/release/bulwark`.
+The binary is `$BULWARK_BIN`, or `<repo>/target/release/bulwark`; the
+suite runs a private copy of it, taken when the first pool is made.
 A test that finds a client tool missing is skipped with a message naming it;
 a missing `bulwark` binary is an error, never a skip.
 """
@@ -162,7 +163,6 @@ def bulwark_bin() -> Path:
         shutil.copy2(BULWARK_BIN, dst)
         _BIN_COPY.append(dst)
     return _BIN_COPY[0]
-
 
 
 class Pool:
