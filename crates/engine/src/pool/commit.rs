@@ -104,7 +104,7 @@ impl Core {
     pub(crate) fn write_superblocks(&self, sb: &Superblock, back_region: u64) -> Result<()> {
         let mut written = 0;
         for (i, m) in self.red.members.iter().enumerate() {
-            let Some(dev) = &m.dev else { continue };
+            let Some(dev) = m.dev() else { continue };
             if m.faulted.load(Ordering::Relaxed) {
                 continue;
             }
@@ -117,7 +117,7 @@ impl Core {
             let mut ok = true;
             for off in Superblock::slot_offsets(sb.generation, back_region) {
                 if let Err(e) = dev.write_at(&bytes, off) {
-                    tracing::error!(device = %m.path.display(), "superblock write failed: {e}");
+                    tracing::error!(device = %m.path().display(), "superblock write failed: {e}");
                     ok = false;
                 }
             }

@@ -57,7 +57,7 @@ pub struct Core {
     pub(crate) wake: (Mutex<bool>, Condvar),
     pub(crate) space_wait: Mutex<()>,
     /// The fault-injection layer of each member (None for a missing device).
-    pub faults: Vec<Option<Arc<FaultyDevice>>>,
+    pub faults: RwLock<Vec<Option<Arc<FaultyDevice>>>>,
     pub allow_faults: bool,
     pub scrub: Mutex<super::scrub::ScrubState>,
     pub errors: Mutex<Vec<super::scrub::DataError>>,
@@ -323,7 +323,7 @@ impl Core {
             .members
             .iter()
             .map(|m| DeviceStatus {
-                path: m.path.clone(),
+                path: m.path(),
                 state: m.state().to_string(),
                 read_errors: m.read_errors.load(Ordering::Relaxed),
                 write_errors: m.write_errors.load(Ordering::Relaxed),
@@ -333,7 +333,7 @@ impl Core {
             .collect();
         let usable = devices
             .iter()
-            .filter(|d| d.state != "UNAVAIL" && d.state != "FAULTED")
+            .filter(|d| !matches!(d.state.as_str(), "UNAVAIL" | "FAULTED" | "OFFLINE"))
             .count();
         let state = if usable == devices.len() && devices.iter().all(|d| d.state == "ONLINE") {
             "ONLINE"
@@ -463,8 +463,8 @@ impl Core {
             .members
             .iter()
             .position(|m| {
-                m.path == path
-                    || std::fs::canonicalize(&m.path)
+                m.path() == path
+                    || std::fs::canonicalize(m.path())
                         .map(|p| p == canon)
                         .unwrap_or(false)
             })
@@ -481,7 +481,8 @@ impl Core {
             ));
         }
         let i = self.member_index(path)?;
-        let dev = self.faults[i]
+        let layers = self.faults.read();
+        let dev = layers[i]
             .as_ref()
             .ok_or_else(|| Error::NotFound(format!("device {} is missing", path.display())))?;
         tracing::warn!(device = %path.display(), ?faults, "fault injection set");
@@ -493,14 +494,137 @@ impl Core {
         self.red
             .members
             .iter()
-            .zip(&self.faults)
-            .map(|(m, f)| {
-                (
-                    m.path.clone(),
-                    f.as_ref().map(|f| f.faults()).unwrap_or_default(),
-                )
-            })
+            .zip(self.faults.read().iter())
+            .map(|(m, f)| (m.path(), f.as_ref().map(|f| f.faults()).unwrap_or_default()))
             .collect()
+    }
+}
+
+impl Core {
+    fn check_redundant(&self, verb: &str) -> Result<()> {
+        if self.red.layout == super::Layout::Single {
+            return Err(Error::Invalid(format!(
+                "cannot {verb} a device of a single-layout pool: there is no other copy of its data"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stop using a device (maintenance). Refused if no other copy would remain online.
+    pub fn device_offline(&self, path: &std::path::Path) -> Result<()> {
+        self.check_redundant("take offline")?;
+        let i = self.member_index(path)?;
+        let m = &self.red.members[i];
+        if m.offline.load(Ordering::Acquire) {
+            return Err(Error::Invalid(format!(
+                "device {} is already offline",
+                path.display()
+            )));
+        }
+        let others = self
+            .red
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(j, o)| *j != i && o.dev().is_some() && !o.faulted.load(Ordering::Relaxed))
+            .count();
+        if others == 0 {
+            return Err(Error::Invalid(format!(
+                "device {} holds the last online copy; it cannot go offline",
+                path.display()
+            )));
+        }
+        m.offline.store(true, Ordering::Release);
+        tracing::warn!(device = %path.display(), "device taken offline: the pool is DEGRADED");
+        Ok(())
+    }
+
+    /// Use an offline device again; its copies are brought up to date by a resilver.
+    pub fn device_online(self: &Arc<Self>, path: &std::path::Path) -> Result<()> {
+        let i = self.member_index(path)?;
+        let m = &self.red.members[i];
+        if !m.offline.load(Ordering::Acquire) && !m.faulted.load(Ordering::Acquire) {
+            return Err(Error::Invalid(format!(
+                "device {} is already online",
+                path.display()
+            )));
+        }
+        m.resilvering.store(true, Ordering::Release);
+        m.faulted.store(false, Ordering::Release);
+        m.offline.store(false, Ordering::Release);
+        tracing::info!(device = %path.display(), "device online: resilvering");
+        self.scrub_begin("resilver", Some(m.path()))
+    }
+
+    /// Put `new` in the place of `old` and resilver every live record onto it.
+    pub fn device_replace(
+        self: &Arc<Self>,
+        old: &std::path::Path,
+        new: &std::path::Path,
+    ) -> Result<()> {
+        use crate::device::{Device, FileDevice};
+        self.check_redundant("replace")?;
+        let i = self.member_index(old)?;
+        if !new.exists() {
+            return Err(Error::NotFound(format!(
+                "new device {} does not exist (for a file: truncate -s SIZE {})",
+                new.display(),
+                new.display()
+            )));
+        }
+        let new_abs = std::fs::canonicalize(new).map_err(|e| Error::device(new, e))?;
+        if self.member_index(&new_abs).is_ok() {
+            return Err(Error::Invalid(format!(
+                "{} is already a device of this pool",
+                new.display()
+            )));
+        }
+        let dev = FileDevice::open(&new_abs)?;
+        let (need, back_region) = {
+            let sb = self.sb.lock();
+            (sb.sb.device_bytes, sb.back_region)
+        };
+        if dev.size() < need {
+            return Err(Error::Invalid(format!(
+                "new device {} is too small: {} needed, {} available",
+                new.display(),
+                crate::size::format_size(need),
+                crate::size::format_size(dev.size())
+            )));
+        }
+        if let Some(sb) = super::create::front_label(&dev) {
+            return Err(Error::Exists(format!(
+                "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
+                new.display(),
+                wrap::to_hex(&sb.pool_id)
+            )));
+        }
+        let faulty = Arc::new(FaultyDevice::new(Box::new(dev), back_region));
+        {
+            let _c = self.commit_lock.lock();
+            let m = &self.red.members[i];
+            m.resilvering.store(true, Ordering::Release);
+            m.replace(new_abs.clone(), faulty.clone());
+            self.faults.write()[i] = Some(faulty);
+            self.sb.lock().sb.member_ids[i] = wrap::random_bytes::<16>();
+        }
+        let mut conf = super::create::PoolConfig::read(&self.dir)?;
+        conf.devices = self
+            .red
+            .members
+            .iter()
+            .map(|m| {
+                let p = m.path();
+                p.strip_prefix(&self.dir)
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or(p)
+            })
+            .collect();
+        conf.write(&self.dir)?;
+        self.table_dirty.store(true, Ordering::Release);
+        self.commit()?;
+        tracing::info!(old = %old.display(), new = %new_abs.display(), "device replaced: resilvering");
+        self.scrub_begin("resilver", Some(new_abs))
     }
 }
 

@@ -189,7 +189,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 }
                 let faulty = Arc::new(FaultyDevice::new(Box::new(f.dev), back_region_of(&newest)));
                 faults.push(Some(faulty.clone()));
-                members.push(Member::new(f.path, Some(Box::new(faulty))));
+                members.push(Member::new(f.path, Some(faulty)));
             }
             None => {
                 let guess = listed
@@ -212,7 +212,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
         }
     }
-    if members.iter().all(|m| m.dev.is_none()) {
+    if members.iter().all(|m| !m.present()) {
         return Err(Error::NotFound(
             "every device of the pool is missing".into(),
         ));
@@ -222,10 +222,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         c.devices = members
             .iter()
             .map(|m| {
-                m.path
+                m.path()
                     .strip_prefix(dir)
                     .map(Path::to_path_buf)
-                    .unwrap_or(m.path.clone())
+                    .unwrap_or(m.path())
             })
             .collect();
         c.write(dir)?;
@@ -258,7 +258,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         accounting_complete: true,
         wake: (Mutex::new(false), Condvar::new()),
         space_wait: Mutex::new(()),
-        faults,
+        faults: RwLock::new(faults),
         allow_faults: opts.allow_fault_injection,
         scrub: Mutex::new(Default::default()),
         errors: Mutex::new(Vec::new()),

@@ -245,6 +245,20 @@ impl Pool {
         self.core.list_faults()
     }
 
+    /// Stop using a device for maintenance (mirror layouts; never the last copy).
+    pub fn device_offline(&self, path: &Path) -> Result<()> {
+        self.core.device_offline(path)
+    }
+    /// Use an offline (or failed) device again; a resilver brings its copies up to date.
+    pub fn device_online(&self, path: &Path) -> Result<()> {
+        self.core.device_online(path)
+    }
+    /// Replace device `old` by the existing file or block device `new`; resilvers in the
+    /// background (progress in `scrub_status`, kind "resilver").
+    pub fn device_replace(&self, old: &Path, new: &Path) -> Result<()> {
+        self.core.device_replace(old, new)
+    }
+
     /// Start a scrub, or resume a paused one.
     pub fn scrub_start(&self) -> Result<()> {
         self.core.scrub_start()

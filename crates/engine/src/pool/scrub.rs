@@ -44,6 +44,12 @@ pub struct ScrubState {
     pub unrecoverable: u64,
     /// Scrub number; an error entry seen by an older scrub and not again is dropped at the end.
     pub epoch: u64,
+    /// "scrub", or "resilver" (a scrub started to rebuild one device's copies).
+    #[serde(default)]
+    pub kind: String,
+    /// The device being resilvered.
+    #[serde(default)]
+    pub device: Option<std::path::PathBuf>,
 }
 
 /// A byte range of a volume that no copy could supply.
@@ -62,6 +68,9 @@ pub struct DataError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ScrubStatus {
     pub state: String,
+    /// "scrub" or "resilver".
+    pub kind: String,
+    pub device: Option<std::path::PathBuf>,
     pub bytes_done: u64,
     pub bytes_total: u64,
     pub rate_bytes_per_sec: u64,
@@ -118,6 +127,12 @@ impl Core {
         let eta = (s.state == "scanning" && rate > 0)
             .then(|| s.bytes_total.saturating_sub(s.bytes_done) / rate);
         ScrubStatus {
+            kind: if s.kind.is_empty() {
+                "scrub".into()
+            } else {
+                s.kind.clone()
+            },
+            device: s.device.clone(),
             state: if s.state.is_empty() {
                 "none".into()
             } else {
@@ -140,6 +155,22 @@ impl Core {
 
     /// Begin a scrub (or resume a paused one).
     pub fn scrub_start(self: &Arc<Self>) -> Result<()> {
+        self.scrub_begin("scrub", None)
+    }
+
+    /// Start a scrub of `kind`; a resilver restarts any scrub from the beginning.
+    pub(crate) fn scrub_begin(
+        self: &Arc<Self>,
+        kind: &str,
+        device: Option<std::path::PathBuf>,
+    ) -> Result<()> {
+        if kind == "resilver" {
+            // Let a running pass stop at its next batch; the new one starts from the top.
+            self.scrub.lock().state = "restarting".into();
+            while self.scrub_running.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         {
             let mut s = self.scrub.lock();
             match s.state.as_str() {
@@ -161,6 +192,8 @@ impl Core {
                         started_unix: now_unix(),
                         bytes_total: total,
                         epoch: s.epoch + 1,
+                        kind: kind.to_string(),
+                        device: device.clone(),
                         ..Default::default()
                     };
                 }
@@ -331,6 +364,11 @@ impl Core {
         }
         let mut s = self.scrub.lock();
         if s.state == "scanning" {
+            if s.kind == "resilver" {
+                for m in &self.red.members {
+                    m.resilvering.store(false, Ordering::Release);
+                }
+            }
             s.state = "finished".into();
             s.finished_unix = now_unix();
             s.bytes_done = s.bytes_done.max(s.bytes_total);

@@ -14,6 +14,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use crate::codec::{checksum, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
@@ -23,31 +26,73 @@ use crate::{Error, Result};
 
 /// One member device and its error counters (READ/WRITE/CKSUM, as zpool status shows them).
 pub struct Member {
-    pub path: PathBuf,
-    pub dev: Option<Box<dyn Device>>,
+    slot: RwLock<(PathBuf, Option<Arc<dyn Device>>)>,
     pub read_errors: AtomicU64,
     pub write_errors: AtomicU64,
     pub cksum_errors: AtomicU64,
     /// Set once a write or flush to this device failed.
     pub faulted: AtomicBool,
+    /// Taken offline by the administrator: not read or written until brought online.
+    pub offline: AtomicBool,
+    /// Being resilvered: its copies are known stale, so mismatches are not counted as errors.
+    pub resilvering: AtomicBool,
 }
 
 impl Member {
-    pub fn new(path: PathBuf, dev: Option<Box<dyn Device>>) -> Member {
+    pub fn new(path: PathBuf, dev: Option<Arc<dyn Device>>) -> Member {
         Member {
-            path,
-            dev,
+            slot: RwLock::new((path, dev)),
             read_errors: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             cksum_errors: AtomicU64::new(0),
             faulted: AtomicBool::new(false),
+            offline: AtomicBool::new(false),
+            resilvering: AtomicBool::new(false),
+        }
+    }
+    pub fn path(&self) -> PathBuf {
+        self.slot.read().0.clone()
+    }
+    pub fn present(&self) -> bool {
+        self.slot.read().1.is_some()
+    }
+    /// The device, unless missing or offline.
+    pub fn dev(&self) -> Option<Arc<dyn Device>> {
+        if self.offline.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.slot.read().1.clone()
+    }
+    /// The device for writing: also not when it has failed a write.
+    fn writable(&self) -> Option<Arc<dyn Device>> {
+        if self.faulted.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.dev()
+    }
+    /// Put a new device in this member's place (device replace); counters restart.
+    pub fn replace(&self, path: PathBuf, dev: Arc<dyn Device>) {
+        *self.slot.write() = (path, Some(dev));
+        for c in [&self.read_errors, &self.write_errors, &self.cksum_errors] {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.faulted.store(false, Ordering::Relaxed);
+        self.offline.store(false, Ordering::Relaxed);
+    }
+    fn count_cksum(&self) {
+        if !self.resilvering.load(Ordering::Relaxed) {
+            self.cksum_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
     pub fn state(&self) -> &'static str {
-        if self.dev.is_none() {
+        if !self.present() {
             "UNAVAIL"
+        } else if self.offline.load(Ordering::Relaxed) {
+            "OFFLINE"
         } else if self.faulted.load(Ordering::Relaxed) {
             "FAULTED"
+        } else if self.resilvering.load(Ordering::Relaxed) {
+            "RESILVERING"
         } else if self.read_errors.load(Ordering::Relaxed)
             + self.cksum_errors.load(Ordering::Relaxed)
             > 0
@@ -158,17 +203,16 @@ impl Redundancy {
         let mut last_err = None;
         for (m, off) in self.places(addr).iter() {
             let member = &self.members[m];
-            let Some(dev) = &member.dev else { continue };
-            if member.faulted.load(Ordering::Relaxed) {
+            let Some(dev) = member.writable() else {
                 continue;
-            }
+            };
             match dev.write_at(data, off) {
                 Ok(()) => written += 1,
                 Err(e) => {
                     member.write_errors.fetch_add(1, Ordering::Relaxed);
                     member.faulted.store(true, Ordering::Relaxed);
-                    tracing::error!(device = %member.path.display(), offset = off, "write failed: {e}");
-                    last_err = Some(Error::device(&member.path, e));
+                    tracing::error!(device = %member.path().display(), offset = off, "write failed: {e}");
+                    last_err = Some(Error::device(&member.path(), e));
                 }
             }
         }
@@ -195,15 +239,15 @@ impl Redundancy {
         for &addr in addrs {
             for (m, off) in self.places(addr).iter() {
                 let member = &self.members[m];
-                let Some(dev) = &member.dev else { continue };
+                let Some(dev) = member.dev() else { continue };
                 if let Err(e) = dev.read_at(out, off) {
                     member.read_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = %member.path.display(), offset = off, "read failed: {e}");
+                    tracing::warn!(device = %member.path().display(), offset = off, "read failed: {e}");
                     continue;
                 }
                 if checksum(out) != *sum {
-                    member.cksum_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = %member.path.display(), offset = off, len, "checksum mismatch");
+                    member.count_cksum();
+                    tracing::warn!(device = %member.path().display(), offset = off, len, "checksum mismatch");
                     if nbad < bad.len() {
                         bad[nbad] = (m, off);
                         nbad += 1;
@@ -213,15 +257,15 @@ impl Redundancy {
                 // `out` verified: only now may the bad copies be rewritten from it.
                 for &(bm, boff) in &bad[..nbad] {
                     let member = &self.members[bm];
-                    if let Some(dev) = &member.dev {
+                    if let Some(dev) = member.writable() {
                         match dev.write_at(out, boff) {
                             Ok(()) => {
                                 self.repaired_blocks.fetch_add(1, Ordering::Relaxed);
-                                tracing::info!(device = %member.path.display(), offset = boff, len, "repaired copy");
+                                tracing::info!(device = %member.path().display(), offset = boff, len, "repaired copy");
                             }
                             Err(e) => {
                                 member.write_errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::error!(device = %member.path.display(), "repair write failed: {e}");
+                                tracing::error!(device = %member.path().display(), "repair write failed: {e}");
                             }
                         }
                     }
@@ -251,13 +295,10 @@ impl Redundancy {
         for &addr in addrs {
             for (m, off) in self.places(addr).iter() {
                 let member = &self.members[m];
-                let Some(dev) = &member.dev else { continue };
-                if member.faulted.load(Ordering::Relaxed) {
-                    continue;
-                }
+                let Some(dev) = member.dev() else { continue };
                 if let Err(e) = dev.read_at(buf, off) {
                     member.read_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = %member.path.display(), offset = off, "scrub read failed: {e}");
+                    tracing::warn!(device = %member.path().display(), offset = off, "scrub read failed: {e}");
                     bad.push((m, off));
                     continue;
                 }
@@ -266,8 +307,8 @@ impl Redundancy {
                         good = Some(buf.clone());
                     }
                 } else {
-                    member.cksum_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = %member.path.display(), offset = off, len, "scrub: checksum mismatch");
+                    member.count_cksum();
+                    tracing::debug!(device = %member.path().display(), offset = off, len, "scrub: checksum mismatch");
                     bad.push((m, off));
                 }
             }
@@ -284,7 +325,7 @@ impl Redundancy {
         let mut repaired = 0;
         for (m, off) in &bad {
             let member = &self.members[*m];
-            if let Some(dev) = &member.dev {
+            if let Some(dev) = member.writable() {
                 match dev.write_at(&good, *off) {
                     Ok(()) => {
                         repaired += 1;
@@ -292,7 +333,7 @@ impl Redundancy {
                     }
                     Err(e) => {
                         member.write_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(device = %member.path.display(), "scrub repair write failed: {e}");
+                        tracing::error!(device = %member.path().display(), "scrub repair write failed: {e}");
                     }
                 }
             }
@@ -308,16 +349,15 @@ impl Redundancy {
     pub fn flush(&self) -> Result<()> {
         let mut ok = 0;
         for member in &self.members {
-            let Some(dev) = &member.dev else { continue };
-            if member.faulted.load(Ordering::Relaxed) {
+            let Some(dev) = member.writable() else {
                 continue;
-            }
+            };
             match dev.flush() {
                 Ok(()) => ok += 1,
                 Err(e) => {
                     member.write_errors.fetch_add(1, Ordering::Relaxed);
                     member.faulted.store(true, Ordering::Relaxed);
-                    tracing::error!(device = %member.path.display(), "flush failed: {e}");
+                    tracing::error!(device = %member.path().display(), "flush failed: {e}");
                 }
             }
         }
@@ -327,7 +367,7 @@ impl Redundancy {
         Ok(())
     }
 
-    pub fn member_paths(&self) -> Vec<&Path> {
-        self.members.iter().map(|m| m.path.as_path()).collect()
+    pub fn member_paths(&self) -> Vec<PathBuf> {
+        self.members.iter().map(|m| m.path()).collect()
     }
 }
