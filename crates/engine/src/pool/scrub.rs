@@ -233,11 +233,18 @@ impl Core {
         let core = self.clone();
         let spawned = std::thread::Builder::new()
             .name("bulwark-scrub".into())
-            .spawn(move || {
+            .spawn(move || loop {
                 if let Err(e) = core.scrub_run() {
                     tracing::error!("scrub stopped: {e}");
                 }
                 core.scrub_running.store(false, Ordering::Release);
+                // A scrub started while this one was finishing found us running and left the
+                // work to us: take it, unless another thread already did.
+                let rearmed =
+                    core.scrub.lock().state == "scanning" && !core.closing.load(Ordering::Acquire);
+                if !rearmed || core.scrub_running.swap(true, Ordering::AcqRel) {
+                    return;
+                }
             });
         if spawned.is_err() {
             self.scrub_running.store(false, Ordering::Release);
