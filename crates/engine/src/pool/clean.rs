@@ -69,13 +69,13 @@ impl Core {
                     }
                     Err(e) => return Err(e),
                 }
-                let addr = self.log.alloc(Stream::Clean, stored.len())?;
+                let addr = self.alloc_record(Stream::Clean, stored.len())?;
                 let new = Blkptr {
                     addr: [addr, old.addr[1]],
                     ..old
                 };
                 if let Err(e) = self.red.write(addr, &stored) {
-                    self.log.release_bytes(addr, old.len);
+                    self.release_record(addr, old.len as usize);
                     return Err(e);
                 }
                 let mut tree = v.tree.lock();
@@ -83,7 +83,7 @@ impl Core {
                     tree.set(self, &self.cache, lba, new)?;
                     self.free_ptr(&old);
                 } else {
-                    self.log.release_bytes(addr, old.len);
+                    self.release_record(addr, old.len as usize);
                 }
             }
         }

@@ -89,13 +89,22 @@ impl Core {
         self.wake.1.notify_all();
     }
 
+    /// Space in the log for a record of `len` stored bytes (its footprint under the layout).
+    pub fn alloc_record(&self, stream: Stream, len: usize) -> Result<u64> {
+        self.log.alloc(stream, self.red.footprint(len))
+    }
+
+    pub fn release_record(&self, addr: u64, len: usize) {
+        self.log.release_bytes(addr, self.red.footprint(len) as u32);
+    }
+
     /// Release a record that the in-memory state no longer references.
     pub fn free_ptr(&self, p: &Blkptr) {
         if p.is_hole() {
             return;
         }
         for &a in p.addrs() {
-            self.log.release_bytes(a, p.len);
+            self.release_record(a, p.len as usize);
         }
     }
 
@@ -116,9 +125,9 @@ impl Core {
         let mut stored = Vec::new();
         let flags = codec::encode(raw, Compression::Lz4, None, &[], 0, &mut stored)?;
         let sum = checksum(&stored);
-        let a0 = self.log.alloc(Stream::Meta, stored.len())?;
+        let a0 = self.alloc_record(Stream::Meta, stored.len())?;
         let a1 = if METADATA_COPIES > 1 {
-            self.log.alloc(Stream::Meta2, stored.len())?
+            self.alloc_record(Stream::Meta2, stored.len())?
         } else {
             ADDR_NONE
         };
@@ -340,13 +349,15 @@ impl Core {
         } else if match self.red.layout {
             super::Layout::Single => usable == devices.len(),
             super::Layout::Mirror(_) => usable > 0,
+            super::Layout::Parity { k, .. } => usable >= k as usize,
         } {
             "DEGRADED"
         } else {
             "FAULTED"
         };
-        let total = self.log.segments() as u64 * SEGMENT_BYTES;
-        let used = self.log.live_bytes_total().min(total);
+        let per = self.red.data_per_segment_byte();
+        let total = self.log.segments() as u64 * SEGMENT_BYTES * per;
+        let used = (self.log.live_bytes_total() * per).min(total);
         PoolStatus {
             pool_id: wrap::to_hex(&sb.sb.pool_id),
             dir: self.dir.clone(),
@@ -528,7 +539,11 @@ impl Core {
             .enumerate()
             .filter(|(j, o)| *j != i && o.dev().is_some() && !o.faulted.load(Ordering::Relaxed))
             .count();
-        if others == 0 {
+        let needed = match self.red.layout {
+            super::Layout::Parity { k, .. } => k as usize,
+            _ => 1,
+        };
+        if others < needed {
             return Err(Error::Invalid(format!(
                 "device {} holds the last online copy; it cannot go offline",
                 path.display()

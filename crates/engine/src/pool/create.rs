@@ -115,6 +115,13 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                 "layout mirror:{n} needs exactly {n} devices, got {count}"
             )))
         }
+        Layout::Parity { k, m } if count == (k + m) as usize => {}
+        Layout::Parity { k, m } => {
+            return Err(Error::Invalid(format!(
+                "layout parity:{k}+{m} needs exactly {} devices, got {count}",
+                k + m
+            )))
+        }
     }
     let mut created: Vec<PathBuf> = Vec::new();
     let result = (|| {

@@ -169,6 +169,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         })?;
     let mut members: Vec<Member> = Vec::new();
     let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
+    let mut stale: Vec<String> = Vec::new();
     let mut paths_changed = false;
     for (i, id) in newest.member_ids.iter().enumerate() {
         let pos = found.iter().position(|f| &f.sb.device_id == id);
@@ -176,13 +177,21 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             Some(pos) => {
                 let f = found.swap_remove(pos);
                 if f.sb.generation + 1 < newest.generation {
-                    return Err(Error::Invalid(format!(
-                        "device {} is a stale member of this pool (generation {}, the pool is at {}): it missed writes; \
-                         remove it from the pool or replace it",
+                    let msg = format!(
+                        "device {} is a stale member of this pool (generation {}, the pool is at {}): it missed writes \
+                         and is not used; bring it back with 'bulwark device online' (resilver) or replace it",
                         f.path.display(),
                         f.sb.generation,
                         newest.generation
-                    )));
+                    );
+                    if newest.layout == super::Layout::Single {
+                        return Err(Error::Invalid(msg));
+                    }
+                    tracing::warn!("{msg}");
+                    stale.push(msg);
+                    faults.push(None);
+                    members.push(Member::new(f.path, None));
+                    continue;
                 }
                 if listed.get(i) != Some(&f.path) {
                     paths_changed = true;
@@ -212,7 +221,21 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
         }
     }
-    if members.iter().all(|m| !m.present()) {
+    let present = members.iter().filter(|m| m.present()).count();
+    if let super::Layout::Parity { k, m } = newest.layout {
+        if present < k as usize {
+            return Err(Error::NotFound(format!(
+                "{} of the {} devices of this parity:{k}+{m} pool are missing or stale; at most {m} may be{}",
+                members.len() - present,
+                members.len(),
+                stale.iter().map(|s| format!("; {s}")).collect::<String>()
+            )));
+        }
+    }
+    if present == 0 && !stale.is_empty() {
+        return Err(Error::Invalid(stale.join("; ")));
+    }
+    if present == 0 {
         return Err(Error::NotFound(
             "every device of the pool is missing".into(),
         ));
@@ -274,10 +297,15 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     };
     let mut live = vec![0u32; segments];
     let mut complete = true;
+    let layout = newest.layout;
+    let core_footprint = |len: usize| match layout {
+        super::Layout::Parity { k, .. } => crate::redundancy::shard_bytes(len, k as usize),
+        _ => len,
+    };
     let count = |p: &Blkptr, live: &mut Vec<u32>| {
         for &a in p.addrs() {
             if let Some(l) = live.get_mut(segment_of(a) as usize) {
-                *l += p.len;
+                *l += core_footprint(p.len as usize) as u32;
             }
         }
     };

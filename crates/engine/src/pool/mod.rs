@@ -35,6 +35,8 @@ pub enum Layout {
     Single,
     /// N copies, one on each of N devices.
     Mirror(u8),
+    /// Reed–Solomon: each record striped over K data and M parity shards on K+M devices.
+    Parity { k: u8, m: u8 },
 }
 
 impl std::str::FromStr for Layout {
@@ -56,13 +58,22 @@ impl std::str::FromStr for Layout {
             }
             return Ok(Layout::Mirror(n));
         }
-        if s.starts_with("parity:") {
-            return Err(Error::Invalid(format!(
-                "layout '{s}': parity layouts are not supported yet; use single or mirror:N"
-            )));
+        if let Some(spec) = s.strip_prefix("parity:") {
+            let bad = || {
+                Error::Invalid(format!("invalid layout '{s}': parity:K+M needs K >= 1 data and M = 1..3 parity shards, K+M <= 16 (e.g. parity:4+2)"))
+            };
+            let (k, m) = spec.split_once('+').ok_or_else(bad)?;
+            let (k, m): (u8, u8) = (k.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+            if k == 0
+                || !(1..=3).contains(&m)
+                || k as usize + m as usize > crate::constants::DEVICES_MAX
+            {
+                return Err(bad());
+            }
+            return Ok(Layout::Parity { k, m });
         }
         Err(Error::Invalid(format!(
-            "invalid layout '{s}': expected single or mirror:N"
+            "invalid layout '{s}': expected single, mirror:N or parity:K+M"
         )))
     }
 }
@@ -72,6 +83,7 @@ impl std::fmt::Display for Layout {
         match self {
             Layout::Single => f.write_str("single"),
             Layout::Mirror(n) => write!(f, "mirror:{n}"),
+            Layout::Parity { k, m } => write!(f, "parity:{k}+{m}"),
         }
     }
 }

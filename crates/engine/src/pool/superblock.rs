@@ -43,12 +43,14 @@ impl Superblock {
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(MAGIC);
         b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        let (kind, n) = match self.layout {
-            Layout::Single => (0u8, 1u8),
-            Layout::Mirror(n) => (1, n),
+        let (kind, n, m) = match self.layout {
+            Layout::Single => (0u8, 1u8, 0u8),
+            Layout::Mirror(n) => (1, n, 0),
+            Layout::Parity { k, m } => (2, k, m),
         };
         b[12] = kind;
         b[13] = n;
+        b[14] = m;
         b[16..32].copy_from_slice(&self.pool_id);
         b[32..48].copy_from_slice(&self.device_id);
         b[48..52].copy_from_slice(&self.member_index.to_le_bytes());
@@ -84,6 +86,7 @@ impl Superblock {
         let layout = match (b[12], b[13]) {
             (0, _) => Layout::Single,
             (1, n) if (2..=8).contains(&n) => Layout::Mirror(n),
+            (2, k) if k >= 1 && (1..=3).contains(&b[14]) => Layout::Parity { k, m: b[14] },
             (k, n) => {
                 return Err(Error::Corrupt(format!(
                     "superblock has unknown layout {k}/{n}"

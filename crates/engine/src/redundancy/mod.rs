@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+mod parity;
+pub use parity::shard_bytes;
+
 use crate::codec::{checksum, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use crate::device::Device;
@@ -152,15 +155,23 @@ impl Redundancy {
     pub fn segments(&self) -> u64 {
         match self.layout {
             Layout::Single => self.segments_per_device * self.members.len() as u64,
-            Layout::Mirror(_) => self.segments_per_device,
+            Layout::Mirror(_) | Layout::Parity { .. } => self.segments_per_device,
         }
     }
 
-    /// Copies of every record kept by the layout.
-    pub fn copies(&self) -> usize {
+    /// Bytes of each device's segment space a record of `len` bytes takes.
+    pub fn footprint(&self, len: usize) -> usize {
         match self.layout {
-            Layout::Single => 1,
-            Layout::Mirror(n) => n as usize,
+            Layout::Parity { k, .. } => shard_bytes(len, k as usize),
+            _ => len,
+        }
+    }
+
+    /// Usable bytes per byte of segment space (K for parity, 1 otherwise).
+    pub fn data_per_segment_byte(&self) -> u64 {
+        match self.layout {
+            Layout::Parity { k, .. } => k as u64,
+            _ => 1,
         }
     }
 
@@ -180,6 +191,7 @@ impl Redundancy {
                 );
                 p.len = 1;
             }
+            Layout::Parity { .. } => unreachable!("parity records are placed by shard_place"),
             Layout::Mirror(_) => {
                 // Start reads on a different member per segment to spread load.
                 let n = self.members.len();
@@ -199,6 +211,9 @@ impl Redundancy {
     /// Write a whole record to every copy. Succeeds if at least one copy was written;
     /// a failed copy marks its device FAULTED and counts a WRITE error.
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        if let Layout::Parity { k, m } = self.layout {
+            return self.parity_write(k as usize, m as usize, addr, data);
+        }
         let mut written = 0;
         let mut last_err = None;
         for (m, off) in self.places(addr).iter() {
@@ -233,6 +248,9 @@ impl Redundancy {
         sum: &Checksum,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        if let Layout::Parity { k, m } = self.layout {
+            return self.parity_read(k as usize, m as usize, addrs, len, sum, out);
+        }
         out.resize(len, 0);
         let mut bad: [(usize, u64); 16] = [(0, 0); 16];
         let mut nbad = 0;
@@ -289,6 +307,9 @@ impl Redundancy {
         sum: &Checksum,
         buf: &mut Vec<u8>,
     ) -> ScrubOutcome {
+        if let Layout::Parity { k, m } = self.layout {
+            return self.parity_scrub(k as usize, m as usize, addrs, len, sum);
+        }
         buf.resize(len, 0);
         let mut good: Option<Vec<u8>> = None;
         let mut bad: Vec<(usize, u64)> = Vec::new();

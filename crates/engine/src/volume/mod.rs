@@ -293,7 +293,7 @@ impl Volume {
             )?;
             let sum = codec::checksum(stored);
             let addr = loop {
-                match self.core.log.alloc(Stream::Data, stored.len()) {
+                match self.core.alloc_record(Stream::Data, stored.len()) {
                     Ok(a) => break a,
                     Err(Error::NoSpace) => self.core.wait_for_space()?,
                     Err(e) => return Err(e),
