@@ -8,7 +8,7 @@
 //! with a pattern, second half a hole). Storage is allocated in 64 KiB
 //! chunks on first write, so block status reports real holes. Logs go to
 //! stderr (`RUST_LOG=debug` shows every request). Ctrl-C shuts down
-//! gracefully.
+//! gracefully. `MEMSERVE_WORKERS=N` sets the worker threads per connection.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -224,7 +224,11 @@ async fn main() -> std::io::Result<()> {
 
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)?;
-    let server = Server::new(exports, ServerConfig::default());
+    let mut config = ServerConfig::default();
+    if let Some(n) = std::env::var("MEMSERVE_WORKERS").ok().and_then(|v| v.parse().ok()) {
+        config.max_workers_per_conn = n;
+    }
+    let server = Server::new(exports, config);
     eprintln!("memserve: listening on {socket}");
     let serving = tokio::spawn(Arc::clone(&server).serve_unix(listener));
     tokio::signal::ctrl_c().await?;

@@ -4,8 +4,8 @@
 //! `Backend` and back.
 //!
 //! Data path: socket → `handshake` (options, export choice) →
-//! `transmission` reader (parse, validate, admit) → blocking pool
-//! (`Backend` call) → `transmission` writer (reply) → socket.
+//! `transmission` reader (parse, validate, admit) → the connection's worker
+//! threads (`Backend` call) → `transmission` writer (reply) → socket.
 //!
 //! Codemap:
 //! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Extent`],
@@ -16,6 +16,7 @@
 //! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
 //! - `limits.rs`: every bound on what a client can make us hold or wait on.
 //! - `buffers.rs`: per-connection payload buffer reuse.
+//! - `workers.rs`: per-connection blocking threads that run backend calls.
 //!
 //! Invariants:
 //! - Bytes from a client are input: any sequence of them yields a reply or
@@ -39,6 +40,7 @@ pub mod limits;
 pub mod proto;
 mod server;
 mod transmission;
+mod workers;
 
 pub use backend::{errno, Backend, Errno, Exports, Extent};
 pub use server::{Server, ServerConfig};

@@ -23,6 +23,17 @@ pub const INFLIGHT_PER_CONN_DEFAULT: usize = 64;
 /// `max_inflight_per_conn` is clamped to at most this.
 pub const INFLIGHT_PER_CONN_LIMIT: usize = 4096;
 
+/// Default for `ServerConfig::max_workers_per_conn`: enough to keep a few
+/// backend calls blocked on storage while others run, few enough that a
+/// busy connection does not multiply threads on a small machine.
+pub const WORKERS_PER_CONN_DEFAULT: usize = 4;
+/// `max_workers_per_conn` is clamped to at most this.
+pub const WORKERS_PER_CONN_LIMIT: usize = 256;
+
+/// A connection's worker thread with nothing to do for this long returns
+/// to the blocking pool.
+pub const WORKER_IDLE: Duration = Duration::from_secs(2);
+
 /// Payload bytes (write data received, read data not yet sent) one
 /// connection may hold at once, on top of the request-count bound. Raised
 /// to `max_request_bytes` if that is larger, so any single legal request

@@ -29,7 +29,8 @@ use crate::backend::Exports;
 use crate::handshake::{self, Outcome};
 use crate::limits::{
     ACCEPT_BACKOFF, HANDSHAKE_TIMEOUT, INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT,
-    REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN,
+    REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT,
+    WORKERS_PER_CONN_LIMIT,
 };
 use crate::transmission;
 
@@ -42,6 +43,9 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// Requests one connection may have in flight at once.
     pub max_inflight_per_conn: usize,
+    /// Blocking threads per connection that run backend calls (started on
+    /// demand; never more than `max_inflight_per_conn`).
+    pub max_workers_per_conn: usize,
 }
 
 impl Default for ServerConfig {
@@ -49,6 +53,7 @@ impl Default for ServerConfig {
         Self {
             max_request_bytes: REQUEST_BYTES_DEFAULT,
             max_inflight_per_conn: INFLIGHT_PER_CONN_DEFAULT,
+            max_workers_per_conn: WORKERS_PER_CONN_DEFAULT,
         }
     }
 }
@@ -58,6 +63,7 @@ impl Default for ServerConfig {
 pub(crate) struct Limits {
     pub request_bytes_max: u32,
     pub inflight_max: usize,
+    pub workers_max: usize,
 }
 
 impl Limits {
@@ -69,6 +75,9 @@ impl Limits {
             inflight_max: config
                 .max_inflight_per_conn
                 .clamp(1, INFLIGHT_PER_CONN_LIMIT),
+            workers_max: config
+                .max_workers_per_conn
+                .clamp(1, WORKERS_PER_CONN_LIMIT),
         }
     }
 }
@@ -346,6 +355,7 @@ mod tests {
         let l = Limits::new(&ServerConfig {
             max_request_bytes: 0,
             max_inflight_per_conn: 0,
+            max_workers_per_conn: 0,
         });
         assert_eq!(
             (l.request_bytes_max, l.inflight_max),
@@ -354,6 +364,7 @@ mod tests {
         let l = Limits::new(&ServerConfig {
             max_request_bytes: u32::MAX,
             max_inflight_per_conn: usize::MAX,
+            max_workers_per_conn: usize::MAX,
         });
         assert_eq!(
             (l.request_bytes_max, l.inflight_max),

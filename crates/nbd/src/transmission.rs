@@ -3,10 +3,10 @@
 //! Data path: one reader (the connection's task) parses a request header,
 //! takes an in-flight permit (and a payload-bytes permit for READ/WRITE),
 //! reads any write payload, validates the request with [`validate`], and
-//! hands it to the blocking pool, where [`execute`] calls the backend and
-//! sends the finished reply to the one writer task over a channel. The
-//! writer serialises replies in completion order, batching small ones
-//! before a flush.
+//! queues it for the connection's worker threads (`workers.rs`), where
+//! [`execute`] calls the backend and sends the finished reply to the one
+//! writer task over a channel. The writer serialises replies in completion
+//! order, batching small ones before a flush.
 //!
 //! Invariants:
 //! - Requests are validated here, once, at the edge; a backend never sees
@@ -42,6 +42,7 @@ use crate::limits::{
 };
 use crate::proto::*;
 use crate::server::Limits;
+use crate::workers::Workers;
 
 /// Transmission flags advertised for an export. Read-only exports do not
 /// advertise trim, write-zeroes or fast-zero (writes there get `EPERM`);
@@ -349,7 +350,7 @@ pub(crate) fn reply_block_status(handle: u64, context_id: u32, d: &[Descriptor])
     Outgoing::new(&[&header], payload, false)
 }
 
-// ---- Execution (blocking pool) -------------------------------------------
+// ---- Execution (worker threads) ------------------------------------------
 
 /// What every request task of one connection shares.
 struct Shared {
@@ -523,6 +524,7 @@ struct Reader<'a, R> {
     tx: &'a mpsc::Sender<Outgoing>,
     inflight: &'a Arc<Semaphore>,
     budget: &'a Arc<Semaphore>,
+    workers: &'a Workers,
     shutdown: &'a mut watch::Receiver<bool>,
 }
 
@@ -630,11 +632,12 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
             Ok(op) => {
                 let shared = Arc::clone(self.shared);
                 let tx = self.tx.clone();
-                tokio::task::spawn_blocking(move || {
+                self.workers.submit(Box::new(move || {
                     let out = execute(op, req.handle, data, &shared).with_permits(permits);
-                    // Fails only if the writer is gone; the reply is dropped.
+                    // Never waits (see module invariants); fails only if the
+                    // writer is gone, and then the reply is dropped.
                     let _ = tx.blocking_send(out);
-                });
+                }));
             }
         }
         Ok(())
@@ -719,6 +722,7 @@ where
     let budget = Arc::new(Semaphore::new(budget_bytes as usize));
     let (draining_tx, draining_rx) = watch::channel(false);
     let writer = tokio::spawn(write_replies(wr, rx, Arc::clone(&shared), draining_rx));
+    let workers = Workers::new(limits.workers_max.min(inflight_max));
 
     let end = Reader {
         rd: &mut rd,
@@ -726,6 +730,7 @@ where
         tx: &tx,
         inflight: &inflight,
         budget: &budget,
+        workers: &workers,
         shutdown: &mut shutdown,
     }
     .run()
@@ -739,6 +744,8 @@ where
         Ok(Err(e)) => debug!("reply writer stopped: {e}"),
         Err(e) => error!("reply writer failed: {e}"),
     }
+    // Queued requests still run; then every worker thread exits.
+    workers.join().await;
     // Every admitted request holds a permit until its reply is written or
     // dropped; once all are back, no backend call is running.
     let all = u32::try_from(inflight_max).unwrap_or(u32::MAX);

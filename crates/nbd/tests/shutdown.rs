@@ -89,6 +89,7 @@ async fn client_that_stops_reading_cannot_block_shutdown() {
     let (server, _, _) = server_with(ServerConfig {
         max_request_bytes: 64 << 10,
         max_inflight_per_conn: 4,
+        ..ServerConfig::default()
     });
     let (client, server_end) = tokio::io::duplex(4096);
     let task = tokio::spawn(server.clone().serve_stream(server_end));
