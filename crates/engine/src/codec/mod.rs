@@ -10,7 +10,6 @@
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use zeroize::Zeroizing;
 
-use crate::constants::AEAD_TAG_BYTES;
 use crate::volume::Compression;
 use crate::{Error, Result};
 
@@ -64,28 +63,42 @@ pub fn encode(
     out: &mut Vec<u8>,
 ) -> Result<u16> {
     out.clear();
+    encode_append(plain, compression, cipher, aad, nonce, out)
+}
+
+/// Like `encode`, appending the stored bytes to `out` (records of a batch end to end).
+pub fn encode_append(
+    plain: &[u8],
+    compression: Compression,
+    cipher: Option<&BlockCipher>,
+    aad: &[u8],
+    nonce: u64,
+    out: &mut Vec<u8>,
+) -> Result<u16> {
+    let start = out.len();
     let mut flags = 0;
     if compression == Compression::Lz4 {
         let bound = lz4_flex::block::get_maximum_output_size(plain.len());
-        out.resize(bound, 0);
-        let n = lz4_flex::block::compress_into(plain, out)
+        out.resize(start + bound, 0);
+        let n = lz4_flex::block::compress_into(plain, &mut out[start..])
             .map_err(|e| Error::Invalid(format!("lz4: {e}")))?;
         // Pays only when it saves at least an eighth: smaller stored blocks cost a decompress on every read.
         if n <= plain.len() - plain.len() / 8 {
-            out.truncate(n);
+            out.truncate(start + n);
             flags |= FLAG_LZ4;
         } else {
-            out.clear();
+            out.truncate(start);
         }
     }
     if flags & FLAG_LZ4 == 0 {
         out.extend_from_slice(plain);
     }
     if let Some(c) = cipher {
-        out.reserve(AEAD_TAG_BYTES);
-        c.key
-            .seal_in_place_append_tag(nonce_bytes(nonce), Aad::from(aad), out)
+        let tag = c
+            .key
+            .seal_in_place_separate_tag(nonce_bytes(nonce), Aad::from(aad), &mut out[start..])
             .map_err(|_| Error::Invalid("encryption failed".into()))?;
+        out.extend_from_slice(tag.as_ref());
         flags |= FLAG_ENCRYPTED;
     }
     Ok(flags)

@@ -142,6 +142,51 @@ impl Log {
         Ok(seg as u64 * SEGMENT_BYTES)
     }
 
+    /// Allocate consecutive records of `lens` bytes at the head of `stream`, as many as fit in
+    /// one segment (at least one). Returns the first address and how many were placed; record
+    /// `i` starts `RECORD_ALIGN`-aligned right after record `i-1`.
+    pub fn alloc_run(&self, stream: Stream, lens: &[usize]) -> Result<(u64, usize)> {
+        assert!(!lens.is_empty());
+        let aligned = |l: usize| (l as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+        let mut g = self.inner.lock();
+        let h = stream as usize;
+        let room = g.heads[h]
+            .map(|(_, off)| SEGMENT_BYTES - off as u64)
+            .unwrap_or(0);
+        if room < lens[0] as u64 {
+            if let Some((seg, _)) = g.heads[h].take() {
+                g.state[seg as usize] = SegState::Sealed;
+            }
+            let reserve = if stream == Stream::Data {
+                SEGMENTS_RESERVED
+            } else {
+                0
+            };
+            if g.free.len() as u32 <= reserve {
+                return Err(Error::NoSpace);
+            }
+            let seg = g.free.pop_first().expect("checked non-empty");
+            g.state[seg as usize] = SegState::Open;
+            g.high_water = g.high_water.max(seg + 1);
+            g.heads[h] = Some((seg, 0));
+        }
+        let (seg, off) = g.heads[h].expect("head is open");
+        let mut end = off as u64;
+        let mut n = 0;
+        let mut bytes = 0u64;
+        for &l in lens {
+            if end + l as u64 > SEGMENT_BYTES {
+                break;
+            }
+            end += aligned(l);
+            bytes += l as u64;
+            n += 1;
+        }
+        g.heads[h] = Some((seg, end.min(SEGMENT_BYTES) as u32));
+        self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
+        Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
+    }
+
     /// Whether client data can be allocated without waiting for the cleaner.
     pub fn data_space_available(&self) -> bool {
         let g = self.inner.lock();

@@ -12,7 +12,7 @@
 //! system lost power while rewriting the only good copy, there would be no good
 //! copy left, so a copy that verified is never overwritten by repair.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -296,6 +296,26 @@ impl Redundancy {
             "no copy of the {len}-byte record at pool address {} verified",
             addrs[0]
         )))
+    }
+
+    /// Read `len` raw bytes at `addr` from the first available copy, unverified: the caller
+    /// checks each record inside against its checksum (mirror and single layouts only).
+    pub fn read_run(&self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        out.resize(len, 0);
+        let mut last = None;
+        for (m, off) in self.places(addr).iter() {
+            let member = &self.members[m];
+            let Some(dev) = member.dev() else { continue };
+            match dev.read_at(out, off) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    member.read_errors.fetch_add(1, Ordering::Relaxed);
+                    last = Some(Error::device(&member.path(), e));
+                }
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| Error::Io(std::io::Error::other("no device available for reading"))))
     }
 
     /// Scrub one record: read *every* copy, verify each, and rewrite the copies that failed

@@ -246,6 +246,12 @@ impl Volume {
             .tree
             .lock()
             .lookup(&*self.core, &self.core.cache, lba)?;
+        self.read_ptr(lba, &ptr, out, stored)
+    }
+
+    /// Read, verify (repairing bad copies) and decode the block `ptr` points to. The caller
+    /// holds the reuse gate.
+    fn read_ptr(&self, lba: u64, ptr: &Blkptr, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
         if ptr.is_hole() {
             out.fill(0);
             return Ok(());
@@ -266,11 +272,225 @@ impl Volume {
                 }
                 e => e,
             })?;
-        drop(_gate);
+        self.decode_into(lba, ptr, stored, out)
+    }
+
+    fn decode_into(&self, lba: u64, ptr: &Blkptr, stored: &mut [u8], out: &mut [u8]) -> Result<()> {
         codec::decode(stored, ptr.flags, self.cipher.as_deref(), &self.aad(lba), ptr.nonce, out).map_err(|e| {
             tracing::error!(volume = %self.st.name, lba, "block verified by checksum but failed to decode: {e}");
             e
         })
+    }
+
+    /// Read whole blocks `first..first+n` into `out`: one map-lock pass, and one device read
+    /// per run of records that lie end to end in the log (a sequential write's blocks do).
+    /// Each record is still verified by its own checksum; one that fails is read again
+    /// through `read_ptr`, which tries the other copies and repairs.
+    fn read_blocks(&self, first: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
+        let bs = self.st.block_size as usize;
+        let n = out.len() / bs;
+        self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
+        let _gate = self.core.reuse_gate.read();
+        let ptrs: Vec<Blkptr> = {
+            let tree = self.st.tree.lock();
+            (0..n as u64)
+                .map(|i| tree.lookup(&*self.core, &self.core.cache, first + i))
+                .collect::<Result<_>>()?
+        };
+        let contiguous = !matches!(self.core.red.layout, crate::pool::Layout::Parity { .. });
+        let mut i = 0;
+        while i < n {
+            let p = ptrs[i];
+            if p.is_hole() || !contiguous {
+                self.read_ptr(first + i as u64, &p, &mut out[i * bs..(i + 1) * bs], stored)?;
+                i += 1;
+                continue;
+            }
+            let start = p.addr[0];
+            let mut end = start + p.len as u64;
+            let mut j = i + 1;
+            while j < n
+                && !ptrs[j].is_hole()
+                && ptrs[j].addr[0] == end.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+            {
+                end = ptrs[j].addr[0] + ptrs[j].len as u64;
+                j += 1;
+            }
+            let raw = j - i > 1
+                && self
+                    .core
+                    .red
+                    .read_run(start, (end - start) as usize, stored)
+                    .is_ok();
+            for k in i..j {
+                let q = &ptrs[k];
+                let dst = &mut out[k * bs..(k + 1) * bs];
+                if raw {
+                    let at = (q.addr[0] - start) as usize;
+                    let rec = &mut stored[at..at + q.len as usize];
+                    if codec::checksum(rec) == q.checksum {
+                        self.decode_into(first + k as u64, q, rec, dst)?;
+                        continue;
+                    }
+                }
+                let mut one = Vec::new();
+                self.read_ptr(first + k as u64, q, dst, &mut one)?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Write whole blocks `first..` from `data`: encoded end to end into one buffer, placed
+    /// in runs that fit a segment (one device write per copy per run), then pointed to under
+    /// one map-lock pass. Stripe locks are taken in index order, so batches cannot deadlock.
+    fn write_blocks(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
+        let bs = self.st.block_size as usize;
+        let n = data.len() / bs;
+        let mut stripes: Vec<usize> = (0..n as u64)
+            .map(|i| ((first + i) as usize) % STRIPE_LOCKS)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _locks: Vec<_> = stripes.iter().map(|&s| self.st.stripes[s].lock()).collect();
+        self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
+        struct Rec {
+            lba: u64,
+            at: usize,
+            ptr: Blkptr,
+        }
+        stored.clear();
+        let mut recs: Vec<Rec> = Vec::with_capacity(n);
+        let mut holes: Vec<u64> = Vec::new();
+        for i in 0..n {
+            let lba = first + i as u64;
+            let plain = &data[i * bs..(i + 1) * bs];
+            if is_zero(plain) {
+                holes.push(lba);
+                continue;
+            }
+            let nonce = if self.cipher.is_some() {
+                self.core.next_nonce()?
+            } else {
+                0
+            };
+            let at = stored.len();
+            let flags = codec::encode_append(
+                plain,
+                self.st.compression,
+                self.cipher.as_deref(),
+                &self.aad(lba),
+                nonce,
+                stored,
+            )?;
+            let len = stored.len() - at;
+            let checksum = codec::checksum(&stored[at..]);
+            stored.resize(
+                (stored.len() as u64).div_ceil(RECORD_ALIGN) as usize * RECORD_ALIGN as usize,
+                0,
+            );
+            recs.push(Rec {
+                lba,
+                at,
+                ptr: Blkptr {
+                    addr: [0, ADDR_NONE],
+                    nonce,
+                    len: len as u32,
+                    flags,
+                    checksum,
+                },
+            });
+        }
+        let contiguous = !matches!(self.core.red.layout, crate::pool::Layout::Parity { .. });
+        let mut placed = 0;
+        let fail = |recs: &[Rec], placed: usize| {
+            for r in &recs[..placed] {
+                self.core.free_ptr(&r.ptr);
+            }
+        };
+        while placed < recs.len() {
+            let rest = &recs[placed..];
+            let (addr, count) = if contiguous {
+                let lens: Vec<usize> = rest.iter().map(|r| r.ptr.len as usize).collect();
+                loop {
+                    match self.core.log.alloc_run(Stream::Data, &lens) {
+                        Ok(x) => break x,
+                        Err(Error::NoSpace) => {
+                            if let Err(e) = self.core.wait_for_space() {
+                                fail(&recs, placed);
+                                return Err(e);
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            } else {
+                loop {
+                    match self
+                        .core
+                        .alloc_record(Stream::Data, rest[0].ptr.len as usize)
+                    {
+                        Ok(a) => break (a, 1),
+                        Err(Error::NoSpace) => {
+                            if let Err(e) = self.core.wait_for_space() {
+                                fail(&recs, placed);
+                                return Err(e);
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            let base = rest[0].at;
+            let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
+            for r in &mut recs[placed..placed + count] {
+                r.ptr.addr[0] = addr + (r.at - base) as u64;
+            }
+            if let Err(e) = self.core.red.write(addr, &stored[base..end]) {
+                fail(&recs, placed + count);
+                return Err(e);
+            }
+            placed += count;
+        }
+        let mut freed = Vec::with_capacity(recs.len() + holes.len());
+        let dirty = {
+            let mut tree = self.st.tree.lock();
+            for (i, r) in recs.iter().enumerate() {
+                match tree.set(&*self.core, &self.core.cache, r.lba, r.ptr) {
+                    Ok(old) => freed.push((r.ptr.len, old)),
+                    Err(e) => {
+                        drop(tree);
+                        for r in &recs[i..] {
+                            self.core.free_ptr(&r.ptr);
+                        }
+                        for (_, old) in &freed {
+                            self.core.free_ptr(old);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            for &lba in &holes {
+                freed.push((
+                    0,
+                    tree.set(&*self.core, &self.core.cache, lba, Blkptr::HOLE)?,
+                ));
+            }
+            tree.dirty_nodes()
+        };
+        for (new_len, old) in &freed {
+            self.core.free_ptr(old);
+            self.st
+                .used_bytes
+                .fetch_add(*new_len as u64, Ordering::Relaxed);
+            self.st
+                .used_bytes
+                .fetch_sub(old.len as u64, Ordering::Relaxed);
+        }
+        if dirty > MAP_DIRTY_NODES_MAX {
+            self.core.wake_maintenance();
+        }
+        Ok(())
     }
 
     /// Encode and store one whole block, then point the map at it.
@@ -348,15 +568,26 @@ impl Volume {
         SCRATCH.with(|s| {
             let (stored, block) = &mut *s.borrow_mut();
             let mut at = 0;
+            let mut run: Option<(u64, usize)> = None; // whole blocks not yet read: (first lba, bytes)
             for (lba, within, n) in self.pieces(offset, buf.len() as u64) {
-                if n == bs {
-                    self.read_block(lba, &mut buf[at..at + n], stored)?;
+                if n == bs && run.is_some_and(|(_, len)| len < BATCH_BYTES_MAX) {
+                    run = run.map(|(f, len)| (f, len + n));
                 } else {
-                    block.resize(bs, 0);
-                    self.read_block(lba, block, stored)?;
-                    buf[at..at + n].copy_from_slice(&block[within..within + n]);
+                    if let Some((f, len)) = run.take() {
+                        self.read_blocks(f, &mut buf[at - len..at], stored)?;
+                    }
+                    if n == bs {
+                        run = Some((lba, n));
+                    } else {
+                        block.resize(bs, 0);
+                        self.read_block(lba, block, stored)?;
+                        buf[at..at + n].copy_from_slice(&block[within..within + n]);
+                    }
                 }
                 at += n;
+            }
+            if let Some((f, len)) = run {
+                self.read_blocks(f, &mut buf[at - len..at], stored)?;
             }
             Ok(())
         })
@@ -369,17 +600,28 @@ impl Volume {
         SCRATCH.with(|s| {
             let (stored, block) = &mut *s.borrow_mut();
             let mut at = 0;
+            let mut run: Option<(u64, usize)> = None;
             for (lba, within, n) in self.pieces(offset, data.len() as u64) {
-                let _stripe = self.stripe(lba);
-                if n == bs {
-                    self.write_block(lba, &data[at..at + n], stored)?;
+                if n == bs && run.is_some_and(|(_, len)| len < BATCH_BYTES_MAX) {
+                    run = run.map(|(f, len)| (f, len + n));
                 } else {
-                    block.resize(bs, 0);
-                    self.read_block(lba, block, stored)?;
-                    block[within..within + n].copy_from_slice(&data[at..at + n]);
-                    self.write_block(lba, block, stored)?;
+                    if let Some((f, len)) = run.take() {
+                        self.write_blocks(f, &data[at - len..at], stored)?;
+                    }
+                    if n == bs {
+                        run = Some((lba, n));
+                    } else {
+                        let _stripe = self.stripe(lba);
+                        block.resize(bs, 0);
+                        self.read_block(lba, block, stored)?;
+                        block[within..within + n].copy_from_slice(&data[at..at + n]);
+                        self.write_block(lba, block, stored)?;
+                    }
                 }
                 at += n;
+            }
+            if let Some((f, len)) = run {
+                self.write_blocks(f, &data[at - len..at], stored)?;
             }
             Ok::<(), Error>(())
         })?;
