@@ -66,6 +66,25 @@ pub fn encode(
     encode_append(plain, compression, cipher, aad, nonce, out)
 }
 
+/// Bytes sampled to guess whether a block compresses.
+const SAMPLE_BYTES: usize = 512;
+
+/// Cheap guess: compress a sample from the middle of the block; incompressible data (most VM
+/// disk contents: already compressed or encrypted) then costs a 512-byte attempt, not a
+/// whole-block one. A block whose sample does not shrink by 1/16 is stored as it is.
+fn worth_compressing(plain: &[u8]) -> bool {
+    if plain.len() < 4 * SAMPLE_BYTES {
+        return true;
+    }
+    let mid = plain.len() / 2 - SAMPLE_BYTES / 2;
+    let sample = &plain[mid..mid + SAMPLE_BYTES];
+    let mut buf = [0u8; SAMPLE_BYTES + SAMPLE_BYTES / 8 + 32];
+    match lz4_flex::block::compress_into(sample, &mut buf) {
+        Ok(n) => n <= SAMPLE_BYTES - SAMPLE_BYTES / 16,
+        Err(_) => true,
+    }
+}
+
 /// Like `encode`, appending the stored bytes to `out` (records of a batch end to end).
 pub fn encode_append(
     plain: &[u8],
@@ -77,7 +96,7 @@ pub fn encode_append(
 ) -> Result<u16> {
     let start = out.len();
     let mut flags = 0;
-    if compression == Compression::Lz4 {
+    if compression == Compression::Lz4 && worth_compressing(plain) {
         let bound = lz4_flex::block::get_maximum_output_size(plain.len());
         out.resize(start + bound, 0);
         let n = lz4_flex::block::compress_into(plain, &mut out[start..])

@@ -44,6 +44,8 @@ pub struct FileDevice {
     path: PathBuf,
     file: File,
     size: u64,
+    /// Bytes written since writeback was last started (see `write_at`).
+    unkicked: std::sync::atomic::AtomicU64,
 }
 
 impl FileDevice {
@@ -60,6 +62,7 @@ impl FileDevice {
             path: path.to_path_buf(),
             file,
             size,
+            unkicked: Default::default(),
         })
     }
 
@@ -75,6 +78,7 @@ impl FileDevice {
             path: path.to_path_buf(),
             file,
             size,
+            unkicked: Default::default(),
         })
     }
 }
@@ -101,7 +105,20 @@ impl Device for FileDevice {
         self.file.read_exact_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.file.write_all_at(buf, offset)
+        use std::os::unix::io::AsRawFd;
+        use std::sync::atomic::Ordering;
+        self.file.write_all_at(buf, offset)?;
+        // Start writeback early and often, without waiting for it: the commit's fsync then
+        // finds little left to write, instead of stalling every writer for the whole backlog.
+        let n = self.unkicked.fetch_add(buf.len() as u64, Ordering::Relaxed) + buf.len() as u64;
+        if n >= crate::constants::WRITEBACK_KICK_BYTES {
+            self.unkicked.store(0, Ordering::Relaxed);
+            // SAFETY: plain syscall on a descriptor we own; failure only loses the hint.
+            unsafe {
+                libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+            };
+        }
+        Ok(())
     }
     fn flush(&self) -> std::io::Result<()> {
         self.file.sync_data()

@@ -304,40 +304,62 @@ impl Tree {
         self.dirty_path(store, cache, lba).map(|_| ())
     }
 
-    /// Write every dirty node bottom-up: `write` stores an encoded node and returns its pointer;
-    /// `free` is told of each pointer that is replaced. Returns the new root.
+    /// Write every dirty node bottom-up, one level at a time: `write` stores the non-empty
+    /// nodes of a level (in the order given) and returns their pointers; `free` is told of
+    /// each pointer that is replaced. Returns the new root.
     pub fn commit(
         &mut self,
         cache: &NodeCache,
-        write: &mut dyn FnMut(&Node) -> Result<Blkptr>,
+        write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
         free: &mut dyn FnMut(&Blkptr),
     ) -> Result<Blkptr> {
         let mut keys: Vec<(u8, u64)> = self.dirty.keys().copied().collect();
         keys.sort_unstable();
-        for key @ (level, index) in keys {
-            let node = self.dirty.remove(&key).expect("listed above");
-            let ptr = if node.is_empty() {
-                Blkptr::HOLE
+        let mut at = 0;
+        while at < keys.len() {
+            let level = keys[at].0;
+            let end = at + keys[at..].iter().take_while(|k| k.0 == level).count();
+            let nodes: Vec<Box<Node>> = keys[at..end]
+                .iter()
+                .map(|k| self.dirty.remove(k).expect("listed above"))
+                .collect();
+            let full: Vec<&Node> = nodes
+                .iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| &**n)
+                .collect();
+            let mut written = if full.is_empty() {
+                Vec::new()
             } else {
-                write(&node)?
-            };
-            let old = if level + 1 == self.depth {
-                std::mem::replace(&mut self.root, ptr)
-            } else {
-                let parent = self
-                    .dirty
-                    .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
-                    .expect("a dirty node's parent is dirty");
-                std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
-            };
-            if !old.is_hole() {
-                free(&old);
+                write(&full)?
             }
-            if ptr.is_hole() {
-                cache.remove(&(self.id, level, index));
-            } else {
-                cache.insert((self.id, level, index), Arc::from(node));
+            .into_iter();
+            for node in nodes {
+                let index = node.index;
+                let ptr = if node.is_empty() {
+                    Blkptr::HOLE
+                } else {
+                    written.next().expect("one pointer per node")
+                };
+                let old = if level + 1 == self.depth {
+                    std::mem::replace(&mut self.root, ptr)
+                } else {
+                    let parent = self
+                        .dirty
+                        .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
+                        .expect("a dirty node's parent is dirty");
+                    std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
+                };
+                if !old.is_hole() {
+                    free(&old);
+                }
+                if ptr.is_hole() {
+                    cache.remove(&(self.id, level, index));
+                } else {
+                    cache.insert((self.id, level, index), Arc::from(node));
+                }
             }
+            at = end;
         }
         Ok(self.root)
     }
@@ -462,14 +484,19 @@ mod tests {
         let root = t
             .commit(
                 &cache,
-                &mut |n| {
-                    next += 1;
-                    store.0.borrow_mut().insert(next, n.encode());
-                    Ok(Blkptr {
-                        addr: [next, ADDR_NONE],
-                        len: NODE_BYTES as u32,
-                        ..Blkptr::HOLE
-                    })
+                &mut |nodes| {
+                    Ok(nodes
+                        .iter()
+                        .map(|n| {
+                            next += 1;
+                            store.0.borrow_mut().insert(next, n.encode());
+                            Blkptr {
+                                addr: [next, ADDR_NONE],
+                                len: NODE_BYTES as u32,
+                                ..Blkptr::HOLE
+                            }
+                        })
+                        .collect())
                 },
                 &mut |_| freed += 1,
             )

@@ -45,7 +45,11 @@ impl Core {
                 if tree.dirty_nodes() > 0 {
                     tree.commit(
                         &self.cache,
-                        &mut |node| self.write_meta(&node.encode()),
+                        &mut |nodes| {
+                            self.write_meta_batch(
+                                &nodes.iter().map(|n| n.encode()).collect::<Vec<_>>(),
+                            )
+                        },
                         &mut |old| self.free_ptr(old),
                     )?;
                 }

@@ -147,6 +147,57 @@ impl Core {
         Ok(ptr)
     }
 
+    /// Store many metadata records (the map nodes of one level) end to end: one device write
+    /// per copy and run instead of one per node. Parity stripes are per record: one by one.
+    pub fn write_meta_batch(&self, raws: &[Vec<u8>]) -> Result<Vec<Blkptr>> {
+        if matches!(self.red.layout, super::Layout::Parity { .. }) || METADATA_COPIES != 2 {
+            return raws.iter().map(|r| self.write_meta(r)).collect();
+        }
+        let mut buf = Vec::new();
+        let mut recs: Vec<(usize, Blkptr)> = Vec::with_capacity(raws.len());
+        for raw in raws {
+            let at = buf.len();
+            let flags = codec::encode_append(raw, Compression::Lz4, None, &[], 0, &mut buf)?;
+            let len = buf.len() - at;
+            let sum = checksum(&buf[at..]);
+            buf.resize(
+                buf.len().div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize,
+                0,
+            );
+            recs.push((
+                at,
+                Blkptr {
+                    addr: [0, 0],
+                    nonce: 0,
+                    len: len as u32,
+                    flags,
+                    checksum: sum,
+                },
+            ));
+        }
+        for copy in 0..2 {
+            let stream = if copy == 0 {
+                Stream::Meta
+            } else {
+                Stream::Meta2
+            };
+            let mut placed = 0;
+            while placed < recs.len() {
+                let lens: Vec<usize> = recs[placed..].iter().map(|r| r.1.len as usize).collect();
+                let (addr, n) = self.log.alloc_run(stream, &lens)?;
+                let base = recs[placed].0;
+                let last = &recs[placed + n - 1];
+                let end = last.0 + last.1.len as usize;
+                for r in &mut recs[placed..placed + n] {
+                    r.1.addr[copy] = addr + (r.0 - base) as u64;
+                }
+                self.red.write(addr, &buf[base..end])?;
+                placed += n;
+            }
+        }
+        Ok(recs.into_iter().map(|r| r.1).collect())
+    }
+
     /// Read a metadata record back, verified, decompressed to `raw_len` bytes (0: any length up to 64 MiB).
     pub fn read_meta(&self, ptr: &Blkptr, raw_len: usize) -> Result<Vec<u8>> {
         let mut stored = Vec::new();
