@@ -7,6 +7,7 @@ use zeroize::Zeroizing;
 
 use crate::{Error, Result};
 
+pub mod ring;
 pub mod wrap;
 pub use wrap::{KeySlot, SlotKind};
 

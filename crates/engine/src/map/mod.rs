@@ -38,6 +38,8 @@ pub struct Blkptr {
     /// Stored bytes; 0 means hole.
     pub len: u32,
     pub flags: u16,
+    /// Data key generation the block was encrypted under (encrypted blocks).
+    pub key_gen: u16,
     pub checksum: Checksum,
 }
 
@@ -47,6 +49,7 @@ impl Blkptr {
         nonce: 0,
         len: 0,
         flags: 0,
+        key_gen: 0,
         checksum: [0; 32],
     };
 
@@ -69,7 +72,7 @@ impl Blkptr {
         out[16..24].copy_from_slice(&self.nonce.to_le_bytes());
         out[24..28].copy_from_slice(&self.len.to_le_bytes());
         out[28..30].copy_from_slice(&self.flags.to_le_bytes());
-        out[30..32].copy_from_slice(&[0, 0]);
+        out[30..32].copy_from_slice(&self.key_gen.to_le_bytes());
         out[32..64].copy_from_slice(&self.checksum);
     }
 
@@ -80,6 +83,7 @@ impl Blkptr {
             nonce: u64_at(16),
             len: u32::from_le_bytes(b[24..28].try_into().unwrap()),
             flags: u16::from_le_bytes(b[28..30].try_into().unwrap()),
+            key_gen: u16::from_le_bytes(b[30..32].try_into().unwrap()),
             checksum: b[32..64].try_into().unwrap(),
         }
     }
@@ -457,6 +461,7 @@ mod tests {
             nonce: n,
             len: 4096,
             flags: 0,
+            key_gen: 3,
             checksum: [n as u8; 32],
         }
     }

@@ -65,6 +65,8 @@ impl Core {
                 encryption: v.encryption,
                 root: ptr_to_hex(&root),
                 slots: v.slots.lock().clone(),
+                data_keys: v.data_keys.lock().clone(),
+                rotation: v.rotation.lock().clone(),
             });
         }
         let next_volume_id = self.sb.lock().next_volume_id;
@@ -75,7 +77,8 @@ impl Core {
             scrub: self.scrub.lock().clone(),
             errors: self.errors.lock().clone(),
         };
-        let table_ptr = self.write_meta(&table.encode())?;
+        let table_key = self.sb.lock().sb.table_key;
+        let table_ptr = self.write_meta(&table.seal(&table_key))?;
 
         self.red.flush()?;
 

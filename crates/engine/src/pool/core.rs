@@ -136,6 +136,7 @@ impl Core {
             nonce: 0,
             len: stored.len() as u32,
             flags,
+            key_gen: 0,
             checksum: sum,
         };
         for &a in ptr.addrs() {
@@ -171,6 +172,7 @@ impl Core {
                     nonce: 0,
                     len: len as u32,
                     flags,
+                    key_gen: 0,
                     checksum: sum,
                 },
             ));
@@ -215,7 +217,7 @@ impl Core {
         Ok(out)
     }
 
-    fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
+    pub(crate) fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
         self.volumes
             .read()
             .get(name)
@@ -243,17 +245,9 @@ impl Core {
             ));
         }
         let uuid = wrap::random_bytes::<16>();
-        let (slots, cipher) = match secret {
-            Some(s) => {
-                let dk = wrap::new_data_key();
-                let slot = wrap::wrap(&dk, s, &uuid)?;
-                (
-                    vec![slot],
-                    Some(Arc::new(codec::BlockCipher::new(&wrap::block_key(&dk)))),
-                )
-            }
-            None => (Vec::new(), None),
-        };
+        let keys = secret
+            .map(|s| super::keys::new_volume_keys(s, &uuid))
+            .transpose()?;
         {
             let mut vols = self.volumes.write();
             if vols.contains_key(name) {
@@ -266,7 +260,15 @@ impl Core {
             };
             let blocks = opts.size_bytes / opts.block_size as u64;
             let tree = Tree::new(id, crate::map::depth_for(blocks), Blkptr::HOLE);
-            let st = VolumeState::new(id, uuid, name.to_string(), &opts, slots, tree, cipher);
+            let (slots, data_keys) = keys
+                .as_ref()
+                .map(|k| (k.slots.clone(), k.data_keys.clone()))
+                .unwrap_or_default();
+            let st = VolumeState::new(id, uuid, name.to_string(), &opts, slots, data_keys, tree);
+            if let Some(k) = keys {
+                *st.ring.write() = Some(Arc::new(k.ring));
+                *st.vmk.lock() = Some(k.vmk);
+            }
             vols.insert(name.to_string(), Arc::new(st));
         }
         self.table_dirty.store(true, Ordering::Release);
@@ -314,62 +316,13 @@ impl Core {
         Ok(())
     }
 
-    pub fn load_key(&self, name: &str, secret: &Secret) -> Result<()> {
-        let st = self.find(name)?;
-        if !st.encryption {
-            return Err(Error::Invalid(format!(
-                "volume '{name}' is not encrypted; it has no key to load"
-            )));
-        }
-        if st.cipher.read().is_some() {
-            return Err(Error::Invalid(format!(
-                "the key of volume '{name}' is already loaded"
-            )));
-        }
-        let slots = st.slots.lock().clone();
-        for slot in &slots {
-            if let Some(dk) = wrap::unwrap(slot, secret, &st.uuid)? {
-                *st.cipher.write() = Some(Arc::new(codec::BlockCipher::new(&wrap::block_key(&dk))));
-                tracing::info!(volume = name, "key loaded");
-                return Ok(());
-            }
-        }
-        tracing::warn!(volume = name, "key load refused: wrong key");
-        Err(Error::WrongKey(name.to_string()))
-    }
-
-    pub fn unload_key(&self, name: &str) -> Result<()> {
-        let st = self.find(name)?;
-        if !st.encryption {
-            return Err(Error::Invalid(format!(
-                "volume '{name}' is not encrypted; it has no key to unload"
-            )));
-        }
-        if st.cipher.read().is_none() {
-            return Err(Error::Invalid(format!(
-                "the key of volume '{name}' is not loaded"
-            )));
-        }
-        if Arc::strong_count(&st) > 2 {
-            return Err(Error::Busy(format!(
-                "volume '{name}' is in use; detach its clients first"
-            )));
-        }
-        // Its writes must reach the disk under the key before the key goes.
-        self.flush()?;
-        *st.cipher.write() = None;
-        tracing::info!(volume = name, "key unloaded");
-        Ok(())
-    }
-
     pub fn volume_handle(self: &Arc<Self>, name: &str) -> Result<Arc<Volume>> {
         self.check_poisoned()?;
         let st = self.find(name)?;
-        let cipher = st.cipher.read().clone();
-        if st.encryption && cipher.is_none() {
+        if st.encryption && st.ring.read().is_none() {
             return Err(Error::Locked(name.to_string()));
         }
-        Ok(Arc::new(Volume::new(self.clone(), st, cipher)))
+        Ok(Arc::new(Volume::new(self.clone(), st)))
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {

@@ -191,6 +191,7 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         }
         let back_region = DEVICE_RESERVED_FRONT + segments_per_device * SEGMENT_BYTES;
         let pool_id = wrap::random_bytes::<16>();
+        let table_key = wrap::random_bytes::<32>();
         let member_ids: Vec<[u8; 16]> =
             devices.iter().map(|_| wrap::random_bytes::<16>()).collect();
         let zero = vec![0u8; SUPERBLOCK_BYTES];
@@ -208,6 +209,7 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                 high_water: 0,
                 root: Blkptr::HOLE,
                 member_ids: member_ids.clone(),
+                table_key,
             };
             for off in Superblock::all_slot_offsets(back_region) {
                 d.write_at(&zero, off)

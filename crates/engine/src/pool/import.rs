@@ -293,7 +293,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let table = if newest.root.is_hole() {
         TableRecord::empty()
     } else {
-        TableRecord::decode(&core.read_meta(&newest.root, 0)?)?
+        TableRecord::open(&core.read_meta(&newest.root, 0)?, &newest.table_key)?
     };
     let mut live = vec![0u32; segments];
     let mut complete = true;
@@ -343,9 +343,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             rec.name.clone(),
             &opts,
             rec.slots.clone(),
+            rec.data_keys.clone(),
             tree,
-            None,
         );
+        *st.rotation.lock() = rec.rotation.clone();
         st.used_bytes.store(used, Ordering::Relaxed);
         volumes.insert(rec.name.clone(), Arc::new(st));
     }

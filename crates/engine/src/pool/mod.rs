@@ -10,6 +10,8 @@ mod commit;
 mod core;
 mod create;
 mod import;
+pub mod keys;
+pub mod rotate;
 pub mod scrub;
 pub mod superblock;
 pub mod table;
@@ -146,6 +148,15 @@ pub struct VolumeStatus {
     pub locked: bool,
     /// Stored bytes referenced by this volume (after compression, one copy).
     pub used_bytes: u64,
+    /// Data key generation new writes use (encrypted volumes).
+    #[serde(default)]
+    pub key_generation: u16,
+    /// Key slots (encrypted volumes); 0 after a crypto-erase.
+    #[serde(default)]
+    pub key_slots: usize,
+    /// A key rotation in progress.
+    #[serde(default)]
+    pub rotation: Option<rotate::Rotation>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -269,6 +280,32 @@ impl Pool {
     /// background (progress in `scrub_status`, kind "resilver").
     pub fn device_replace(&self, old: &Path, new: &Path) -> Result<()> {
         self.core.device_replace(old, new)
+    }
+
+    /// Key slots of an encrypted volume (nothing secret).
+    pub fn key_list(&self, name: &str) -> Result<Vec<keys::SlotInfo>> {
+        self.core.key_list(name)
+    }
+    /// Add a key slot for `secret` (the volume's key must be loaded). Returns the slot number.
+    pub fn key_add(&self, name: &str, secret: &Secret) -> Result<usize> {
+        self.core.key_add(name, secret)
+    }
+    /// Remove the slot `secret` opens; the last slot is refused.
+    pub fn key_remove(&self, name: &str, secret: &Secret) -> Result<usize> {
+        self.core.key_remove(name, secret)
+    }
+    /// Change the secret of the slot `old` opens to `new`, without touching data.
+    pub fn key_change(&self, name: &str, old: &Secret, new: &Secret) -> Result<usize> {
+        self.core.key_change(name, old, new)
+    }
+    /// Start a key rotation: new writes use a new data key at once; old blocks are
+    /// re-encrypted in the background; the old key is destroyed when unused.
+    pub fn key_rotate(&self, name: &str) -> Result<u16> {
+        self.core.key_rotate(name)
+    }
+    /// Crypto-erase: destroy every wrapped copy of the volume's keys.
+    pub fn key_erase(&self, name: &str) -> Result<()> {
+        self.core.key_erase(name)
     }
 
     /// Start a scrub, or resume a paused one.

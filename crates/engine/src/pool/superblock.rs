@@ -16,6 +16,8 @@ use crate::{Error, Result};
 pub const MAGIC: &[u8; 8] = b"BWSUPER1";
 pub const VERSION: u32 = 1;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
+/// After the member ids (160 + 16 × 16).
+const TABLE_KEY_AT: usize = 416;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -35,6 +37,10 @@ pub struct Superblock {
     /// The volume table record.
     pub root: Blkptr,
     pub member_ids: Vec<[u8; 16]>,
+    /// Encrypts the volume table. Kept only here (in place, every slot), and replaced by a
+    /// crypto-erase or key rotation: once both slots are rewritten, older tables in free
+    /// space — and the wrapped keys inside them — cannot be read by anyone.
+    pub table_key: [u8; 32],
 }
 
 impl Superblock {
@@ -64,6 +70,7 @@ impl Superblock {
         for (i, id) in self.member_ids.iter().enumerate() {
             b[160 + 16 * i..176 + 16 * i].copy_from_slice(id);
         }
+        b[TABLE_KEY_AT..TABLE_KEY_AT + 32].copy_from_slice(&self.table_key);
         let sum = checksum(&b[..CHECKSUM_AT]);
         b[CHECKSUM_AT..].copy_from_slice(&sum);
         b
@@ -115,6 +122,7 @@ impl Superblock {
             high_water: u32_at(88),
             root: Blkptr::decode(&b[96..96 + BLKPTR_BYTES]),
             member_ids,
+            table_key: b[TABLE_KEY_AT..TABLE_KEY_AT + 32].try_into().unwrap(),
         }))
     }
 
@@ -153,9 +161,11 @@ mod tests {
                 nonce: 0,
                 len: 99,
                 flags: 1,
+                key_gen: 2,
                 checksum: [9; 32],
             },
             member_ids: vec![[3; 16], [2; 16]],
+            table_key: [7; 32],
         };
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b).unwrap().unwrap(), sb);

@@ -5,7 +5,10 @@
 //! only wrapped keys. JSON keeps the table readable in a hex dump and lets
 //! fields be added without a format bump; it is small (about 1 KiB per volume).
 
+use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
+
+const TABLE_AAD: &[u8] = b"bulwark volume table v1";
 
 use crate::keys::wrap::{hex16, KeySlot};
 use crate::map::{Blkptr, BLKPTR_BYTES};
@@ -36,7 +39,14 @@ pub struct VolumeRecord {
     pub encryption: bool,
     /// Root of the block map (hex of the 64-byte block pointer).
     pub root: String,
+    /// Wrappings of the volume master key.
     pub slots: Vec<KeySlot>,
+    /// Data keys by generation, wrapped by the volume master key.
+    #[serde(default)]
+    pub data_keys: Vec<crate::keys::ring::DataKeyRecord>,
+    /// A key rotation in progress.
+    #[serde(default)]
+    pub rotation: Option<super::rotate::Rotation>,
 }
 
 pub fn ptr_to_hex(p: &Blkptr) -> String {
@@ -62,10 +72,37 @@ impl TableRecord {
             errors: Vec::new(),
         }
     }
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("table serialises")
+    /// JSON sealed with AES-256-GCM under the superblock's table key: random nonce ‖ ciphertext ‖ tag.
+    pub fn seal(&self, table_key: &[u8; 32]) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("table serialises");
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, table_key).expect("32-byte key"));
+        let nonce = crate::keys::wrap::random_bytes::<12>();
+        let mut out = nonce.to_vec();
+        let mut body = json;
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(TABLE_AAD),
+            &mut body,
+        )
+        .expect("sealing the table");
+        out.extend_from_slice(&body);
+        out
     }
-    pub fn decode(b: &[u8]) -> Result<TableRecord> {
-        serde_json::from_slice(b).map_err(|e| Error::Corrupt(format!("volume table: {e}")))
+    pub fn open(b: &[u8], table_key: &[u8; 32]) -> Result<TableRecord> {
+        if b.len() < 12 + 16 {
+            return Err(Error::Corrupt("volume table record is too short".into()));
+        }
+        let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, table_key).expect("32-byte key"));
+        let nonce = Nonce::try_assume_unique_for_key(&b[..12])
+            .map_err(|_| Error::Corrupt("table nonce".into()))?;
+        let mut body = b[12..].to_vec();
+        let json = key
+            .open_in_place(nonce, Aad::from(TABLE_AAD), &mut body)
+            .map_err(|_| {
+                Error::Corrupt(
+                    "volume table failed authentication under the superblock's table key".into(),
+                )
+            })?;
+        serde_json::from_slice(json).map_err(|e| Error::Corrupt(format!("volume table: {e}")))
     }
 }

@@ -16,8 +16,11 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{self, BlockCipher};
+use zeroize::Zeroizing;
+
+use crate::codec;
 use crate::constants::*;
+use crate::keys::ring::{DataKeyRecord, KeyRing};
 use crate::keys::KeySlot;
 use crate::log::Stream;
 use crate::map::{Blkptr, Tree, Visit, ADDR_NONE};
@@ -107,8 +110,15 @@ pub struct VolumeState {
     pub slots: Mutex<Vec<KeySlot>>,
     /// The map lock.
     pub tree: Mutex<Tree>,
+    /// Wrappings of the volume master key.
+    /// The VMK while the volume is unlocked (to add slots and rotate).
+    pub vmk: Mutex<Option<Zeroizing<[u8; 32]>>>,
+    /// Data keys by generation, wrapped by the VMK (persisted in the table).
+    pub data_keys: Mutex<Vec<DataKeyRecord>>,
     /// `None` while locked (or for an unencrypted volume).
-    pub cipher: RwLock<Option<Arc<BlockCipher>>>,
+    pub ring: RwLock<Option<Arc<KeyRing>>>,
+    /// A key rotation in progress: blocks of older generations are being re-encrypted.
+    pub rotation: Mutex<Option<crate::pool::rotate::Rotation>>,
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
@@ -122,8 +132,8 @@ impl VolumeState {
         name: String,
         opts: &VolumeOptions,
         slots: Vec<KeySlot>,
+        data_keys: Vec<DataKeyRecord>,
         tree: Tree,
-        cipher: Option<Arc<BlockCipher>>,
     ) -> VolumeState {
         VolumeState {
             id,
@@ -135,7 +145,10 @@ impl VolumeState {
             encryption: opts.encryption,
             slots: Mutex::new(slots),
             tree: Mutex::new(tree),
-            cipher: RwLock::new(cipher),
+            vmk: Mutex::new(None),
+            data_keys: Mutex::new(data_keys),
+            ring: RwLock::new(None),
+            rotation: Mutex::new(None),
             stripes: (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect(),
             used_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
@@ -149,8 +162,17 @@ impl VolumeState {
             block_size: self.block_size,
             compression: self.compression.to_string(),
             encryption: self.encryption,
-            locked: self.encryption && self.cipher.read().is_none(),
+            locked: self.encryption && self.ring.read().is_none(),
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
+            key_generation: self
+                .data_keys
+                .lock()
+                .iter()
+                .map(|k| k.generation)
+                .max()
+                .unwrap_or(0),
+            key_slots: self.slots.lock().len(),
+            rotation: self.rotation.lock().clone(),
         }
     }
 }
@@ -164,7 +186,6 @@ thread_local! {
 pub struct Volume {
     core: Arc<Core>,
     st: Arc<VolumeState>,
-    cipher: Option<Arc<BlockCipher>>,
 }
 
 fn is_zero(b: &[u8]) -> bool {
@@ -173,12 +194,18 @@ fn is_zero(b: &[u8]) -> bool {
 }
 
 impl Volume {
-    pub(crate) fn new(
-        core: Arc<Core>,
-        st: Arc<VolumeState>,
-        cipher: Option<Arc<BlockCipher>>,
-    ) -> Volume {
-        Volume { core, st, cipher }
+    pub(crate) fn new(core: Arc<Core>, st: Arc<VolumeState>) -> Volume {
+        Volume { core, st }
+    }
+
+    /// The key ring for this request; an encrypted volume locked under us is an error, never
+    /// a reason to write plaintext.
+    fn ring(&self) -> Result<Option<Arc<KeyRing>>> {
+        let ring = self.st.ring.read().clone();
+        if self.st.encryption && ring.is_none() {
+            return Err(Error::Locked(self.st.name.clone()));
+        }
+        Ok(ring)
     }
 
     pub fn name(&self) -> &str {
@@ -276,7 +303,14 @@ impl Volume {
     }
 
     fn decode_into(&self, lba: u64, ptr: &Blkptr, stored: &mut [u8], out: &mut [u8]) -> Result<()> {
-        codec::decode(stored, ptr.flags, self.cipher.as_deref(), &self.aad(lba), ptr.nonce, out).map_err(|e| {
+        let ring = self.ring()?;
+        let cipher = match ring.as_deref() {
+            Some(r) => Some(r.get(ptr.key_gen).ok_or_else(|| {
+                Error::Corrupt(format!("block {lba} is encrypted under key generation {}, which this volume no longer has", ptr.key_gen))
+            })?),
+            None => None,
+        };
+        codec::decode(stored, ptr.flags, cipher, &self.aad(lba), ptr.nonce, out).map_err(|e| {
             tracing::error!(volume = %self.st.name, lba, "block verified by checksum but failed to decode: {e}");
             e
         })
@@ -360,6 +394,8 @@ impl Volume {
             ptr: Blkptr,
         }
         stored.clear();
+        let ring = self.ring()?;
+        let key_gen = ring.as_ref().map(|r| r.current).unwrap_or(0);
         let mut recs: Vec<Rec> = Vec::with_capacity(n);
         let mut holes: Vec<u64> = Vec::new();
         for i in 0..n {
@@ -369,7 +405,7 @@ impl Volume {
                 holes.push(lba);
                 continue;
             }
-            let nonce = if self.cipher.is_some() {
+            let nonce = if ring.is_some() {
                 self.core.next_nonce()?
             } else {
                 0
@@ -378,7 +414,7 @@ impl Volume {
             let flags = codec::encode_append(
                 plain,
                 self.st.compression,
-                self.cipher.as_deref(),
+                ring.as_deref().map(KeyRing::current),
                 &self.aad(lba),
                 nonce,
                 stored,
@@ -397,6 +433,7 @@ impl Volume {
                     nonce,
                     len: len as u32,
                     flags,
+                    key_gen,
                     checksum,
                 },
             });
@@ -498,7 +535,8 @@ impl Volume {
         let ptr = if is_zero(plain) {
             Blkptr::HOLE
         } else {
-            let nonce = if self.cipher.is_some() {
+            let ring = self.ring()?;
+            let nonce = if ring.is_some() {
                 self.core.next_nonce()?
             } else {
                 0
@@ -506,7 +544,7 @@ impl Volume {
             let flags = codec::encode(
                 plain,
                 self.st.compression,
-                self.cipher.as_deref(),
+                ring.as_deref().map(KeyRing::current),
                 &self.aad(lba),
                 nonce,
                 stored,
@@ -524,6 +562,7 @@ impl Volume {
                 nonce,
                 len: stored.len() as u32,
                 flags,
+                key_gen: ring.as_ref().map(|r| r.current).unwrap_or(0),
                 checksum: sum,
             };
             if let Err(e) = self.core.red.write(addr, stored) {
@@ -667,6 +706,17 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// Re-encrypt one block under the current key generation (key rotation), atomically
+    /// with respect to client writes of that block.
+    pub(crate) fn rewrite_block(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        let _stripe = self.stripe(lba);
+        SCRATCH.with(|s| {
+            let (stored, _) = &mut *s.borrow_mut();
+            self.read_block(lba, buf, stored)?;
+            self.write_block(lba, buf, stored)
+        })
     }
 
     /// The block pointer of logical block `lba` (for tests and diagnostics).
