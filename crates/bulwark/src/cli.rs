@@ -44,7 +44,30 @@ pub enum Command {
     Key(KeyCommand),
     /// Show the pool's health, devices, space and volumes.
     Status(StatusArgs),
+    /// Measure a volume (or any NBD export) with fio: IOPS, MB/s, p50/p99 latency per cell.
+    ///
+    /// Runs fio's nbd engine over a matrix of block sizes × patterns × queue
+    /// depths. The measured region is overwritten: a volume or export that
+    /// holds data is refused unless --force is given.
+    #[command(after_help = BENCH_AFTER_HELP)]
+    Bench(BenchArgs),
 }
+
+const BENCH_AFTER_HELP: &str = "\
+The region is first filled once with sequential 1M writes (so reads read data, \
+not holes, and writes overwrite), then write cells run, then read cells. Each \
+cell is one fio run: --time_based --runtime SECONDS, --jobs connections each at \
+the cell's queue depth, each job on its own slice of the region. Latency is \
+fio's total latency (submit to completion) per I/O. MB = 10^6 bytes.
+
+Holding data: a volume holds data when its used bytes (status) are nonzero; \
+an --uri export holds data when 'nbdinfo --map' reports any extent not known \
+to read as zeros (a server that cannot tell reports everything as data).
+
+Examples:
+  bulwark --pool /srv/pool bench benchvol
+  bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
+  bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
 
 #[derive(Debug, Subcommand)]
 pub enum PoolCommand {
@@ -255,6 +278,111 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pattern {
+    Randread,
+    Randwrite,
+    Read,
+    Write,
+}
+
+impl Pattern {
+    /// fio's `--rw` value, also the name in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pattern::Randread => "randread",
+            Pattern::Randwrite => "randwrite",
+            Pattern::Read => "read",
+            Pattern::Write => "write",
+        }
+    }
+
+    pub fn is_read(self) -> bool {
+        matches!(self, Pattern::Randread | Pattern::Read)
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["volume", "uri"])))]
+pub struct BenchArgs {
+    /// Volume to measure (its key must be loaded); served from the daemon's NBD socket.
+    pub volume: Option<String>,
+
+    /// Measure any NBD export instead of a volume (nbd://HOST/NAME, nbd+unix:///NAME?socket=PATH).
+    #[arg(long, value_name = "URI", conflicts_with = "volume")]
+    pub uri: Option<String>,
+
+    /// Block sizes, comma-separated (512 bytes to 32M, multiples of 512).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "4k,64k,1m",
+        value_parser = parse_bench_block_size
+    )]
+    pub block_sizes: Vec<u64>,
+
+    /// Access patterns, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_enum,
+        default_value = "randread,randwrite,read,write"
+    )]
+    pub patterns: Vec<Pattern>,
+
+    /// Queue depths per connection, comma-separated (1 to 1024).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,32",
+        value_parser = clap::value_parser!(u32).range(1..=1024)
+    )]
+    pub iodepths: Vec<u32>,
+
+    /// NBD connections (fio jobs), each on its own slice of the region.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub jobs: u32,
+
+    /// Seconds per cell.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub runtime: u64,
+
+    /// Size of the region measured, from offset 0 [default: the whole export, at most 2G].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub size: Option<u64>,
+
+    /// Skip the sequential fill pass (only when the region is already written).
+    #[arg(long)]
+    pub no_fill: bool,
+
+    /// Overwrite a volume or export that holds data (or is in use, or cannot be checked).
+    #[arg(long)]
+    pub force: bool,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_bench_block_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_size_arg(s)?;
+    if bytes == 0 || bytes % 512 != 0 || bytes > BENCH_BLOCK_BYTES_MAX {
+        return Err(format!(
+            "invalid block size '{s}': must be a multiple of 512 up to {}",
+            bulwark_engine::size::format_size(BENCH_BLOCK_BYTES_MAX)
+        ));
+    }
+    Ok(bytes)
+}
+
+/// NBD servers need not accept requests above 32 MiB.
+const BENCH_BLOCK_BYTES_MAX: u64 = 32 << 20;
+
 fn parse_layout(s: &str) -> Result<Layout, String> {
     s.parse::<Layout>().map_err(|e| e.to_string())
 }
@@ -430,6 +558,68 @@ mod tests {
             "1G"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn bench_defaults_and_lists() {
+        let cli = parse(&["bench", "v"]).unwrap();
+        let Command::Bench(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.volume.as_deref(), Some("v"));
+        assert_eq!(a.block_sizes, vec![4096, 65536, 1 << 20]);
+        assert_eq!(
+            a.patterns,
+            vec![
+                Pattern::Randread,
+                Pattern::Randwrite,
+                Pattern::Read,
+                Pattern::Write
+            ]
+        );
+        assert_eq!(a.iodepths, vec![1, 32]);
+        assert_eq!((a.jobs, a.runtime, a.size), (1, 10, None));
+        assert!(!a.force && !a.json && !a.no_fill);
+
+        let cli = parse(&[
+            "bench",
+            "--uri",
+            "nbd://h/x",
+            "--block-sizes",
+            "4k,1M",
+            "--patterns",
+            "randread,write",
+            "--iodepths",
+            "8",
+            "--jobs",
+            "2",
+            "--size",
+            "1G",
+        ])
+        .unwrap();
+        let Command::Bench(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.uri.as_deref(), Some("nbd://h/x"));
+        assert_eq!(a.block_sizes, vec![4096, 1 << 20]);
+        assert_eq!(a.patterns, vec![Pattern::Randread, Pattern::Write]);
+        assert_eq!((a.iodepths, a.jobs, a.size), (vec![8], 2, Some(1 << 30)));
+    }
+
+    #[test]
+    fn bench_rejects_bad_arguments() {
+        assert!(parse(&["bench"]).is_err(), "a target is required");
+        assert!(parse(&["bench", "v", "--uri", "nbd://h/x"]).is_err());
+        for bad in [
+            ["--block-sizes", "1000"],
+            ["--block-sizes", "64M"],
+            ["--patterns", "trim"],
+            ["--iodepths", "0"],
+            ["--jobs", "0"],
+            ["--runtime", "0"],
+        ] {
+            assert!(parse(&["bench", "v", bad[0], bad[1]]).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

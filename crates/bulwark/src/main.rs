@@ -2,10 +2,11 @@
 //!
 //! This file only parses arguments, sets up logging and dispatches; see
 //! `cli` (arguments), `daemon` (serve), `client` (commands over the control
-//! socket), `control` (the protocol), `export` (volumes as NBD backends) and
-//! `display` (tables). Errors end as one `error: <message>` line on stderr,
-//! exit code 1, or 2 for usage mistakes.
+//! socket), `control` (the protocol), `export` (volumes as NBD backends),
+//! `display` (tables) and `bench` (fio over NBD). Errors end as one
+//! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 
+mod bench;
 mod cli;
 mod client;
 mod control;
@@ -62,6 +63,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Key(KeyCommand::Load(args)) => client::key_load(client::pool_dir(pool)?, args),
         Command::Key(KeyCommand::Unload(args)) => client::key_unload(client::pool_dir(pool)?, args),
         Command::Status(args) => client::status(client::pool_dir(pool)?, args),
+        Command::Bench(args) => bench::bench(pool, args),
     }
 }
 

@@ -1,0 +1,318 @@
+#!/usr/bin/env bash
+# Measure bulwark against its peers on this machine, with the same fio
+# settings for every server: each one is measured by `bulwark bench --uri URI
+# --json` (one code path: fio's nbd engine, same flags, same parsing).
+#
+# Servers (each on a fully allocated SIZE image or volume, filled by bench's
+# sequential 1M write pass before any cell, served over a unix socket, or
+# TCP loopback with --tcp):
+#   qemu-raw             qemu-storage-daemon, raw image (no encryption)
+#   qemu-luks            qemu-storage-daemon, LUKS image (aes-256-xts-plain64)
+#   nbdkit-file          nbdkit's file plugin, raw image
+#   bulwark-single       bulwark layout single, encrypted, lz4 (the defaults)
+#   bulwark-single-nolz4 bulwark layout single, encrypted, compression off
+#   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
+#
+# Matrix (default, ~10 min): 4K randread/randwrite QD32; 64K and 1M
+# read/write QD32; 4K randread QD1; and 4K randread/randwrite QD32 on two
+# connections (--jobs 2, each at QD32). --full: 4K/64K/1M x randread,
+# randwrite, read, write x QD1, QD32, plus the two-connection cells.
+#
+# --repeat N runs the whole sequence N times (every server on a fresh image,
+# pool or volume each time) and reports the median of the N runs per cell.
+#
+# Output: a report on stdout (markdown tables: numbers, bulwark/peer ratios,
+# targets) and a machine-readable results file (--out, JSON), written by
+# bench/peers_report.py from the raw `bulwark bench --json` reports.
+#
+# Usage: bench/peers.sh [--full] [--repeat N] [--tcp] [--runtime S] [--size SIZE]
+#                       [--servers a,b,...] [--out FILE] [--workdir DIR] [--keep]
+#                       [--device-factor N]   bulwark device size = N x SIZE (default 16)
+# Env:   BULWARK_BIN (default target/release/bulwark)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2
+
+FULL=0
+REPEAT=1
+TCP=0
+RUNTIME=10
+SIZE=2G
+SERVERS=$ALL_SERVERS
+OUT=
+WORKDIR=
+KEEP=0
+DEVICE_FACTOR=16
+PORT=${BENCH_PORT:-10899}
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --full) FULL=1 ;;
+        --repeat) REPEAT=$2; shift ;;
+        --tcp) TCP=1 ;;
+        --runtime) RUNTIME=$2; shift ;;
+        --size) SIZE=$2; shift ;;
+        --servers) SERVERS=$2; shift ;;
+        --out) OUT=$2; shift ;;
+        --workdir) WORKDIR=$2; shift ;;
+        --keep) KEEP=1 ;;
+        --device-factor) DEVICE_FACTOR=$2; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+log() { echo "peers.sh: $*" >&2; }
+die() { echo "peers.sh: error: $*" >&2; exit 1; }
+
+case "$REPEAT" in ''|*[!0-9]*|0) die "--repeat needs a positive integer" ;; esac
+[ -x "$BULWARK" ] || die "no bulwark binary at $BULWARK (cargo build --release -p bulwark, or set BULWARK_BIN)"
+for tool in fio qemu-img qemu-storage-daemon nbdkit nbdinfo python3; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (see /work/shared/DEPENDENCIES.md for the Debian packages)"
+done
+IFS=, read -r -a SERVER_LIST <<< "$SERVERS"
+for s in "${SERVER_LIST[@]}"; do
+    case ",$ALL_SERVERS," in *",$s,"*) ;; *) die "unknown server $s (known: $ALL_SERVERS)" ;; esac
+done
+
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+WORKDIR=${WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/bulwark-peers.XXXXXX")}
+mkdir -p "$WORKDIR/raw"
+# Measure one binary throughout, even if target/ is rebuilt during the run.
+cp "$BULWARK" "$WORKDIR/bulwark.bin"
+BULWARK_SRC=$BULWARK
+BULWARK=$WORKDIR/bulwark.bin
+OUT=${OUT:-$REPO/bench/results/peers-$STAMP.json}
+mkdir -p "$(dirname "$OUT")"
+SIZE_BYTES=$(python3 -c '
+import sys
+s = sys.argv[1].strip().upper().removesuffix("IB").removesuffix("B")
+mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+print(int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s))' "$SIZE")
+# bulwark is log-structured: every write goes to new space, and old space
+# returns only through the cleaner and a commit. Under sustained overwrites
+# the cleaner does not keep up yet, and a pool that runs down to its reserve
+# fails a commit and poisons itself (found by this script; see
+# BENCHMARKS.md). So each device (one per copy, sparse) is DEVICE_FACTOR
+# times the volume: large enough that one repeat's writes fit without
+# cleaning. bulwark's numbers therefore do not include cleaning costs.
+DEVICE_BYTES=$((SIZE_BYTES * DEVICE_FACTOR))
+
+# --- the matrix: one `bulwark bench` invocation per group --------------------
+COMMON=(--force --runtime "$RUNTIME" --size "$SIZE_BYTES" --json)
+if [ "$FULL" = 1 ]; then
+    GROUPS_=(
+        "full|--block-sizes 4k,64k,1m --patterns randread,randwrite,read,write --iodepths 1,32"
+        "twoconn|--block-sizes 4k --patterns randread,randwrite --iodepths 32 --jobs 2"
+    )
+else
+    GROUPS_=(
+        "rand4k|--block-sizes 4k --patterns randread,randwrite --iodepths 32"
+        "seq|--block-sizes 64k,1m --patterns read,write --iodepths 32"
+        "qd1|--block-sizes 4k --patterns randread --iodepths 1"
+        "twoconn|--block-sizes 4k --patterns randread,randwrite --iodepths 32 --jobs 2"
+    )
+fi
+
+# --- servers -------------------------------------------------------------------
+SERVER_PID=
+
+stop_server() { # SIGTERM the server this script started (bulwark commits and exits)
+    if [ -n "$SERVER_PID" ]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 300); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    SERVER_PID=
+}
+trap 'stop_server' EXIT
+trap 'exit 130' INT TERM
+
+wait_ready() { # URI LOG
+    for _ in $(seq 1 300); do
+        if nbdinfo --size "$1" >/dev/null 2>&1; then return 0; fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            tail -20 "$2" >&2
+            die "the server for $1 exited during start (log: $2)"
+        fi
+        sleep 0.1
+    done
+    tail -20 "$2" >&2
+    die "the server for $1 did not answer within 30 s (log: $2)"
+}
+
+# qsd's --nbd-server address and a URI for export NAME, unix socket or TCP.
+nbd_addr() { # DIR
+    if [ "$TCP" = 1 ]; then
+        echo "addr.type=inet,addr.host=127.0.0.1,addr.port=$PORT"
+    else
+        echo "addr.type=unix,addr.path=$1/nbd.sock"
+    fi
+}
+nbd_uri() { # DIR NAME
+    if [ "$TCP" = 1 ]; then
+        echo "nbd://127.0.0.1:$PORT/$2"
+    else
+        echo "nbd+unix:///$2?socket=$1/nbd.sock"
+    fi
+}
+
+start_qemu_raw() { # DIR -> URI
+    local d=$1
+    qemu-img create -q -f raw "$d/disk.raw" "$SIZE_BYTES"
+    qemu-storage-daemon \
+        --blockdev "driver=file,node-name=file0,filename=$d/disk.raw" \
+        --blockdev "driver=raw,node-name=disk0,file=file0" \
+        --nbd-server "$(nbd_addr "$d")" \
+        --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on" \
+        >"$d/server.log" 2>&1 &
+    SERVER_PID=$!
+    URI=$(nbd_uri "$d" disk)
+}
+
+start_qemu_luks() {
+    local d=$1
+    printf '%s' "bench-passphrase-$RANDOM$RANDOM" >"$d/luks.pass"
+    qemu-img create -q -f luks \
+        --object "secret,id=sec0,file=$d/luks.pass" \
+        -o "key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=100" \
+        "$d/disk.luks" "$SIZE_BYTES"
+    qemu-storage-daemon \
+        --object "secret,id=sec0,file=$d/luks.pass" \
+        --blockdev "driver=file,node-name=file0,filename=$d/disk.luks" \
+        --blockdev "driver=luks,node-name=disk0,file=file0,key-secret=sec0" \
+        --nbd-server "$(nbd_addr "$d")" \
+        --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on" \
+        >"$d/server.log" 2>&1 &
+    SERVER_PID=$!
+    URI=$(nbd_uri "$d" disk)
+}
+
+start_nbdkit_file() {
+    local d=$1
+    qemu-img create -q -f raw "$d/disk.raw" "$SIZE_BYTES"
+    if [ "$TCP" = 1 ]; then
+        nbdkit -f -i 127.0.0.1 -p "$PORT" file "file=$d/disk.raw" >"$d/server.log" 2>&1 &
+    else
+        nbdkit -f -U "$d/nbd.sock" file "file=$d/disk.raw" >"$d/server.log" 2>&1 &
+    fi
+    SERVER_PID=$!
+    URI=$(nbd_uri "$d" "")
+}
+
+start_bulwark() { # DIR LAYOUT COMPRESSION
+    local d=$1 layout=$2 compression=$3 devices=1
+    [ "$layout" = mirror:2 ] && devices=2
+    "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
+        --device-size "$DEVICE_BYTES" >/dev/null
+    head -c 32 /dev/urandom >"$d/volume.key"
+    chmod 600 "$d/volume.key"
+    local tcp=()
+    [ "$TCP" = 1 ] && tcp=(--nbd-listen "127.0.0.1:$PORT")
+    "$BULWARK" serve "$d/pool" "${tcp[@]}" >"$d/server.log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 1 300); do
+        "$BULWARK" --pool "$d/pool" status >/dev/null 2>&1 && break
+        kill -0 "$SERVER_PID" 2>/dev/null || { tail -20 "$d/server.log" >&2; die "bulwark serve exited during start"; }
+        sleep 0.1
+    done
+    "$BULWARK" --pool "$d/pool" volume create disk --size "$SIZE_BYTES" \
+        --compression "$compression" --key-file "$d/volume.key" >/dev/null
+    if [ "$TCP" = 1 ]; then
+        URI="nbd://127.0.0.1:$PORT/disk"
+    else
+        URI="nbd+unix:///disk?socket=$d/pool/nbd.sock"
+    fi
+}
+
+start_server() { # NAME DIR
+    case "$1" in
+        qemu-raw) start_qemu_raw "$2" ;;
+        qemu-luks) start_qemu_luks "$2" ;;
+        nbdkit-file) start_nbdkit_file "$2" ;;
+        bulwark-single) start_bulwark "$2" single lz4 ;;
+        bulwark-single-nolz4) start_bulwark "$2" single off ;;
+        bulwark-mirror2) start_bulwark "$2" mirror:2 lz4 ;;
+    esac
+    wait_ready "$URI" "$2/server.log"
+}
+
+# --- the run -----------------------------------------------------------------------
+python3 - "$WORKDIR/meta.json" <<EOF
+import json, os, platform, subprocess, sys
+def out(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip().splitlines()[0]
+    except Exception:
+        return None
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+mem = next((int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal")), None)
+meta = {
+    "started_utc": "$STAMP",
+    "machine": {
+        "nproc": os.cpu_count(), "cpu_model": cpu,
+        "cpu_flags": [f for f in ("aes", "vaes", "avx2", "avx512f", "sha_ni") if f in flags],
+        "mem_bytes": mem, "kernel": platform.release(),
+        "loadavg_start": open("/proc/loadavg").read().split()[:3],
+    },
+    "versions": {
+        "fio": out("fio", "--version"), "qemu": out("qemu-storage-daemon", "--version"),
+        "nbdkit": out("nbdkit", "--version"), "bulwark": out("$BULWARK", "--version"),
+        "bulwark_binary": "$BULWARK_SRC",
+        "bulwark_sha256": out("sha256sum", "$BULWARK").split()[0],
+        "bulwark_git": out("git", "-C", "$REPO", "describe", "--always", "--dirty"),
+    },
+    "settings": {
+        "full": $FULL == 1, "repeat": $REPEAT, "transport": "tcp" if $TCP == 1 else "unix",
+        "runtime_s": $RUNTIME, "size_bytes": $SIZE_BYTES, "bulwark_device_bytes": $DEVICE_BYTES,
+        "servers": "$SERVERS".split(","),
+        "groups": [g.split("|", 1)[1] for g in """$(printf '%s\n' "${GROUPS_[@]}")""".splitlines()],
+        "common": "$(echo "${COMMON[@]}")",
+    },
+}
+json.dump(meta, open(sys.argv[1], "w"), indent=1)
+EOF
+
+log "workdir $WORKDIR; servers $SERVERS; $REPEAT repeat(s); load $(cut -d' ' -f1-3 /proc/loadavg)"
+# Each repeat measures every server in turn on a fresh image, pool or volume,
+# so slow drifts in machine load spread over all servers, and bulwark's
+# devices only ever hold one repeat's writes.
+for rep in $(seq 1 "$REPEAT"); do
+    for name in "${SERVER_LIST[@]}"; do
+        d=$WORKDIR/$name
+        rm -rf "$d"
+        mkdir -p "$d" "$WORKDIR/raw/$name"
+        start_server "$name" "$d"
+        log "run $rep/$REPEAT, $name: $URI (load $(cut -d' ' -f1 /proc/loadavg))"
+        fill=()
+        for g in "${GROUPS_[@]}"; do
+            gname=${g%%|*}
+            read -r -a gargs <<< "${g#*|}"
+            log "run $rep/$REPEAT, $name, $gname: ${g#*|}"
+            if ! "$BULWARK" bench --uri "$URI" "${COMMON[@]}" "${fill[@]}" "${gargs[@]}" \
+                    >"$WORKDIR/raw/$name/rep$rep-$gname.json" 2>"$d/bench.err"; then
+                cat "$d/bench.err" >&2
+                tail -20 "$d/server.log" >&2
+                die "$name: bulwark bench failed (logs in $d)"
+            fi
+            fill=(--no-fill)  # the first group filled the region
+        done
+        stop_server
+        cp "$d/server.log" "$WORKDIR/raw/$name/server-rep$rep.log" 2>/dev/null || true
+        [ "$KEEP" = 1 ] || rm -rf "$d"
+    done
+done
+python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["machine"]["loadavg_end"]=open("/proc/loadavg").read().split()[:3]; json.dump(m,open(sys.argv[1],"w"),indent=1)' "$WORKDIR/meta.json"
+
+python3 "$REPO/bench/peers_report.py" --raw "$WORKDIR/raw" --meta "$WORKDIR/meta.json" --out "$OUT"
+log "results: $OUT (raw reports in $WORKDIR/raw)"

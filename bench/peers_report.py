@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Turn bench/peers.sh's raw `bulwark bench --json` reports into one results
+file (JSON) and a markdown report on stdout: throughput and latency per
+server, each bulwark cell as a ratio to each peer, and the performance
+targets, met or not.
+
+  raw/<server>/rep<N>-<group>.json   one `bulwark bench --json` report each
+
+With several repeats, every number is the median of the repeats (IOPS, MB/s,
+p50 and p99 each on their own). Ratios compare IOPS (in one cell the block
+size is the same, so this is also the MB/s ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file"]
+BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2"]
+SERVER_ORDER = PEERS + BULWARKS
+SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
+METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]
+PATTERN_ORDER = {"randread": 0, "randwrite": 1, "read": 2, "write": 3}
+
+
+def size_label(n: int) -> str:
+    for unit, shift in (("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def cell_key(c: dict) -> tuple:
+    return (c["block_size"], c["pattern"], c["iodepth"], c["jobs"])
+
+
+def cell_sort(key: tuple) -> tuple:
+    bs, pattern, qd, jobs = key
+    return (jobs, bs, PATTERN_ORDER.get(pattern, 9), qd)
+
+
+def cell_label(key: tuple) -> str:
+    bs, pattern, qd, jobs = key
+    label = f"{size_label(bs)} {pattern} QD{qd}"
+    return label + (f" x{jobs} conn" if jobs > 1 else "")
+
+
+def load(raw: Path) -> dict:
+    """server -> cell key -> metric -> [value per repeat]."""
+    servers: dict = {}
+    for sdir in sorted(p for p in raw.iterdir() if p.is_dir()):
+        cells: dict = {}
+        for f in sorted(sdir.glob("rep*-*.json")):
+            report = json.loads(f.read_text())
+            for c in report["cells"]:
+                slot = cells.setdefault(cell_key(c), {m: [] for m in METRICS})
+                for m in METRICS:
+                    slot[m].append(c[m])
+        if cells:
+            servers[sdir.name] = cells
+    return servers
+
+
+def medians(servers: dict) -> dict:
+    return {s: {k: {m: statistics.median(v) for m, v in cell.items()} for k, cell in cells.items()}
+            for s, cells in servers.items()}
+
+
+def fmt_iops(v: float) -> str:
+    return f"{v / 1000:.1f}k" if v >= 1000 else f"{v:.0f}"
+
+
+def fmt_us(v: float) -> str:
+    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.0f} µs"
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def ratio(med: dict, a: str, b: str, key: tuple) -> float | None:
+    if a not in med or b not in med or key not in med[a] or key not in med[b]:
+        return None
+    den = med[b][key]["iops"]
+    return med[a][key]["iops"] / den if den > 0 else None
+
+
+def targets(med: dict) -> list[dict]:
+    """Each target: which ratios, the bound, the worst cell, met or not."""
+    rows = []
+
+    def versus(name: str, a: str, b: str, bound: float, keys) -> None:
+        if a not in med or b not in med:
+            return
+        rs = [(k, ratio(med, a, b, k)) for k in keys if k in med[a] and k in med[b]]
+        rs = [(k, r) for k, r in rs if r is not None]
+        if not rs:
+            return
+        worst_key, worst = min(rs, key=lambda kr: kr[1])
+        failing = [cell_label(k) for k, r in rs if r < bound]
+        rows.append({
+            "target": name, "bulwark": a, "versus": b, "bound": bound, "cells": len(rs),
+            "worst_cell": cell_label(worst_key), "worst_ratio": round(worst, 3),
+            "failing_cells": failing, "met": not failing,
+        })
+
+    def keys_of(a: str, b: str, pred=lambda k: True):
+        return sorted((k for k in med.get(a, {}) if k in med.get(b, {}) and pred(k)), key=cell_sort)
+
+    m2 = "bulwark-mirror2"
+    versus("mirror:2 encrypted >= 1.0x qemu LUKS, every cell", m2, "qemu-luks", 1.0,
+           keys_of(m2, "qemu-luks"))
+    versus("mirror:2 encrypted >= 2.0x qemu LUKS, 64K and 1M cells", m2, "qemu-luks", 2.0,
+           keys_of(m2, "qemu-luks", lambda k: k[0] >= 64 << 10))
+    for s in SINGLES:
+        versus(f"{s} >= 1.0x qemu raw, every cell", s, "qemu-raw", 1.0, keys_of(s, "qemu-raw"))
+        versus(f"{s} >= 0.7x nbdkit file, every cell", s, "nbdkit-file", 0.7, keys_of(s, "nbdkit-file"))
+    for s in BULWARKS:
+        if s not in med:
+            continue
+        for pattern in ("randread", "randwrite"):
+            one, two = (4096, pattern, 32, 1), (4096, pattern, 32, 2)
+            if one in med[s] and two in med[s]:
+                r = med[s][two]["iops"] / med[s][one]["iops"]
+                rows.append({
+                    "target": f"{s} 4K {pattern} QD32: 2 connections >= 1.6x 1 connection",
+                    "bulwark": s, "versus": s, "bound": 1.6, "cells": 1,
+                    "worst_cell": cell_label(two), "worst_ratio": round(r, 3),
+                    "failing_cells": [] if r >= 1.6 else [cell_label(two)], "met": r >= 1.6,
+                })
+    return rows
+
+
+def report(meta: dict, servers: dict, med: dict, tgt: list[dict]) -> str:
+    names = [s for s in SERVER_ORDER if s in med] + sorted(s for s in med if s not in SERVER_ORDER)
+    keys = sorted({k for s in med.values() for k in s}, key=cell_sort)
+    out = []
+    m = meta.get("machine", {})
+    st = meta.get("settings", {})
+    reps = st.get("repeat", 1)
+    out.append(f"Machine: {m.get('nproc')} CPUs ({m.get('cpu_model')}; {', '.join(m.get('cpu_flags', []))}), "
+               f"{(m.get('mem_bytes') or 0) / 2**30:.1f} GiB RAM, kernel {m.get('kernel')}; "
+               f"load average {' '.join(m.get('loadavg_start', []))} at start, "
+               f"{' '.join(m.get('loadavg_end', []))} at end.")
+    out.append(f"Settings: {st.get('transport')} sockets, {size_label(st.get('size_bytes', 0))} region "
+               f"filled first, {st.get('runtime_s')} s per cell, "
+               + (f"median of {reps} runs" if reps > 1 else "one run") + ".")
+    load = [float(x) for x in m.get("loadavg_start", [])[:1]]
+    if load and load[0] > 1.0:
+        out.append(f"WARNING: load average {load[0]:.2f} at start: other work shared the "
+                   f"{m.get('nproc')} CPUs, numbers are disturbed.")
+    out.append("")
+
+    def grid(title: str, fmt, metric: str) -> None:
+        out.append(f"**{title}**")
+        out.append("")
+        rows = []
+        for k in keys:
+            rows.append([cell_label(k)] + [fmt(med[s][k][metric]) if k in med[s] else "–" for s in names])
+        out.append(md_table(["cell"] + names, rows))
+        out.append("")
+
+    grid("IOPS", fmt_iops, "iops")
+    grid("MB/s (10^6 bytes)", lambda v: f"{v:.0f}", "mb_per_s")
+    out.append("**Latency p50 / p99**")
+    out.append("")
+    rows = []
+    for k in keys:
+        rows.append([cell_label(k)] + [
+            f"{fmt_us(med[s][k]['lat_p50_us'])} / {fmt_us(med[s][k]['lat_p99_us'])}" if k in med[s] else "–"
+            for s in names])
+    out.append(md_table(["cell"] + names, rows))
+    out.append("")
+
+    peers = [p for p in PEERS if p in med]
+    for b in [s for s in BULWARKS if s in med]:
+        if not peers:
+            break
+        out.append(f"**{b} / peer (IOPS ratio)**")
+        out.append("")
+        rows = []
+        for k in keys:
+            if k not in med[b]:
+                continue
+            cells = []
+            for p in peers:
+                r = ratio(med, b, p, k)
+                cells.append("–" if r is None else f"{r:.2f}x")
+            rows.append([cell_label(k)] + cells)
+        out.append(md_table(["cell"] + [f"vs {p}" for p in peers], rows))
+        out.append("")
+
+    scaling = []
+    for s in names:
+        for pattern in ("randread", "randwrite"):
+            one, two = (4096, pattern, 32, 1), (4096, pattern, 32, 2)
+            if one in med[s] and two in med[s] and med[s][one]["iops"] > 0:
+                scaling.append((s, pattern, med[s][two]["iops"] / med[s][one]["iops"]))
+    if scaling:
+        out.append("**Two connections / one (4K QD32 each, IOPS ratio)**")
+        out.append("")
+        pats = ["randread", "randwrite"]
+        rows = []
+        for s in dict.fromkeys(x[0] for x in scaling):
+            rows.append([s] + [next((f"{r:.2f}x" for n, p, r in scaling if n == s and p == pat), "–")
+                               for pat in pats])
+        out.append(md_table(["server"] + [f"4K {p}" for p in pats], rows))
+        out.append("")
+
+    if tgt:
+        out.append("**Targets**")
+        out.append("")
+        rows = [[t["target"], f"{t['worst_ratio']:.2f}x ({t['worst_cell']})",
+                 "met" if t["met"] else f"NOT met ({len(t['failing_cells'])}/{t['cells']} cells below)"]
+                for t in tgt]
+        out.append(md_table(["target", "worst ratio (cell)", "verdict"], rows))
+        out.append("")
+
+    if reps > 1:
+        out.append("**Spread across runs (max/min IOPS - 1)**")
+        out.append("")
+        rows = []
+        for k in keys:
+            row = [cell_label(k)]
+            for s in names:
+                v = servers[s].get(k, {}).get("iops")
+                row.append(f"{(max(v) / min(v) - 1) * 100:.0f}%" if v and min(v) > 0 else "–")
+            rows.append(row)
+        out.append(md_table(["cell"] + names, rows))
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--raw", type=Path, required=True)
+    ap.add_argument("--meta", type=Path)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    meta = json.loads(a.meta.read_text()) if a.meta else {}
+    servers = load(a.raw)
+    if not servers:
+        print(f"no reports under {a.raw}", file=sys.stderr)
+        return 1
+    med = medians(servers)
+    tgt = targets(med)
+    text = report(meta, servers, med, tgt)
+    print(text)
+    if a.out:
+        result = {
+            **meta,
+            "results": {
+                s: [{"cell": cell_label(k), "block_size": k[0], "pattern": k[1], "iodepth": k[2], "jobs": k[3],
+                     **{m: round(v, 3) for m, v in med[s][k].items()},
+                     "runs": {m: servers[s][k][m] for m in METRICS}}
+                    for k in sorted(med[s], key=cell_sort)]
+                for s in med
+            },
+            "ratios": {
+                b: {p: {cell_label(k): round(r, 3) for k in sorted(med[b], key=cell_sort)
+                        if (r := ratio(med, b, p, k)) is not None}
+                    for p in PEERS if p in med}
+                for b in BULWARKS if b in med
+            },
+            "targets": tgt,
+            "report_markdown": text,
+        }
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`bulwark bench` drives fio's nbd engine against a volume: a one-cell
+matrix on a fresh volume prints that cell with nonzero IOPS, in the table
+and in --json; a volume (or --uri export) holding data is refused without
+--force and left untouched. No timing thresholds: only that numbers exist."""
+
+import json
+
+from conftest import qemu_io_ok, require_tools
+
+# One cell, one second: 4 KiB random reads at queue depth 4.
+CELL = ["--block-sizes", "4k", "--patterns", "randread", "--iodepths", "4", "--runtime", "1"]
+BENCH_TIMEOUT_S = 300
+
+
+def table_rows(stdout: str) -> list[list[str]]:
+    """The rows under the `BS PATTERN QD IOPS MB/S P50 P99` header."""
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.split() == ["BS", "PATTERN", "QD", "IOPS", "MB/S", "P50", "P99"]:
+            return [l.split() for l in lines[i + 1:] if l.strip()]
+    raise AssertionError(f"no table header in bench output:\n{stdout}")
+
+
+def test_bench_one_cell_table_and_json(pool):
+    require_tools("fio")
+    pool.create_volume("b1", size="32M")
+    r = pool.cli("bench", "b1", *CELL, timeout=BENCH_TIMEOUT_S)
+    rows = table_rows(r.stdout)
+    assert len(rows) == 1, r.stdout
+    bs, pattern, qd, iops, mbps = rows[0][:5]
+    assert (bs, pattern, qd) == ("4K", "randread", "4"), r.stdout
+    assert float(iops) > 0 and float(mbps) > 0, r.stdout
+    assert "volume b1" in r.stdout and "filled first" in r.stdout, r.stdout
+    # The fill pass wrote the region, so the volume now holds data.
+    assert pool.volume_status("b1")["used_bytes"] > 0
+
+    pool.create_volume("b2", size="32M", compression="off")
+    r = pool.cli("bench", "b2", *CELL, "--json", timeout=BENCH_TIMEOUT_S)
+    rep = json.loads(r.stdout)
+    assert rep["target"]["volume"] == "b2"
+    assert rep["target"]["uri"] == pool.uri("b2")
+    assert rep["filled"] is True and rep["region_bytes"] == 32 * 1024 * 1024
+    assert len(rep["cells"]) == 1, rep
+    cell = rep["cells"][0]
+    assert (cell["block_size"], cell["pattern"], cell["iodepth"], cell["jobs"]) == (4096, "randread", 4, 1)
+    assert cell["iops"] > 0 and cell["mb_per_s"] > 0 and cell["io_bytes"] > 0, cell
+    assert 0 < cell["lat_p50_us"] <= cell["lat_p99_us"], cell
+
+
+def test_bench_refuses_a_volume_holding_data(pool):
+    require_tools("fio", "qemu-io", "nbdinfo")
+    pool.create_volume("data", size="32M")
+    uri = pool.uri("data")
+    qemu_io_ok(uri, "write -P 0x5a 1M 64k")
+
+    r = pool.cli("bench", "data", *CELL, check=False, timeout=BENCH_TIMEOUT_S)
+    assert r.returncode == 1, f"bench ran on a volume holding data:\n{r.stdout}{r.stderr}"
+    assert r.stderr.startswith("error: refusing to benchmark volume 'data'"), r.stderr
+    assert "--force" in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout
+
+    # Through --uri it cannot see used bytes; it asks the server's allocation map.
+    r = pool.bulwark("bench", "--uri", uri, *CELL, check=False, timeout=BENCH_TIMEOUT_S)
+    assert r.returncode == 1, f"bench --uri ran on an export holding data:\n{r.stdout}{r.stderr}"
+    assert "refusing to benchmark" in r.stderr and "--force" in r.stderr, r.stderr
+
+    # Nothing was written.
+    qemu_io_ok(uri, "read -P 0x5a 1M 64k", "read -P 0 0 1M", "read -P 0 1088k 1M")
+
+    r = pool.cli("bench", "data", *CELL, "--force", "--json", timeout=BENCH_TIMEOUT_S)
+    assert json.loads(r.stdout)["cells"][0]["iops"] > 0, r.stdout
+
+
+def test_bench_uri_on_an_empty_export(pool):
+    require_tools("fio", "nbdinfo")
+    pool.create_volume("empty", size="16M")
+    r = pool.bulwark("bench", "--uri", pool.uri("empty"), *CELL, "--json", timeout=BENCH_TIMEOUT_S)
+    rep = json.loads(r.stdout)
+    assert rep["target"]["volume"] is None and rep["target"]["export_bytes"] == 16 * 1024 * 1024
+    assert rep["cells"][0]["iops"] > 0, rep
