@@ -29,6 +29,23 @@ impl std::fmt::Debug for Secret {
 }
 
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(Error::Invalid(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(Error::Invalid(format!(
+            "{} is accessible by other users (mode {mode:04o}); a secret file must be private: chmod 600 {}",
+            path.display(),
+            path.display()
+        )));
+    }
     let bytes = std::fs::read(path)
         .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
     Ok(Zeroizing::new(bytes))
@@ -61,5 +78,26 @@ impl Secret {
         let mut key = Zeroizing::new([0u8; 32]);
         key.copy_from_slice(&bytes);
         Ok(Secret::KeyFile(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn loose_permissions_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        std::fs::write(&p, [7u8; 32]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Secret::from_key_file(&p).unwrap_err().to_string();
+        assert!(e.contains("mode 0644") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(Secret::from_key_file(&p).is_ok());
+        std::fs::write(&p, b"pass phrase\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(Secret::from_passphrase_file(&p).is_err());
     }
 }
