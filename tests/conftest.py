@@ -169,8 +169,9 @@ class Pool:
     """One pool directory and, while started, the `bulwark serve` daemon on it."""
 
     def __init__(self, tmp_path: Path, layout: str = "single", devices: int = 1,
-                 device_size: str = "512M"):
+                 device_size: str = "512M", serve_args=()):
         self.tmp = Path(tmp_path)
+        self.serve_args = [str(a) for a in serve_args]  # extra `serve` options, every start
         self.dir = self.tmp / "pool"
         self.layout = layout
         self.devices = devices
@@ -233,7 +234,7 @@ class Pool:
         self.starts += 1
         self.log_path = self.tmp / f"serve-{self.starts}.log"
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir)],
+        self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *self.serve_args],
                                      stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=self._env())
         log.close()

@@ -44,6 +44,9 @@ pub enum Command {
     Key(KeyCommand),
     /// Show the pool's health, devices, space and volumes.
     Status(StatusArgs),
+    /// Allow TLS clients to open volumes over the network.
+    #[command(subcommand, after_help = GRANT_AFTER_HELP)]
+    Grant(GrantCommand),
     /// Measure a volume (or any NBD export) with fio: IOPS, MB/s, p50/p99 latency per cell.
     ///
     /// Runs fio's nbd engine over a matrix of block sizes × patterns × queue
@@ -68,6 +71,41 @@ Examples:
   bulwark --pool /srv/pool bench benchvol
   bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
   bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
+
+const GRANT_AFTER_HELP: &str = "\
+CLIENT is cn:COMMON_NAME or sha256:FINGERPRINT (of the client's X.509 certificate, \
+as 'openssl x509 -noout -fingerprint -sha256' prints it), psk:IDENTITY, or anonymous \
+(plaintext TCP). A TLS client lists and opens only the volumes granted to it; the \
+unix socket's client is the pool owner and needs no grant.";
+
+#[derive(Debug, Subcommand)]
+pub enum GrantCommand {
+    /// Let CLIENT open VOLUME (replaces an existing grant of the same pair).
+    Add(GrantAddArgs),
+    /// Take the grant back (connections already open keep going until they close).
+    Remove(GrantRemoveArgs),
+    /// List grants.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("level").required(true).args(["read_only", "read_write"])))]
+pub struct GrantAddArgs {
+    /// cn:NAME, sha256:FINGERPRINT, psk:IDENTITY or anonymous.
+    pub client: String,
+    pub volume: String,
+    /// The volume is exported read-only to this client; writes get EPERM.
+    #[arg(long)]
+    pub read_only: bool,
+    #[arg(long)]
+    pub read_write: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GrantRemoveArgs {
+    pub client: String,
+    pub volume: String,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum PoolCommand {
@@ -112,9 +150,25 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub nbd_socket: Option<PathBuf>,
 
-    /// Also serve NBD on TCP at HOST:PORT (no TLS yet: use loopback).
+    /// Also serve NBD on TCP at HOST:PORT; needs --tls-certificates or --tls-psk
+    /// (or --nbd-plaintext on loopback).
     #[arg(long, value_name = "HOST:PORT")]
     pub nbd_listen: Option<String>,
+
+    /// TLS with X.509 on the TCP listener: DIR holds ca-cert.pem, server-cert.pem and
+    /// server-key.pem; clients must present a certificate signed by that CA.
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// TLS with pre-shared keys on the TCP listener: FILE holds identity:hexkey lines
+    /// (psktool's format).
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+
+    /// Serve plaintext NBD on the TCP listener (loopback addresses only); its clients
+    /// are 'anonymous' and see only what is granted to anonymous.
+    #[arg(long, conflicts_with_all = ["tls_certificates", "tls_psk"])]
+    pub nbd_plaintext: bool,
 
     /// Bound on the block-map cache (e.g. 256M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]

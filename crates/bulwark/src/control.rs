@@ -13,6 +13,8 @@
 //! {"op":"volume_destroy","name":"v"}
 //! {"op":"key_load","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
 //! {"op":"key_unload","name":"v"}
+//! {"op":"grant_add","client":"cn:alice","volume":"v","access":"read-only"}
+//! {"op":"grant_remove","client":"cn:alice","volume":"v"}  {"op":"grant_list"}
 //! ```
 //!
 //! and answered by `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`.
@@ -63,6 +65,18 @@ pub enum Request {
     KeyUnload {
         name: String,
     },
+    /// Answered by the `Grant` stored (client name normalised).
+    GrantAdd {
+        client: String,
+        volume: String,
+        access: crate::access::Access,
+    },
+    GrantRemove {
+        client: String,
+        volume: String,
+    },
+    /// Answered by `Vec<Grant>`.
+    GrantList,
 }
 
 /// Where the daemon finds a secret: an absolute path, never the bytes.

@@ -31,12 +31,14 @@ use tokio::sync::RwLock;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use crate::access::AccessControl;
 use crate::cli::ServeArgs;
 use crate::control::{
     self, DaemonInfo, KeyStatus, Request, Response, SecretRef, StatusReport, VolumeEntry,
 };
 use crate::error::{Error, Result};
 use crate::export::PoolExports;
+use crate::grant;
 use crate::nbd;
 
 /// How long shutdown waits for NBD requests and control requests to finish.
@@ -96,14 +98,19 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
         .clone()
         .unwrap_or_else(|| dir.join(control::NBD_SOCKET_NAME));
     let (nbd_listener, _nbd_file) = bind_private_socket(&nbd_path)?;
+    let tcp_tls = tcp_security(args)?;
     let tcp = match &args.nbd_listen {
-        Some(addr) => Some(bind_tcp(addr).await?),
+        Some(addr) => Some(bind_tcp(addr, tcp_tls.is_some()).await?),
         None => None,
     };
     let nbd_tcp = tcp.as_ref().map(|(_, a)| a.clone());
 
+    let access = Arc::new(AccessControl::open(dir).map_err(Error::msg)?);
     let server = nbd::Server::new(
-        Arc::new(PoolExports(pool.clone())),
+        Arc::new(PoolExports {
+            pool: pool.clone(),
+            access: access.clone(),
+        }),
         nbd::ServerConfig::default(),
     );
     let daemon = Arc::new(Daemon {
@@ -113,13 +120,17 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
         euid: unsafe { libc::geteuid() },
         nbd_socket: nbd_path.clone(),
         nbd_tcp: nbd_tcp.clone(),
+        access,
     });
 
     let control_path = control::control_socket_path(dir);
     let (control_listener, _control_file) = bind_private_socket(&control_path)?;
 
     let mut nbd_unix_task = tokio::spawn(server.clone().serve_unix(nbd_listener));
-    let mut nbd_tcp_task = tcp.map(|(l, _)| tokio::spawn(server.clone().serve_tcp(l)));
+    let mut nbd_tcp_task = tcp.map(|(l, _)| match tcp_tls {
+        Some(tls) => tokio::spawn(server.clone().serve_tcp_tls(l, tls)),
+        None => tokio::spawn(server.clone().serve_tcp(l)),
+    });
     let control_task = tokio::spawn(control_loop(daemon.clone(), control_listener));
 
     let mut ready = format!(
@@ -204,6 +215,8 @@ struct Daemon {
     euid: u32,
     nbd_socket: PathBuf,
     nbd_tcp: Option<String>,
+    /// Grants and the audit log.
+    access: Arc<AccessControl>,
 }
 
 async fn control_loop(daemon: Arc<Daemon>, listener: UnixListener) {
@@ -260,10 +273,17 @@ impl Daemon {
                 continue;
             } else {
                 match serde_json::from_slice::<Request>(&line) {
-                    Ok(request) => match self.handle(request).await {
-                        Ok(v) => Response::Ok(v),
-                        Err(e) => Response::Err(e),
-                    },
+                    Ok(request) => {
+                        let audited = grant::Audited::of(&request);
+                        let result = self.handle(request).await;
+                        if let Some(audited) = audited {
+                            audited.record(&self.access, &result).await;
+                        }
+                        match result {
+                            Ok(v) => Response::Ok(v),
+                            Err(e) => Response::Err(e),
+                        }
+                    }
                     Err(e) => Response::Err(format!("malformed request: {e}")),
                 }
             };
@@ -370,6 +390,12 @@ impl Daemon {
                 self.refuse_if_attached(&name)?;
                 blocking(move || pool.unload_key(&name).map_err(|e| e.to_string())).await?;
                 Ok(Value::Null)
+            }
+            request @ (Request::GrantAdd { .. }
+            | Request::GrantRemove { .. }
+            | Request::GrantList) => {
+                let access = self.access.clone();
+                blocking(move || grant::handle(&pool, &access, request)).await
             }
         }
     }
@@ -506,18 +532,50 @@ fn bind_private_socket(path: &Path) -> Result<(UnixListener, SocketFile)> {
     ))
 }
 
-async fn bind_tcp(addr: &str) -> Result<(TcpListener, String)> {
+/// How the TCP listener authenticates clients: `Some` TLS configuration,
+/// or `None` for plaintext (only with `--nbd-plaintext`, only on loopback:
+/// checked again once bound).
+fn tcp_security(args: &ServeArgs) -> Result<Option<Arc<nbd::TlsConfig>>> {
+    let tls = match (&args.tls_certificates, &args.tls_psk) {
+        (Some(dir), None) => Some(nbd::TlsConfig::x509(dir)),
+        (None, Some(file)) => Some(nbd::TlsConfig::psk_file(file)),
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            return Err(Error::usage(
+                "--tls-certificates and --tls-psk cannot be used together",
+            ))
+        }
+    };
+    let tls = tls
+        .transpose()
+        .map_err(|e| Error::msg(format!("cannot set up TLS: {e}")))?;
+    match (&args.nbd_listen, &tls, args.nbd_plaintext) {
+        (None, Some(_), _) | (None, _, true) => Err(Error::usage(
+            "TLS and --nbd-plaintext apply to the TCP listener: add --nbd-listen HOST:PORT",
+        )),
+        (Some(_), Some(_), true) => Err(Error::usage(
+            "--nbd-plaintext cannot be combined with --tls-certificates or --tls-psk",
+        )),
+        (Some(_), None, false) => Err(Error::usage(
+            "NBD over TCP requires TLS: add --tls-certificates DIR or --tls-psk FILE \
+             (or --nbd-plaintext, on a loopback address only)",
+        )),
+        _ => Ok(tls.map(Arc::new)),
+    }
+}
+
+async fn bind_tcp(addr: &str, tls: bool) -> Result<(TcpListener, String)> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| Error::msg(format!("cannot listen on {addr}: {e}")))?;
     let local = listener
         .local_addr()
         .map_err(|e| Error::msg(format!("cannot listen on {addr}: {e}")))?;
-    if !local.ip().is_loopback() {
-        warn!(
-            "NBD over TCP on {local} is neither encrypted nor authenticated yet: anyone who can reach \
-             this address can read and write every unlocked volume; prefer a loopback address"
-        );
+    if !tls && !local.ip().is_loopback() {
+        return Err(Error::usage(format!(
+            "--nbd-plaintext is refused on {local}: it is not a loopback address \
+             (use --tls-certificates DIR or --tls-psk FILE)"
+        )));
     }
     Ok((listener, local.to_string()))
 }

@@ -1,8 +1,13 @@
 //! The glue between the engine and the NBD server: a volume as an NBD backend,
-//! the pool as the set of exports.
+//! the pool as the set of exports, grants as who may open what.
 //!
-//! Only unlocked volumes are exported; a locked or unknown name opens nothing,
-//! and both look the same to a client. Engine errors become errnos here
+//! Only unlocked volumes are exported. The Unix socket's client (the owner)
+//! opens any of them; a TLS or plaintext-TCP client opens and lists only
+//! the volumes granted to one of its names, read-only grants as read-only
+//! exports. A locked, unknown or forbidden name opens nothing, and all look
+//! the same to a client: every open resolves the volume and looks up the
+//! grant, whatever the outcome, and the server answers every failure alike
+//! (same reply, same audit write, same back-off). Engine errors become errnos here
 //! (`Error::errno`), and the ones that mean data or devices are in trouble are
 //! logged with the volume and range, since the client only sees EIO.
 
@@ -10,18 +15,29 @@ use std::sync::Arc;
 
 use bulwark_engine::{Pool, Volume};
 
-use crate::nbd::{Backend, Errno, Exports, Extent};
+use serde_json::json;
 
-pub struct VolumeBackend(pub Arc<Volume>);
+use crate::access::{Access, AccessControl, Record};
+use crate::nbd::{Backend, Client, Errno, Event, Exports, Extent, Identity};
+
+pub struct VolumeBackend {
+    volume: Arc<Volume>,
+    read_only: bool,
+}
 
 impl VolumeBackend {
     fn fail(&self, what: &str, offset: u64, length: u64, e: bulwark_engine::Error) -> Errno {
         let errno = e.errno();
         if errno == libc::EIO || errno == libc::ENOSPC {
-            tracing::warn!(volume = self.0.name(), offset, length, "{what} failed: {e}");
+            tracing::warn!(
+                volume = self.volume.name(),
+                offset,
+                length,
+                "{what} failed: {e}"
+            );
         } else {
             tracing::debug!(
-                volume = self.0.name(),
+                volume = self.volume.name(),
                 offset,
                 length,
                 "{what} refused: {e}"
@@ -33,32 +49,36 @@ impl VolumeBackend {
 
 impl Backend for VolumeBackend {
     fn size(&self) -> u64 {
-        self.0.size()
+        self.volume.size()
     }
 
     fn preferred_block_size(&self) -> u32 {
-        self.0.block_size()
+        self.volume.block_size()
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
         let length = buf.len() as u64;
-        self.0
+        self.volume
             .read(offset, buf)
             .map_err(|e| self.fail("read", offset, length, e))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
-        self.0
+        self.volume
             .write(offset, data, fua)
             .map_err(|e| self.fail("write", offset, data.len() as u64, e))
     }
 
     fn flush(&self) -> Result<(), Errno> {
-        self.0.flush().map_err(|e| self.fail("flush", 0, 0, e))
+        self.volume.flush().map_err(|e| self.fail("flush", 0, 0, e))
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno> {
-        self.0
+        self.volume
             .trim(offset, length)
             .map_err(|e| self.fail("trim", offset, length, e))?;
         if fua {
@@ -76,14 +96,14 @@ impl Backend for VolumeBackend {
     ) -> Result<(), Errno> {
         // The engine frees whole zeroed blocks whether or not the client allows
         // it: a freed block reads as zeros, which is all NBD promises either way.
-        self.0
+        self.volume
             .write_zeroes(offset, length, fua)
             .map_err(|e| self.fail("write zeroes", offset, length, e))
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, Errno> {
         let extents = self
-            .0
+            .volume
             .block_status(offset, length)
             .map_err(|e| self.fail("block status", offset, length, e))?;
         Ok(extents
@@ -97,16 +117,91 @@ impl Backend for VolumeBackend {
     }
 }
 
-/// Every unlocked volume of the pool, by name.
-pub struct PoolExports(pub Arc<Pool>);
+/// Every unlocked volume of the pool, by name, as each client may see it.
+pub struct PoolExports {
+    pub pool: Arc<Pool>,
+    pub access: Arc<AccessControl>,
+}
+
+impl PoolExports {
+    /// The access `client` has to `name`; `None` for none.
+    fn access(&self, client: &Client, name: &str) -> Option<Access> {
+        match client.identity {
+            Identity::Owner => Some(Access::ReadWrite),
+            _ => self.access.grants.access(&client.identity.names(), name),
+        }
+    }
+}
 
 impl Exports for PoolExports {
-    fn list(&self) -> Vec<String> {
-        self.0.exportable()
+    fn list(&self, client: &Client) -> Vec<String> {
+        let exportable = self.pool.exportable();
+        match client.identity {
+            Identity::Owner => exportable,
+            _ => {
+                let granted = self.access.grants.volumes(&client.identity.names());
+                exportable
+                    .into_iter()
+                    .filter(|v| granted.contains(v))
+                    .collect()
+            }
+        }
     }
 
-    fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
-        let volume = self.0.volume(name).ok()?;
-        Some(Arc::new(VolumeBackend(volume)))
+    fn open(&self, name: &str, client: &Client) -> Option<Arc<dyn Backend>> {
+        // Resolve first and decide after, so that unknown and forbidden
+        // names cost the same.
+        let volume = self.pool.volume(name).ok();
+        let access = self.access(client, name);
+        match (volume, access) {
+            (Some(volume), Some(access)) => Some(Arc::new(VolumeBackend {
+                volume,
+                read_only: access == Access::ReadOnly,
+            })),
+            _ => None,
+        }
+    }
+
+    fn event(&self, client: &Client, event: Event<'_>) {
+        let name = client.identity.name();
+        let (event, client_name, volume, result, detail) = match event {
+            Event::Attach { export, read_only } => (
+                "attach",
+                name.as_str(),
+                Some(export),
+                "ok",
+                json!({ "read_only": read_only }),
+            ),
+            Event::Detach { export, reason } => {
+                ("detach", name.as_str(), Some(export), "ok", json!(reason))
+            }
+            Event::Denied { export } => {
+                // For the administrator only: the client was told nothing.
+                let why = match (
+                    self.pool.volume(export).is_ok(),
+                    self.access(client, export),
+                ) {
+                    (_, None) => "no grant for this client",
+                    (false, Some(_)) => "no such unlocked volume",
+                    (true, Some(_)) => "not available",
+                };
+                ("attach", name.as_str(), Some(export), "denied", json!(why))
+            }
+            Event::HandshakeFailed { reason } => (
+                "handshake",
+                "unauthenticated",
+                None,
+                "denied",
+                json!(reason),
+            ),
+        };
+        self.access.audit.record(Record {
+            event,
+            client: client_name,
+            peer: &client.peer,
+            volume,
+            result,
+            detail,
+        });
     }
 }

@@ -7,6 +7,7 @@
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 
 mod bench;
+mod access;
 mod cli;
 mod client;
 mod control;
@@ -14,6 +15,7 @@ mod daemon;
 mod display;
 mod error;
 mod export;
+mod grant;
 
 use bulwark_nbd as nbd;
 
@@ -22,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, KeyCommand, PoolCommand, VolumeCommand};
+use crate::cli::{Cli, Command, GrantCommand, KeyCommand, PoolCommand, VolumeCommand};
 use crate::error::Result;
 
 fn main() -> ExitCode {
@@ -63,6 +65,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Key(KeyCommand::Load(args)) => client::key_load(client::pool_dir(pool)?, args),
         Command::Key(KeyCommand::Unload(args)) => client::key_unload(client::pool_dir(pool)?, args),
         Command::Status(args) => client::status(client::pool_dir(pool)?, args),
+        Command::Grant(GrantCommand::Add(args)) => grant::add(client::pool_dir(pool)?, args),
+        Command::Grant(GrantCommand::Remove(args)) => grant::remove(client::pool_dir(pool)?, args),
+        Command::Grant(GrantCommand::List(args)) => grant::list(client::pool_dir(pool)?, args),
         Command::Bench(args) => bench::bench(pool, args),
     }
 }

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use bulwark_nbd::{errno, Backend, Errno, Exports, Extent, Server, ServerConfig};
+use bulwark_nbd::{errno, Backend, Client, Errno, Exports, Extent, Server, ServerConfig};
 
 const CHUNK_BYTES: u64 = 64 << 10;
 
@@ -153,11 +153,11 @@ struct MemExports {
 }
 
 impl Exports for MemExports {
-    fn list(&self) -> Vec<String> {
+    fn list(&self, _: &Client) -> Vec<String> {
         self.disks.keys().cloned().collect()
     }
 
-    fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
+    fn open(&self, name: &str, _: &Client) -> Option<Arc<dyn Backend>> {
         let name = if name.is_empty() { &self.default } else { name };
         self.disks
             .get(name)
@@ -225,7 +225,10 @@ async fn main() -> std::io::Result<()> {
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)?;
     let mut config = ServerConfig::default();
-    if let Some(n) = std::env::var("MEMSERVE_WORKERS").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("MEMSERVE_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         config.max_workers_per_conn = n;
     }
     let server = Server::new(exports, config);

@@ -120,14 +120,92 @@ pub trait Backend: Send + Sync + 'static {
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, Errno>;
 }
 
-/// The set of disks a server offers, by name.
-pub trait Exports: Send + Sync + 'static {
-    /// Names a client may list (NBD_OPT_LIST).
-    fn list(&self) -> Vec<String>;
+/// Who a connection's client is, as established by its transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The Unix socket: only the server's owner can connect to it.
+    Owner,
+    /// Plaintext TCP: nobody in particular.
+    Anonymous,
+    /// TLS with a client certificate that verified against the CA.
+    Certificate {
+        /// The subject's common name, if it has one.
+        cn: Option<String>,
+        /// SHA-256 of the DER certificate, lowercase hex.
+        sha256: String,
+    },
+    /// TLS with a pre-shared key; the identity the client sent.
+    Psk(String),
+}
 
-    /// Opens an export by name; `None` if unknown or not available (e.g.
-    /// locked). The empty name is the client's "default export".
-    fn open(&self, name: &str) -> Option<Arc<dyn Backend>>;
+impl Identity {
+    /// Every name this client answers to, as grants spell them:
+    /// `owner`, `anonymous`, `cn:NAME`, `sha256:HEX`, `psk:IDENTITY`.
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Identity::Owner => vec!["owner".into()],
+            Identity::Anonymous => vec!["anonymous".into()],
+            Identity::Certificate { cn, sha256 } => {
+                let mut names = Vec::with_capacity(2);
+                if let Some(cn) = cn {
+                    names.push(format!("cn:{cn}"));
+                }
+                names.push(format!("sha256:{sha256}"));
+                names
+            }
+            Identity::Psk(id) => vec![format!("psk:{id}")],
+        }
+    }
+
+    /// The one name used in logs: the first of [`names`](Self::names).
+    pub fn name(&self) -> String {
+        self.names().swap_remove(0)
+    }
+}
+
+/// A connected client: who it is and where it connects from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    pub identity: Identity,
+    /// `IP:PORT` for TCP, `unix pid=... uid=...` for the Unix socket.
+    pub peer: String,
+    /// The peer's address, for per-address rate limiting (TCP only).
+    pub ip: Option<std::net::IpAddr>,
+}
+
+/// What happened to a client, reported to [`Exports::event`] (for an audit
+/// trail). Called from the blocking pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// Entered the transmission phase on `export`.
+    Attach { export: &'a str, read_only: bool },
+    /// Left it; `reason` says why.
+    Detach { export: &'a str, reason: &'a str },
+    /// Asked for an export that [`Exports::open`] did not give it (unknown
+    /// and forbidden names are reported alike).
+    Denied { export: &'a str },
+    /// Failed before choosing an export: TLS handshake failure, plaintext
+    /// options on a TLS listener.
+    HandshakeFailed { reason: &'a str },
+}
+
+/// The set of disks a server offers, by name, and who may see which.
+///
+/// Methods may block; the server calls them on the blocking pool.
+pub trait Exports: Send + Sync + 'static {
+    /// Names `client` may list (NBD_OPT_LIST).
+    fn list(&self, client: &Client) -> Vec<String>;
+
+    /// Opens an export by name for `client`; `None` if unknown, not
+    /// available (e.g. locked) or not permitted to this client: the server
+    /// answers all of these alike, so an implementation should do the same
+    /// work on each path. The empty name is the client's "default export".
+    fn open(&self, name: &str, client: &Client) -> Option<Arc<dyn Backend>>;
+
+    /// Something worth an audit record happened to `client`.
+    fn event(&self, client: &Client, event: Event<'_>) {
+        let _ = (client, event);
+    }
 }
 
 #[cfg(test)]
@@ -147,5 +225,24 @@ mod tests {
         assert_eq!(to_wire(0), EIO as u32);
         assert_eq!(to_wire(-1), EIO as u32);
         assert_eq!(to_wire(4), EIO as u32);
+    }
+
+    #[test]
+    fn identity_names() {
+        use super::Identity;
+        let c = Identity::Certificate {
+            cn: Some("alice".into()),
+            sha256: "ab".into(),
+        };
+        assert_eq!(c.names(), ["cn:alice", "sha256:ab"]);
+        assert_eq!(c.name(), "cn:alice");
+        let c = Identity::Certificate {
+            cn: None,
+            sha256: "ab".into(),
+        };
+        assert_eq!(c.name(), "sha256:ab");
+        assert_eq!(Identity::Psk("bob".into()).name(), "psk:bob");
+        assert_eq!(Identity::Owner.name(), "owner");
+        assert_eq!(Identity::Anonymous.name(), "anonymous");
     }
 }

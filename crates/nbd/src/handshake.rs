@@ -1,15 +1,22 @@
 //! Fixed-newstyle option haggling: from the greeting to the transmission
 //! phase.
 //!
-//! One [`negotiate`] call runs the whole handshake on any byte stream
-//! (`AsyncRead + AsyncWrite`), so a TLS stream can replace the socket
-//! later: `NBD_OPT_STARTTLS` is the one option that swaps the stream, and
-//! it answers `NBD_REP_ERR_POLICY` until TLS exists. Adding TLS means:
-//! ACK it, return the stream to the caller to wrap, and call the option
-//! loop again on the TLS stream with fresh state (the spec forbids keeping
-//! options negotiated before STARTTLS). The handshake never reads ahead of
-//! the option it is handling, so no byte of the transmission phase (or of a
-//! TLS handshake) is consumed here.
+//! [`greet`] sends the greeting and reads the client's flags; [`options`]
+//! runs the option loop on any byte stream (`AsyncRead + AsyncWrite`). On a
+//! listener that requires TLS the loop first runs in [`Tls::Required`]:
+//! every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` gets
+//! `NBD_REP_ERR_TLS_REQD` (so the client learns nothing, not even the
+//! export list), and STARTTLS is ACKed and returned to the caller, which
+//! wraps the stream and calls the loop again in [`Tls::Active`] with fresh
+//! state (the spec forbids keeping options negotiated before STARTTLS).
+//! Without TLS ([`Tls::Unavailable`]) STARTTLS gets `NBD_REP_ERR_POLICY`.
+//! The handshake never reads ahead of the option it is handling, so no byte
+//! of the transmission phase (or of a TLS handshake) is consumed here.
+//!
+//! Opens go through [`Exports::open`] with the client's identity; a failed
+//! open (unknown, unavailable or forbidden: one answer for all) is
+//! reported as [`Event::Denied`], counted by the rate limiter, and answered
+//! after the back-off it has earned.
 //!
 //! Invariants: every option gets exactly one final reply (ACK or error)
 //! unless the connection is closed; the connection is closed only where
@@ -26,9 +33,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tracing::debug;
 
-use crate::backend::{Backend, Exports};
+use crate::backend::{Backend, Client, Event, Exports};
 use crate::limits::{OPTION_BYTES_MAX, STRING_BYTES_MAX};
 use crate::proto::*;
+use crate::ratelimit::{Key, Limiter};
 use crate::server::Limits;
 use crate::transmission::transmission_flags;
 
@@ -50,6 +58,8 @@ pub(crate) enum HandshakeError {
     ExportName(ProtoError),
     #[error("NBD_OPT_EXPORT_NAME for unavailable export {0:?}")]
     ExportUnavailable(String),
+    #[error("NBD_OPT_EXPORT_NAME before TLS on a listener that requires it")]
+    ExportNameBeforeTls,
     #[error("server is shutting down")]
     Shutdown,
 }
@@ -85,6 +95,44 @@ pub(crate) enum Outcome {
     Transmission(Negotiated),
     /// The client sent `NBD_OPT_ABORT`.
     Aborted,
+    /// `NBD_OPT_STARTTLS` was ACKed: the caller runs the TLS handshake.
+    StartTls,
+}
+
+/// Where the connection stands with TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tls {
+    /// Not offered on this listener: STARTTLS gets `NBD_REP_ERR_POLICY`.
+    Unavailable,
+    /// Required and not yet started: only STARTTLS and ABORT are served.
+    Required,
+    /// Established: STARTTLS again is invalid.
+    Active,
+}
+
+/// What the option loop needs besides the stream.
+pub(crate) struct Context<'a> {
+    pub exports: &'a Arc<dyn Exports>,
+    pub limits: &'a Limits,
+    pub shutdown: &'a watch::Receiver<bool>,
+    pub client: &'a Arc<Client>,
+    pub limiter: &'a Limiter,
+    pub tls: Tls,
+}
+
+impl Context<'_> {
+    /// Rate-limit keys of this client: its address and, if authenticated
+    /// by TLS, its identity.
+    pub(crate) fn keys(&self) -> Vec<Key> {
+        let mut keys = Vec::with_capacity(2);
+        if let Some(ip) = self.client.ip {
+            keys.push(Key::Addr(ip));
+        }
+        if self.tls == Tls::Active {
+            keys.push(Key::Identity(self.client.identity.name()));
+        }
+        keys
+    }
 }
 
 /// An export opened and described on the blocking pool.
@@ -111,12 +159,20 @@ pub(crate) fn block_sizes(backend_preferred: u32, request_bytes_max: u32) -> (u3
     (1, preferred.min(cap), request_bytes_max)
 }
 
-async fn open_export(exports: &Arc<dyn Exports>, name: &str, limits: &Limits) -> Option<Opened> {
-    let exports = Arc::clone(exports);
+/// Opens `name` for the client on the blocking pool. A failed open (for
+/// whatever reason) takes the same path every time: reported to
+/// `Exports::event`, counted against the client, and delayed by the
+/// back-off it has earned before the caller replies.
+async fn open_export(cx: &Context<'_>, name: &str) -> Option<Opened> {
+    let exports = Arc::clone(cx.exports);
+    let client = Arc::clone(cx.client);
     let name = name.to_owned();
-    let request_bytes_max = limits.request_bytes_max;
+    let request_bytes_max = cx.limits.request_bytes_max;
     let opened = tokio::task::spawn_blocking(move || {
-        let backend = exports.open(&name)?;
+        let Some(backend) = exports.open(&name, &client) else {
+            exports.event(&client, Event::Denied { export: &name });
+            return None;
+        };
         let (_, block_preferred, request_bytes_max) =
             block_sizes(backend.preferred_block_size(), request_bytes_max);
         Some(Opened {
@@ -129,14 +185,26 @@ async fn open_export(exports: &Arc<dyn Exports>, name: &str, limits: &Limits) ->
             backend,
         })
     })
-    .await;
+    .await
     // A panicking `open` is treated as "not available".
-    opened.ok().flatten()
+    .ok()
+    .flatten();
+    if opened.is_none() {
+        let keys = cx.keys();
+        let delay = cx.limiter.delay(&keys);
+        cx.limiter.fail(&keys);
+        if !delay.is_zero() {
+            debug!(?delay, "delaying the reply to a failed open");
+            tokio::time::sleep(delay).await;
+        }
+    }
+    opened
 }
 
-async fn list_exports(exports: &Arc<dyn Exports>) -> Vec<String> {
+async fn list_exports(exports: &Arc<dyn Exports>, client: &Arc<Client>) -> Vec<String> {
     let exports = Arc::clone(exports);
-    tokio::task::spawn_blocking(move || exports.list())
+    let client = Arc::clone(client);
+    tokio::task::spawn_blocking(move || exports.list(&client))
         .await
         .unwrap_or_default()
 }
@@ -152,12 +220,14 @@ enum Step {
     Continue,
     Go(Negotiated),
     Abort,
+    StartTls,
 }
 
 struct Haggle<'a> {
-    exports: &'a Arc<dyn Exports>,
-    limits: &'a Limits,
+    cx: &'a Context<'a>,
     no_zeroes: bool,
+    /// Options refused with `NBD_REP_ERR_TLS_REQD` so far.
+    refused_without_tls: u32,
     structured: bool,
     /// Export name and context id chosen by the last NBD_OPT_SET_META_CONTEXT.
     meta: Option<(String, u32)>,
@@ -171,6 +241,9 @@ impl Haggle<'_> {
     }
 
     async fn handle(&mut self, option: u32, payload: &[u8]) -> Result<Step, HandshakeError> {
+        if self.cx.tls == Tls::Required {
+            return self.before_tls(option, payload);
+        }
         match option {
             OPT_EXPORT_NAME => self.export_name(payload).await,
             OPT_ABORT => {
@@ -183,7 +256,7 @@ impl Haggle<'_> {
                     self.reply(option, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data");
                     return Ok(Step::Continue);
                 }
-                for name in list_exports(self.exports).await {
+                for name in list_exports(self.cx.exports, self.cx.client).await {
                     // Names that are not valid NBD strings cannot be used anyway.
                     if name.len() <= STRING_BYTES_MAX && !name.contains('\0') {
                         self.reply(option, REP_SERVER, &rep_server(&name));
@@ -193,10 +266,16 @@ impl Haggle<'_> {
                 Ok(Step::Continue)
             }
             OPT_STARTTLS => {
-                if payload.is_empty() {
-                    self.reply(option, REP_ERR_POLICY, b"TLS is not enabled on this server");
-                } else {
+                if !payload.is_empty() {
                     self.reply(option, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data");
+                } else if self.cx.tls == Tls::Active {
+                    self.reply(option, REP_ERR_INVALID, b"TLS is already active");
+                } else {
+                    self.reply(
+                        option,
+                        REP_ERR_POLICY,
+                        b"TLS is not enabled on this listener",
+                    );
                 }
                 Ok(Step::Continue)
             }
@@ -226,10 +305,40 @@ impl Haggle<'_> {
         }
     }
 
+    /// A listener that requires TLS, before STARTTLS: nothing but STARTTLS
+    /// and ABORT is served, and nothing about exports is said.
+    fn before_tls(&mut self, option: u32, payload: &[u8]) -> Result<Step, HandshakeError> {
+        match option {
+            OPT_STARTTLS if payload.is_empty() => {
+                self.reply(option, REP_ACK, &[]);
+                Ok(Step::StartTls)
+            }
+            OPT_STARTTLS => {
+                self.reply(option, REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data");
+                Ok(Step::Continue)
+            }
+            OPT_ABORT => {
+                self.reply(option, REP_ACK, &[]);
+                Ok(Step::Abort)
+            }
+            // It cannot be refused with an error reply: hang up.
+            OPT_EXPORT_NAME => Err(HandshakeError::ExportNameBeforeTls),
+            _ => {
+                self.refused_without_tls += 1;
+                self.reply(
+                    option,
+                    REP_ERR_TLS_REQD,
+                    b"TLS is required: use NBD_OPT_STARTTLS",
+                );
+                Ok(Step::Continue)
+            }
+        }
+    }
+
     async fn export_name(&mut self, payload: &[u8]) -> Result<Step, HandshakeError> {
         // NBD_OPT_EXPORT_NAME cannot return an error: hang up instead.
         let name = parse_string(payload).map_err(HandshakeError::ExportName)?;
-        let Some(opened) = open_export(self.exports, &name, self.limits).await else {
+        let Some(opened) = open_export(self.cx, &name).await else {
             return Err(HandshakeError::ExportUnavailable(name));
         };
         let negotiated = self.negotiated(name, opened);
@@ -249,7 +358,7 @@ impl Haggle<'_> {
                 return Ok(Step::Continue);
             }
         };
-        let Some(opened) = open_export(self.exports, &request.name, self.limits).await else {
+        let Some(opened) = open_export(self.cx, &request.name).await else {
             self.reply(option, REP_ERR_UNKNOWN, b"export not available");
             return Ok(Step::Continue);
         };
@@ -338,14 +447,9 @@ impl Haggle<'_> {
     }
 }
 
-/// Runs option haggling on `stream` until the client enters transmission,
-/// aborts, or breaks the protocol. The caller bounds it with a timeout.
-pub(crate) async fn negotiate<S>(
-    stream: &mut S,
-    exports: &Arc<dyn Exports>,
-    limits: &Limits,
-    shutdown: &watch::Receiver<bool>,
-) -> Result<Outcome, HandshakeError>
+/// Sends the greeting and reads the client's flags; returns whether the
+/// client asked for `NO_ZEROES`.
+pub(crate) async fn greet<S>(stream: &mut S) -> Result<bool, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -360,14 +464,44 @@ where
     }
     // Clients without FIXED_NEWSTYLE are served as fixed-newstyle anyway
     // (the spec allows it); such clients only send NBD_OPT_EXPORT_NAME.
+    Ok(client_flags & FLAG_C_NO_ZEROES != 0)
+}
+
+/// What [`options`] leaves behind besides its outcome.
+pub(crate) struct Summary {
+    /// Options refused with `NBD_REP_ERR_TLS_REQD`.
+    pub refused_without_tls: u32,
+}
+
+/// Runs option haggling on `stream` until the client enters transmission,
+/// aborts, starts TLS, or breaks the protocol. The caller bounds it with a
+/// timeout.
+pub(crate) async fn options<S>(
+    stream: &mut S,
+    cx: &Context<'_>,
+    no_zeroes: bool,
+    summary: &mut Summary,
+) -> Result<Outcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut haggle = Haggle {
-        exports,
-        limits,
-        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        cx,
+        no_zeroes,
+        refused_without_tls: 0,
         structured: false,
         meta: None,
         out: Vec::new(),
     };
+    let result = option_loop(stream, &mut haggle).await;
+    summary.refused_without_tls += haggle.refused_without_tls;
+    result
+}
+
+async fn option_loop<S>(stream: &mut S, haggle: &mut Haggle<'_>) -> Result<Outcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     loop {
         let mut header = [0u8; OptionHeader::LEN];
         stream.read_exact(&mut header).await?;
@@ -387,7 +521,7 @@ where
             "option"
         );
         haggle.out.clear();
-        if *shutdown.borrow() && header.option != OPT_ABORT {
+        if *haggle.cx.shutdown.borrow() && header.option != OPT_ABORT {
             haggle.reply(header.option, REP_ERR_SHUTDOWN, b"server is shutting down");
             stream.write_all(&haggle.out).await?;
             stream.flush().await?;
@@ -400,6 +534,7 @@ where
             Step::Continue => {}
             Step::Go(negotiated) => return Ok(Outcome::Transmission(negotiated)),
             Step::Abort => return Ok(Outcome::Aborted),
+            Step::StartTls => return Ok(Outcome::StartTls),
         }
     }
 }

@@ -8,13 +8,16 @@
 //! threads (`Backend` call) → `transmission` writer (reply) → socket.
 //!
 //! Codemap:
-//! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Extent`],
-//!   [`errno`] values.
+//! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Client`],
+//!   [`Identity`], [`Event`], [`Extent`], [`errno`] values.
 //! - `proto.rs`: wire constants and a pure, panic-free codec ([`proto`]).
 //! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`.
 //! - `transmission.rs`: request validation, execution, reply writing.
 //! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
 //! - `limits.rs`: every bound on what a client can make us hold or wait on.
+//! - `tls.rs`: [`TlsConfig`] (X.509 directory or PSK file), TLS accept and
+//!   the client's identity.
+//! - `ratelimit.rs`: exponential back-off per address and identity.
 //! - `buffers.rs`: per-connection payload buffer reuse.
 //! - `workers.rs`: per-connection blocking threads that run backend calls.
 //!
@@ -24,11 +27,15 @@
 //!   another connection.
 //! - Requests are validated once, at the edge; backends only see in-range,
 //!   permitted, nonzero-length calls.
-//! - Everything is generic over `AsyncRead + AsyncWrite`, so TLS slots in
-//!   as another stream (`NBD_OPT_STARTTLS` answers `NBD_REP_ERR_POLICY`
-//!   until then).
+//! - Everything is generic over `AsyncRead + AsyncWrite`; TLS (`tls.rs`,
+//!   OpenSSL) is another stream, entered with `NBD_OPT_STARTTLS`. On a TLS
+//!   listener nothing but STARTTLS and ABORT is answered before TLS.
+//! - Every client has an [`Identity`] (owner, anonymous, certificate, PSK);
+//!   [`Exports`] decides per identity what it lists and opens, and sees
+//!   every attach, detach and refusal ([`Event`]). Failing TCP clients are
+//!   slowed per address and identity (`ratelimit.rs`).
 //!
-//! Not implemented: TLS, `NBD_OPT_EXTENDED_HEADERS` (answered
+//! Not implemented: `NBD_OPT_EXTENDED_HEADERS` (answered
 //! `NBD_REP_ERR_UNSUP`), `NBD_CMD_CACHE` and `NBD_CMD_RESIZE` (`EINVAL`),
 //! `NBD_REPLY_TYPE_OFFSET_HOLE` (reads always send data), metadata
 //! contexts other than `base:allocation`.
@@ -38,9 +45,12 @@ mod buffers;
 mod handshake;
 pub mod limits;
 pub mod proto;
+mod ratelimit;
 mod server;
+pub mod tls;
 mod transmission;
 mod workers;
 
-pub use backend::{errno, Backend, Errno, Exports, Extent};
+pub use backend::{errno, Backend, Client, Errno, Event, Exports, Extent, Identity};
 pub use server::{Server, ServerConfig};
+pub use tls::{TlsConfig, TlsError, TlsMode};

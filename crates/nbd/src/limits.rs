@@ -70,6 +70,17 @@ pub const POOL_BUFFERS_MAX: usize = 16;
 /// Buffers with more capacity than this are freed, not pooled.
 pub const POOL_BUFFER_BYTES_MAX: usize = 2 << 20;
 
+/// Failures per address or identity that cost no delay (`ratelimit.rs`).
+pub const RATE_FREE_FAILURES: u32 = 3;
+/// Delay after the first failure past the free ones; doubles with each.
+pub const RATE_DELAY_BASE: Duration = Duration::from_millis(100);
+/// Longest delay a failing client is made to wait per attempt.
+pub const RATE_DELAY_MAX: Duration = Duration::from_secs(5);
+/// A key with no failure for this long starts again from zero.
+pub const RATE_FORGET: Duration = Duration::from_secs(600);
+/// Addresses and identities remembered at once.
+pub const RATE_KEYS_MAX: usize = 16 << 10;
+
 /// Back-off after a transient `accept` error (e.g. out of descriptors).
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 

@@ -2,7 +2,14 @@
 //! the transmission phase, and tracks them for shutdown and for
 //! "is this volume attached?" questions.
 //!
-//! Lifecycle: `serve_unix`/`serve_tcp` accept until [`Server::shutdown`];
+//! Listeners and who their clients are: `serve_unix` (the owner: the
+//! socket's mode is the access control), `serve_tcp` (plaintext,
+//! `anonymous`), `serve_tcp_tls` (TLS required via `NBD_OPT_STARTTLS`; the
+//! client is who its certificate or PSK says). TCP clients that fail (TLS,
+//! plaintext on a TLS listener, refused opens) are slowed per address and
+//! identity (`ratelimit.rs`); the delay is served before the greeting.
+//!
+//! Lifecycle: the `serve_*` methods accept until [`Server::shutdown`];
 //! shutdown also tells every connection to stop reading requests, finish
 //! the ones in flight and close. [`Server::wait_idle`] resolves once the
 //! last connection, and every backend call it started, has finished. Any
@@ -25,13 +32,15 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{info, info_span, warn, Instrument};
 
-use crate::backend::Exports;
-use crate::handshake::{self, Outcome};
+use crate::backend::{Client, Event, Exports, Identity};
+use crate::handshake::{self, Context, HandshakeError, Negotiated, Outcome, Summary, Tls};
 use crate::limits::{
     ACCEPT_BACKOFF, HANDSHAKE_TIMEOUT, INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT,
     REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT,
     WORKERS_PER_CONN_LIMIT,
 };
+use crate::ratelimit::{Key, Limiter};
+use crate::tls::TlsConfig;
 use crate::transmission;
 
 /// Tunables for a [`Server`]. Out-of-range values are clamped (see
@@ -75,9 +84,7 @@ impl Limits {
             inflight_max: config
                 .max_inflight_per_conn
                 .clamp(1, INFLIGHT_PER_CONN_LIMIT),
-            workers_max: config
-                .max_workers_per_conn
-                .clamp(1, WORKERS_PER_CONN_LIMIT),
+            workers_max: config.max_workers_per_conn.clamp(1, WORKERS_PER_CONN_LIMIT),
         }
     }
 }
@@ -92,6 +99,18 @@ pub struct Server {
     /// Connections in the transmission phase, per export name.
     attached: Mutex<HashMap<String, usize>>,
     next_id: AtomicU64,
+    limiter: Limiter,
+}
+
+/// How a listener's clients are authenticated.
+#[derive(Clone)]
+enum Transport {
+    /// The Unix socket: the owner, plaintext.
+    Owner,
+    /// Plaintext TCP: anonymous.
+    Plain,
+    /// TLS required.
+    Tls(Arc<TlsConfig>),
 }
 
 /// Counts one connection for `wait_idle` while alive.
@@ -126,31 +145,36 @@ impl Drop for AttachGuard {
 /// A listening socket the accept loop can take connections from.
 trait Listen {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    /// Accepts one connection and names its peer for logs.
-    fn accept_one(&self) -> impl Future<Output = io::Result<(Self::Stream, String)>> + Send;
+    /// Accepts one connection; names its peer (for logs) and address.
+    fn accept_one(
+        &self,
+    ) -> impl Future<Output = io::Result<(Self::Stream, String, Option<std::net::IpAddr>)>> + Send;
 }
 
 impl Listen for UnixListener {
     type Stream = UnixStream;
-    async fn accept_one(&self) -> io::Result<(UnixStream, String)> {
+    async fn accept_one(&self) -> io::Result<(UnixStream, String, Option<std::net::IpAddr>)> {
         let (stream, _) = self.accept().await?;
         let peer = match stream.peer_cred() {
-            Ok(cred) => format!("unix pid={:?} uid={}", cred.pid(), cred.uid()),
+            Ok(cred) => match cred.pid() {
+                Some(pid) => format!("unix pid={pid} uid={}", cred.uid()),
+                None => format!("unix uid={}", cred.uid()),
+            },
             Err(_) => "unix".to_owned(),
         };
-        Ok((stream, peer))
+        Ok((stream, peer, None))
     }
 }
 
 impl Listen for TcpListener {
     type Stream = TcpStream;
-    async fn accept_one(&self) -> io::Result<(TcpStream, String)> {
+    async fn accept_one(&self) -> io::Result<(TcpStream, String, Option<std::net::IpAddr>)> {
         let (stream, addr) = self.accept().await?;
         // The spec asks both sides to disable Nagle.
         if let Err(e) = stream.set_nodelay(true) {
             warn!("TCP_NODELAY: {e}");
         }
-        Ok((stream, addr.to_string()))
+        Ok((stream, addr.to_string(), Some(addr.ip())))
     }
 }
 
@@ -171,28 +195,59 @@ impl Server {
             connections: watch::channel(0).0,
             attached: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            limiter: Limiter::default(),
         })
     }
 
     /// Serves connections from a Unix socket until [`shutdown`](Self::shutdown).
+    /// Its clients are [`Identity::Owner`]: whoever can open the socket.
     pub async fn serve_unix(self: Arc<Self>, listener: UnixListener) -> io::Result<()> {
-        self.accept_loop(listener).await
+        self.accept_loop(listener, Transport::Owner).await
     }
 
-    /// Serves connections from a TCP socket until [`shutdown`](Self::shutdown).
+    /// Serves plaintext NBD on a TCP socket until [`shutdown`](Self::shutdown).
+    /// Its clients are [`Identity::Anonymous`].
     pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) -> io::Result<()> {
-        self.accept_loop(listener).await
+        self.accept_loop(listener, Transport::Plain).await
     }
 
-    /// Serves one already-connected byte stream (plain socket, TLS stream,
-    /// in-memory pipe) through handshake and transmission; returns when the
-    /// connection is finished. Returns at once after shutdown.
+    /// Serves NBD on a TCP socket with TLS required until
+    /// [`shutdown`](Self::shutdown). Clients are who TLS proved them to be.
+    pub async fn serve_tcp_tls(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Arc<TlsConfig>,
+    ) -> io::Result<()> {
+        self.accept_loop(listener, Transport::Tls(tls)).await
+    }
+
+    /// Serves one already-connected byte stream (plain socket, in-memory
+    /// pipe) as the owner, through handshake and transmission; returns when
+    /// the connection is finished. Returns at once after shutdown.
     pub async fn serve_stream<S>(self: Arc<Self>, stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         if let Some(guard) = self.track() {
-            self.connection(guard, stream, "stream".to_owned()).await;
+            let peer = ("stream".to_owned(), None);
+            self.connection(guard, stream, peer, Transport::Owner).await;
+        }
+    }
+
+    /// Like [`serve_stream`](Self::serve_stream), with TLS required (as on a
+    /// TLS listener) and `ip` as the peer's address for rate limiting.
+    pub async fn serve_stream_tls<S>(
+        self: Arc<Self>,
+        stream: S,
+        tls: Arc<TlsConfig>,
+        ip: Option<std::net::IpAddr>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        if let Some(guard) = self.track() {
+            let peer = ("stream".to_owned(), ip);
+            self.connection(guard, stream, peer, Transport::Tls(tls))
+                .await;
         }
     }
 
@@ -251,7 +306,11 @@ impl Server {
         }
     }
 
-    async fn accept_loop<L: Listen>(self: Arc<Self>, listener: L) -> io::Result<()> {
+    async fn accept_loop<L: Listen>(
+        self: Arc<Self>,
+        listener: L,
+        transport: Transport,
+    ) -> io::Result<()> {
         let mut shutdown = self.shutdown.subscribe();
         loop {
             let accepted = tokio::select! {
@@ -260,12 +319,13 @@ impl Server {
                 accepted = listener.accept_one() => accepted,
             };
             match accepted {
-                Ok((stream, peer)) => {
+                Ok((stream, peer, ip)) => {
                     let Some(guard) = self.track() else {
                         return Ok(());
                     };
                     let server = Arc::clone(&self);
-                    tokio::spawn(server.connection(guard, stream, peer));
+                    let transport = transport.clone();
+                    tokio::spawn(server.connection(guard, stream, (peer, ip), transport));
                 }
                 Err(e) if accept_error_is_fatal(&e) => return Err(e),
                 Err(e) => {
@@ -282,7 +342,8 @@ impl Server {
         self: Arc<Self>,
         guard: ConnectionGuard,
         stream: S,
-        peer: String,
+        (peer, ip): (String, Option<std::net::IpAddr>),
+        transport: Transport,
     ) -> impl Future<Output = ()> + Send
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -291,59 +352,260 @@ impl Server {
         let span = info_span!("nbd", conn = id);
         async move {
             info!(%peer, "client connected");
-            self.negotiate_and_serve(stream).await;
+            let identity = match transport {
+                Transport::Owner => Identity::Owner,
+                // Until TLS says otherwise.
+                Transport::Plain | Transport::Tls(_) => Identity::Anonymous,
+            };
+            let client = Client { identity, peer, ip };
+            self.negotiate_and_serve(stream, client, transport).await;
             drop(guard);
         }
         .instrument(span)
     }
 
-    async fn negotiate_and_serve<S>(self: &Arc<Self>, mut stream: S)
-    where
+    /// Reports `event` to the exports on the blocking pool.
+    async fn event(&self, client: &Arc<Client>, event: OwnedEvent) {
+        let exports = Arc::clone(&self.exports);
+        let client = Arc::clone(client);
+        let _ = tokio::task::spawn_blocking(move || exports.event(&client, event.as_event())).await;
+    }
+
+    async fn negotiate_and_serve<S>(
+        self: &Arc<Self>,
+        mut stream: S,
+        client: Client,
+        transport: Transport,
+    ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let shutdown = self.shutdown.subscribe();
-        let mut stop = shutdown.clone();
-        let negotiated = tokio::select! {
-            r = tokio::time::timeout(
-                HANDSHAKE_TIMEOUT,
-                handshake::negotiate(&mut stream, &self.exports, &self.limits, &shutdown),
-            ) => r,
-            _ = stop.wait_for(|s| *s) => {
-                info!("closed during handshake: server shutting down");
-                return;
+        // A TCP address that has been failing waits before it is answered.
+        if let Some(ip) = client.ip {
+            let delay = self.limiter.delay(&[Key::Addr(ip)]);
+            if !delay.is_zero() {
+                info!(?delay, "address has failed recently: delaying the greeting");
+                let far = tokio::time::Instant::now() + delay + HANDSHAKE_TIMEOUT;
+                if step(&shutdown, far, tokio::time::sleep(delay))
+                    .await
+                    .is_none()
+                {
+                    return;
+                }
             }
+        }
+        let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+        let mut client = Arc::new(client);
+        let no_zeroes = match step(&shutdown, deadline, handshake::greet(&mut stream)).await {
+            Some(Ok(no_zeroes)) => no_zeroes,
+            Some(Err(e)) => return handshake_ended(Err(e)),
+            None => return,
         };
-        let export = match negotiated {
-            Err(_) => {
-                warn!("handshake timed out");
-                return;
-            }
-            Ok(Err(e)) if e.is_disconnect() => {
-                info!("client disconnected during handshake");
-                return;
-            }
-            Ok(Err(e)) => {
-                info!("handshake failed: {e}");
-                return;
-            }
-            Ok(Ok(Outcome::Aborted)) => {
-                info!("client aborted negotiation");
-                return;
-            }
-            Ok(Ok(Outcome::Transmission(export))) => export,
+        let tls = match transport {
+            Transport::Owner | Transport::Plain => None,
+            Transport::Tls(tls) => Some(tls),
         };
+        let Some(tls) = tls else {
+            let cx = self.context(&shutdown, &client, Tls::Unavailable);
+            let mut summary = Summary {
+                refused_without_tls: 0,
+            };
+            let r = step(
+                &shutdown,
+                deadline,
+                handshake::options(&mut stream, &cx, no_zeroes, &mut summary),
+            )
+            .await;
+            if let Some(export) = handshake_result(r) {
+                self.serve(stream, export, &client, shutdown).await;
+            }
+            return;
+        };
+
+        // TLS required: STARTTLS, the TLS handshake, then options again.
+        let cx = self.context(&shutdown, &client, Tls::Required);
+        let mut summary = Summary {
+            refused_without_tls: 0,
+        };
+        let r = step(
+            &shutdown,
+            deadline,
+            handshake::options(&mut stream, &cx, no_zeroes, &mut summary),
+        )
+        .await;
+        let started = matches!(r, Some(Ok(Outcome::StartTls)));
+        if !started {
+            let plaintext = summary.refused_without_tls > 0
+                || matches!(r, Some(Err(HandshakeError::ExportNameBeforeTls)));
+            if plaintext {
+                self.fail_address(&client, "plaintext NBD options on a TLS listener")
+                    .await;
+            }
+            handshake_result(r);
+            return;
+        }
+        let accepted = step(&shutdown, deadline, tls.accept(stream)).await;
+        let (mut stream, identity) = match accepted {
+            Some(Ok(done)) => done,
+            Some(Err(reason)) => {
+                info!("TLS handshake failed: {reason}");
+                self.fail_address(&client, &format!("TLS handshake failed: {reason}"))
+                    .await;
+                return;
+            }
+            None => return,
+        };
+        Arc::make_mut(&mut client).identity = identity;
+        info!(client = %client.identity.name(), "TLS established");
+        let cx = self.context(&shutdown, &client, Tls::Active);
+        let r = step(
+            &shutdown,
+            deadline,
+            handshake::options(&mut stream, &cx, no_zeroes, &mut summary),
+        )
+        .await;
+        if let Some(export) = handshake_result(r) {
+            self.serve(stream, export, &client, shutdown).await;
+        }
+    }
+
+    fn context<'a>(
+        &'a self,
+        shutdown: &'a watch::Receiver<bool>,
+        client: &'a Arc<Client>,
+        tls: Tls,
+    ) -> Context<'a> {
+        Context {
+            exports: &self.exports,
+            limits: &self.limits,
+            shutdown,
+            client,
+            limiter: &self.limiter,
+            tls,
+        }
+    }
+
+    /// Counts a failure against the client's address and reports it.
+    async fn fail_address(&self, client: &Arc<Client>, reason: &str) {
+        if let Some(ip) = client.ip {
+            self.limiter.fail(&[Key::Addr(ip)]);
+        }
+        self.event(
+            client,
+            OwnedEvent::HandshakeFailed {
+                reason: reason.to_owned(),
+            },
+        )
+        .await;
+    }
+
+    /// The transmission phase, counted as attached and reported.
+    async fn serve<S>(
+        self: &Arc<Self>,
+        stream: S,
+        export: Negotiated,
+        client: &Arc<Client>,
+        shutdown: watch::Receiver<bool>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let _attached = self.attach(&export.name);
+        let name = export.name.clone();
+        let read_only = export.flags & crate::proto::FLAG_READ_ONLY != 0;
         info!(
             export = %export.name,
             size = export.size,
             flags = format_args!("{:#x}", export.flags),
             structured = export.structured,
             block_status = export.meta_context.is_some(),
+            client = %client.identity.name(),
             "serving export"
         );
-        let end = transmission::run(stream, export, &self.limits, shutdown).await;
+        self.event(
+            client,
+            OwnedEvent::Attach {
+                export: name.clone(),
+                read_only,
+            },
+        )
+        .await;
+        let end = transmission::run(stream, export, &self.limits, shutdown)
+            .await
+            .to_string();
         info!("connection closed: {end}");
+        self.event(
+            client,
+            OwnedEvent::Detach {
+                export: name,
+                reason: end,
+            },
+        )
+        .await;
     }
+}
+
+/// An [`Event`] that owns its strings, to cross to the blocking pool.
+enum OwnedEvent {
+    Attach { export: String, read_only: bool },
+    Detach { export: String, reason: String },
+    HandshakeFailed { reason: String },
+}
+
+impl OwnedEvent {
+    fn as_event(&self) -> Event<'_> {
+        match self {
+            OwnedEvent::Attach { export, read_only } => Event::Attach {
+                export,
+                read_only: *read_only,
+            },
+            OwnedEvent::Detach { export, reason } => Event::Detach { export, reason },
+            OwnedEvent::HandshakeFailed { reason } => Event::HandshakeFailed { reason },
+        }
+    }
+}
+
+/// Runs one handshake step unless the deadline passes or the server shuts
+/// down first (both logged): connections still negotiating are closed.
+async fn step<F: Future>(
+    shutdown: &watch::Receiver<bool>,
+    deadline: tokio::time::Instant,
+    f: F,
+) -> Option<F::Output> {
+    let mut stop = shutdown.clone();
+    tokio::select! {
+        r = tokio::time::timeout_at(deadline, f) => match r {
+            Ok(out) => Some(out),
+            Err(_) => {
+                warn!("handshake timed out");
+                None
+            }
+        },
+        _ = stop.wait_for(|s| *s) => {
+            info!("closed during handshake: server shutting down");
+            None
+        }
+    }
+}
+
+fn handshake_ended(r: Result<(), HandshakeError>) {
+    match r {
+        Ok(()) => {}
+        Err(e) if e.is_disconnect() => info!("client disconnected during handshake"),
+        Err(e) => info!("handshake failed: {e}"),
+    }
+}
+
+/// Logs how option haggling ended; the export if it reached transmission.
+fn handshake_result(r: Option<Result<Outcome, HandshakeError>>) -> Option<Negotiated> {
+    match r {
+        None => {}
+        Some(Err(e)) => handshake_ended(Err(e)),
+        Some(Ok(Outcome::Aborted)) => info!("client aborted negotiation"),
+        // Only sent where TLS is required, and handled there.
+        Some(Ok(Outcome::StartTls)) => info!("unexpected STARTTLS outcome"),
+        Some(Ok(Outcome::Transmission(export))) => return Some(export),
+    }
+    None
 }
 
 #[cfg(test)]

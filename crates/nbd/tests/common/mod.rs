@@ -178,12 +178,12 @@ impl Backend for MemBackend {
 pub struct TestExports(pub HashMap<String, Arc<MemBackend>>);
 
 impl Exports for TestExports {
-    fn list(&self) -> Vec<String> {
+    fn list(&self, _: &bulwark_nbd::Client) -> Vec<String> {
         let mut v: Vec<String> = self.0.keys().cloned().collect();
         v.sort();
         v
     }
-    fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
+    fn open(&self, name: &str, _: &bulwark_nbd::Client) -> Option<Arc<dyn Backend>> {
         let name = if name.is_empty() { "disk" } else { name };
         self.0.get(name).map(|b| Arc::clone(b) as Arc<dyn Backend>)
     }
@@ -247,6 +247,16 @@ pub struct Client<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// A client continuing on a new stream (e.g. after STARTTLS).
+    #[allow(dead_code)]
+    pub fn over(s: S) -> Self {
+        Self {
+            s,
+            reads: HashMap::new(),
+            next_handle: 1,
+        }
+    }
+
     /// Reads the greeting and sends `client_flags`.
     pub async fn greet(mut s: S, client_flags: u32) -> io::Result<Self> {
         let mut g = [0u8; GREETING_LEN];

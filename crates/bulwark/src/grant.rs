@@ -1,0 +1,233 @@
+//! `bulwark grant add|remove|list` on both sides of the control socket, and
+//! the audit records of control requests.
+//!
+//! CLI side: build the request, print the answer. Daemon side
+//! ([`handle`]): change the grants table (`access.rs`) and audit the
+//! change. [`Audited`] describes a control request worth an audit line
+//! (volume create/destroy, key load/unload) without any secret: the
+//! secret file's path is not even recorded, only its kind.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bulwark_engine::Pool;
+use serde_json::{json, Value};
+
+use crate::access::{normalize_client, Access, AccessControl, Grant};
+use crate::cli::{GrantAddArgs, GrantRemoveArgs, ListArgs};
+use crate::client::{print, Client};
+use crate::control::{Request, SecretRef};
+use crate::error::Result;
+
+// ---- CLI ---------------------------------------------------------------
+
+pub fn add(dir: &Path, args: &GrantAddArgs) -> Result<()> {
+    let access = if args.read_only {
+        Access::ReadOnly
+    } else {
+        Access::ReadWrite
+    };
+    let request = Request::GrantAdd {
+        client: args.client.clone(),
+        volume: args.volume.clone(),
+        access,
+    };
+    let grant: Grant = Client::connect(dir)?.call_typed(&request)?;
+    print(&format!(
+        "granted {} {} access to volume {}\n",
+        grant.client,
+        grant.access.as_str(),
+        grant.volume
+    ))
+}
+
+pub fn remove(dir: &Path, args: &GrantRemoveArgs) -> Result<()> {
+    let request = Request::GrantRemove {
+        client: args.client.clone(),
+        volume: args.volume.clone(),
+    };
+    Client::connect(dir)?.call(&request)?;
+    print(&format!(
+        "removed the grant of volume {} to {} (open connections keep theirs until they close)\n",
+        args.volume, args.client
+    ))
+}
+
+pub fn list(dir: &Path, args: &ListArgs) -> Result<()> {
+    let grants: Vec<Grant> = Client::connect(dir)?.call_typed(&Request::GrantList)?;
+    if args.json {
+        let mut text = serde_json::to_string_pretty(&grants).expect("grants serialize");
+        text.push('\n');
+        return print(&text);
+    }
+    if grants.is_empty() {
+        return print("no grants\n");
+    }
+    let width = grants
+        .iter()
+        .map(|g| g.client.len())
+        .max()
+        .unwrap_or(0)
+        .max("CLIENT".len());
+    let vwidth = grants
+        .iter()
+        .map(|g| g.volume.len())
+        .max()
+        .unwrap_or(0)
+        .max("VOLUME".len());
+    let mut out = format!("{:width$}  {:vwidth$}  ACCESS\n", "CLIENT", "VOLUME");
+    for g in &grants {
+        out.push_str(&format!(
+            "{:width$}  {:vwidth$}  {}\n",
+            g.client,
+            g.volume,
+            g.access.as_str()
+        ));
+    }
+    print(&out)
+}
+
+// ---- Daemon ------------------------------------------------------------
+
+/// Answers `grant_add`, `grant_remove` and `grant_list`. Blocks (file
+/// writes, fsync): run on the blocking pool.
+pub fn handle(
+    pool: &Arc<Pool>,
+    access: &AccessControl,
+    request: Request,
+) -> std::result::Result<Value, String> {
+    match request {
+        Request::GrantAdd {
+            client,
+            volume,
+            access: level,
+        } => {
+            let detail = json!({ "client": client, "access": level.as_str() });
+            let result = (|| {
+                let client = normalize_client(&client)?;
+                if !pool.volumes().iter().any(|v| v.name == volume) {
+                    return Err(format!("no volume named {volume}"));
+                }
+                access.grants.add(&client, &volume, level)?;
+                Ok(Grant {
+                    client,
+                    volume: volume.clone(),
+                    access: level,
+                })
+            })();
+            access.control(
+                "grant_add",
+                Some(&volume),
+                result.as_ref().map(|_| ()).map_err(String::as_str),
+                detail,
+            );
+            let grant = result?;
+            Ok(serde_json::to_value(grant).expect("grants serialize"))
+        }
+        Request::GrantRemove { client, volume } => {
+            let detail = json!({ "client": client });
+            let result =
+                normalize_client(&client).and_then(|client| access.grants.remove(&client, &volume));
+            access.control(
+                "grant_remove",
+                Some(&volume),
+                result.as_ref().map(|_| ()).map_err(String::as_str),
+                detail,
+            );
+            result?;
+            Ok(Value::Null)
+        }
+        Request::GrantList => {
+            Ok(serde_json::to_value(access.grants.list()).expect("grants serialize"))
+        }
+        other => Err(format!("not a grant request: {other:?}")),
+    }
+}
+
+/// A control request that leaves an audit record.
+pub struct Audited {
+    event: &'static str,
+    volume: String,
+    detail: Value,
+}
+
+fn secret_kind(s: &SecretRef) -> &'static str {
+    match s {
+        SecretRef::PassphraseFile(_) => "passphrase_file",
+        SecretRef::KeyFile(_) => "key_file",
+    }
+}
+
+impl Audited {
+    /// What to record about `request`, if anything (grant requests record
+    /// themselves in [`handle`]).
+    pub fn of(request: &Request) -> Option<Audited> {
+        let (event, volume, detail) = match request {
+            Request::VolumeCreate {
+                name,
+                size_bytes,
+                encryption,
+                secret,
+                ..
+            } => (
+                "volume_create",
+                name,
+                json!({
+                    "size_bytes": size_bytes,
+                    "encryption": encryption,
+                    "secret": secret.as_ref().map(secret_kind),
+                }),
+            ),
+            Request::VolumeDestroy { name } => ("volume_destroy", name, Value::Null),
+            Request::KeyLoad { name, secret } => {
+                ("key_load", name, json!({ "secret": secret_kind(secret) }))
+            }
+            Request::KeyUnload { name } => ("key_unload", name, Value::Null),
+            _ => return None,
+        };
+        Some(Audited {
+            event,
+            volume: volume.clone(),
+            detail,
+        })
+    }
+
+    /// Records the outcome; after a destroyed volume, drops its grants
+    /// (a later volume of the same name starts with none).
+    pub async fn record(
+        self,
+        access: &Arc<AccessControl>,
+        result: &std::result::Result<Value, String>,
+    ) {
+        let access = Arc::clone(access);
+        let ok = result.is_ok();
+        let error = result.as_ref().err().cloned();
+        let _ = tokio::task::spawn_blocking(move || {
+            access.control(
+                self.event,
+                Some(&self.volume),
+                error.as_deref().map_or(Ok(()), Err),
+                self.detail,
+            );
+            if ok && self.event == "volume_destroy" {
+                match access.grants.remove_volume(&self.volume) {
+                    Ok(gone) => {
+                        for g in gone {
+                            access.control(
+                                "grant_remove",
+                                Some(&g.volume),
+                                Ok(()),
+                                json!({ "client": g.client, "reason": "volume destroyed" }),
+                            );
+                        }
+                    }
+                    Err(e) => tracing::error!(
+                        "cannot drop the grants of destroyed volume {}: {e}",
+                        self.volume
+                    ),
+                }
+            }
+        })
+        .await;
+    }
+}

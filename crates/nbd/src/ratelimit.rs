@@ -1,0 +1,138 @@
+//! Exponential back-off for clients that keep failing.
+//!
+//! Failures (a failed TLS handshake, plaintext options on a TLS listener,
+//! an export that was not opened) are counted per key: the client's IP
+//! address and, once TLS has named it, its identity. The first
+//! `RATE_FREE_FAILURES` cost nothing; each one after doubles the delay,
+//! from `RATE_DELAY_BASE` up to `RATE_DELAY_MAX`. The delay is served
+//! before the server answers: before the greeting of a new TCP connection
+//! (per address), and before the reply to an open that failed (per address
+//! and identity). A key with no failure for `RATE_FORGET` starts afresh.
+//!
+//! A legitimate client behind the same address is slowed, never refused:
+//! the delay is bounded, and the count forgets. The table is bounded
+//! (`RATE_KEYS_MAX`); when full, forgotten and then oldest entries go.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::limits::{
+    RATE_DELAY_BASE, RATE_DELAY_MAX, RATE_FORGET, RATE_FREE_FAILURES, RATE_KEYS_MAX,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    Addr(IpAddr),
+    Identity(String),
+}
+
+struct Entry {
+    failures: u32,
+    last: Instant,
+}
+
+#[derive(Default)]
+pub(crate) struct Limiter {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+/// Delay owed after `failures` failures.
+pub(crate) fn backoff(failures: u32) -> Duration {
+    let Some(over) = failures.checked_sub(RATE_FREE_FAILURES) else {
+        return Duration::ZERO;
+    };
+    if over == 0 {
+        return Duration::ZERO;
+    }
+    let doublings = (over - 1).min(20);
+    RATE_DELAY_BASE
+        .saturating_mul(1u32 << doublings)
+        .min(RATE_DELAY_MAX)
+}
+
+impl Limiter {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Delay owed by the worst of `keys` now.
+    pub(crate) fn delay(&self, keys: &[Key]) -> Duration {
+        let now = Instant::now();
+        let entries = self.lock();
+        keys.iter()
+            .filter_map(|k| entries.get(k))
+            .filter(|e| now.duration_since(e.last) < RATE_FORGET)
+            .map(|e| backoff(e.failures))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Counts one failure against each of `keys`.
+    pub(crate) fn fail(&self, keys: &[Key]) {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        for key in keys {
+            if !entries.contains_key(key) && entries.len() >= RATE_KEYS_MAX {
+                entries.retain(|_, e| now.duration_since(e.last) < RATE_FORGET);
+                if entries.len() >= RATE_KEYS_MAX {
+                    if let Some(oldest) = entries
+                        .iter()
+                        .min_by_key(|(_, e)| e.last)
+                        .map(|(k, _)| k.clone())
+                    {
+                        entries.remove(&oldest);
+                    }
+                }
+            }
+            let e = entries.entry(key.clone()).or_insert(Entry {
+                failures: 0,
+                last: now,
+            });
+            if now.duration_since(e.last) >= RATE_FORGET {
+                e.failures = 0;
+            }
+            e.failures = e.failures.saturating_add(1);
+            e.last = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_then_caps() {
+        for f in 0..=RATE_FREE_FAILURES {
+            assert_eq!(backoff(f), Duration::ZERO);
+        }
+        assert_eq!(backoff(RATE_FREE_FAILURES + 1), RATE_DELAY_BASE);
+        assert_eq!(backoff(RATE_FREE_FAILURES + 2), RATE_DELAY_BASE * 2);
+        assert_eq!(backoff(RATE_FREE_FAILURES + 3), RATE_DELAY_BASE * 4);
+        assert_eq!(backoff(u32::MAX), RATE_DELAY_MAX);
+    }
+
+    #[test]
+    fn per_key_counts() {
+        let l = Limiter::default();
+        let a = Key::Addr("127.0.0.1".parse().unwrap());
+        let id = Key::Identity("cn:x".into());
+        for _ in 0..RATE_FREE_FAILURES + 2 {
+            l.fail(&[a.clone()]);
+        }
+        assert_eq!(l.delay(&[a.clone()]), RATE_DELAY_BASE * 2);
+        assert_eq!(l.delay(&[id.clone()]), Duration::ZERO);
+        assert_eq!(l.delay(&[id, a]), RATE_DELAY_BASE * 2);
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let l = Limiter::default();
+        for i in 0..RATE_KEYS_MAX + 10 {
+            l.fail(&[Key::Identity(i.to_string())]);
+        }
+        assert!(l.lock().len() <= RATE_KEYS_MAX);
+    }
+}

@@ -1,0 +1,72 @@
+"""DIR/audit.log records every attach, detach, denial, key load/unload,
+grant change and volume create/destroy as one JSON line (mode 0600,
+appended), and never a secret: not the key file's bytes, not the
+passphrase, not the PSK key."""
+
+import json
+import os
+import stat
+
+from conftest import make_passphrase_file, qemu_io_ok, require_tools, run
+from tlsutil import make_psk, nbdinfo_list, start_tls_pool
+
+
+def test_audit_log_has_every_event_and_no_secret(make_pool, tmp_path):
+    require_tools("nbdinfo", "qemu-io")
+    server_psk, keys = make_psk(tmp_path / "server", ["frank"])
+    wrong_psk, _ = make_psk(tmp_path / "wrong", ["frank"])
+    pool, port = start_tls_pool(make_pool, "--tls-psk", server_psk)
+    key = pool.create_volume("v", size="16M")
+    passphrase = "correct horse battery staple 7781"
+    pfile = make_passphrase_file(tmp_path / "pass", passphrase)
+    pool.create_volume("p", size="16M", passphrase_file=pfile)
+
+    pool.cli("key", "unload", "p")
+    pool.cli("key", "load", "p", "--passphrase-file", pfile)
+    pool.cli("grant", "add", "psk:frank", "v", "--read-write")
+    uri = f"nbds://frank@127.0.0.1:{port}/v?tls-psk-file={server_psk}"
+    run(["nbdinfo", uri])                                         # attach + detach (frank)
+    r = run(["nbdinfo", f"nbds://frank@127.0.0.1:{port}/p?tls-psk-file={server_psk}"], check=False)
+    assert r.returncode != 0                                      # denied: no grant on p
+    r = nbdinfo_list(f"nbds://frank@127.0.0.1:{port}/?tls-psk-file={wrong_psk}")
+    assert r.returncode != 0                                      # TLS handshake failed
+    qemu_io_ok(pool.uri("v"), "write -P 1 0 4k")                  # owner attach + detach
+    pool.cli("grant", "remove", "psk:frank", "v")
+    pool.cli("volume", "destroy", "p")
+
+    log = pool.dir / "audit.log"
+    assert stat.S_IMODE(os.stat(log).st_mode) == 0o600
+    text = log.read_text()
+    lines = [json.loads(l) for l in text.splitlines()]
+    for l in lines:
+        assert set(l) == {"time", "event", "client", "peer", "volume", "result", "detail"}, l
+        assert l["time"].endswith("Z") and "T" in l["time"]
+
+    def has(event, result="ok", **kw):
+        return any(l["event"] == event and l["result"] == result
+                   and all(l[k] == v for k, v in kw.items()) for l in lines)
+
+    assert has("volume_create", volume="v", client="owner")
+    assert has("volume_create", volume="p")
+    assert has("key_unload", volume="p")
+    assert has("key_load", volume="p")
+    assert has("grant_add", volume="v")
+    assert has("attach", volume="v", client="psk:frank")
+    assert has("detach", volume="v", client="psk:frank")
+    assert has("attach", "denied", volume="p", client="psk:frank")
+    assert has("handshake", "denied", client="unauthenticated")
+    assert has("attach", volume="v", client="owner")
+    assert has("detach", volume="v", client="owner")
+    assert has("grant_remove", volume="v")
+    assert has("volume_destroy", volume="p")
+    attach = next(l for l in lines if l["event"] == "attach" and l["client"] == "psk:frank")
+    assert attach["peer"].startswith("127.0.0.1:")
+
+    # No secret, in any spelling.
+    raw = log.read_bytes()
+    key_bytes = key.read_bytes()
+    assert key_bytes not in raw
+    assert key_bytes.hex() not in text.lower()
+    assert passphrase not in text
+    for k in keys.values():
+        assert k.lower() not in text.lower()
