@@ -3,7 +3,7 @@ no certificate, a certificate from another CA, a wrong PSK, plaintext NBD on
 the TLS listener. And the daemon refuses TCP without TLS unless asked for
 plaintext on a loopback address."""
 
-import socket
+import os
 import ssl
 
 import pytest
@@ -94,6 +94,12 @@ def test_tcp_needs_tls_unless_plaintext_on_loopback(make_pool, tmp_path):
     assert r.returncode == 2 and "not a loopback address" in r.stderr, r.stderr
     r = pool.bulwark("serve", pool.dir, "--tls-psk", tmp_path / "nope", check=False)
     assert r.returncode != 0
+    # A PSK file other users can read is refused.
+    loose, _ = make_psk(tmp_path / "loose", ["x"])
+    os.chmod(loose, 0o644)
+    r = pool.bulwark("serve", pool.dir, "--nbd-listen", f"127.0.0.1:{port}", "--tls-psk", loose,
+                     check=False)
+    assert r.returncode != 0 and "chmod 600" in r.stderr, r.stderr
     # Plaintext on loopback works; its clients are "anonymous" and need a grant.
     pool.serve_args = ["--nbd-listen", f"127.0.0.1:{port}", "--nbd-plaintext"]
     pool.start()

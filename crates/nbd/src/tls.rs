@@ -97,6 +97,27 @@ fn existing(dir: &Path, name: &str) -> Result<PathBuf, TlsError> {
     Ok(path)
 }
 
+/// Refuses a secret file (server key, PSK file) that other users can read
+/// or write, as bulwark does for volume keys.
+fn private(path: &Path) -> Result<(), TlsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mode = meta.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(TlsError::File {
+            path: path.to_path_buf(),
+            message: format!(
+                "holds a secret but has mode {:04o}: other users can access it (chmod 600)",
+                mode & 0o7777
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn acceptor_base() -> Result<openssl::ssl::SslAcceptorBuilder, TlsError> {
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
         .map_err(ssl_err("TLS context"))?;
@@ -115,6 +136,7 @@ impl TlsConfig {
         let ca = existing(dir, CA_CERT_FILE)?;
         let cert = existing(dir, SERVER_CERT_FILE)?;
         let key = existing(dir, SERVER_KEY_FILE)?;
+        private(&key)?;
         let mut b = acceptor_base()?;
         b.set_ca_file(&ca)
             .map_err(ssl_err(format!("CA certificate {}", ca.display())))?;
@@ -141,6 +163,7 @@ impl TlsConfig {
 
     /// PSK from `identity:hexkey` lines.
     pub fn psk_file(path: &Path) -> Result<TlsConfig, TlsError> {
+        private(path)?;
         let text =
             Zeroizing::new(
                 std::fs::read_to_string(path).map_err(|source| TlsError::Io {
