@@ -217,7 +217,8 @@ start_bulwark() { # DIR LAYOUT COMPRESSION
     head -c 32 /dev/urandom >"$d/volume.key"
     chmod 600 "$d/volume.key"
     local tcp=()
-    [ "$TCP" = 1 ] && tcp=(--nbd-listen "127.0.0.1:$PORT")
+    # Plaintext TCP is opt-in and loopback-only; its client is "anonymous".
+    [ "$TCP" = 1 ] && tcp=(--nbd-listen "127.0.0.1:$PORT" --nbd-plaintext)
     "$BULWARK" serve "$d/pool" "${tcp[@]}" >"$d/server.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 300); do
@@ -228,6 +229,7 @@ start_bulwark() { # DIR LAYOUT COMPRESSION
     "$BULWARK" --pool "$d/pool" volume create disk --size "$SIZE_BYTES" \
         --compression "$compression" --key-file "$d/volume.key" >/dev/null
     if [ "$TCP" = 1 ]; then
+        "$BULWARK" --pool "$d/pool" grant add anonymous disk --read-write >/dev/null
         URI="nbd://127.0.0.1:$PORT/disk"
     else
         URI="nbd+unix:///disk?socket=$d/pool/nbd.sock"
