@@ -110,6 +110,7 @@ pub fn pool_create(args: &PoolCreateArgs) -> Result<()> {
     let copies = match args.layout {
         Layout::Single => 1,
         Layout::Mirror(n) => n as usize,
+        Layout::Parity { k, m } => k as usize + m as usize,
     };
     let (spec, what) = match args.device_size {
         Some(size_bytes) => {
