@@ -244,6 +244,7 @@ mod tests {
             encryption,
             locked,
             used_bytes: 3 << 19,
+            ..Default::default()
         }
     }
 
@@ -316,6 +317,7 @@ mod tests {
                     free_bytes: 255 << 20,
                 },
                 volumes: vec![vol("v", true, true)],
+                ..Default::default()
             },
             daemon: DaemonInfo {
                 version: "0".into(),

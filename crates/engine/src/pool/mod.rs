@@ -119,7 +119,7 @@ impl Default for OpenOptions {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DeviceStatus {
     pub path: PathBuf,
     /// ONLINE, DEGRADED, FAULTED or UNAVAIL.
@@ -130,7 +130,7 @@ pub struct DeviceStatus {
     pub size_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SpaceStatus {
     /// Usable bytes (after redundancy).
     pub total_bytes: u64,
@@ -138,7 +138,7 @@ pub struct SpaceStatus {
     pub free_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct VolumeStatus {
     pub name: String,
     pub size_bytes: u64,
@@ -159,7 +159,7 @@ pub struct VolumeStatus {
     pub rotation: Option<rotate::Rotation>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub pool_id: String,
     pub dir: PathBuf,

@@ -65,7 +65,7 @@ pub struct DataError {
 }
 
 /// What `status` shows of a scrub.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ScrubStatus {
     pub state: String,
     /// "scrub" or "resilver".
