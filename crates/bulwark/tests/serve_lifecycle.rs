@@ -185,6 +185,8 @@ fn serve_lifecycle() {
 
     let key = tmp.path().join("key");
     std::fs::write(&key, [7u8; 32]).unwrap();
+    // Secret files must be private: the daemon refuses ones other users can read.
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let key = key.to_str().unwrap();
     let created = ok(
         p,
