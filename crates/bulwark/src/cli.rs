@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use bulwark_engine::device::fault::FaultMode;
 use bulwark_engine::Layout;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -47,6 +48,19 @@ pub enum Command {
     /// Allow TLS clients to open volumes over the network.
     #[command(subcommand, after_help = GRANT_AFTER_HELP)]
     Grant(GrantCommand),
+    /// Verify every copy of every live block and repair bad copies from good ones.
+    ///
+    /// 'bulwark scrub' starts a scrub in the background; 'bulwark scrub --wait'
+    /// starts one (or joins the one running) and shows its progress until it
+    /// finishes: exit 0 when every block had a good copy, 1 when some had none.
+    #[command(after_help = SCRUB_AFTER_HELP, args_conflicts_with_subcommands = true)]
+    Scrub(ScrubArgs),
+    /// Take devices offline and online, replace them (each resilvers what it missed).
+    #[command(subcommand)]
+    Device(DeviceCommand),
+    /// Inject faults into devices, for drills and tests (needs 'serve --allow-fault-injection').
+    #[command(subcommand, after_help = FAULT_AFTER_HELP)]
+    Fault(FaultCommand),
     /// Measure a volume (or any NBD export) with fio: IOPS, MB/s, p50/p99 latency per cell.
     ///
     /// Runs fio's nbd engine over a matrix of block sizes × patterns × queue
@@ -71,6 +85,21 @@ Examples:
   bulwark --pool /srv/pool bench benchvol
   bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
   bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
+
+const SCRUB_AFTER_HELP: &str = "\
+A copy is rewritten only from bytes that verified against their checksum after \
+being read. A block with no good copy is not written anywhere: it is listed, \
+with its volume and byte range, under 'errors:' in 'bulwark status' until a \
+later scrub finds a good copy. A scrub stopped by a daemon restart resumes by \
+itself. See docs/scrub.md.";
+
+const FAULT_AFTER_HELP: &str = "\
+Modes: read-flip (a bit flipped in data read: bad RAM), write-flip (a bit \
+flipped in data written: a bad controller), read-error, write-error (EIO), \
+drop-writes (reported written, never stored), tear-writes (only the first half \
+stored), misdirect-writes (stored 1 MiB further on), vanish (every I/O fails: \
+an unplugged disk). 'fault set' is additive: each call arms one more mode on \
+the device (setting a mode again replaces it). See docs/fault-injection.md.";
 
 const GRANT_AFTER_HELP: &str = "\
 CLIENT is cn:COMMON_NAME or sha256:FINGERPRINT (of the client's X.509 certificate, \
@@ -119,7 +148,8 @@ pub struct PoolCreateArgs {
     /// Pool directory (created if missing; must not hold a pool yet).
     pub dir: PathBuf,
 
-    /// How copies are laid out: single, or mirror:N for N copies on N devices.
+    /// How copies are laid out: single, mirror:N for N copies on N devices, or
+    /// parity:K+M for K data and M parity shards on K+M devices.
     #[arg(long, value_parser = parse_layout, default_value = "single")]
     pub layout: Layout,
 
@@ -173,6 +203,114 @@ pub struct ServeArgs {
     /// Bound on the block-map cache (e.g. 256M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub cache_size: Option<u64>,
+
+    /// Let 'bulwark fault set' inject faults into this pool's devices (drills and tests only).
+    #[arg(long)]
+    pub allow_fault_injection: bool,
+
+    /// Scrub and resilver throttle, bytes per second (e.g. 100M) [default: 256M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_rate_arg)]
+    pub scrub_rate: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScrubArgs {
+    #[command(subcommand)]
+    pub command: Option<ScrubCommand>,
+
+    /// Start a scrub (or join the running one) and show its progress until it finishes.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScrubCommand {
+    /// Start a scrub (the same as 'bulwark scrub').
+    Start(WaitArgs),
+    /// Pause the running scrub; 'bulwark scrub resume' continues where it stopped.
+    Pause,
+    /// Continue a paused scrub.
+    Resume(WaitArgs),
+    /// Stop the scrub; the next one starts from the beginning.
+    Cancel,
+    /// Show the scrub's progress and the unrecoverable ranges found.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// Show progress until it finishes; exit 1 if a block had no good copy.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeviceCommand {
+    /// Put NEW (an existing file or block device, at least as large) in the place of OLD and resilver onto it.
+    Replace(DeviceReplaceArgs),
+    /// Stop using a device (mirror and parity layouts; never the last good copy).
+    Offline(DevicePathArgs),
+    /// Use an offline or failed device again; a resilver brings it up to date.
+    Online(DeviceOnlineArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DeviceReplaceArgs {
+    pub old: PathBuf,
+    pub new: PathBuf,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DevicePathArgs {
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct DeviceOnlineArgs {
+    pub path: PathBuf,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FaultCommand {
+    /// Arm a fault on a device, in addition to those already armed on it.
+    Set(FaultSetArgs),
+    /// Disarm the faults of one device, or of every device.
+    Clear(FaultClearArgs),
+    /// List the faults armed.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FaultSetArgs {
+    /// A device of the pool (its path as 'bulwark status' shows it).
+    pub device: PathBuf,
+
+    /// read-flip, write-flip, read-error, write-error, drop-writes, tear-writes,
+    /// misdirect-writes or vanish.
+    #[arg(value_parser = parse_fault_mode)]
+    pub mode: FaultMode,
+
+    /// Chance that one I/O is hit, 0 to 1.
+    #[arg(long, value_name = "P", default_value_t = 1.0, value_parser = parse_probability)]
+    pub probability: f64,
+
+    /// Seed of the generator that decides which I/O is hit [default: random, printed].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Also hit the superblock slots (labels), which are spared by default.
+    #[arg(long)]
+    pub include_labels: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FaultClearArgs {
+    /// The device to clear [default: every device].
+    pub device: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -437,6 +575,28 @@ fn parse_bench_block_size(s: &str) -> Result<u64, String> {
 /// NBD servers need not accept requests above 32 MiB.
 const BENCH_BLOCK_BYTES_MAX: u64 = 32 << 20;
 
+fn parse_fault_mode(s: &str) -> Result<FaultMode, String> {
+    s.parse::<FaultMode>().map_err(|e| e.to_string())
+}
+
+fn parse_probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "invalid probability '{s}': use a number from 0 to 1"
+        )),
+    }
+}
+
+/// A rate in bytes per second: a size, with an optional "/s".
+fn parse_rate_arg(s: &str) -> Result<u64, String> {
+    let bytes = parse_size_arg(s.strip_suffix("/s").unwrap_or(s))?;
+    if bytes == 0 {
+        return Err(format!("invalid rate '{s}': must be more than 0"));
+    }
+    Ok(bytes)
+}
+
 fn parse_layout(s: &str) -> Result<Layout, String> {
     s.parse::<Layout>().map_err(|e| e.to_string())
 }
@@ -674,6 +834,73 @@ mod tests {
         ] {
             assert!(parse(&["bench", "v", bad[0], bad[1]]).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn scrub_forms() {
+        let cli = parse(&["scrub", "--wait"]).unwrap();
+        let Command::Scrub(a) = cli.command else {
+            panic!()
+        };
+        assert!(a.wait && a.command.is_none());
+        let cli = parse(&["scrub", "start", "--wait"]).unwrap();
+        let Command::Scrub(a) = cli.command else {
+            panic!()
+        };
+        assert!(matches!(
+            a.command,
+            Some(ScrubCommand::Start(WaitArgs { wait: true }))
+        ));
+        for ok in [
+            &["scrub"][..],
+            &["scrub", "pause"],
+            &["scrub", "resume"],
+            &["scrub", "cancel"],
+            &["scrub", "status", "--json"],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        assert!(parse(&["scrub", "--wait", "pause"]).is_err());
+        assert!(parse(&["scrub", "pause", "--wait"]).is_err());
+    }
+
+    #[test]
+    fn fault_set_checks_mode_and_probability() {
+        let cli = parse(&["fault", "set", "/d", "read-flip", "--probability", "0.5"]).unwrap();
+        let Command::Fault(FaultCommand::Set(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            (a.mode, a.probability, a.seed),
+            (FaultMode::ReadFlip, 0.5, None)
+        );
+        assert!(parse(&["fault", "set", "/d", "flip-everything"]).is_err());
+        assert!(parse(&["fault", "set", "/d", "vanish", "--probability", "2"]).is_err());
+        assert!(parse(&["fault", "clear"]).is_ok());
+        assert!(parse(&["fault", "list", "--json"]).is_ok());
+    }
+
+    #[test]
+    fn serve_fault_injection_and_scrub_rate() {
+        let cli = parse(&[
+            "serve",
+            "/p",
+            "--allow-fault-injection",
+            "--scrub-rate",
+            "1M",
+        ])
+        .unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!()
+        };
+        assert!(a.allow_fault_injection);
+        assert_eq!(a.scrub_rate, Some(1 << 20));
+        assert!(parse(&["serve", "/p", "--scrub-rate", "0"]).is_err());
+        let cli = parse(&["serve", "/p"]).unwrap();
+        let Command::Serve(a) = cli.command else {
+            panic!()
+        };
+        assert!(!a.allow_fault_injection && a.scrub_rate.is_none());
     }
 
     #[test]

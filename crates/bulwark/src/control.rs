@@ -13,11 +13,21 @@
 //! {"op":"volume_destroy","name":"v"}
 //! {"op":"key_load","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
 //! {"op":"key_unload","name":"v"}
+//! {"op":"scrub_start"}  {"op":"scrub_resume"}  {"op":"scrub_pause"}  {"op":"scrub_cancel"}
+//! {"op":"scrub_status"}
+//! {"op":"device_offline","path":"/abs/dev1"}  {"op":"device_online","path":"/abs/dev1"}
+//! {"op":"device_replace","old":"/abs/dev1","new":"/abs/dev9"}
+//! {"op":"fault_set","device":"/abs/dev0",
+//!  "fault":{"mode":"read-flip","probability":1.0,"seed":7,"include_labels":false}}
+//! {"op":"fault_clear","device":"/abs/dev0"}  {"op":"fault_clear","device":null}
+//! {"op":"fault_list"}
 //! {"op":"grant_add","client":"cn:alice","volume":"v","access":"read-only"}
 //! {"op":"grant_remove","client":"cn:alice","volume":"v"}  {"op":"grant_list"}
 //! ```
 //!
 //! and answered by `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`.
+//! Device paths are absolute (the CLI makes them so); `fault_set` adds to the
+//! faults already armed on the device, replacing one of the same mode.
 //!
 //! Secrets never cross the socket: a request names an absolute path, the
 //! daemon (running as the same user) reads the file, uses the secret and
@@ -26,6 +36,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use bulwark_engine::device::fault::{Fault, FaultMode};
+use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::{PoolStatus, VolumeStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -41,7 +53,7 @@ pub fn control_socket_path(dir: &Path) -> PathBuf {
     dir.join(CONTROL_SOCKET_NAME)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     Status,
@@ -65,6 +77,37 @@ pub enum Request {
     KeyUnload {
         name: String,
     },
+    /// Start a scrub; resumes a paused one (`Busy` if one is running).
+    ScrubStart,
+    /// Resume a paused scrub; refused when none is paused.
+    ScrubResume,
+    ScrubPause,
+    ScrubCancel,
+    /// Answered by a `ScrubReport`.
+    ScrubStatus,
+    DeviceOffline {
+        path: PathBuf,
+    },
+    /// Starts a resilver of the device.
+    DeviceOnline {
+        path: PathBuf,
+    },
+    /// Starts a resilver onto `new`.
+    DeviceReplace {
+        old: PathBuf,
+        new: PathBuf,
+    },
+    /// Answered by the device's faults after the change (`Vec<Fault>`).
+    FaultSet {
+        device: PathBuf,
+        fault: FaultSpec,
+    },
+    /// One device, or every device when `device` is null. Answered by the number cleared.
+    FaultClear {
+        device: Option<PathBuf>,
+    },
+    /// Answered by `Vec<FaultEntry>`, one per device with faults armed.
+    FaultList,
     /// Answered by the `Grant` stored (client name normalised).
     GrantAdd {
         client: String,
@@ -141,6 +184,9 @@ pub struct StatusReport {
     #[serde(flatten)]
     pub pool: PoolStatus,
     pub daemon: DaemonInfo,
+    /// Devices with injected faults armed (empty in normal operation).
+    #[serde(default)]
+    pub faults: Vec<FaultEntry>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,6 +197,47 @@ pub struct DaemonInfo {
     pub nbd_tcp: Option<String>,
     /// NBD connections per volume, only volumes with at least one.
     pub attached: BTreeMap<String, usize>,
+    /// Started with `--allow-fault-injection`.
+    #[serde(default)]
+    pub fault_injection: bool,
+}
+
+/// `scrub_status` result: the scrub (or resilver) and the unrecoverable ranges known now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScrubReport {
+    #[serde(flatten)]
+    pub scrub: ScrubStatus,
+    pub errors: Vec<DataError>,
+}
+
+/// One fault as `fault_set` carries it: the engine's `Fault`, field for field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultSpec {
+    pub mode: FaultMode,
+    /// Chance that one I/O is hit, 0.0..=1.0.
+    pub probability: f64,
+    pub seed: u64,
+    /// Also hit the superblock slots.
+    #[serde(default)]
+    pub include_labels: bool,
+}
+
+impl From<FaultSpec> for Fault {
+    fn from(f: FaultSpec) -> Fault {
+        Fault {
+            mode: f.mode,
+            probability: f.probability,
+            seed: f.seed,
+            include_labels: f.include_labels,
+        }
+    }
+}
+
+/// The faults armed on one device.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FaultEntry {
+    pub device: PathBuf,
+    pub faults: Vec<Fault>,
 }
 
 /// Whether an encrypted volume's key is loaded, as `zfs get keystatus` says it.
@@ -215,6 +302,30 @@ mod tests {
             Request::Status
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
+    }
+
+    #[test]
+    fn maintenance_requests_round_trip_as_documented() {
+        let r: Request = serde_json::from_str(
+            r#"{"op":"fault_set","device":"/abs/dev0","fault":{"mode":"read-flip","probability":1.0,"seed":7,"include_labels":false}}"#,
+        )
+        .unwrap();
+        let Request::FaultSet { device, fault } = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(device, Path::new("/abs/dev0"));
+        assert_eq!((fault.mode, fault.probability), (FaultMode::ReadFlip, 1.0));
+        for line in [
+            r#"{"op":"scrub_start"}"#,
+            r#"{"op":"scrub_resume"}"#,
+            r#"{"op":"scrub_status"}"#,
+            r#"{"op":"device_replace","old":"/abs/dev1","new":"/abs/dev9"}"#,
+            r#"{"op":"fault_clear","device":null}"#,
+            r#"{"op":"fault_list"}"#,
+        ] {
+            let r: Request = serde_json::from_str(line).unwrap();
+            assert_eq!(serde_json::to_string(&r).unwrap(), line);
+        }
     }
 
     #[test]

@@ -39,6 +39,7 @@ use crate::control::{
 use crate::error::{Error, Result};
 use crate::export::PoolExports;
 use crate::grant;
+use crate::maintenance;
 use crate::nbd;
 
 /// How long shutdown waits for NBD requests and control requests to finish.
@@ -54,6 +55,13 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     let mut opts = OpenOptions::default();
     if let Some(cache_bytes) = args.cache_size {
         opts.cache_bytes = cache_bytes;
+    }
+    if let Some(rate) = args.scrub_rate {
+        opts.scrub_rate_bytes = rate;
+    }
+    if args.allow_fault_injection {
+        opts.allow_fault_injection = true;
+        warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -120,6 +128,7 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
         euid: unsafe { libc::geteuid() },
         nbd_socket: nbd_path.clone(),
         nbd_tcp: nbd_tcp.clone(),
+        fault_injection: args.allow_fault_injection,
         access,
     });
 
@@ -215,6 +224,7 @@ struct Daemon {
     euid: u32,
     nbd_socket: PathBuf,
     nbd_tcp: Option<String>,
+    fault_injection: bool,
     /// Grants and the audit log.
     access: Arc<AccessControl>,
 }
@@ -304,7 +314,8 @@ impl Daemon {
         let pool = self.pool.clone();
         match request {
             Request::Status => {
-                let status = blocking(move || Ok(pool.status())).await?;
+                let (status, faults) =
+                    blocking(move || Ok((pool.status(), maintenance::armed_faults(&pool)))).await?;
                 let attached = status
                     .volumes
                     .iter()
@@ -317,10 +328,12 @@ impl Daemon {
                     nbd_socket: self.nbd_socket.clone(),
                     nbd_tcp: self.nbd_tcp.clone(),
                     attached,
+                    fault_injection: self.fault_injection,
                 };
                 to_value(&StatusReport {
                     pool: status,
                     daemon,
+                    faults,
                 })
             }
             Request::VolumeList => {
@@ -391,6 +404,17 @@ impl Daemon {
                 blocking(move || pool.unload_key(&name).map_err(|e| e.to_string())).await?;
                 Ok(Value::Null)
             }
+            request @ (Request::ScrubStart
+            | Request::ScrubResume
+            | Request::ScrubPause
+            | Request::ScrubCancel
+            | Request::ScrubStatus
+            | Request::DeviceOffline { .. }
+            | Request::DeviceOnline { .. }
+            | Request::DeviceReplace { .. }
+            | Request::FaultSet { .. }
+            | Request::FaultClear { .. }
+            | Request::FaultList) => blocking(move || maintenance::handle(&pool, request)).await,
             request @ (Request::GrantAdd { .. }
             | Request::GrantRemove { .. }
             | Request::GrantList) => {

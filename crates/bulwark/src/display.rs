@@ -5,10 +5,12 @@
 
 use std::fmt::Write as _;
 
+use bulwark_engine::device::fault::Fault;
+use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::size::format_size;
 use bulwark_engine::VolumeStatus;
 
-use crate::control::{KeyStatus, StatusReport, VolumeEntry};
+use crate::control::{FaultEntry, KeyStatus, ScrubReport, StatusReport, VolumeEntry};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Align {
@@ -142,6 +144,8 @@ pub fn status_text(report: &StatusReport) -> String {
         let _ = write!(exports, ", nbd://{tcp}/NAME");
     }
     let _ = writeln!(out, "export: {exports}");
+    out.push_str(&device_advice(report));
+    let _ = writeln!(out, "  scan: {}", scan_line(&p.scrub));
     let _ = writeln!(out, "config:\n");
 
     use Align::*;
@@ -170,6 +174,17 @@ pub fn status_text(report: &StatusReport) -> String {
     }
     out.push_str(&t.render("\t"));
     out.push('\n');
+
+    if !report.faults.is_empty() {
+        let _ = writeln!(
+            out,
+            "faults: injected on purpose; 'bulwark fault clear' disarms them\n"
+        );
+        for line in fault_table(&report.faults).lines() {
+            let _ = writeln!(out, "\t{line}");
+        }
+        out.push('\n');
+    }
 
     let _ = writeln!(out, "repaired blocks: {}", p.repaired_blocks);
     let _ = writeln!(out, "unrecoverable blocks: {}", p.unrecoverable_blocks);
@@ -217,16 +232,202 @@ pub fn status_text(report: &StatusReport) -> String {
     }
     out.push('\n');
 
-    if p.unrecoverable_blocks == 0 {
-        let _ = writeln!(out, "errors: No known data errors");
-    } else {
-        let _ = writeln!(
-            out,
-            "errors: {} unrecoverable block(s): no copy verified; reads of them fail rather than return wrong data",
-            p.unrecoverable_blocks
-        );
+    out.push_str(&errors_text(&p.errors));
+    out
+}
+
+/// For each device not ONLINE, what it means and what to do (zpool's status/action).
+fn device_advice(report: &StatusReport) -> String {
+    let mut out = String::new();
+    for dev in &report.pool.devices {
+        let path = dev.path.display();
+        let (status, action) = match dev.state.as_str() {
+            "UNAVAIL" => (
+                "is missing, cannot be opened or missed writes while it was away; \
+                 the pool runs without it",
+                format!(
+                    "if it is back, 'bulwark device online {path}' resilvers it; \
+                     'bulwark device replace {path} NEW' rebuilds its copies on a new device"
+                ),
+            ),
+            "FAULTED" => (
+                "failed I/O and is no longer used",
+                format!(
+                    "'bulwark device online {path}' tries it again, \
+                     'bulwark device replace {path} NEW' replaces it"
+                ),
+            ),
+            "OFFLINE" => (
+                "was taken offline",
+                format!("'bulwark device online {path}' brings it back up to date"),
+            ),
+            "DEGRADED" => (
+                "had read or checksum errors (bad copies are repaired from good ones)",
+                "'bulwark scrub --wait' verifies and repairs every copy".to_string(),
+            ),
+            "RESILVERING" => ("is being resilvered", String::new()),
+            _ => continue,
+        };
+        let _ = writeln!(out, "status: device {path} {status}");
+        if !action.is_empty() {
+            let _ = writeln!(out, "action: {action}");
+        }
     }
     out
+}
+
+/// The `scan:` line of `status` (continuation lines start with a tab), as zpool words it.
+pub fn scan_line(s: &ScrubStatus) -> String {
+    let kind = s.kind.as_str();
+    match s.state.as_str() {
+        "none" | "" => "none requested".into(),
+        "scanning" => {
+            let onto = match (&s.device, kind) {
+                (Some(d), "resilver") => format!(" onto {}", d.display()),
+                _ => String::new(),
+            };
+            format!(
+                "{kind} in progress since {}{onto}\n\t{} done, {}/s, {} to go, {} repaired, {} unrecoverable",
+                date(s.started_unix),
+                done_of_total(s),
+                format_size(s.rate_bytes_per_sec),
+                s.eta_seconds.map(duration).unwrap_or_else(|| "unknown".into()),
+                s.repaired,
+                s.unrecoverable,
+            )
+        }
+        "paused" => format!(
+            "{kind} paused at {}, {} repaired, {} unrecoverable; 'bulwark scrub resume' continues it",
+            done_of_total(s),
+            s.repaired,
+            s.unrecoverable
+        ),
+        "finished" => format!(
+            "{kind} repaired {} in {} with {} errors on {}",
+            s.repaired,
+            duration(s.finished_unix.saturating_sub(s.started_unix)),
+            s.unrecoverable,
+            date(s.finished_unix)
+        ),
+        "canceled" => format!(
+            "{kind} canceled on {} at {}, {} repaired, {} unrecoverable",
+            date(s.finished_unix),
+            done_of_total(s),
+            s.repaired,
+            s.unrecoverable
+        ),
+        other => format!("{kind} {other}"),
+    }
+}
+
+/// "1.20G of 4.00G (30.0%)".
+pub fn done_of_total(s: &ScrubStatus) -> String {
+    let total = s.bytes_total.max(s.bytes_done);
+    let pct = if total == 0 {
+        100.0
+    } else {
+        s.bytes_done as f64 * 100.0 / total as f64
+    };
+    format!(
+        "{} of {} ({pct:.1}%)",
+        format_size(s.bytes_done),
+        format_size(total)
+    )
+}
+
+/// The `errors:` section: each unrecoverable range as `VOLUME: bytes FIRST-LAST (kind)`.
+pub fn errors_text(errors: &[DataError]) -> String {
+    if errors.is_empty() {
+        return "errors: No known data errors\n".into();
+    }
+    let mut out = format!(
+        "errors: {} range(s) with no good copy: reads of them fail with EIO, never return wrong bytes\n\n",
+        errors.len()
+    );
+    for e in errors {
+        let _ = writeln!(out, "\t{}", error_range(e));
+    }
+    out
+}
+
+/// `vol: bytes 40960-45055 (data)`: the first and last byte, inclusive.
+pub fn error_range(e: &DataError) -> String {
+    format!(
+        "{}: bytes {}-{} ({})",
+        e.volume,
+        e.offset,
+        e.offset + e.length.max(1) - 1,
+        e.kind
+    )
+}
+
+/// `scrub status`: the scan line and the errors.
+pub fn scrub_report_text(r: &ScrubReport) -> String {
+    format!(
+        "  scan: {}\n{}",
+        scan_line(&r.scrub),
+        errors_text(&r.errors)
+    )
+}
+
+/// `fault list`: DEVICE MODE PROBABILITY SEED LABELS.
+pub fn fault_table(entries: &[FaultEntry]) -> String {
+    if entries.is_empty() {
+        return "no faults armed\n".into();
+    }
+    use Align::*;
+    let mut t = Table::new(&[
+        ("DEVICE", Left),
+        ("MODE", Left),
+        ("PROBABILITY", Right),
+        ("SEED", Right),
+        ("LABELS", Left),
+    ]);
+    for e in entries {
+        for f in &e.faults {
+            t.row(vec![
+                e.device.display().to_string(),
+                fault_mode(f),
+                f.probability.to_string(),
+                f.seed.to_string(),
+                if f.include_labels { "yes" } else { "no" }.to_string(),
+            ]);
+        }
+    }
+    t.render("")
+}
+
+/// A fault's mode as the CLI spells it (read-flip, vanish, ...).
+pub fn fault_mode(f: &Fault) -> String {
+    serde_json::to_value(f.mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{:?}", f.mode))
+}
+
+/// Seconds as H:MM:SS.
+pub fn duration(secs: u64) -> String {
+    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// A unix time in local time, as zpool prints it: "Sat Nov 22 02:24:56 2025".
+fn date(unix: u64) -> String {
+    let t = unix as libc::time_t;
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let mut buf = [0u8; 64];
+    // SAFETY: localtime_r and strftime write only into the buffers given, sized here.
+    let n = unsafe {
+        if libc::localtime_r(&t, &mut tm).is_null() {
+            return format!("@{unix}");
+        }
+        libc::strftime(
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            c"%a %b %e %H:%M:%S %Y".as_ptr(),
+            &tm,
+        )
+    };
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 #[cfg(test)]
@@ -317,7 +518,8 @@ mod tests {
                     free_bytes: 255 << 20,
                 },
                 volumes: vec![vol("v", true, true)],
-                ..Default::default()
+                scrub: scrub(),
+                errors: Vec::new(),
             },
             daemon: DaemonInfo {
                 version: "0".into(),
@@ -325,7 +527,9 @@ mod tests {
                 nbd_socket: "/p/nbd.sock".into(),
                 nbd_tcp: None,
                 attached: Default::default(),
+                fault_injection: false,
             },
+            faults: Vec::new(),
         };
         let text = status_text(&report);
         assert!(
@@ -340,5 +544,76 @@ mod tests {
         assert!(text.contains("space: 1M used, 255M free, 256M total\n"));
         assert!(text.contains("LOCKED"));
         assert!(text.ends_with("errors: No known data errors\n"));
+        assert!(text.contains("  scan: none requested\n"), "{text}");
+        assert!(!text.contains("status:"), "{text}");
+    }
+
+    fn scrub() -> ScrubStatus {
+        ScrubStatus {
+            state: "none".into(),
+            kind: "scrub".into(),
+            device: None,
+            bytes_done: 0,
+            bytes_total: 0,
+            rate_bytes_per_sec: 0,
+            eta_seconds: None,
+            repaired: 0,
+            unrecoverable: 0,
+            started_unix: 0,
+            finished_unix: 0,
+        }
+    }
+
+    #[test]
+    fn scan_line_reads_like_zpool() {
+        let mut s = scrub();
+        s.state = "scanning".into();
+        s.bytes_done = 1 << 30;
+        s.bytes_total = 4 << 30;
+        s.rate_bytes_per_sec = 100 << 20;
+        s.eta_seconds = Some(3725);
+        s.repaired = 3;
+        let line = scan_line(&s);
+        assert!(line.starts_with("scrub in progress since "), "{line}");
+        assert!(
+            line.ends_with(
+                "\n\t1G of 4G (25.0%) done, 100M/s, 1:02:05 to go, 3 repaired, 0 unrecoverable"
+            ),
+            "{line}"
+        );
+        s.state = "finished".into();
+        s.started_unix = 1_000_000;
+        s.finished_unix = 1_000_075;
+        s.unrecoverable = 2;
+        let line = scan_line(&s);
+        assert!(
+            line.starts_with("scrub repaired 3 in 0:01:15 with 2 errors on "),
+            "{line}"
+        );
+        s.kind = "resilver".into();
+        s.state = "scanning".into();
+        s.device = Some("/p/dev2".into());
+        assert!(scan_line(&s).starts_with("resilver in progress since "));
+        assert!(scan_line(&s).contains(" onto /p/dev2\n"));
+    }
+
+    #[test]
+    fn errors_list_volume_and_inclusive_byte_range() {
+        let e = DataError {
+            volume: "v".into(),
+            offset: 40960,
+            length: 4096,
+            kind: "data".into(),
+            seen_epoch: 1,
+        };
+        let text = errors_text(&[e]);
+        assert!(
+            text.starts_with("errors: 1 range(s) with no good copy"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n\tv: bytes 40960-45055 (data)\n"),
+            "{text}"
+        );
     }
 }

@@ -16,6 +16,7 @@ mod display;
 mod error;
 mod export;
 mod grant;
+mod maintenance;
 
 use bulwark_nbd as nbd;
 
@@ -68,6 +69,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Grant(GrantCommand::Add(args)) => grant::add(client::pool_dir(pool)?, args),
         Command::Grant(GrantCommand::Remove(args)) => grant::remove(client::pool_dir(pool)?, args),
         Command::Grant(GrantCommand::List(args)) => grant::list(client::pool_dir(pool)?, args),
+        Command::Scrub(args) => maintenance::scrub(client::pool_dir(pool)?, args),
+        Command::Device(command) => maintenance::device(client::pool_dir(pool)?, command),
+        Command::Fault(command) => maintenance::fault(client::pool_dir(pool)?, command),
         Command::Bench(args) => bench::bench(pool, args),
     }
 }
