@@ -1,0 +1,70 @@
+"""The same blocks damaged on every copy (every shard, for parity): reads of
+exactly those blocks fail with EIO, never return wrong bytes; `status` names
+the volume and byte range of each; `scrub --wait` exits 1 listing them; every
+other block, in this volume and another, reads back exactly.
+"""
+
+import errno
+import random
+
+import pytest
+
+from conftest import MiB, qemu_io, require_tools, run
+from healing import (BLOCK, LAYOUTS, assert_export_equals, check_export, flip, heal_pool,
+                     locate_blocks, new_token, pattern_image, scrub_wait, write_file)
+
+NBLOCKS = 1024
+VICTIMS = 5
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_all_copies_bad(make_pool, tmp_path, seed, layout):
+    require_tools("nbdcopy", "qemu-io")
+    rng = random.Random(seed)
+    pool = heal_pool(make_pool, layout, faults=False)
+    token = new_token(rng)
+    key = pool.create_volume("enc", size="8M")
+    pool.create_volume("plain", size="4M", encryption=False, compression="off")
+    plain = write_file(tmp_path / "plain.img", pattern_image(token, NBLOCKS))
+    enc = write_file(tmp_path / "enc.img", rng.randbytes(8 * MiB))
+    run(["nbdcopy", "--flush", plain, pool.uri("plain")])
+    run(["nbdcopy", "--flush", enc, pool.uri("enc")])
+    devices = pool.device_paths()
+    pool.stop()
+
+    victims = sorted(rng.sample(range(NBLOCKS), VICTIMS))
+    where = locate_blocks(layout, devices, token, victims)
+    shard = layout.shard_bytes(BLOCK)
+    for i in victims:
+        assert len(where[i]) == 1, f"block {i} found at {where[i]}, expected one place"
+        for d in devices:
+            flip(d, [where[i][0] + rng.randrange(shard)])
+    print(f"damaged every copy of plain blocks {victims}")
+
+    pool.start()
+    pool.load_key("enc", key)
+    res = check_export(pool, "plain", plain, BLOCK)
+    assert not res["mismatch"], f"wrong bytes returned at {res['mismatch']}"
+    failed = sorted(off // BLOCK for off, _, _ in res["error"])
+    assert failed == victims, f"reads failed at blocks {failed}, damaged {victims}: {res}"
+    assert all(e in ("EIO", errno.EIO) for _, e, _ in res["error"]), res["error"]
+    assert_export_equals(pool, "enc", enc, "the other volume")
+
+    r = qemu_io(pool.uri("plain"), f"read {victims[0] * BLOCK} 4k")
+    assert r.returncode != 0 and "Input/output error" in r.stdout + r.stderr, r.stdout + r.stderr
+
+    expected = [{"volume": "plain", "offset": i * BLOCK, "length": BLOCK, "kind": "data"}
+                for i in victims]
+    errors = [{k: e[k] for k in ("volume", "offset", "length", "kind")} for e in pool.status()["errors"]]
+    assert sorted(errors, key=lambda e: e["offset"]) == expected, errors
+    text = pool.cli("status").stdout
+    for i in victims:
+        assert f"\tplain: bytes {i * BLOCK}-{i * BLOCK + BLOCK - 1} (data)\n" in text, text
+
+    r, s = scrub_wait(pool, expect_rc=1)
+    assert s["unrecoverable"] == VICTIMS and s["repaired"] == 0, s
+    for i in victims:
+        assert f"plain: bytes {i * BLOCK}-" in r.stdout, r.stdout
+    assert "no good copy" in r.stderr, r.stderr
+    errors = [{k: e[k] for k in ("volume", "offset", "length", "kind")} for e in pool.status()["errors"]]
+    assert sorted(errors, key=lambda e: e["offset"]) == expected, errors
