@@ -562,7 +562,10 @@ impl Core {
     pub fn device_online(self: &Arc<Self>, path: &std::path::Path) -> Result<()> {
         let i = self.member_index(path)?;
         let m = &self.red.members[i];
-        if !m.offline.load(Ordering::Acquire) && !m.faulted.load(Ordering::Acquire) {
+        if !m.present() {
+            // Left out at import (missing then, or stale): reopen it, if it is still ours.
+            self.reattach(i, path)?;
+        } else if !m.offline.load(Ordering::Acquire) && !m.faulted.load(Ordering::Acquire) {
             return Err(Error::Invalid(format!(
                 "device {} is already online",
                 path.display()
@@ -573,6 +576,34 @@ impl Core {
         m.offline.store(false, Ordering::Release);
         tracing::info!(device = %path.display(), "device online: resilvering");
         self.scrub_begin("resilver", Some(m.path()))
+    }
+
+    /// Open the device at `path` again for member `i`: its label must name this pool and
+    /// this member. Its copies are stale; the caller resilvers.
+    fn reattach(&self, i: usize, path: &std::path::Path) -> Result<()> {
+        use crate::device::FileDevice;
+        let dev = FileDevice::open(path)?;
+        let (pool_id, member_id, back_region) = {
+            let sb = self.sb.lock();
+            (sb.sb.pool_id, sb.sb.member_ids[i], sb.back_region)
+        };
+        let label = super::import::label_of(&dev, back_region).ok_or_else(|| {
+            Error::Invalid(format!(
+                "{} carries no bulwark label; use 'bulwark device replace' for a new device",
+                path.display()
+            ))
+        })?;
+        if label.pool_id != pool_id || label.device_id != member_id {
+            return Err(Error::Invalid(format!(
+                "{} is not member {i} of this pool (its label names another pool or member); use 'bulwark device replace'",
+                path.display()
+            )));
+        }
+        let faulty = Arc::new(FaultyDevice::new(Box::new(dev), back_region));
+        let _c = self.commit_lock.lock();
+        self.red.members[i].replace(path.to_path_buf(), faulty.clone());
+        self.faults.write()[i] = Some(faulty);
+        Ok(())
     }
 
     /// Put `new` in the place of `old` and resilver every live record onto it.

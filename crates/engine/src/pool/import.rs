@@ -93,6 +93,11 @@ fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superbl
     best
 }
 
+/// The newest superblock on `dev` (front and back slots).
+pub(crate) fn label_of(dev: &dyn Device, back_region: u64) -> Option<Superblock> {
+    best_superblock(dev, Some(back_region))
+}
+
 fn back_region_of(sb: &Superblock) -> u64 {
     DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES
 }

@@ -204,6 +204,20 @@ impl Pool {
             .spawn(move || core.maintenance_loop())
             .map_err(Error::Io)?;
         *pool.maintenance.lock() = Some(handle);
+        {
+            // A resilver interrupted by a restart: its device's copies are still known stale.
+            let s = pool.core.scrub.lock();
+            if s.state == "scanning" && s.kind == "resilver" {
+                if let Some(dev) = &s.device {
+                    for m in &pool.core.red.members {
+                        if &m.path() == dev {
+                            m.resilvering
+                                .store(true, std::sync::atomic::Ordering::Release);
+                        }
+                    }
+                }
+            }
+        }
         if pool.core.scrub.lock().state == "scanning" {
             tracing::info!("resuming the scrub that was running when the pool was last closed");
             pool.core.spawn_scrub();

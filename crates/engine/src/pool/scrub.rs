@@ -407,9 +407,11 @@ impl Core {
         } else {
             Duration::ZERO
         };
-        let sleep = want.saturating_sub(took) + extra;
-        if !sleep.is_zero() {
-            std::thread::sleep(sleep.min(Duration::from_millis(500)));
+        let deadline = Instant::now() + want.saturating_sub(took) + extra;
+        // Sleep the whole debt (a batch can hold many MiB), in slices so pause and shutdown
+        // are noticed promptly.
+        while Instant::now() < deadline && self.keep_going() {
+            std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(100)));
         }
     }
 }
