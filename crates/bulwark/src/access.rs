@@ -11,7 +11,8 @@
 //!
 //! Audit: one JSON object per line appended to `DIR/audit.log` (mode 0600,
 //! O_APPEND, fsync after each line): attach, detach, denied opens, failed
-//! TLS handshakes, key load/unload, grant changes, volume create/destroy.
+//! TLS handshakes, key operations (load, unload, add, remove, change, list,
+//! rotate, erase), grant changes, volume create/destroy.
 //! Lines name clients, peers and volumes, never a secret: no key bytes,
 //! passphrase, PSK key or file contents ever reach this module.
 

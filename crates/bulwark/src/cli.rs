@@ -40,7 +40,7 @@ pub enum Command {
     /// Create, list and destroy volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
-    /// Load and unload the keys of encrypted volumes.
+    /// Load, unload, add, remove, change, rotate and erase the keys of encrypted volumes.
     #[command(subcommand)]
     Key(KeyCommand),
     /// Show the pool's health, devices, space and volumes.
@@ -320,7 +320,7 @@ pub enum VolumeCommand {
     /// List volumes.
     List(ListArgs),
     /// Destroy a volume and free its space.
-    Destroy(NameArgs),
+    Destroy(VolumeDestroyArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -453,6 +453,87 @@ pub enum KeyCommand {
     Load(KeyLoadArgs),
     /// Lock an encrypted volume again (refused while it is attached).
     Unload(NameArgs),
+    /// Add a key slot for another passphrase or key file (the volume's key must be loaded).
+    Add(KeyLoadArgs),
+    /// Remove the key slot this passphrase or key file opens (never the last one).
+    Remove(KeyLoadArgs),
+    /// Give the slot OLD opens a new secret; the other slots and the data are not touched.
+    Change(KeyChangeArgs),
+    /// List the key slots: their kind and cost, nothing secret.
+    List(KeyListArgs),
+    /// Start a key rotation: new writes use a new data key at once, old blocks are
+    /// re-encrypted in the background, then the old data key is destroyed.
+    Rotate(KeyRotateArgs),
+    /// Crypto-erase: destroy every key slot and data key; the volume's data is
+    /// unrecoverable at once, whoever holds the old passphrase or key file.
+    #[command(after_help = KEY_ERASE_AFTER_HELP)]
+    Erase(KeyEraseArgs),
+}
+
+const KEY_ERASE_AFTER_HELP: &str = "\
+The volume table is sealed under a key kept only in the superblocks; erase \
+replaces that key and rewrites every superblock slot on every device, so older \
+copies of the table left in free space cannot be decrypted either. Without \
+--yes, the volume's name must be typed at a terminal to confirm. The volume \
+stays, locked for good: 'bulwark volume destroy' frees its space.";
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("old_secret").required(true).args(["passphrase_file", "key_file"])))]
+#[command(group(clap::ArgGroup::new("new_secret").required(true).args(["new_passphrase_file", "new_key_file"])))]
+pub struct KeyChangeArgs {
+    pub name: String,
+    /// The current secret (it picks the slot to change).
+    #[command(flatten)]
+    pub old: SecretArgs,
+    /// File holding the new passphrase.
+    #[arg(long, value_name = "PATH", conflicts_with = "new_key_file")]
+    pub new_passphrase_file: Option<PathBuf>,
+    /// File holding the new 32-byte key.
+    #[arg(long, value_name = "PATH")]
+    pub new_key_file: Option<PathBuf>,
+}
+
+impl KeyChangeArgs {
+    pub fn new_secret(&self) -> Option<SecretFile> {
+        SecretArgs {
+            passphrase_file: self.new_passphrase_file.clone(),
+            key_file: self.new_key_file.clone(),
+        }
+        .file()
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct KeyListArgs {
+    pub name: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyRotateArgs {
+    pub name: String,
+    /// Show the re-encryption's progress until it finishes.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyEraseArgs {
+    pub name: String,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VolumeDestroyArgs {
+    #[command(flatten)]
+    pub volume: NameArgs,
+    /// Crypto-erase the volume's keys first (as 'bulwark key erase --yes'), then destroy it.
+    #[arg(long)]
+    pub crypto_erase: bool,
 }
 
 #[derive(Debug, Args)]
@@ -907,5 +988,71 @@ mod tests {
     fn key_load_needs_a_file() {
         assert!(parse(&["key", "load", "v"]).is_err());
         assert!(parse(&["key", "load", "v", "--passphrase-file", "/p"]).is_ok());
+    }
+
+    #[test]
+    fn key_lifecycle_forms() {
+        for ok in [
+            &["key", "add", "v", "--passphrase-file", "/p"][..],
+            &["key", "remove", "v", "--key-file", "/k"],
+            &["key", "list", "v", "--json"],
+            &["key", "rotate", "v", "--wait"],
+            &["key", "erase", "v", "--yes"],
+            &[
+                "key",
+                "change",
+                "v",
+                "--key-file",
+                "/k",
+                "--new-passphrase-file",
+                "/p",
+            ],
+            &["volume", "destroy", "v", "--crypto-erase"],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["key", "add", "v"][..],
+            &[
+                "key",
+                "add",
+                "v",
+                "--key-file",
+                "/k",
+                "--passphrase-file",
+                "/p",
+            ],
+            &["key", "change", "v", "--key-file", "/k"],
+            &["key", "change", "v", "--new-key-file", "/k"],
+            &[
+                "key",
+                "change",
+                "v",
+                "--key-file",
+                "/k",
+                "--new-key-file",
+                "/a",
+                "--new-passphrase-file",
+                "/b",
+            ],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let cli = parse(&[
+            "key",
+            "change",
+            "v",
+            "--passphrase-file",
+            "/o",
+            "--new-key-file",
+            "/n",
+        ])
+        .unwrap();
+        let Command::Key(KeyCommand::Change(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.old.file().unwrap().kind, SecretKind::Passphrase);
+        let new = a.new_secret().unwrap();
+        assert_eq!((new.kind, new.path), (SecretKind::Key, PathBuf::from("/n")));
     }
 }

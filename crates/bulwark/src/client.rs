@@ -135,7 +135,7 @@ pub fn pool_create(args: &PoolCreateArgs) -> Result<()> {
 }
 
 /// The absolute, resolved path of a secret file, checked to exist but not read.
-fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
+pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
     let what = match file.kind {
         SecretKind::Passphrase => "passphrase file",
         SecretKind::Key => "key file",

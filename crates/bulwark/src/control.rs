@@ -13,6 +13,11 @@
 //! {"op":"volume_destroy","name":"v"}
 //! {"op":"key_load","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
 //! {"op":"key_unload","name":"v"}
+//! {"op":"key_add","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
+//! {"op":"key_remove","name":"v","secret":{"kind":"key_file","path":"/abs/key"}}
+//! {"op":"key_change","name":"v","old":{"kind":"passphrase_file","path":"/abs/old"},
+//!  "new":{"kind":"passphrase_file","path":"/abs/new"}}
+//! {"op":"key_list","name":"v"}  {"op":"key_rotate","name":"v"}  {"op":"key_erase","name":"v"}
 //! {"op":"scrub_start"}  {"op":"scrub_resume"}  {"op":"scrub_pause"}  {"op":"scrub_cancel"}
 //! {"op":"scrub_status"}
 //! {"op":"device_offline","path":"/abs/dev1"}  {"op":"device_online","path":"/abs/dev1"}
@@ -75,6 +80,34 @@ pub enum Request {
         secret: SecretRef,
     },
     KeyUnload {
+        name: String,
+    },
+    /// Answered by the new slot's number.
+    KeyAdd {
+        name: String,
+        secret: SecretRef,
+    },
+    /// Removes the slot `secret` opens; answered by its number.
+    KeyRemove {
+        name: String,
+        secret: SecretRef,
+    },
+    /// Gives the slot `old` opens the secret `new`; answered by its number.
+    KeyChange {
+        name: String,
+        old: SecretRef,
+        new: SecretRef,
+    },
+    /// Answered by the slots (`Vec<SlotInfo>`, nothing secret).
+    KeyList {
+        name: String,
+    },
+    /// Answered by the new data key generation; re-encryption runs in the background.
+    KeyRotate {
+        name: String,
+    },
+    /// Crypto-erase: every slot and data key destroyed.
+    KeyErase {
         name: String,
     },
     /// Start a scrub; resumes a paused one (`Busy` if one is running).

@@ -39,6 +39,7 @@ use crate::control::{
 use crate::error::{Error, Result};
 use crate::export::PoolExports;
 use crate::grant;
+use crate::keys;
 use crate::maintenance;
 use crate::nbd;
 
@@ -393,7 +394,8 @@ impl Daemon {
             Request::KeyLoad { name, secret } => {
                 blocking(move || {
                     let secret = load_secret(&secret)?;
-                    pool.load_key(&name, &secret).map_err(|e| e.to_string())
+                    pool.load_key(&name, &secret)
+                        .map_err(|e| keys::explain(&pool, &name, e))
                     // `secret` is dropped (and zeroized) here, before the answer goes out.
                 })
                 .await?;
@@ -415,6 +417,17 @@ impl Daemon {
             | Request::FaultSet { .. }
             | Request::FaultClear { .. }
             | Request::FaultList) => blocking(move || maintenance::handle(&pool, request)).await,
+            request @ (Request::KeyAdd { .. }
+            | Request::KeyRemove { .. }
+            | Request::KeyChange { .. }
+            | Request::KeyList { .. }
+            | Request::KeyRotate { .. }
+            | Request::KeyErase { .. }) => {
+                if let Request::KeyErase { name } = &request {
+                    self.refuse_if_attached(name)?;
+                }
+                blocking(move || keys::handle(&pool, request)).await
+            }
             request @ (Request::GrantAdd { .. }
             | Request::GrantRemove { .. }
             | Request::GrantList) => {
@@ -442,7 +455,7 @@ impl Daemon {
 
 /// Read a secret the request names. The path must be absolute (the CLI
 /// canonicalizes it); the file's contents are never logged.
-fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
+pub(crate) fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
     let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
         SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
         SecretRef::KeyFile(p) => (p, Secret::from_key_file),

@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use bulwark_engine::device::fault::Fault;
+use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::size::format_size;
 use bulwark_engine::VolumeStatus;
@@ -81,7 +82,7 @@ fn on_off(b: bool) -> &'static str {
     }
 }
 
-/// `volume list`: NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEYSTATUS.
+/// `volume list`: NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEYSTATUS KEYGEN SLOTS.
 pub fn volume_table(volumes: &[VolumeEntry]) -> String {
     if volumes.is_empty() {
         return "no volumes\n".to_string();
@@ -95,9 +96,12 @@ pub fn volume_table(volumes: &[VolumeEntry]) -> String {
         ("COMPRESS", Left),
         ("ENCRYPTION", Left),
         ("KEYSTATUS", Left),
+        ("KEYGEN", Left),
+        ("SLOTS", Right),
     ]);
     for v in volumes {
         let s = &v.volume;
+        let (keygen, slots) = key_cells(s);
         t.row(vec![
             s.name.clone(),
             format_size(s.size_bytes),
@@ -106,6 +110,8 @@ pub fn volume_table(volumes: &[VolumeEntry]) -> String {
             s.compression.clone(),
             on_off(s.encryption).to_string(),
             v.key_status.as_str().to_string(),
+            keygen,
+            slots,
         ]);
     }
     t.render("")
@@ -127,6 +133,69 @@ pub fn volume_created(v: &VolumeStatus) -> String {
         on_off(v.encryption),
         key,
     )
+}
+
+/// The KEYGEN and SLOTS cells of a volume: the data key generation new writes
+/// use ("2, rotating 40%" while older blocks are re-encrypted, "erased" after a
+/// crypto-erase) and the number of key slots; "-" for a volume without encryption.
+fn key_cells(v: &VolumeStatus) -> (String, String) {
+    if !v.encryption {
+        return ("-".into(), "-".into());
+    }
+    if v.key_slots == 0 {
+        return ("erased".into(), "0".into());
+    }
+    let keygen = match rotation_progress(v) {
+        Some(p) => format!("{}, rotating {p}", v.key_generation),
+        None => v.key_generation.to_string(),
+    };
+    (keygen, v.key_slots.to_string())
+}
+
+/// How far a key rotation has walked the volume ("40%"), if one is running.
+/// Counted in logical blocks examined, which always ends at 100%.
+pub fn rotation_progress(v: &VolumeStatus) -> Option<String> {
+    let r = v.rotation.as_ref()?;
+    let blocks = (v.size_bytes / u64::from(v.block_size.max(1))).max(1);
+    Some(format!("{}%", r.lba.min(blocks) * 100 / blocks))
+}
+
+/// `status` lines about key rotations in progress (empty when there are none).
+fn rotation_lines(volumes: &[VolumeStatus]) -> String {
+    let mut out = String::new();
+    for v in volumes {
+        let (Some(r), Some(p)) = (&v.rotation, rotation_progress(v)) else {
+            continue;
+        };
+        let state = if v.locked {
+            "paused until its key is loaded"
+        } else {
+            "in progress"
+        };
+        let _ = writeln!(
+            out,
+            "rotation: volume {} to data key generation {}, {state}: {p} examined, {} block(s) re-encrypted",
+            v.name, r.to_generation, r.blocks_done
+        );
+    }
+    out
+}
+
+/// `key list`: SLOT KIND KDF, nothing secret.
+pub fn key_slot_table(slots: &[SlotInfo]) -> String {
+    if slots.is_empty() {
+        return "no key slots (the keys were erased)\n".to_string();
+    }
+    use Align::*;
+    let mut t = Table::new(&[("SLOT", Right), ("KIND", Left), ("KDF", Left)]);
+    for s in slots {
+        t.row(vec![
+            s.slot.to_string(),
+            s.kind.clone(),
+            s.argon2.clone().unwrap_or_else(|| "hkdf-sha256".into()),
+        ]);
+    }
+    t.render("")
 }
 
 /// `status`: pool header, device table, repair counters, space, volumes, errors.
@@ -209,14 +278,18 @@ pub fn status_text(report: &StatusReport) -> String {
             ("COMPRESS", Left),
             ("ENCRYPTION", Left),
             ("KEY", Left),
+            ("KEYGEN", Left),
+            ("SLOTS", Right),
             ("ATTACHED", Right),
         ]);
         for v in &p.volumes {
             let key = match KeyStatus::of(v) {
                 KeyStatus::Available => "unlocked",
+                KeyStatus::Unavailable if v.key_slots == 0 => "ERASED",
                 KeyStatus::Unavailable => "LOCKED",
                 KeyStatus::None => "-",
             };
+            let (keygen, slots) = key_cells(v);
             t.row(vec![
                 v.name.clone(),
                 format_size(v.size_bytes),
@@ -225,10 +298,17 @@ pub fn status_text(report: &StatusReport) -> String {
                 v.compression.clone(),
                 on_off(v.encryption).to_string(),
                 key.to_string(),
+                keygen,
+                slots,
                 d.attached.get(&v.name).copied().unwrap_or(0).to_string(),
             ]);
         }
         out.push_str(&t.render("\t"));
+        let rotations = rotation_lines(&p.volumes);
+        if !rotations.is_empty() {
+            out.push('\n');
+            out.push_str(&rotations);
+        }
     }
     out.push('\n');
 
@@ -445,8 +525,49 @@ mod tests {
             encryption,
             locked,
             used_bytes: 3 << 19,
+            key_slots: usize::from(encryption),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn key_generation_slots_and_rotation_read_plainly() {
+        let mut v = vol("r", true, false);
+        v.key_generation = 2;
+        v.key_slots = 3;
+        v.rotation = Some(bulwark_engine::pool::rotate::Rotation {
+            to_generation: 2,
+            lba: 1 << 17,
+            blocks_done: 1000,
+            blocks_total: 4000,
+        });
+        assert_eq!(rotation_progress(&v).as_deref(), Some("50%"));
+        assert_eq!(key_cells(&v), ("2, rotating 50%".into(), "3".into()));
+        assert_eq!(
+            rotation_lines(std::slice::from_ref(&v)),
+            "rotation: volume r to data key generation 2, in progress: 50% examined, \
+             1000 block(s) re-encrypted\n"
+        );
+        let mut erased = vol("e", true, true);
+        erased.key_slots = 0;
+        assert_eq!(key_cells(&erased), ("erased".into(), "0".into()));
+
+        let slots = vec![
+            SlotInfo {
+                slot: 0,
+                kind: "key_file".into(),
+                argon2: None,
+            },
+            SlotInfo {
+                slot: 1,
+                kind: "passphrase".into(),
+                argon2: Some("argon2id m=65536KiB t=3 p=1".into()),
+            },
+        ];
+        assert_eq!(
+            key_slot_table(&slots),
+            "SLOT  KIND        KDF\n   0  key_file    hkdf-sha256\n   1  passphrase  argon2id m=65536KiB t=3 p=1\n"
+        );
     }
 
     #[test]
@@ -467,19 +588,19 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS"
+            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS    KEYGEN  SLOTS"
         );
         assert_eq!(
             lines[1],
-            "alpha    1G  1.50M         4K  lz4       on          available"
+            "alpha    1G  1.50M         4K  lz4       on          available    0           1"
         );
         assert_eq!(
             lines[2],
-            "b        1G  1.50M         4K  lz4       on          unavailable"
+            "b        1G  1.50M         4K  lz4       on          unavailable  0           1"
         );
         assert_eq!(
             lines[3],
-            "plain    1G  1.50M         4K  lz4       off         none"
+            "plain    1G  1.50M         4K  lz4       off         none         -           -"
         );
     }
 

@@ -4,7 +4,7 @@
 //! CLI side: build the request, print the answer. Daemon side
 //! ([`handle`]): change the grants table (`access.rs`) and audit the
 //! change. [`Audited`] describes a control request worth an audit line
-//! (volume create/destroy, key load/unload) without any secret: the
+//! (volume create/destroy, every key operation) without any secret: the
 //! secret file's path is not even recorded, only its kind.
 
 use std::path::Path;
@@ -149,6 +149,9 @@ pub struct Audited {
     event: &'static str,
     volume: String,
     detail: Value,
+    /// On success, the result is recorded in `detail` under this name (a slot
+    /// number, a key generation: nothing secret).
+    result_as: Option<&'static str>,
 }
 
 fn secret_kind(s: &SecretRef) -> &'static str {
@@ -183,12 +186,34 @@ impl Audited {
                 ("key_load", name, json!({ "secret": secret_kind(secret) }))
             }
             Request::KeyUnload { name } => ("key_unload", name, Value::Null),
+            Request::KeyAdd { name, secret } => {
+                ("key_add", name, json!({ "secret": secret_kind(secret) }))
+            }
+            Request::KeyRemove { name, secret } => {
+                ("key_remove", name, json!({ "secret": secret_kind(secret) }))
+            }
+            Request::KeyChange { name, old, new } => (
+                "key_change",
+                name,
+                json!({ "old": secret_kind(old), "new": secret_kind(new) }),
+            ),
+            Request::KeyList { name } => ("key_list", name, Value::Null),
+            Request::KeyRotate { name } => ("key_rotate", name, Value::Null),
+            Request::KeyErase { name } => ("key_erase", name, Value::Null),
             _ => return None,
+        };
+        let result_as = match request {
+            Request::KeyAdd { .. } | Request::KeyRemove { .. } | Request::KeyChange { .. } => {
+                Some("slot")
+            }
+            Request::KeyRotate { .. } => Some("generation"),
+            _ => None,
         };
         Some(Audited {
             event,
             volume: volume.clone(),
             detail,
+            result_as,
         })
     }
 
@@ -202,12 +227,21 @@ impl Audited {
         let access = Arc::clone(access);
         let ok = result.is_ok();
         let error = result.as_ref().err().cloned();
+        let mut detail = self.detail;
+        if let (Some(field), Ok(value)) = (self.result_as, result) {
+            let mut map = match detail {
+                Value::Object(map) => map,
+                _ => serde_json::Map::new(),
+            };
+            map.insert(field.to_string(), value.clone());
+            detail = Value::Object(map);
+        }
         let _ = tokio::task::spawn_blocking(move || {
             access.control(
                 self.event,
                 Some(&self.volume),
                 error.as_deref().map_or(Ok(()), Err),
-                self.detail,
+                detail,
             );
             if ok && self.event == "volume_destroy" {
                 match access.grants.remove_volume(&self.volume) {

@@ -16,6 +16,7 @@ mod display;
 mod error;
 mod export;
 mod grant;
+mod keys;
 mod maintenance;
 
 use bulwark_nbd as nbd;
@@ -61,10 +62,11 @@ fn run(cli: Cli) -> Result<()> {
             client::volume_list(client::pool_dir(pool)?, args)
         }
         Command::Volume(VolumeCommand::Destroy(args)) => {
-            client::volume_destroy(client::pool_dir(pool)?, args)
+            keys::volume_destroy(client::pool_dir(pool)?, args)
         }
         Command::Key(KeyCommand::Load(args)) => client::key_load(client::pool_dir(pool)?, args),
         Command::Key(KeyCommand::Unload(args)) => client::key_unload(client::pool_dir(pool)?, args),
+        Command::Key(command) => keys::command(client::pool_dir(pool)?, command),
         Command::Status(args) => client::status(client::pool_dir(pool)?, args),
         Command::Grant(GrantCommand::Add(args)) => grant::add(client::pool_dir(pool)?, args),
         Command::Grant(GrantCommand::Remove(args)) => grant::remove(client::pool_dir(pool)?, args),
