@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::backend::{Backend, Client, Event, Exports};
-use crate::limits::{OPTION_BYTES_MAX, STRING_BYTES_MAX};
+use crate::limits::{OPTION_BYTES_MAX, RATE_DELAY_MAX, STRING_BYTES_MAX};
 use crate::proto::*;
 use crate::ratelimit::{Key, Limiter};
 use crate::server::Limits;
@@ -191,7 +191,9 @@ async fn open_export(cx: &Context<'_>, name: &str) -> Option<Opened> {
     .flatten();
     if opened.is_none() {
         let keys = cx.keys();
-        let delay = cx.limiter.delay(&keys);
+        // Refusals queue behind each other too; past the queue bound they
+        // wait the longest back-off (the reply must still go out).
+        let delay = cx.limiter.reserve(&keys).unwrap_or(RATE_DELAY_MAX);
         cx.limiter.fail(&keys);
         if !delay.is_zero() {
             debug!(?delay, "delaying the reply to a failed open");

@@ -76,6 +76,9 @@ pub const RATE_FREE_FAILURES: u32 = 3;
 pub const RATE_DELAY_BASE: Duration = Duration::from_millis(100);
 /// Longest delay a failing client is made to wait per attempt.
 pub const RATE_DELAY_MAX: Duration = Duration::from_secs(5);
+/// An attempt that would wait longer than this (behind others of the same
+/// address or identity) is refused at once.
+pub const RATE_QUEUE_MAX: Duration = Duration::from_secs(30);
 /// A key with no failure for this long starts again from zero.
 pub const RATE_FORGET: Duration = Duration::from_secs(600);
 /// Addresses and identities remembered at once.

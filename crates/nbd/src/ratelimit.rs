@@ -9,8 +9,15 @@
 //! (per address), and before the reply to an open that failed (per address
 //! and identity). A key with no failure for `RATE_FORGET` starts afresh.
 //!
-//! A legitimate client behind the same address is slowed, never refused:
-//! the delay is bounded, and the count forgets. The table is bounded
+//! Waits are reserved, not just computed: concurrent attempts from one key
+//! queue behind each other (each waits its back-off after the previous
+//! one's), so opening many connections at once buys no more attempts per
+//! second than one at a time. An attempt that would queue longer than
+//! `RATE_QUEUE_MAX` is turned away at once, which bounds what a flood of
+//! connections from one address can hold.
+//!
+//! A legitimate client behind the same address is slowed; it is refused
+//! only while that address floods. The count forgets. The table is bounded
 //! (`RATE_KEYS_MAX`); when full, forgotten and then oldest entries go.
 
 use std::collections::HashMap;
@@ -20,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::limits::{
     RATE_DELAY_BASE, RATE_DELAY_MAX, RATE_FORGET, RATE_FREE_FAILURES, RATE_KEYS_MAX,
+    RATE_QUEUE_MAX,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -31,6 +39,8 @@ pub(crate) enum Key {
 struct Entry {
     failures: u32,
     last: Instant,
+    /// The last reserved attempt waits until here.
+    next: Instant,
 }
 
 #[derive(Default)]
@@ -57,7 +67,8 @@ impl Limiter {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Delay owed by the worst of `keys` now.
+    /// Delay owed by the worst of `keys` now, ignoring the queue.
+    #[cfg(test)]
     pub(crate) fn delay(&self, keys: &[Key]) -> Duration {
         let now = Instant::now();
         let entries = self.lock();
@@ -67,6 +78,35 @@ impl Limiter {
             .map(|e| backoff(e.failures))
             .max()
             .unwrap_or(Duration::ZERO)
+    }
+
+    /// Reserves this attempt's turn: how long to wait before answering it
+    /// (its back-off, after the attempts of the same keys already waiting),
+    /// or `None` if that would exceed `RATE_QUEUE_MAX`.
+    pub(crate) fn reserve(&self, keys: &[Key]) -> Option<Duration> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let mut wait = Duration::ZERO;
+        for e in keys.iter().filter_map(|k| entries.get(k)) {
+            if now.duration_since(e.last) >= RATE_FORGET {
+                continue;
+            }
+            let b = backoff(e.failures);
+            if !b.is_zero() {
+                wait = wait.max(e.next.saturating_duration_since(now) + b);
+            }
+        }
+        if wait > RATE_QUEUE_MAX {
+            return None;
+        }
+        if !wait.is_zero() {
+            for k in keys {
+                if let Some(e) = entries.get_mut(k) {
+                    e.next = e.next.max(now + wait);
+                }
+            }
+        }
+        Some(wait)
     }
 
     /// Counts one failure against each of `keys`.
@@ -89,6 +129,7 @@ impl Limiter {
             let e = entries.entry(key.clone()).or_insert(Entry {
                 failures: 0,
                 last: now,
+                next: now,
             });
             if now.duration_since(e.last) >= RATE_FORGET {
                 e.failures = 0;
@@ -125,6 +166,27 @@ mod tests {
         assert_eq!(l.delay(&[a.clone()]), RATE_DELAY_BASE * 2);
         assert_eq!(l.delay(&[id.clone()]), Duration::ZERO);
         assert_eq!(l.delay(&[id, a]), RATE_DELAY_BASE * 2);
+    }
+
+    #[test]
+    fn concurrent_attempts_queue_and_overflow_is_refused() {
+        let l = Limiter::default();
+        let a = [Key::Addr("10.0.0.1".parse().unwrap())];
+        assert_eq!(l.reserve(&a), Some(Duration::ZERO));
+        for _ in 0..RATE_FREE_FAILURES + 1 {
+            l.fail(&a);
+        }
+        // Three attempts at once: each waits behind the previous one.
+        assert_eq!(l.reserve(&a), Some(RATE_DELAY_BASE));
+        let second = l.reserve(&a).unwrap();
+        assert!(second >= RATE_DELAY_BASE * 2 - Duration::from_millis(50), "{second:?}");
+        let mut refused = false;
+        for _ in 0..(RATE_QUEUE_MAX.as_millis() / RATE_DELAY_BASE.as_millis()) as usize + 2 {
+            refused |= l.reserve(&a).is_none();
+        }
+        assert!(refused);
+        // Another key is not affected.
+        assert_eq!(l.reserve(&[Key::Identity("x".into())]), Some(Duration::ZERO));
     }
 
     #[test]

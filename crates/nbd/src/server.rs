@@ -382,7 +382,10 @@ impl Server {
         let shutdown = self.shutdown.subscribe();
         // A TCP address that has been failing waits before it is answered.
         if let Some(ip) = client.ip {
-            let delay = self.limiter.delay(&[Key::Addr(ip)]);
+            let Some(delay) = self.limiter.reserve(&[Key::Addr(ip)]) else {
+                warn!("address is flooding after failures: connection refused");
+                return;
+            };
             if !delay.is_zero() {
                 info!(?delay, "address has failed recently: delaying the greeting");
                 let far = tokio::time::Instant::now() + delay + HANDSHAKE_TIMEOUT;
