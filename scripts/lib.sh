@@ -26,6 +26,7 @@ have e2fsck         || need_pkgs+=(e2fsprogs)
 have pkg-config     || need_pkgs+=(pkg-config)
 have cc             || need_pkgs+=(build-essential)
 installed libssl-dev || need_pkgs+=(libssl-dev)
+have openssl        || need_pkgs+=(openssl)   # TLS tests make their CA and certificates
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     pkgs=($(printf '%s\n' "${need_pkgs[@]}" | sort -u))
