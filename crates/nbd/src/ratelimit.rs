@@ -161,10 +161,10 @@ mod tests {
         let a = Key::Addr("127.0.0.1".parse().unwrap());
         let id = Key::Identity("cn:x".into());
         for _ in 0..RATE_FREE_FAILURES + 2 {
-            l.fail(&[a.clone()]);
+            l.fail(std::slice::from_ref(&a));
         }
-        assert_eq!(l.delay(&[a.clone()]), RATE_DELAY_BASE * 2);
-        assert_eq!(l.delay(&[id.clone()]), Duration::ZERO);
+        assert_eq!(l.delay(std::slice::from_ref(&a)), RATE_DELAY_BASE * 2);
+        assert_eq!(l.delay(std::slice::from_ref(&id)), Duration::ZERO);
         assert_eq!(l.delay(&[id, a]), RATE_DELAY_BASE * 2);
     }
 

@@ -303,7 +303,7 @@ pub fn parse_psk(text: &str) -> Result<HashMap<String, Zeroizing<Vec<u8>>>, Stri
 }
 
 fn decode_hex(hex: &str) -> Option<Zeroizing<Vec<u8>>> {
-    if hex.len() % 2 != 0 {
+    if hex.len() & 1 == 1 {
         return None;
     }
     let mut out = Zeroizing::new(Vec::with_capacity(hex.len() / 2));
