@@ -77,7 +77,14 @@ impl Core {
             scrub: self.scrub.lock().clone(),
             errors: self.errors.lock().clone(),
         };
-        let table_key = self.sb.lock().sb.table_key;
+        // The table and the superblock that points to it must carry the same table key: a new
+        // key (crypto-erase, end of a rotation) is taken here, under the commit lock, and goes
+        // into this commit's superblock below.
+        let table_key = self
+            .table_key_next
+            .lock()
+            .take()
+            .unwrap_or(self.sb.lock().sb.table_key);
         let table_ptr = self.write_meta(&table.seal(&table_key))?;
 
         self.red.flush()?;
@@ -87,6 +94,7 @@ impl Core {
             let old = st.sb.root;
             st.sb.generation += 1;
             st.sb.root = table_ptr;
+            st.sb.table_key = table_key;
             st.sb.high_water = self.log.high_water();
             let next = self.nonce_next.load(Ordering::Acquire);
             if next.saturating_add(NONCE_RESERVE_STEP / 2) > st.sb.nonce_reserved {

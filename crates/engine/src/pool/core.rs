@@ -59,6 +59,8 @@ pub struct Core {
     /// The fault-injection layer of each member (None for a missing device).
     pub faults: RwLock<Vec<Option<Arc<FaultyDevice>>>>,
     pub allow_faults: bool,
+    /// A new table key for the next commit to seal the table with and record.
+    pub table_key_next: Mutex<Option<[u8; 32]>>,
     pub scrub: Mutex<super::scrub::ScrubState>,
     pub errors: Mutex<Vec<super::scrub::DataError>>,
     pub scrub_running: AtomicBool,

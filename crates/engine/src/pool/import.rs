@@ -288,6 +288,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         space_wait: Mutex::new(()),
         faults: RwLock::new(faults),
         allow_faults: opts.allow_fault_injection,
+        table_key_next: Mutex::new(None),
         scrub: Mutex::new(Default::default()),
         errors: Mutex::new(Vec::new()),
         scrub_running: AtomicBool::new(false),

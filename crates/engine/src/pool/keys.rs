@@ -67,8 +67,8 @@ impl Core {
     fn open_slot(&self, st: &VolumeState, secret: &Secret) -> Result<(usize, Zeroizing<[u8; 32]>)> {
         let slots = st.slots.lock().clone();
         if slots.is_empty() {
-            return Err(Error::WrongKey(format!(
-                "{} (its keys were erased; the data is unrecoverable)",
+            return Err(Error::Invalid(format!(
+                "the keys of volume '{}' were erased: its data is unrecoverable with any secret",
                 st.name
             )));
         }
@@ -224,7 +224,7 @@ impl Core {
     /// Give the volume table a new key and rewrite every superblock slot (two commits), so
     /// no table written before can be decrypted again.
     pub(crate) fn forget_old_tables(&self) -> Result<()> {
-        self.sb.lock().sb.table_key = wrap::random_bytes::<32>();
+        *self.table_key_next.lock() = Some(wrap::random_bytes::<32>());
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
         self.table_dirty.store(true, Ordering::Release);

@@ -32,6 +32,9 @@ pub struct Rotation {
     pub lba: u64,
     pub blocks_done: u64,
     pub blocks_total: u64,
+    /// Why the rotation stopped, if it did (it resumes at the next key load).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 impl Core {
@@ -92,6 +95,9 @@ impl Core {
             .spawn(move || {
                 if let Err(e) = core.rotate_run(&st) {
                     tracing::error!(volume = %st.name, "key rotation paused: {e}");
+                    if let Some(r) = st.rotation.lock().as_mut() {
+                        r.error = Some(e.to_string());
+                    }
                 }
             });
     }
@@ -101,7 +107,10 @@ impl Core {
         let blocks = st.size / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
-            let Some(rot) = st.rotation.lock().clone() else {
+            let Some(rot) = st.rotation.lock().as_mut().map(|r| {
+                r.error = None;
+                r.clone()
+            }) else {
                 return Ok(());
             };
             if self.closing.load(Ordering::Acquire)
