@@ -540,6 +540,7 @@ mod tests {
             lba: 1 << 17,
             blocks_done: 1000,
             blocks_total: 4000,
+            ..Default::default()
         });
         assert_eq!(rotation_progress(&v).as_deref(), Some("50%"));
         assert_eq!(key_cells(&v), ("2, rotating 50%".into(), "3".into()));
