@@ -6,8 +6,8 @@
 //! `display` (tables) and `bench` (fio over NBD). Errors end as one
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 
-mod bench;
 mod access;
+mod bench;
 mod cli;
 mod client;
 mod control;

@@ -26,8 +26,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::limits::{
-    RATE_DELAY_BASE, RATE_DELAY_MAX, RATE_FORGET, RATE_FREE_FAILURES, RATE_KEYS_MAX,
-    RATE_QUEUE_MAX,
+    RATE_DELAY_BASE, RATE_DELAY_MAX, RATE_FORGET, RATE_FREE_FAILURES, RATE_KEYS_MAX, RATE_QUEUE_MAX,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -179,14 +178,20 @@ mod tests {
         // Three attempts at once: each waits behind the previous one.
         assert_eq!(l.reserve(&a), Some(RATE_DELAY_BASE));
         let second = l.reserve(&a).unwrap();
-        assert!(second >= RATE_DELAY_BASE * 2 - Duration::from_millis(50), "{second:?}");
+        assert!(
+            second >= RATE_DELAY_BASE * 2 - Duration::from_millis(50),
+            "{second:?}"
+        );
         let mut refused = false;
         for _ in 0..(RATE_QUEUE_MAX.as_millis() / RATE_DELAY_BASE.as_millis()) as usize + 2 {
             refused |= l.reserve(&a).is_none();
         }
         assert!(refused);
         // Another key is not affected.
-        assert_eq!(l.reserve(&[Key::Identity("x".into())]), Some(Duration::ZERO));
+        assert_eq!(
+            l.reserve(&[Key::Identity("x".into())]),
+            Some(Duration::ZERO)
+        );
     }
 
     #[test]
