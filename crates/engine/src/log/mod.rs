@@ -111,35 +111,11 @@ impl Log {
     /// Allocate `len` bytes at the head of `stream`. Client data (`Stream::Data`) may not
     /// take the last `SEGMENTS_RESERVED` free segments: those keep commits and the cleaner going.
     pub fn alloc(&self, stream: Stream, len: usize) -> Result<u64> {
-        let len = len as u64;
-        assert!(len > 0 && len <= SEGMENT_BYTES, "record of {len} bytes");
-        let mut g = self.inner.lock();
-        let h = stream as usize;
-        if let Some((seg, off)) = g.heads[h] {
-            if off as u64 + len <= SEGMENT_BYTES {
-                let next = (off as u64 + len).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
-                g.heads[h] = Some((seg, next as u32));
-                self.live[seg as usize].fetch_add(len as u32, Ordering::Relaxed);
-                return Ok(seg as u64 * SEGMENT_BYTES + off as u64);
-            }
-            g.state[seg as usize] = SegState::Sealed;
-            g.heads[h] = None;
-        }
-        let reserve = if stream == Stream::Data {
-            SEGMENTS_RESERVED
-        } else {
-            0
-        };
-        if g.free.len() as u32 <= reserve {
-            return Err(Error::NoSpace);
-        }
-        let seg = g.free.pop_first().expect("checked non-empty");
-        g.state[seg as usize] = SegState::Open;
-        g.high_water = g.high_water.max(seg + 1);
-        let next = len.div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
-        g.heads[h] = Some((seg, next as u32));
-        self.live[seg as usize].fetch_add(len as u32, Ordering::Relaxed);
-        Ok(seg as u64 * SEGMENT_BYTES)
+        assert!(
+            len > 0 && len as u64 <= SEGMENT_BYTES,
+            "record of {len} bytes"
+        );
+        self.alloc_run(stream, &[len]).map(|(addr, _)| addr)
     }
 
     /// Allocate consecutive records of `lens` bytes at the head of `stream`, as many as fit in

@@ -387,6 +387,13 @@ impl Volume {
         stripes.sort_unstable();
         stripes.dedup();
         let _locks: Vec<_> = stripes.iter().map(|&s| self.st.stripes[s].lock()).collect();
+        self.write_blocks_locked(first, data, stored)
+    }
+
+    /// `write_blocks` with the stripe locks of every block already held by the caller.
+    fn write_blocks_locked(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
+        let bs = self.st.block_size as usize;
+        let n = data.len() / bs;
         self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
         struct Rec {
             lba: u64,
@@ -530,48 +537,9 @@ impl Volume {
         Ok(())
     }
 
-    /// Encode and store one whole block, then point the map at it.
+    /// Encode and store one whole block, then point the map at it (stripe lock held).
     fn write_block(&self, lba: u64, plain: &[u8], stored: &mut Vec<u8>) -> Result<()> {
-        let ptr = if is_zero(plain) {
-            Blkptr::HOLE
-        } else {
-            let ring = self.ring()?;
-            let nonce = if ring.is_some() {
-                self.core.next_nonce()?
-            } else {
-                0
-            };
-            let flags = codec::encode(
-                plain,
-                self.st.compression,
-                ring.as_deref().map(KeyRing::current),
-                &self.aad(lba),
-                nonce,
-                stored,
-            )?;
-            let sum = codec::checksum(stored);
-            let addr = loop {
-                match self.core.alloc_record(Stream::Data, stored.len()) {
-                    Ok(a) => break a,
-                    Err(Error::NoSpace) => self.core.wait_for_space()?,
-                    Err(e) => return Err(e),
-                }
-            };
-            let ptr = Blkptr {
-                addr: [addr, ADDR_NONE],
-                nonce,
-                len: stored.len() as u32,
-                flags,
-                key_gen: ring.as_ref().map(|r| r.current).unwrap_or(0),
-                checksum: sum,
-            };
-            if let Err(e) = self.core.red.write(addr, stored) {
-                self.core.free_ptr(&ptr);
-                return Err(e);
-            }
-            ptr
-        };
-        self.set_ptr(lba, ptr)
+        self.write_blocks_locked(lba, plain, stored)
     }
 
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
