@@ -411,6 +411,16 @@ impl Core {
             self.wake_maintenance();
             let mut g = self.space_wait.lock();
             self.log.space.wait_for(&mut g, Duration::from_millis(200));
+            drop(g);
+            // A full pool answers at once: nothing a commit would free, nothing worth cleaning.
+            let reclaimable = !self.log.zero_sealed().is_empty()
+                || !self
+                    .log
+                    .victims(1, (SEGMENT_BYTES * 15 / 16) as u32)
+                    .is_empty();
+            if !reclaimable && !self.log.data_space_available() {
+                return Err(Error::NoSpace);
+            }
         }
         Ok(())
     }
