@@ -28,6 +28,17 @@
 # Usage: bench/peers.sh [--full] [--repeat N] [--tcp] [--runtime S] [--size SIZE]
 #                       [--servers a,b,...] [--out FILE] [--workdir DIR] [--keep]
 #                       [--device-factor N]   bulwark device size = N x SIZE (default 16)
+#                       [--max-foreign PCT] [--retries N]
+#
+# Other work on the machine: around every `bulwark bench` call the script
+# accounts the CPU time of the whole machine (/proc/stat) against the
+# server's, bench's + fio's, kernel threads' (writeback, I/O completion) and
+# the hypervisor's steal time. The rest ("foreign": other processes in this
+# VM, e.g. other people's builds and tests) is recorded per call as a
+# percentage of all CPUs. A call with more than --max-foreign percent
+# (default 15) is run again after 30 s, up to --retries times (default 2);
+# the last attempt is kept, and the report shows foreign, kernel and steal
+# shares per server.
 # Env:   BULWARK_BIN (default target/release/bulwark)
 set -euo pipefail
 
@@ -45,6 +56,9 @@ OUT=
 WORKDIR=
 KEEP=0
 DEVICE_FACTOR=16
+MAX_FOREIGN=15
+RETRIES=2
+RETRY_WAIT=30
 PORT=${BENCH_PORT:-10899}
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -61,6 +75,8 @@ while [ $# -gt 0 ]; do
         --workdir) WORKDIR=$2; shift ;;
         --keep) KEEP=1 ;;
         --device-factor) DEVICE_FACTOR=$2; shift ;;
+        --max-foreign) MAX_FOREIGN=$2; shift ;;
+        --retries) RETRIES=$2; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -248,6 +264,67 @@ start_server() { # NAME DIR
     wait_ready "$URI" "$2/server.log"
 }
 
+# --- CPU accounting around one bench call ---------------------------------------
+NPROC=$(nproc)
+CLK_TCK=$(getconf CLK_TCK)
+machine_ticks() { # busy and steal ticks of all CPUs
+    awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $9; exit}' /proc/stat
+}
+server_ticks() { # utime+stime of the server process (all its threads)
+    if [ -r "/proc/$SERVER_PID/stat" ]; then
+        sed 's/.*) //' "/proc/$SERVER_PID/stat" | awk '{print $12+$13}'
+    else
+        echo 0
+    fi
+}
+# `times` must run in this shell (not in a $(...) subshell) to see its children.
+# user+sys of this shell's finished children (bench and its fio runs), from `times`
+children_seconds() {
+    tail -1 "$WORKDIR/times.txt" | awk '{
+        s = 0
+        for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); s += a[1] * 60 + a[2] }
+        print s }'
+}
+kthread_ticks() { # utime+stime of kernel threads (children of kthreadd): writeback, I/O completion
+    cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^[0-9]* (.*) //' | awk '$2 == 2 {s += $12 + $13} END {print s + 0}'
+}
+cpu_mark() {
+    K0=$(kthread_ticks)
+    read -r M0 S0 < <(machine_ticks)
+    P0=$(server_ticks)
+    times >"$WORKDIR/times.txt"
+    C0=$(children_seconds)
+    T0=$(date +%s.%N)
+}
+cpu_account() { # FILE ATTEMPT
+    local m1 s1 p1 c1 t1 k1
+    k1=$(kthread_ticks)
+    read -r m1 s1 < <(machine_ticks)
+    p1=$(server_ticks)
+    times >"$WORKDIR/times.txt"
+    c1=$(children_seconds)
+    t1=$(date +%s.%N)
+    python3 - "$1" "$2" "$M0" "$m1" "$S0" "$s1" "$P0" "$p1" "$C0" "$c1" "$T0" "$t1" "$K0" "$k1" "$NPROC" "$CLK_TCK" <<'PY'
+import json, sys
+f, attempt = sys.argv[1], int(sys.argv[2])
+m0, m1, s0, s1, p0, p1, c0, c1, t0, t1, k0, k1, nproc, tck = map(float, sys.argv[3:])
+elapsed = t1 - t0
+busy = (m1 - m0) / tck            # all CPUs, including steal
+steal = (s1 - s0) / tck           # taken by the hypervisor
+kernel = (k1 - k0) / tck          # kernel threads (writeback, I/O), partly caused by the server
+server = (p1 - p0) / tck
+client = c1 - c0                  # bulwark bench and its fio runs
+foreign = max(0.0, busy - steal - kernel - server - client)   # other processes in this VM
+cap = elapsed * nproc
+pct = lambda x: round(100 * x / cap, 1)
+json.dump({"attempt": attempt, "elapsed_s": round(elapsed, 2), "busy_s": round(busy, 2),
+           "server_s": round(server, 2), "client_s": round(client, 2), "kernel_s": round(kernel, 2),
+           "steal_s": round(steal, 2), "foreign_s": round(foreign, 2),
+           "foreign_pct": pct(foreign), "steal_pct": pct(steal), "kernel_pct": pct(kernel)},
+          open(f, "w"))
+PY
+}
+
 # --- the run -----------------------------------------------------------------------
 python3 - "$WORKDIR/meta.json" <<EOF
 import json, os, platform, subprocess, sys
@@ -280,6 +357,7 @@ meta = {
         "servers": "$SERVERS".split(","),
         "groups": [g.split("|", 1)[1] for g in """$(printf '%s\n' "${GROUPS_[@]}")""".splitlines()],
         "common": "$(echo "${COMMON[@]}")",
+        "max_foreign_pct": $MAX_FOREIGN, "retries": $RETRIES,
     },
 }
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
@@ -300,14 +378,29 @@ for rep in $(seq 1 "$REPEAT"); do
         for g in "${GROUPS_[@]}"; do
             gname=${g%%|*}
             read -r -a gargs <<< "${g#*|}"
-            log "run $rep/$REPEAT, $name, $gname: ${g#*|}"
-            if ! "$BULWARK" bench --uri "$URI" "${COMMON[@]}" "${fill[@]}" "${gargs[@]}" \
-                    >"$WORKDIR/raw/$name/rep$rep-$gname.json" 2>"$d/bench.err"; then
-                cat "$d/bench.err" >&2
-                tail -20 "$d/server.log" >&2
-                die "$name: bulwark bench failed (logs in $d)"
-            fi
-            fill=(--no-fill)  # the first group filled the region
+            raw=$WORKDIR/raw/$name/rep$rep-$gname
+            for attempt in $(seq 0 "$RETRIES"); do
+                log "run $rep/$REPEAT, $name, $gname: ${g#*|}"
+                cpu_mark
+                if ! "$BULWARK" bench --uri "$URI" "${COMMON[@]}" "${fill[@]}" "${gargs[@]}" \
+                        >"$raw.json" 2>"$d/bench.err"; then
+                    cat "$d/bench.err" >&2
+                    tail -20 "$d/server.log" >&2
+                    die "$name: bulwark bench failed (logs in $d)"
+                fi
+                cpu_account "$raw.cpu.json" "$attempt"
+                fill=(--no-fill)  # the first group filled the region
+                foreign=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["foreign_pct"])' "$raw.cpu.json")
+                if python3 -c 'import sys; sys.exit(float(sys.argv[1]) <= float(sys.argv[2]))' "$foreign" "$MAX_FOREIGN"; then
+                    if [ "$attempt" -lt "$RETRIES" ]; then
+                        log "$name, $gname: other work used ${foreign}% of the CPUs (> $MAX_FOREIGN%): again in ${RETRY_WAIT}s"
+                        sleep "$RETRY_WAIT"
+                        continue
+                    fi
+                    log "$name, $gname: other work used ${foreign}% of the CPUs; kept after $RETRIES retries (flagged in the report)"
+                fi
+                break
+            done
         done
         stop_server
         cp "$d/server.log" "$WORKDIR/raw/$name/server-rep$rep.log" 2>/dev/null || true

@@ -55,6 +55,8 @@ def load(raw: Path) -> dict:
     for sdir in sorted(p for p in raw.iterdir() if p.is_dir()):
         cells: dict = {}
         for f in sorted(sdir.glob("rep*-*.json")):
+            if f.name.endswith(".cpu.json"):
+                continue
             report = json.loads(f.read_text())
             for c in report["cells"]:
                 slot = cells.setdefault(cell_key(c), {m: [] for m in METRICS})
@@ -63,6 +65,38 @@ def load(raw: Path) -> dict:
         if cells:
             servers[sdir.name] = cells
     return servers
+
+
+def load_cpu(raw: Path) -> dict:
+    """server -> [CPU accounting of each bench call] (bench/peers.sh's *.cpu.json)."""
+    cpu: dict = {}
+    for sdir in sorted(p for p in raw.iterdir() if p.is_dir()):
+        rows = []
+        for f in sorted(sdir.glob("rep*-*.cpu.json")):
+            row = json.loads(f.read_text())
+            row["group"] = f.name.removesuffix(".cpu.json")
+            rows.append(row)
+        if rows:
+            cpu[sdir.name] = rows
+    return cpu
+
+
+def cpu_summary(cpu: dict) -> dict:
+    """Per server: median and max foreign share, steal, and the server's and fio's CPU use."""
+    out = {}
+    for s, rows in cpu.items():
+        def cores(key):
+            return statistics.median(r[key] / r["elapsed_s"] for r in rows if r["elapsed_s"] > 0)
+        out[s] = {
+            "foreign_pct_median": statistics.median(r["foreign_pct"] for r in rows),
+            "foreign_pct_max": max(r["foreign_pct"] for r in rows),
+            "steal_pct_median": statistics.median(r["steal_pct"] for r in rows),
+            "kernel_pct_median": statistics.median(r.get("kernel_pct", 0.0) for r in rows),
+            "server_cores_median": round(cores("server_s"), 2),
+            "client_cores_median": round(cores("client_s"), 2),
+            "retried_groups": sum(1 for r in rows if r.get("attempt", 0) > 0),
+        }
+    return out
 
 
 def medians(servers: dict) -> dict:
@@ -137,7 +171,7 @@ def targets(med: dict) -> list[dict]:
     return rows
 
 
-def report(meta: dict, servers: dict, med: dict, tgt: list[dict]) -> str:
+def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> str:
     names = [s for s in SERVER_ORDER if s in med] + sorted(s for s in med if s not in SERVER_ORDER)
     keys = sorted({k for s in med.values() for k in s}, key=cell_sort)
     out = []
@@ -151,11 +185,33 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict]) -> str:
     out.append(f"Settings: {st.get('transport')} sockets, {size_label(st.get('size_bytes', 0))} region "
                f"filled first, {st.get('runtime_s')} s per cell, "
                + (f"median of {reps} runs" if reps > 1 else "one run") + ".")
-    load = [float(x) for x in m.get("loadavg_start", [])[:1]]
-    if load and load[0] > 1.0:
-        out.append(f"WARNING: load average {load[0]:.2f} at start: other work shared the "
-                   f"{m.get('nproc')} CPUs, numbers are disturbed.")
+    mx = st.get("max_foreign_pct")
+    busy = [s for s, c in cpu.items() if mx is not None and c["foreign_pct_max"] > mx]
+    if busy:
+        out.append(f"WARNING: other processes used more than {mx}% of the CPUs during some calls of "
+                   f"{', '.join(busy)} even after retries: those numbers are disturbed.")
     out.append("")
+
+    if cpu:
+        mx = meta.get("settings", {}).get("max_foreign_pct")
+        out.append("**CPU during the measurements** (per `bulwark bench` call, median over calls; "
+                   "cores = CPU seconds per second; foreign = other processes in the VM, kernel = "
+                   "kernel threads (writeback, I/O), steal = taken by the hypervisor, each as % of "
+                   "all CPUs" + (f"; calls with foreign above {mx}% were retried" if mx is not None else "")
+                   + ")")
+        out.append("")
+        rows = []
+        for s in names:
+            c = cpu.get(s)
+            if not c:
+                continue
+            rows.append([s, f"{c['server_cores_median']:.2f}", f"{c['client_cores_median']:.2f}",
+                         f"{c['foreign_pct_median']:.0f}%", f"{c['foreign_pct_max']:.0f}%",
+                         f"{c['kernel_pct_median']:.0f}%", f"{c['steal_pct_median']:.0f}%",
+                         str(c["retried_groups"])])
+        out.append(md_table(["server", "server CPU (cores)", "bench+fio CPU (cores)", "foreign (median)",
+                             "foreign (max)", "kernel", "steal", "calls retried"], rows))
+        out.append("")
 
     def grid(title: str, fmt, metric: str) -> None:
         out.append(f"**{title}**")
@@ -250,7 +306,8 @@ def main() -> int:
         return 1
     med = medians(servers)
     tgt = targets(med)
-    text = report(meta, servers, med, tgt)
+    cpu = cpu_summary(load_cpu(a.raw))
+    text = report(meta, servers, med, tgt, cpu)
     print(text)
     if a.out:
         result = {
@@ -269,6 +326,8 @@ def main() -> int:
                 for b in BULWARKS if b in med
             },
             "targets": tgt,
+            "cpu": cpu,
+            "cpu_calls": load_cpu(a.raw),
             "report_markdown": text,
         }
         a.out.write_text(json.dumps(result, indent=1) + "\n")
