@@ -3,23 +3,29 @@
 //! encryption or the engine; it turns NBD requests into calls on a
 //! `Backend` and back.
 //!
-//! Data path: socket → `handshake` (options, export choice) →
-//! `transmission` reader (parse, validate, admit) → the connection's worker
-//! threads (`Backend` call) → `transmission` writer (reply) → socket.
+//! Data path: socket → `handshake` (options, export choice) → on a plain
+//! Unix or TCP socket, `direct`: each of the connection's threads in turn
+//! reads a request, runs it (`Backend` call) and writes its reply; on a TLS
+//! stream, the `transmission` reader (parse, validate, admit) → the
+//! connection's worker threads (`Backend` call) → `transmission` writer
+//! (reply) → socket.
 //!
 //! Codemap:
 //! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Client`],
 //!   [`Identity`], [`Event`], [`Extent`], [`errno`] values.
 //! - `proto.rs`: wire constants and a pure, panic-free codec ([`proto`]).
 //! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`.
-//! - `transmission.rs`: request validation, execution, reply writing.
+//! - `transmission.rs`: request validation, execution, reply building; the
+//!   async reader/writer used for TLS streams.
+//! - `direct.rs`: the threaded transmission phase on plain sockets.
 //! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
 //! - `limits.rs`: every bound on what a client can make us hold or wait on.
 //! - `tls.rs`: [`TlsConfig`] (X.509 directory or PSK file), TLS accept and
 //!   the client's identity.
 //! - `ratelimit.rs`: exponential back-off per address and identity.
 //! - `buffers.rs`: per-connection payload buffer reuse.
-//! - `workers.rs`: per-connection blocking threads that run backend calls.
+//! - `workers.rs`: per-connection blocking threads that run backend calls
+//!   (async path).
 //!
 //! Invariants:
 //! - Bytes from a client are input: any sequence of them yields a reply or
@@ -42,6 +48,7 @@
 
 mod backend;
 mod buffers;
+mod direct;
 mod handshake;
 pub mod limits;
 pub mod proto;

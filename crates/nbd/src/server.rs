@@ -41,7 +41,7 @@ use crate::limits::{
 };
 use crate::ratelimit::{Key, Limiter};
 use crate::tls::TlsConfig;
-use crate::transmission;
+use crate::{direct, transmission};
 
 /// Tunables for a [`Server`]. Out-of-range values are clamped (see
 /// `limits.rs`).
@@ -532,7 +532,7 @@ impl Server {
             },
         )
         .await;
-        let end = transmission::run(stream, export, &self.limits, shutdown)
+        let end = transmit(stream, export, &self.limits, shutdown)
             .await
             .to_string();
         info!("connection closed: {end}");
@@ -544,6 +544,39 @@ impl Server {
             },
         )
         .await;
+    }
+}
+
+/// The transmission phase: on a plain Unix or TCP socket, threads that each
+/// read, run and answer whole requests (`direct.rs`); on any other stream
+/// (TLS, in-memory pipes), the async reader and writer (`transmission.rs`).
+async fn transmit<S>(
+    stream: S,
+    export: Negotiated,
+    limits: &Limits,
+    shutdown: watch::Receiver<bool>,
+) -> transmission::End
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let stream: Box<dyn std::any::Any + Send> = Box::new(stream);
+    let stream = match stream.downcast::<UnixStream>() {
+        Ok(unix) => match unix.into_std() {
+            Ok(s) => return direct::run(s, export, limits, shutdown).await,
+            Err(e) => return transmission::End::Io(e),
+        },
+        Err(other) => other,
+    };
+    let stream = match stream.downcast::<TcpStream>() {
+        Ok(tcp) => match tcp.into_std() {
+            Ok(s) => return direct::run(s, export, limits, shutdown).await,
+            Err(e) => return transmission::End::Io(e),
+        },
+        Err(other) => other,
+    };
+    match stream.downcast::<S>() {
+        Ok(stream) => transmission::run(*stream, export, limits, shutdown).await,
+        Err(_) => unreachable!("the stream is an S"),
     }
 }
 

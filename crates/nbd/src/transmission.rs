@@ -288,6 +288,14 @@ impl Outgoing {
     pub(crate) fn body(&self) -> &[u8] {
         &self.body
     }
+
+    /// The reply was sent (or dropped): its buffer goes back to the pool
+    /// and its permits are released.
+    pub(crate) fn done(self, pool: &BufPool) {
+        if self.pooled {
+            pool.give(self.body);
+        }
+    }
 }
 
 fn chunk(kind: u16, handle: u64, length: usize) -> [u8; ChunkHeader::LEN] {
@@ -353,14 +361,14 @@ pub(crate) fn reply_block_status(handle: u64, context_id: u32, d: &[Descriptor])
 // ---- Execution (worker threads) ------------------------------------------
 
 /// What every request task of one connection shares.
-struct Shared {
-    export: Negotiated,
-    pool: BufPool,
+pub(crate) struct Shared {
+    pub(crate) export: Negotiated,
+    pub(crate) pool: BufPool,
 }
 
 /// Runs one validated request against the backend and builds its reply.
 /// A panicking backend yields `EIO`, not a dead server.
-fn execute(op: Op, handle: u64, data: Vec<u8>, shared: &Shared) -> Outgoing {
+pub(crate) fn execute(op: Op, handle: u64, data: Vec<u8>, shared: &Shared) -> Outgoing {
     let structured = shared.export.structured;
     match catch_unwind(AssertUnwindSafe(|| run_op(op, handle, data, shared))) {
         Ok(out) => out,
@@ -486,6 +494,43 @@ fn io_end(e: io::Error) -> End {
     }
 }
 
+/// Parses a request header and ends the connection on what cannot be
+/// answered: `NBD_CMD_DISC`, a malformed header, or a write payload larger
+/// than the advertised maximum (which we can neither trust nor skip).
+pub(crate) fn parse_request(header: &[u8; Request::LEN], ex: &Negotiated) -> Result<Request, End> {
+    let req = Request::parse(header).map_err(|e| End::Violation(e.to_string()))?;
+    debug!(
+        cmd = cmd_name(req.kind),
+        handle = req.handle,
+        flags = req.flags,
+        offset = req.offset,
+        length = req.length,
+        "request"
+    );
+    if req.kind == CMD_DISC {
+        return Err(End::Disconnect);
+    }
+    if req.kind == CMD_WRITE && req.length > ex.request_bytes_max {
+        return Err(End::Violation(format!(
+            "write of {} bytes exceeds the {}-byte maximum",
+            req.length, ex.request_bytes_max
+        )));
+    }
+    Ok(req)
+}
+
+/// The reply to a request that failed validation.
+pub(crate) fn rejected(req: &Request, rej: &Reject, structured: bool) -> Outgoing {
+    debug!(
+        cmd = cmd_name(req.kind),
+        handle = req.handle,
+        errno = rej.errno,
+        reason = rej.message,
+        "request rejected"
+    );
+    reply_error(req.handle, structured, rej.errno, rej.message)
+}
+
 /// Races `f` against shutdown and writer failure.
 async fn interruptible<F: Future>(
     f: F,
@@ -554,27 +599,9 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
                 .await?
                 .map_err(io_end)?;
         }
-        let req = Request::parse(&header).map_err(|e| End::Violation(e.to_string()))?;
         let ex = &self.shared.export;
-        debug!(
-            cmd = cmd_name(req.kind),
-            handle = req.handle,
-            flags = req.flags,
-            offset = req.offset,
-            length = req.length,
-            "request"
-        );
-        if req.kind == CMD_DISC {
-            return Err(End::Disconnect);
-        }
+        let req = parse_request(&header, ex)?;
         let payload = req.kind == CMD_WRITE;
-        if payload && req.length > ex.request_bytes_max {
-            // We cannot trust (or afford to skip) this payload.
-            return Err(End::Violation(format!(
-                "write of {} bytes exceeds the {}-byte maximum",
-                req.length, ex.request_bytes_max
-            )));
-        }
         let mut permits = Vec::with_capacity(2);
         let permit = match Arc::clone(self.inflight).try_acquire_owned() {
             Ok(permit) => permit,
@@ -617,16 +644,8 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         }
         match validate(&req, ex) {
             Err(rej) => {
-                debug!(
-                    cmd = cmd_name(req.kind),
-                    handle = req.handle,
-                    errno = rej.errno,
-                    reason = rej.message,
-                    "request rejected"
-                );
                 self.shared.pool.give(data);
-                let out = reply_error(req.handle, ex.structured, rej.errno, rej.message)
-                    .with_permits(permits);
+                let out = rejected(&req, &rej, ex.structured).with_permits(permits);
                 self.tx.send(out).await.map_err(|_| End::WriterGone)?;
             }
             Ok(op) => {
@@ -686,10 +705,8 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             if !out.body().is_empty() {
                 guarded(w.write_all(out.body()), &mut draining).await?;
             }
-            if out.pooled {
-                shared.pool.give(out.body);
-            }
-            // `out.permits` drop here: the request is complete.
+            // The request is complete: its permits are released here.
+            out.done(&shared.pool);
             next = rx.try_recv().ok();
         }
         guarded(w.flush(), &mut draining).await?;

@@ -130,14 +130,13 @@ fn transmission_garbage(rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// Feeds `input` to a fresh connection (after `prelude` puts it in the
-/// right phase), drains whatever comes back, closes, and checks that the
-/// server side finishes.
-async fn feed(seed: u64, transmission: bool) {
+/// Feeds `input` to a fresh connection on the transmission path `P` picks
+/// (after a prelude puts it in the right phase), drains whatever comes
+/// back, closes, and checks that the server side finishes.
+async fn feed<P: Pipe>(seed: u64, transmission: bool) {
     let (server, _, _) = server();
     let mut rng = Rng::new(seed);
-    let (client, server_end) = tokio::io::duplex(64 << 10);
-    let task = tokio::spawn(server.clone().serve_stream(server_end));
+    let (client, task) = P::pipe(&server);
     let input;
     let client = if transmission {
         let structured = rng.below(2) == 0;
@@ -211,13 +210,22 @@ fn seeds() -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_handshake_input() {
     for seed in seeds() {
-        feed(seed, false).await;
+        feed::<tokio::io::DuplexStream>(seed, false).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_transmission_input() {
     for seed in seeds() {
-        feed(seed, true).await;
+        feed::<tokio::io::DuplexStream>(seed, true).await;
+    }
+}
+
+/// The same inputs through a Unix socket: the threaded path (`direct.rs`)
+/// that every Unix and plain TCP client gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_transmission_input_on_a_socket() {
+    for seed in seeds() {
+        feed::<tokio::net::UnixStream>(seed, true).await;
     }
 }

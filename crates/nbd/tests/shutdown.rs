@@ -112,6 +112,37 @@ async fn client_that_stops_reading_cannot_block_shutdown() {
     let _ = c.s.write_all(&[0]).await;
 }
 
+/// The same on a Unix socket (the threaded path, `direct.rs`), in real
+/// time: its threads block in system calls, which paused time cannot see
+/// (so this test takes `DRAIN_WRITE_TIMEOUT`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_that_stops_reading_cannot_block_shutdown_on_a_socket() {
+    let (server, _, _) = server_with(ServerConfig {
+        max_request_bytes: 64 << 10,
+        max_inflight_per_conn: 4,
+        ..ServerConfig::default()
+    });
+    let (client, server_end) = tokio::net::UnixStream::pair().unwrap();
+    let task = tokio::spawn(server.clone().serve_stream(server_end));
+    let (mut c, _, _) = Client::open(client, "disk").await;
+    for i in 0..64u64 {
+        c.send(CMD_READ, 0, i * 65536, 65536, &[]).await;
+    }
+    // Let the replies pile up against the full pipe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(server.connections(), 1);
+    server.shutdown();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(120), server.wait_idle())
+        .await
+        .expect("shutdown stalled on a client that does not read");
+    // It was the drain timeout (virtual time) that ended the connection.
+    assert!(started.elapsed() >= bulwark_nbd::limits::DRAIN_WRITE_TIMEOUT);
+    task.await.unwrap();
+    // The client end still exists; the server dropped its side.
+    let _ = c.s.write_all(&[0]).await;
+}
+
 #[tokio::test]
 async fn attached_counts_per_export() {
     let (server, _, _) = server();

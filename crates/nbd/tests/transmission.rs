@@ -1,6 +1,8 @@
-//! Transmission phase over an in-memory pipe: data round trips with simple
-//! and structured replies, every edge-validation error, block status, and
-//! many requests in flight at once.
+//! Transmission phase: data round trips with simple and structured replies,
+//! every edge-validation error, block status, and many requests in flight at
+//! once; each test runs on both transmission paths (`async_path`: an
+//! in-memory pipe, as TLS streams are served; `direct_path`: a Unix socket
+//! pair, as Unix and plain TCP clients are served).
 
 mod common;
 
@@ -9,9 +11,6 @@ use std::sync::atomic::Ordering;
 use bulwark_nbd::errno::*;
 use bulwark_nbd::proto::*;
 use common::*;
-use tokio::io::DuplexStream;
-
-type C = Client<DuplexStream>;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -19,15 +18,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[tokio::test]
-async fn simple_replies_round_trip() {
+async fn simple_replies_round_trip<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, _task) = pipe(&server);
-    let mut c = C::connect(s).await;
+    let (s, _task) = P::pipe(&server);
+    let mut c = Client::<P>::connect(s).await;
     c.go("disk").await.unwrap();
     let data = pattern(8192, 7);
     let r = c.call(CMD_WRITE, CMD_FLAG_FUA, 4096, 8192, &data).await;
-    assert_eq!(C::errno_of(&r), 0);
+    assert_eq!(Client::<P>::errno_of(&r), 0);
     let r = c.call(CMD_READ, 0, 4096, 8192, &[]).await;
     assert_eq!(
         r,
@@ -44,10 +42,16 @@ async fn simple_replies_round_trip() {
         panic!()
     };
     assert_eq!(got, data[1..4]);
-    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
-    assert_eq!(C::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await), 0);
     assert_eq!(
-        C::errno_of(
+        Client::<P>::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
+        0
+    );
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await),
+        0
+    );
+    assert_eq!(
+        Client::<P>::errno_of(
             &c.call(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 4096, 100, &[])
                 .await
         ),
@@ -59,18 +63,20 @@ async fn simple_replies_round_trip() {
     // A read error: no payload follows the simple reply.
     disk.fail_reads.store(true, Ordering::SeqCst);
     assert_eq!(
-        C::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await),
+        Client::<P>::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await),
         EIO as u32
     );
     disk.fail_reads.store(false, Ordering::SeqCst);
-    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await), 0);
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_READ, 0, 0, 512, &[]).await),
+        0
+    );
 }
 
-#[tokio::test]
-async fn structured_read_is_one_data_chunk() {
+async fn structured_read_is_one_data_chunk<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, _, flags) = C::open(s, "disk").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, flags) = Client::<P>::open(s, "disk").await;
     assert_ne!(flags & FLAG_SEND_DF, 0);
     let data = pattern(64 << 10, 3);
     c.call(CMD_WRITE, 0, 0, 64 << 10, &data).await;
@@ -108,11 +114,10 @@ async fn structured_read_is_one_data_chunk() {
     assert!(!msg.is_empty());
 }
 
-#[tokio::test]
-async fn edge_validation_errors() {
+async fn edge_validation_errors<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, size, _) = C::open(s, "disk").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, size, _) = Client::<P>::open(s, "disk").await;
     let cases: Vec<(u16, u16, u64, u32, u32)> = vec![
         // (command, flags, offset, length, expected errno)
         (CMD_READ, 0, size, 1, EINVAL as u32),
@@ -142,7 +147,7 @@ async fn edge_validation_errors() {
     for (kind, flags, offset, length, want) in cases {
         let r = c.call(kind, flags, offset, length, &[]).await;
         assert_eq!(
-            C::errno_of(&r),
+            Client::<P>::errno_of(&r),
             want,
             "{} flags={flags:#x} offset={offset} length={length}",
             cmd_name(kind)
@@ -151,45 +156,55 @@ async fn edge_validation_errors() {
     // Writes beyond the end: the payload is consumed, ENOSPC returned, and
     // the stream stays in sync.
     let r = c.call(CMD_WRITE, 0, size - 100, 200, &[1; 200]).await;
-    assert_eq!(C::errno_of(&r), ENOSPC as u32);
+    assert_eq!(Client::<P>::errno_of(&r), ENOSPC as u32);
     let r = c.call(CMD_WRITE, CMD_FLAG_NO_HOLE, 0, 10, &[1; 10]).await;
-    assert_eq!(C::errno_of(&r), EINVAL as u32);
+    assert_eq!(Client::<P>::errno_of(&r), EINVAL as u32);
     // Zero lengths succeed without touching the backend.
     let before = disk.calls.load(Ordering::SeqCst);
     for kind in [CMD_WRITE, CMD_TRIM, CMD_WRITE_ZEROES] {
-        assert_eq!(C::errno_of(&c.call(kind, 0, size, 0, &[]).await), 0);
+        assert_eq!(
+            Client::<P>::errno_of(&c.call(kind, 0, size, 0, &[]).await),
+            0
+        );
     }
     assert_eq!(disk.calls.load(Ordering::SeqCst), before);
-    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 1, &[]).await), 0);
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_READ, 0, 0, 1, &[]).await),
+        0
+    );
 }
 
-#[tokio::test]
-async fn read_only_export_refuses_writes() {
+async fn read_only_export_refuses_writes<P: Pipe>() {
     let (server, _, ro) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "ro").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "ro").await;
     assert_eq!(
-        C::errno_of(&c.call(CMD_WRITE, 0, 0, 4, &[1, 2, 3, 4]).await),
+        Client::<P>::errno_of(&c.call(CMD_WRITE, 0, 0, 4, &[1, 2, 3, 4]).await),
         EPERM as u32
     );
     assert_eq!(
-        C::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await),
+        Client::<P>::errno_of(&c.call(CMD_TRIM, 0, 0, 4096, &[]).await),
         EPERM as u32
     );
     assert_eq!(
-        C::errno_of(&c.call(CMD_WRITE_ZEROES, 0, 0, 4096, &[]).await),
+        Client::<P>::errno_of(&c.call(CMD_WRITE_ZEROES, 0, 0, 4096, &[]).await),
         EPERM as u32
     );
-    assert_eq!(C::errno_of(&c.call(CMD_READ, 0, 0, 4096, &[]).await), 0);
-    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_READ, 0, 0, 4096, &[]).await),
+        0
+    );
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
+        0
+    );
     assert_eq!(ro.calls.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test]
-async fn block_status_reports_holes_and_respects_req_one() {
+async fn block_status_reports_holes_and_respects_req_one<P: Pipe>() {
     let (server, _, _) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     // Blocks 2 and 3 allocated, the rest holes.
     c.call(
         CMD_WRITE,
@@ -252,11 +267,10 @@ async fn block_status_reports_holes_and_respects_req_one() {
     );
 }
 
-#[tokio::test]
-async fn many_requests_in_flight() {
+async fn many_requests_in_flight<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     // Writes to distinct blocks, all sent before any reply is read.
     let mut handles = Vec::new();
     for i in 0..200u64 {
@@ -266,7 +280,7 @@ async fn many_requests_in_flight() {
     let mut seen = std::collections::HashSet::new();
     for _ in 0..200 {
         let r = within(c.reply()).await.unwrap();
-        assert_eq!(C::errno_of(&r), 0);
+        assert_eq!(Client::<P>::errno_of(&r), 0);
         assert!(seen.insert(r.handle()));
     }
     assert_eq!(seen.len(), handles.len());
@@ -292,16 +306,15 @@ async fn many_requests_in_flight() {
     assert_eq!(disk.inflight.load(Ordering::SeqCst), 8);
     disk.open_gate();
     for _ in 0..20 {
-        assert_eq!(C::errno_of(&within(c.reply()).await.unwrap()), 0);
+        assert_eq!(Client::<P>::errno_of(&within(c.reply()).await.unwrap()), 0);
     }
     assert!(disk.inflight_peak.load(Ordering::SeqCst) <= 8);
 }
 
-#[tokio::test]
-async fn disconnect_finishes_in_flight_requests_first() {
+async fn disconnect_finishes_in_flight_requests_first<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     disk.close_gate();
     let h1 = c.send(CMD_READ, 0, 0, 512, &[]).await;
     let h2 = c.send(CMD_READ, 0, 512, 512, &[]).await;
@@ -319,23 +332,21 @@ async fn disconnect_finishes_in_flight_requests_first() {
     assert_eq!(server.attached("disk"), 0);
 }
 
-#[tokio::test]
-async fn oversized_write_closes_connection() {
+async fn oversized_write_closes_connection<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     c.send(CMD_WRITE, 0, 0, (64 << 10) + 1, &[]).await;
     c.expect_closed().await;
     within(task).await.unwrap();
     assert_eq!(disk.calls.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test]
-async fn bad_request_magic_closes_connection() {
+async fn bad_request_magic_closes_connection<P: Pipe>() {
     use tokio::io::AsyncWriteExt;
     let (server, _, _) = server();
-    let (s, task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     let mut req = Request {
         flags: 0,
         kind: CMD_READ,
@@ -350,25 +361,26 @@ async fn bad_request_magic_closes_connection() {
     within(task).await.unwrap();
 }
 
-#[tokio::test]
-async fn backend_panic_is_eio_not_a_crash() {
+async fn backend_panic_is_eio_not_a_crash<P: Pipe>() {
     let (server, disk, _) = server();
-    let (s, _task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     disk.panic_on_flush.store(true, Ordering::SeqCst);
     assert_eq!(
-        C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
+        Client::<P>::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
         EIO as u32
     );
     disk.panic_on_flush.store(false, Ordering::SeqCst);
-    assert_eq!(C::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await), 0);
+    assert_eq!(
+        Client::<P>::errno_of(&c.call(CMD_FLUSH, 0, 0, 0, &[]).await),
+        0
+    );
 }
 
-#[tokio::test]
-async fn client_eof_without_disc_cleans_up() {
+async fn client_eof_without_disc_cleans_up<P: Pipe>() {
     let (server, _, _) = server();
-    let (s, task) = pipe(&server);
-    let (mut c, _, _) = C::open(s, "disk").await;
+    let (s, task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
     c.call(CMD_READ, 0, 0, 1, &[]).await;
     assert_eq!(server.attached("disk"), 1);
     drop(c);
@@ -376,3 +388,35 @@ async fn client_eof_without_disc_cleans_up() {
     assert_eq!(server.attached("disk"), 0);
     assert_eq!(server.connections(), 0);
 }
+
+/// Each test above, once per transmission path.
+macro_rules! on_both_paths {
+    ($($name:ident),* $(,)?) => {
+        mod async_path {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name::<tokio::io::DuplexStream>().await
+            })*
+        }
+        mod direct_path {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name::<tokio::net::UnixStream>().await
+            })*
+        }
+    };
+}
+
+on_both_paths!(
+    simple_replies_round_trip,
+    structured_read_is_one_data_chunk,
+    edge_validation_errors,
+    read_only_export_refuses_writes,
+    block_status_reports_holes_and_respects_req_one,
+    many_requests_in_flight,
+    disconnect_finishes_in_flight_requests_first,
+    oversized_write_closes_connection,
+    bad_request_magic_closes_connection,
+    backend_panic_is_eio_not_a_crash,
+    client_eof_without_disc_cleans_up,
+);

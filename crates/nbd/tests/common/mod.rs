@@ -210,9 +210,32 @@ pub fn server() -> (Arc<Server>, Arc<MemBackend>, Arc<MemBackend>) {
 /// Connects an in-memory pipe to `server`; returns the client end and the
 /// task serving the other end.
 pub fn pipe(server: &Arc<Server>) -> (DuplexStream, tokio::task::JoinHandle<()>) {
-    let (client, server_end) = tokio::io::duplex(256 << 10);
-    let task = tokio::spawn(Arc::clone(server).serve_stream(server_end));
-    (client, task)
+    DuplexStream::pipe(server)
+}
+
+/// A client end connected to a fresh server connection. The server runs
+/// its transmission phase on the async reader/writer for an in-memory pipe
+/// (as for TLS streams) and on its threads for a socket (`direct.rs`, as
+/// for every Unix and plain TCP client): tests generic over `Pipe` check
+/// both paths.
+pub trait Pipe: AsyncRead + AsyncWrite + Unpin + Send + Sized + 'static {
+    fn pipe(server: &Arc<Server>) -> (Self, tokio::task::JoinHandle<()>);
+}
+
+impl Pipe for DuplexStream {
+    fn pipe(server: &Arc<Server>) -> (Self, tokio::task::JoinHandle<()>) {
+        let (client, server_end) = tokio::io::duplex(256 << 10);
+        let task = tokio::spawn(Arc::clone(server).serve_stream(server_end));
+        (client, task)
+    }
+}
+
+impl Pipe for tokio::net::UnixStream {
+    fn pipe(server: &Arc<Server>) -> (Self, tokio::task::JoinHandle<()>) {
+        let (client, server_end) = tokio::net::UnixStream::pair().expect("socketpair");
+        let task = tokio::spawn(Arc::clone(server).serve_stream(server_end));
+        (client, task)
+    }
 }
 
 /// One reply, simple or structured.

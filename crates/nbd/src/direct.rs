@@ -1,0 +1,307 @@
+//! The transmission phase on a plain socket (Unix or TCP), without hand-offs.
+//!
+//! `transmission.rs` moves every request across three parties: the async
+//! reader parses it, a worker thread runs it, the async writer sends the
+//! reply. Each crossing is a wake-up, and at 4 KiB (or 64 KiB with a fast
+//! backend) those wake-ups, not the backend, bound the request rate. On a
+//! plain socket we do what nbdkit does instead: a few threads per
+//! connection, each of which in turn takes the read side, reads one request
+//! (header and payload), lets go, runs the request, and writes its own reply
+//! under the write side's lock. A request is handled start to finish on one
+//! thread; the only hand-off left is the read lock passing to the next
+//! thread. TLS streams keep the async path (OpenSSL sessions cannot be read
+//! and written from two threads at once).
+//!
+//! Invariants (the same as `transmission.rs`, kept differently):
+//! - Requests are parsed and validated with the same functions
+//!   (`parse_request`, `validate`, `execute`).
+//! - At most `threads_max` requests are in flight, each holding at most one
+//!   payload of `request_bytes_max`: the connection's memory is bounded by
+//!   its threads. Threads start on demand (when every started one is busy)
+//!   and stay until the connection ends; an idle connection holds one.
+//! - Every request read gets exactly one reply, unless writing to the client
+//!   fails, after which the connection is closed.
+//! - The connection ends only after every thread has returned from its last
+//!   backend call (`run` awaits them all).
+//! - Shutdown stops reading (`shutdown(SHUT_RD)` wakes the thread blocked in
+//!   `read`); requests already read still run and are answered. Once the
+//!   reading has stopped, replies must be written within
+//!   `DRAIN_WRITE_TIMEOUT` or the socket is shut down both ways.
+
+use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::{mpsc, watch, Notify};
+use tracing::debug;
+
+use crate::buffers::BufPool;
+use crate::handshake::Negotiated;
+use crate::limits::{DRAIN_WRITE_TIMEOUT, READ_BUFFER_BYTES};
+use crate::proto::{Request, CMD_WRITE};
+use crate::server::Limits;
+use crate::transmission::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
+
+/// A blocking socket the threads can share: one handle reads, one writes,
+/// one is kept to shut the connection down from outside.
+pub(crate) trait Socket: Read + Write + Send + Sync + Sized + 'static {
+    fn try_clone(&self) -> io::Result<Self>;
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+}
+
+impl Socket for std::os::unix::net::UnixStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        std::os::unix::net::UnixStream::try_clone(self)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        std::os::unix::net::UnixStream::shutdown(self, how)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        std::os::unix::net::UnixStream::set_nonblocking(self, nonblocking)
+    }
+}
+
+impl Socket for std::net::TcpStream {
+    fn try_clone(&self) -> io::Result<Self> {
+        std::net::TcpStream::try_clone(self)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        std::net::TcpStream::shutdown(self, how)
+    }
+    fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        std::net::TcpStream::set_nonblocking(self, nonblocking)
+    }
+}
+
+/// The read side and why reading stopped, if it has.
+struct Reading<S> {
+    rd: BufReader<S>,
+    end: Option<End>,
+}
+
+/// Thread accounting.
+struct Threads {
+    started: usize,
+    busy: usize,
+}
+
+struct Conn<S> {
+    shared: Shared,
+    reading: Mutex<Reading<S>>,
+    wr: Mutex<S>,
+    /// Kept to shut the socket down from outside the threads.
+    ctl: S,
+    threads: Mutex<Threads>,
+    threads_max: usize,
+    /// `Server::shutdown` was called: a read that returns EOF now means
+    /// "shutting down", not "client closed".
+    stopping: AtomicBool,
+    /// Reading has stopped (for any reason): the drain timer starts.
+    read_ended: Notify,
+    runtime: tokio::runtime::Handle,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent at each step.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<S: Socket> Conn<S> {
+    /// Starts one more thread. `alive` is cloned into it (see `run`).
+    fn spawn(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
+        let conn = Arc::clone(self);
+        let alive = alive.clone();
+        // A thread from tokio's blocking pool: reused across connections.
+        self.runtime.spawn_blocking(move || {
+            conn.serve_requests(&alive);
+            drop(alive);
+        });
+    }
+
+    /// Records why reading stopped (the first reason wins) and wakes every
+    /// thread waiting to read.
+    fn end_reading(&self, reading: &mut Reading<S>, end: End) {
+        if reading.end.is_none() {
+            debug!("stopped reading requests: {end}");
+            reading.end = Some(end);
+            let _ = self.ctl.shutdown(Shutdown::Read);
+            self.read_ended.notify_one();
+        }
+    }
+
+    /// One thread: read a request, run it, reply; until reading stops.
+    fn serve_requests(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
+        let mut header = [0u8; Request::LEN];
+        loop {
+            let (req, data) = {
+                let mut reading = lock(&self.reading);
+                if reading.end.is_some() {
+                    break;
+                }
+                match self.read_request(&mut reading.rd, &mut header) {
+                    Ok(x) => x,
+                    Err(end) => {
+                        self.end_reading(&mut reading, end);
+                        break;
+                    }
+                }
+            };
+            self.start_busy(alive);
+            let ex = &self.shared.export;
+            let out = match validate(&req, ex) {
+                Err(rej) => {
+                    self.shared.pool.give(data);
+                    rejected(&req, &rej, ex.structured)
+                }
+                Ok(op) => execute(op, req.handle, data, &self.shared),
+            };
+            let sent = self.send(&out);
+            out.done(&self.shared.pool);
+            lock(&self.threads).busy -= 1;
+            if let Err(e) = sent {
+                debug!("could not send a reply: {e}");
+                let mut reading = lock(&self.reading);
+                self.end_reading(&mut reading, End::WriterGone);
+                let _ = self.ctl.shutdown(Shutdown::Both);
+                break;
+            }
+        }
+    }
+
+    /// Marks this thread busy; starts another when none is left to read.
+    fn start_busy(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
+        let mut t = lock(&self.threads);
+        t.busy += 1;
+        if t.busy == t.started && t.started < self.threads_max {
+            t.started += 1;
+            drop(t);
+            self.spawn(alive);
+        }
+    }
+
+    /// Reads one request header and its payload.
+    fn read_request(
+        &self,
+        rd: &mut BufReader<S>,
+        header: &mut [u8; Request::LEN],
+    ) -> Result<(Request, Vec<u8>), End> {
+        rd.read_exact(header).map_err(|e| self.read_error(e))?;
+        let req = parse_request(header, &self.shared.export)?;
+        let mut data = Vec::new();
+        if req.kind == CMD_WRITE && req.length > 0 {
+            data = self.shared.pool.take();
+            read_payload(rd, &mut data, req.length as usize).map_err(|e| self.read_error(e))?;
+        }
+        Ok((req, data))
+    }
+
+    fn read_error(&self, e: io::Error) -> End {
+        if self.stopping.load(Ordering::Acquire) {
+            return End::Shutdown;
+        }
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => End::Eof,
+            _ => End::Io(e),
+        }
+    }
+
+    /// Writes one reply, head and body in one system call where it fits.
+    fn send(&self, out: &Outgoing) -> io::Result<()> {
+        let mut wr = lock(&self.wr);
+        let mut parts = [IoSlice::new(out.head()), IoSlice::new(out.body())];
+        let mut bufs: &mut [IoSlice<'_>] = &mut parts;
+        if out.body().is_empty() {
+            bufs = &mut bufs[..1];
+        }
+        while !bufs.is_empty() {
+            match wr.write_vectored(bufs) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads exactly `len` bytes into `buf` (cleared first) without zero-filling
+/// it: what the read buffer holds is copied, the rest is read straight into
+/// the payload buffer.
+fn read_payload<R: BufRead>(rd: &mut R, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+    buf.clear();
+    buf.reserve(len);
+    let mut limited = rd.take(len as u64);
+    while buf.len() < len {
+        let before = buf.len();
+        limited.read_to_end(buf)?;
+        if buf.len() == before {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// Serves requests on a blocking `socket` until the client disconnects,
+/// breaks the protocol, or the server shuts down; returns once every
+/// request read has finished.
+pub(crate) async fn run<S: Socket>(
+    socket: S,
+    export: Negotiated,
+    limits: &Limits,
+    mut shutdown: watch::Receiver<bool>,
+) -> End {
+    let setup = || -> io::Result<(S, S, S)> {
+        socket.set_nonblocking(false)?;
+        Ok((socket.try_clone()?, socket.try_clone()?, socket))
+    };
+    let (rd, wr, ctl) = match setup() {
+        Ok(x) => x,
+        Err(e) => return End::Io(e),
+    };
+    let (alive, mut exited) = mpsc::channel::<()>(1);
+    let conn = Arc::new(Conn {
+        shared: Shared {
+            export,
+            pool: BufPool::default(),
+        },
+        reading: Mutex::new(Reading {
+            rd: BufReader::with_capacity(READ_BUFFER_BYTES, rd),
+            end: None,
+        }),
+        wr: Mutex::new(wr),
+        ctl,
+        threads: Mutex::new(Threads {
+            started: 1,
+            busy: 0,
+        }),
+        threads_max: limits.workers_max.min(limits.inflight_max).max(1),
+        stopping: AtomicBool::new(false),
+        read_ended: Notify::new(),
+        runtime: tokio::runtime::Handle::current(),
+    });
+    conn.spawn(&alive);
+    drop(alive);
+
+    // Until reading stops: watch for shutdown.
+    tokio::select! {
+        _ = shutdown.wait_for(|s| *s) => {
+            conn.stopping.store(true, Ordering::Release);
+            let _ = conn.ctl.shutdown(Shutdown::Read);
+        }
+        _ = conn.read_ended.notified() => {}
+    }
+    // Draining: replies must go out within the bound.
+    if tokio::time::timeout(DRAIN_WRITE_TIMEOUT, exited.recv())
+        .await
+        .is_err()
+    {
+        debug!("client stopped reading replies: closing the connection");
+        let _ = conn.ctl.shutdown(Shutdown::Both);
+        let _ = exited.recv().await;
+    }
+    let mut reading = lock(&conn.reading);
+    reading.end.take().unwrap_or(End::Shutdown)
+}
