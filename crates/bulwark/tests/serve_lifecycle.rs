@@ -238,7 +238,9 @@ fn serve_lifecycle() {
     assert_eq!(v["locked"], true);
     let table = ok(p, &["volume", "list"]);
     assert!(
-        table.starts_with("NAME   SIZE  USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS    KEYGEN  SLOTS\n"),
+        table.starts_with(
+            "NAME   SIZE  USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS    KEYGEN  SLOTS\n"
+        ),
         "{table}"
     );
     ok(p, &["key", "load", "v", "--key-file", key]);

@@ -39,7 +39,17 @@ fn block(i: u64) -> Vec<u8> {
         .collect()
 }
 
+fn key() -> bulwark_engine::Secret {
+    bulwark_engine::Secret::KeyFile(zeroize::Zeroizing::new([3u8; 32]))
+}
+
 fn setup(dir: &Path) -> Vec<(u64, u32)> {
+    setup_with(dir, false)
+}
+
+/// 512 blocks on a mirror; `encrypted` volumes' data blocks carry the
+/// xxh3-128 checksum (their AEAD tag authenticates them), others blake3.
+fn setup_with(dir: &Path, encrypted: bool) -> Vec<(u64, u32)> {
     Pool::create(
         dir,
         Layout::Mirror(2),
@@ -54,9 +64,10 @@ fn setup(dir: &Path) -> Vec<(u64, u32)> {
         size_bytes: BLOCKS * 4096,
         block_size: 4096,
         compression: Compression::Off,
-        encryption: false,
+        encryption: encrypted,
     };
-    pool.create_volume("v", o, None).unwrap();
+    pool.create_volume("v", o, encrypted.then(key).as_ref())
+        .unwrap();
     let v = pool.volume("v").unwrap();
     for i in 0..BLOCKS {
         v.write(i * 4096, &block(i), false).unwrap();
@@ -64,6 +75,7 @@ fn setup(dir: &Path) -> Vec<(u64, u32)> {
     let places = (0..BLOCKS)
         .map(|i| {
             let p = v.debug_block_ptr(i).unwrap();
+            assert_eq!(&p.checksum[16..] == b"xxh3-128/bulwark", encrypted);
             (p.addr[0], p.len)
         })
         .collect();
@@ -95,8 +107,17 @@ fn read_all(pool: &Pool) -> Vec<Result<Vec<u8>, String>> {
 
 #[test]
 fn scrub_repairs_one_bad_copy_and_a_second_scrub_finds_nothing() {
+    repairs_one_bad_copy(false);
+}
+
+#[test]
+fn scrub_repairs_encrypted_blocks_by_their_checksum_without_the_key() {
+    repairs_one_bad_copy(true);
+}
+
+fn repairs_one_bad_copy(encrypted: bool) {
     let t = tempfile::tempdir().unwrap();
-    let places = setup(t.path());
+    let places = setup_with(t.path(), encrypted);
     let f = FsOpen::new().write(true).open(&devs(t.path())[1]).unwrap();
     for (i, (a, _)) in places.iter().enumerate().step_by(7) {
         f.write_all_at(&[0xEE; 8], dev_off(*a) + (i as u64 % 100))
@@ -115,6 +136,9 @@ fn scrub_repairs_one_bad_copy_and_a_second_scrub_finds_nothing() {
         (0, 0),
         "second scrub: {s2:?}"
     );
+    if encrypted {
+        pool.load_key("v", &key()).unwrap();
+    }
     for (i, r) in read_all(&pool).into_iter().enumerate() {
         assert_eq!(r.unwrap(), block(i as u64));
     }

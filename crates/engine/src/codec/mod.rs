@@ -1,8 +1,12 @@
 //! Block codec: compress (lz4, skipped when it does not pay), encrypt with
-//! AES-256-GCM, and checksum the stored bytes with blake3.
+//! AES-256-GCM, and checksum the stored bytes.
 //!
 //! The checksum covers the *stored* bytes so scrub and repair work without the
-//! key. The AEAD's associated data binds a block to its volume and logical
+//! key. It is blake3-256 for metadata and for data blocks of unencrypted
+//! volumes, and xxh3-128 (tagged, see [`checksum_sealed`]) for data blocks of
+//! encrypted volumes, whose AEAD tag already authenticates them: there the
+//! checksum only has to catch accidents, and blake3 on a 4 KiB block costs
+//! four times as much as the encryption (docs/decisions/0006). The AEAD's associated data binds a block to its volume and logical
 //! block number: a valid ciphertext moved to another address does not decrypt.
 //! Nonces are never chosen here: the caller passes a pool-unique 64-bit counter
 //! (see `pool` and ARCHITECTURE.md, "Nonces").
@@ -20,8 +24,32 @@ pub const FLAG_ENCRYPTED: u16 = 1 << 1;
 
 pub type Checksum = [u8; 32];
 
+/// blake3-256 of stored bytes.
 pub fn checksum(stored: &[u8]) -> Checksum {
     *blake3::hash(stored).as_bytes()
+}
+
+/// Second half of a checksum field that holds an xxh3-128 (first half)
+/// rather than a blake3-256. A blake3 output ends so only with probability
+/// 2^-128.
+const XXH3_TAG: [u8; 16] = *b"xxh3-128/bulwark";
+
+/// Checksum of a data block of an encrypted volume (AEAD ciphertext and
+/// tag): xxh3-128, little-endian, then [`XXH3_TAG`].
+pub fn checksum_sealed(stored: &[u8]) -> Checksum {
+    let mut sum = [0u8; 32];
+    sum[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(stored).to_le_bytes());
+    sum[16..].copy_from_slice(&XXH3_TAG);
+    sum
+}
+
+/// Whether `stored` matches `sum`, of either kind.
+pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
+    if sum[16..] == XXH3_TAG {
+        checksum_sealed(stored) == *sum
+    } else {
+        checksum(stored) == *sum
+    }
 }
 
 /// A volume's block cipher, derived from its data key.
@@ -195,6 +223,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn both_checksum_kinds_verify_and_catch_a_flipped_bit() {
+        let mut block = vec![0u8; 4096];
+        for (i, b) in block.iter_mut().enumerate() {
+            *b = (i * 131 % 251) as u8;
+        }
+        for sum in [checksum(&block), checksum_sealed(&block)] {
+            assert!(verify(&sum, &block));
+            for bit in [0, 7, 4096 * 8 - 1, 12345] {
+                let mut bad = block.clone();
+                bad[bit / 8] ^= 1 << (bit % 8);
+                assert!(!verify(&sum, &bad), "bit {bit} not caught");
+            }
+            // A block of another length, or an empty one.
+            assert!(!verify(&sum, &block[..4095]));
+            assert!(!verify(&sum, &[]));
+        }
+        // The kinds are told apart by the field, not guessed.
+        assert_ne!(checksum(&block), checksum_sealed(&block));
+        assert_eq!(checksum_sealed(&block)[16..], XXH3_TAG);
     }
 
     #[test]

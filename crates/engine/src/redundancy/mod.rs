@@ -21,7 +21,7 @@ use parking_lot::RwLock;
 mod parity;
 pub use parity::shard_bytes;
 
-use crate::codec::{checksum, Checksum};
+use crate::codec::{verify, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use crate::device::Device;
 use crate::pool::Layout;
@@ -259,7 +259,7 @@ impl Redundancy {
                     tracing::warn!(device = %member.path().display(), offset = off, "read failed: {e}");
                     continue;
                 }
-                if checksum(out) != *sum {
+                if !verify(sum, out) {
                     member.count_cksum();
                     tracing::warn!(device = %member.path().display(), offset = off, len, "checksum mismatch");
                     if nbad < bad.len() {
@@ -339,7 +339,7 @@ impl Redundancy {
                     bad.push((m, off));
                     continue;
                 }
-                if checksum(buf) == *sum {
+                if verify(sum, buf) {
                     if good.is_none() {
                         good = Some(buf.clone());
                     }

@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Redundancy, ScrubOutcome};
-use crate::codec::{checksum, Checksum};
+use crate::codec::{checksum, verify, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, RECORD_ALIGN, SEGMENT_BYTES};
 use crate::{Error, Result};
 
@@ -157,7 +157,7 @@ impl Redundancy {
                 let mut erased = missing.clone();
                 erased.extend_from_slice(combo);
                 match Self::rebuild(st, &erased, len) {
-                    Some(d) if checksum(&d) == *sum => {
+                    Some(d) if verify(sum, &d) => {
                         found = Some(d);
                         true
                     }
@@ -268,7 +268,7 @@ impl Redundancy {
             }
             if ok {
                 out.truncate(len);
-                if checksum(out) == *sum {
+                if verify(sum, out) {
                     return Ok(());
                 }
             }

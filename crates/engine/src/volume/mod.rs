@@ -362,7 +362,7 @@ impl Volume {
                 if raw {
                     let at = (q.addr[0] - start) as usize;
                     let rec = &mut stored[at..at + q.len as usize];
-                    if codec::checksum(rec) == q.checksum {
+                    if codec::verify(&q.checksum, rec) {
                         self.decode_into(first + k as u64, q, rec, dst)?;
                         continue;
                     }
@@ -427,7 +427,11 @@ impl Volume {
                 stored,
             )?;
             let len = stored.len() - at;
-            let checksum = codec::checksum(&stored[at..]);
+            let checksum = if ring.is_some() {
+                codec::checksum_sealed(&stored[at..])
+            } else {
+                codec::checksum(&stored[at..])
+            };
             stored.resize(
                 (stored.len() as u64).div_ceil(RECORD_ALIGN) as usize * RECORD_ALIGN as usize,
                 0,
