@@ -9,7 +9,8 @@
 //! (header and payload), lets go, runs the request, and writes its own reply
 //! under the write side's lock. A request is handled start to finish on one
 //! thread; the only hand-off left is the read lock passing to the next
-//! thread. TLS streams keep the async path (OpenSSL sessions cannot be read
+//! thread. Replies are written by whichever thread holds the write side,
+//! several per system call when they finish together (`send`). TLS streams keep the async path (OpenSSL sessions cannot be read
 //! and written from two threads at once).
 //!
 //! Invariants (the same as `transmission.rs`, kept differently):
@@ -90,7 +91,10 @@ struct Threads {
 struct Conn<S> {
     shared: Shared,
     reading: Mutex<Reading<S>>,
-    wr: Mutex<S>,
+    /// Replies, written by one thread at a time.
+    replies: Combiner<Outgoing, S>,
+    /// A write to the client failed: nothing more is written.
+    write_failed: AtomicBool,
     /// Kept to shut the socket down from outside the threads.
     ctl: S,
     threads: Mutex<Threads>,
@@ -157,14 +161,9 @@ impl<S: Socket> Conn<S> {
                 }
                 Ok(op) => execute(op, req.handle, data, &self.shared),
             };
-            let sent = self.send(&out);
-            out.done(&self.shared.pool);
+            let ok = self.send(out);
             lock(&self.threads).busy -= 1;
-            if let Err(e) = sent {
-                debug!("could not send a reply: {e}");
-                let mut reading = lock(&self.reading);
-                self.end_reading(&mut reading, End::WriterGone);
-                let _ = self.ctl.shutdown(Shutdown::Both);
+            if !ok {
                 break;
             }
         }
@@ -207,24 +206,95 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// Writes one reply, head and body in one system call where it fits.
-    fn send(&self, out: &Outgoing) -> io::Result<()> {
-        let mut wr = lock(&self.wr);
-        let mut parts = [IoSlice::new(out.head()), IoSlice::new(out.body())];
-        let mut bufs: &mut [IoSlice<'_>] = &mut parts;
-        if out.body().is_empty() {
-            bufs = &mut bufs[..1];
-        }
-        while !bufs.is_empty() {
-            match wr.write_vectored(bufs) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+    /// Queues a reply for the write side (`Combiner`); returns false once
+    /// writing to the client has failed.
+    fn send(&self, out: Outgoing) -> bool {
+        self.replies.push(out, |wr, batch| {
+            if !self.write_failed.load(Ordering::Acquire) {
+                if let Err(e) = write_batch(wr, &batch) {
+                    debug!("could not send a reply: {e}");
+                    self.write_failed.store(true, Ordering::Release);
+                    let mut reading = lock(&self.reading);
+                    self.end_reading(&mut reading, End::WriterGone);
+                    let _ = self.ctl.shutdown(Shutdown::Both);
+                }
             }
-        }
-        Ok(())
+            for out in batch {
+                out.done(&self.shared.pool);
+            }
+        });
+        !self.write_failed.load(Ordering::Acquire)
     }
+}
+
+/// Items from many threads, handed to one writer at a time (flat
+/// combining). A thread that finds the writer busy does not wait for it:
+/// the writer takes the queue again after each batch and stops only when it
+/// finds it empty after letting go of the lock, and every item is queued
+/// before its thread tries the lock, so none is left behind.
+struct Combiner<T, W> {
+    queue: Mutex<Vec<T>>,
+    out: Mutex<W>,
+}
+
+impl<T, W> Combiner<T, W> {
+    fn new(out: W) -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            out: Mutex::new(out),
+        }
+    }
+
+    /// Queues `item`; unless another thread is writing, hands everything
+    /// queued to `write`, batch by batch, until the queue stays empty.
+    fn push(&self, item: T, mut write: impl FnMut(&mut W, Vec<T>)) {
+        lock(&self.queue).push(item);
+        loop {
+            let mut out = match self.out.try_lock() {
+                Ok(out) => out,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
+            let batch = std::mem::take(&mut *lock(&self.queue));
+            if batch.is_empty() {
+                // Tests widen the window in which another thread can queue
+                // an item and find the lock held.
+                #[cfg(test)]
+                std::thread::yield_now();
+                // An item queued after the take, by a thread that found the
+                // lock held, is ours to write: look again once it is free.
+                drop(out);
+                if lock(&self.queue).is_empty() {
+                    return;
+                }
+                continue;
+            }
+            write(&mut out, batch);
+        }
+    }
+}
+
+/// Writes replies end to end, in as few system calls as the kernel allows.
+fn write_batch<W: Write>(wr: &mut W, batch: &[Outgoing]) -> io::Result<()> {
+    let mut parts: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len() * 2);
+    for out in batch {
+        parts.push(IoSlice::new(out.head()));
+        if !out.body().is_empty() {
+            parts.push(IoSlice::new(out.body()));
+        }
+    }
+    let mut bufs: &mut [IoSlice<'_>] = &mut parts;
+    while !bufs.is_empty() {
+        // At most IOV_MAX slices per call.
+        let n = bufs.len().min(1024);
+        match wr.write_vectored(&bufs[..n]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => IoSlice::advance_slices(&mut bufs, written),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads exactly `len` bytes into `buf` (cleared first) without zero-filling
@@ -271,7 +341,8 @@ pub(crate) async fn run<S: Socket>(
             rd: BufReader::with_capacity(READ_BUFFER_BYTES, rd),
             end: None,
         }),
-        wr: Mutex::new(wr),
+        replies: Combiner::new(wr),
+        write_failed: AtomicBool::new(false),
         ctl,
         threads: Mutex::new(Threads {
             started: 1,
@@ -304,4 +375,62 @@ pub(crate) async fn run<S: Socket>(
     }
     let mut reading = lock(&conn.reading);
     reading.end.take().unwrap_or(End::Shutdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads pushing at once, in rounds: after every round (once all
+    /// pushes have returned) the queue is empty, every item was written
+    /// exactly once, and by one writer at a time.
+    #[test]
+    fn combiner_leaves_nothing_behind() {
+        const THREADS: usize = 4;
+        const ROUNDS: usize = 20_000;
+        let c = Arc::new(Combiner::new(Vec::<usize>::new()));
+        let writers = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let barrier = Arc::new(std::sync::Barrier::new(THREADS));
+        let stranded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (c, writers, barrier, stranded) = (
+                    Arc::clone(&c),
+                    Arc::clone(&writers),
+                    Arc::clone(&barrier),
+                    Arc::clone(&stranded),
+                );
+                std::thread::spawn(move || {
+                    for round in 0..ROUNDS {
+                        c.push(round * THREADS + t, |out, batch| {
+                            assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0);
+                            out.extend(batch);
+                            writers.fetch_sub(1, Ordering::SeqCst);
+                        });
+                        // Checked by one thread while all wait; recorded,
+                        // not asserted, so a failure cannot strand the
+                        // others at the barrier.
+                        if barrier.wait().is_leader()
+                            && (!lock(&c.queue).is_empty()
+                                || lock(&c.out).len() != (round + 1) * THREADS)
+                        {
+                            stranded.fetch_add(1, Ordering::SeqCst);
+                        }
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(
+            stranded.load(Ordering::SeqCst),
+            0,
+            "rounds that ended with a reply left queued"
+        );
+        let mut got = std::mem::take(&mut *lock(&c.out));
+        got.sort_unstable();
+        assert_eq!(got, (0..THREADS * ROUNDS).collect::<Vec<_>>());
+    }
 }

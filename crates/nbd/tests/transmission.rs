@@ -389,6 +389,33 @@ async fn client_eof_without_disc_cleans_up<P: Pipe>() {
     assert_eq!(server.connections(), 0);
 }
 
+/// 100,000 small reads with 32 always in flight: every one gets its reply,
+/// once. (On the direct path replies are written by whichever thread holds
+/// the write side; the race that once left a reply queued, and stalled
+/// fio, is pinned down by `direct::tests::combiner_leaves_nothing_behind`.)
+async fn every_reply_arrives_under_load<P: Pipe>() {
+    let (server, _, _) = server();
+    let (s, _task) = P::pipe(&server);
+    let (mut c, _, _) = Client::<P>::open(s, "disk").await;
+    const TOTAL: u64 = 100_000;
+    const DEPTH: u64 = 32;
+    let mut sent = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    while sent < DEPTH {
+        c.send(CMD_READ, 0, (sent % 64) * 512, 512, &[]).await;
+        sent += 1;
+    }
+    while (seen.len() as u64) < TOTAL {
+        let r = within(c.reply()).await.unwrap();
+        assert_eq!(Client::<P>::errno_of(&r), 0);
+        assert!(seen.insert(r.handle()), "handle answered twice");
+        if sent < TOTAL {
+            c.send(CMD_READ, 0, (sent % 64) * 512, 512, &[]).await;
+            sent += 1;
+        }
+    }
+}
+
 /// Each test above, once per transmission path.
 macro_rules! on_both_paths {
     ($($name:ident),* $(,)?) => {
@@ -419,4 +446,5 @@ on_both_paths!(
     bad_request_magic_closes_connection,
     backend_panic_is_eio_not_a_crash,
     client_eof_without_disc_cleans_up,
+    every_reply_arrives_under_load,
 );
