@@ -286,7 +286,9 @@ children_seconds() {
         print s }'
 }
 kthread_ticks() { # utime+stime of kernel threads (children of kthreadd): writeback, I/O completion
-    cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^[0-9]* (.*) //' | awk '$2 == 2 {s += $12 + $13} END {print s + 0}'
+    # A process that exits between the glob and the read makes cat fail; with
+    # pipefail and set -e that ended the whole run silently.
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | sed 's/^[0-9]* (.*) //' | awk '$2 == 2 {s += $12 + $13} END {print s + 0}'
 }
 cpu_mark() {
     K0=$(kthread_ticks)
