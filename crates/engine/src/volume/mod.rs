@@ -405,6 +405,7 @@ impl Volume {
         let key_gen = ring.as_ref().map(|r| r.current).unwrap_or(0);
         let mut recs: Vec<Rec> = Vec::with_capacity(n);
         let mut holes: Vec<u64> = Vec::new();
+        let mut guess = codec::CompressGuess::default();
         for i in 0..n {
             let lba = first + i as u64;
             let plain = &data[i * bs..(i + 1) * bs];
@@ -418,9 +419,10 @@ impl Volume {
                 0
             };
             let at = stored.len();
-            let flags = codec::encode_append(
+            let flags = codec::encode_append_guessed(
                 plain,
                 self.st.compression,
+                &mut guess,
                 ring.as_deref().map(KeyRing::current),
                 &self.aad(lba),
                 nonce,
