@@ -211,6 +211,11 @@ pub struct ServeArgs {
     /// Scrub and resilver throttle, bytes per second (e.g. 100M) [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = parse_rate_arg)]
     pub scrub_rate: Option<u64>,
+
+    /// Threads per NBD connection: requests of one connection in service at once
+    /// (1 to 256) [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub nbd_threads: Option<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -982,6 +987,16 @@ mod tests {
             panic!()
         };
         assert!(!a.allow_fault_injection && a.scrub_rate.is_none());
+        assert!(a.nbd_threads.is_none());
+        let Command::Serve(a) = parse(&["serve", "/p", "--nbd-threads", "8"])
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(a.nbd_threads, Some(8));
+        assert!(parse(&["serve", "/p", "--nbd-threads", "0"]).is_err());
+        assert!(parse(&["serve", "/p", "--nbd-threads", "257"]).is_err());
     }
 
     #[test]

@@ -120,7 +120,13 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
             pool: pool.clone(),
             access: access.clone(),
         }),
-        nbd::ServerConfig::default(),
+        nbd::ServerConfig {
+            max_workers_per_conn: args.nbd_threads.map_or(
+                nbd::ServerConfig::default().max_workers_per_conn,
+                usize::from,
+            ),
+            ..nbd::ServerConfig::default()
+        },
     );
     let daemon = Arc::new(Daemon {
         pool,
