@@ -43,6 +43,10 @@ use crate::keys;
 use crate::maintenance;
 use crate::nbd;
 
+/// How long a volume-level command (unload, destroy, erase) waits for NBD
+/// connections that are closing to be counted out before it refuses.
+const DETACH_GRACE: Duration = Duration::from_secs(2);
+
 /// How long shutdown waits for NBD requests and control requests to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the runtime waits for stray blocking tasks after the final commit.
@@ -393,7 +397,7 @@ impl Daemon {
                 to_value(&self.entry(created))
             }
             Request::VolumeDestroy { name } => {
-                self.refuse_if_attached(&name)?;
+                self.refuse_if_attached(&name).await?;
                 blocking(move || pool.destroy_volume(&name).map_err(|e| e.to_string())).await?;
                 Ok(Value::Null)
             }
@@ -408,7 +412,7 @@ impl Daemon {
                 Ok(Value::Null)
             }
             Request::KeyUnload { name } => {
-                self.refuse_if_attached(&name)?;
+                self.refuse_if_attached(&name).await?;
                 blocking(move || pool.unload_key(&name).map_err(|e| e.to_string())).await?;
                 Ok(Value::Null)
             }
@@ -430,7 +434,7 @@ impl Daemon {
             | Request::KeyRotate { .. }
             | Request::KeyErase { .. }) => {
                 if let Request::KeyErase { name } = &request {
-                    self.refuse_if_attached(name)?;
+                    self.refuse_if_attached(name).await?;
                 }
                 blocking(move || keys::handle(&pool, request)).await
             }
@@ -451,10 +455,20 @@ impl Daemon {
         }
     }
 
-    fn refuse_if_attached(&self, name: &str) -> std::result::Result<(), String> {
-        match self.server.attached(name) {
-            0 => Ok(()),
-            n => Err(format!("volume {name} is in use by {n} NBD connection(s)")),
+    /// Refuses while NBD clients have the volume open. A client that has just
+    /// disconnected (NBD_CMD_DISC carries no reply, so it may exit and its
+    /// owner go on before the server has finished the connection) is given
+    /// `DETACH_GRACE` to be counted out.
+    async fn refuse_if_attached(&self, name: &str) -> std::result::Result<(), String> {
+        let deadline = Instant::now() + DETACH_GRACE;
+        loop {
+            match self.server.attached(name) {
+                0 => return Ok(()),
+                n if Instant::now() >= deadline => {
+                    return Err(format!("volume {name} is in use by {n} NBD connection(s)"))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
         }
     }
 }

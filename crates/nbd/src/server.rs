@@ -512,7 +512,7 @@ impl Server {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let _attached = self.attach(&export.name);
+        let attached = self.attach(&export.name);
         let name = export.name.clone();
         let read_only = export.flags & crate::proto::FLAG_READ_ONLY != 0;
         info!(
@@ -535,6 +535,8 @@ impl Server {
         let end = transmit(stream, export, &self.limits, shutdown)
             .await
             .to_string();
+        // Every request has finished: the export is no longer in use.
+        drop(attached);
         info!("connection closed: {end}");
         self.event(
             client,
