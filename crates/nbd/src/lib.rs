@@ -33,9 +33,12 @@
 //!   another connection.
 //! - Requests are validated once, at the edge; backends only see in-range,
 //!   permitted, nonzero-length calls.
-//! - Everything is generic over `AsyncRead + AsyncWrite`; TLS (`tls.rs`,
+//! - The handshake is generic over `AsyncRead + AsyncWrite`; TLS (`tls.rs`,
 //!   OpenSSL) is another stream, entered with `NBD_OPT_STARTTLS`. On a TLS
-//!   listener nothing but STARTTLS and ABORT is answered before TLS.
+//!   listener nothing but STARTTLS and ABORT is answered before TLS. The
+//!   transmission phase runs on blocking threads for plain Unix and TCP
+//!   sockets (`direct.rs`) and on the async path for every other stream;
+//!   both parse, validate and execute with the same functions.
 //! - Every client has an [`Identity`] (owner, anonymous, certificate, PSK);
 //!   [`Exports`] decides per identity what it lists and opens, and sees
 //!   every attach, detach and refusal ([`Event`]). Failing TCP clients are

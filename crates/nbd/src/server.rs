@@ -53,7 +53,9 @@ pub struct ServerConfig {
     /// Requests one connection may have in flight at once.
     pub max_inflight_per_conn: usize,
     /// Blocking threads per connection that run backend calls (started on
-    /// demand; never more than `max_inflight_per_conn`).
+    /// demand; never more than `max_inflight_per_conn`). On a plain socket
+    /// these threads also read requests and write replies (`direct.rs`), so
+    /// this also bounds the requests one connection has in service.
     pub max_workers_per_conn: usize,
 }
 

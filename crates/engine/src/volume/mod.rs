@@ -543,11 +543,6 @@ impl Volume {
         Ok(())
     }
 
-    /// Encode and store one whole block, then point the map at it (stripe lock held).
-    fn write_block(&self, lba: u64, plain: &[u8], stored: &mut Vec<u8>) -> Result<()> {
-        self.write_blocks_locked(lba, plain, stored)
-    }
-
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
         let (old, dirty) = {
             let mut tree = self.st.tree.lock();
@@ -628,7 +623,7 @@ impl Volume {
                         block.resize(bs, 0);
                         self.read_block(lba, block, stored)?;
                         block[within..within + n].copy_from_slice(&data[at..at + n]);
-                        self.write_block(lba, block, stored)?;
+                        self.write_blocks_locked(lba, block, stored)?;
                     }
                 }
                 at += n;
@@ -658,7 +653,7 @@ impl Volume {
                     block.resize(bs, 0);
                     self.read_block(lba, block, stored)?;
                     block[within..within + n].fill(0);
-                    self.write_block(lba, block, stored)?;
+                    self.write_blocks_locked(lba, block, stored)?;
                 }
             }
             Ok::<(), Error>(())
@@ -689,7 +684,7 @@ impl Volume {
         SCRATCH.with(|s| {
             let (stored, _) = &mut *s.borrow_mut();
             self.read_block(lba, buf, stored)?;
-            self.write_block(lba, buf, stored)
+            self.write_blocks_locked(lba, buf, stored)
         })
     }
 
