@@ -46,6 +46,9 @@ pub const METADATA_COPIES: usize = 2;
 pub const COMMIT_INTERVAL_MS: u64 = 5000;
 /// Nonces are handed out from a range reserved in the superblock, this many at a time.
 pub const NONCE_RESERVE_STEP: u64 = 1 << 24;
+/// Commit early once this many segments have emptied (fewer on small pools: an eighth of
+/// them), so a sustained overwrite reuses recently written, still-cached segments.
+pub const RELEASE_COMMIT_SEGMENTS_MAX: u32 = 256;
 /// Start device writeback after this many bytes written (bounds the work left for fsync).
 pub const WRITEBACK_KICK_BYTES: u64 = 16 << 20;
 /// Whole blocks of one request handled as a batch (one device I/O per run of records).

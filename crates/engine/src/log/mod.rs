@@ -13,13 +13,23 @@
 //!
 //! Invariant: a segment in state `Free` holds nothing that any committed or
 //! in-memory pointer references.
+//!
+//! Reuse is most-recently-released first: a segment freed by the last commit
+//! was written not long ago, so its pages are likely still in the page cache,
+//! and rewriting cached pages costs a copy where fresh ones cost an allocation
+//! (first touch of memory is slow on virtual machines). Never-used segments
+//! are taken lowest first. Writers wake the committer early once
+//! `release_commit_segments` segments have emptied, so a sustained overwrite
+//! recycles a bounded set of segments instead of walking the whole device.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::constants::{RECORD_ALIGN, SEGMENTS_RESERVED, SEGMENT_BYTES};
+use crate::constants::{
+    RECORD_ALIGN, RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED, SEGMENT_BYTES,
+};
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +50,8 @@ enum SegState {
 
 struct Inner {
     free: BTreeSet<u32>,
+    /// Segments in the order `release` freed them (a hint: entries may have been taken since).
+    recent: Vec<u32>,
     state: Vec<SegState>,
     heads: [Option<(u32, u32)>; 4],
     /// One past the highest segment ever allocated (persisted at commit).
@@ -49,6 +61,8 @@ struct Inner {
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
+    /// Segments whose live count fell to zero since the last `zero_sealed`.
+    emptied: AtomicU32,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -79,8 +93,10 @@ impl Log {
         Log {
             segments,
             live,
+            emptied: AtomicU32::new(0),
             inner: Mutex::new(Inner {
                 free,
+                recent: Vec::new(),
                 state,
                 heads: [None; 4],
                 high_water: high_water.min(segments),
@@ -141,7 +157,13 @@ impl Log {
             if g.free.len() as u32 <= reserve {
                 return Err(Error::NoSpace);
             }
-            let seg = g.free.pop_first().expect("checked non-empty");
+            let seg = loop {
+                match g.recent.pop() {
+                    Some(s) if g.free.remove(&s) => break s,
+                    Some(_) => continue,
+                    None => break g.free.pop_first().expect("checked non-empty"),
+                }
+            };
             g.state[seg as usize] = SegState::Open;
             g.high_water = g.high_water.max(seg + 1);
             g.heads[h] = Some((seg, 0));
@@ -175,17 +197,27 @@ impl Log {
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.
-    pub fn release_bytes(&self, addr: u64, len: u32) {
+    /// True exactly when this emptied the `release_commit_segments`-th segment since the last
+    /// `zero_sealed`: time for a commit, so those segments can be reused while still cached.
+    pub fn release_bytes(&self, addr: u64, len: u32) -> bool {
         let seg = segment_of(addr) as usize;
         let prev = self.live[seg].fetch_sub(len, Ordering::AcqRel);
         assert!(
             prev >= len,
             "segment {seg} live count underflow ({prev} - {len})"
         );
+        prev == len
+            && self.emptied.fetch_add(1, Ordering::Relaxed) + 1 == self.release_commit_segments()
+    }
+
+    /// Emptied segments worth an early commit: an eighth of the pool, within 16..=256.
+    pub fn release_commit_segments(&self) -> u32 {
+        (self.segments / 8).clamp(16, RELEASE_COMMIT_SEGMENTS_MAX)
     }
 
     /// Sealed segments with no live bytes: candidates to free once the next commit is durable.
     pub fn zero_sealed(&self) -> Vec<u32> {
+        self.emptied.store(0, Ordering::Relaxed);
         let g = self.inner.lock();
         (0..self.segments)
             .filter(|&s| {
@@ -207,6 +239,7 @@ impl Log {
             {
                 g.state[s as usize] = SegState::Free;
                 g.free.insert(s);
+                g.recent.push(s);
             }
         }
         drop(g);
@@ -254,6 +287,53 @@ mod tests {
             "segment still has the 64K records: {zero:?}"
         );
         assert_eq!(log.free_segments(), before);
+    }
+
+    #[test]
+    fn reuse_takes_the_most_recently_released_segment_first() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let seg = |a: u64| segment_of(a);
+        let whole = SEGMENT_BYTES as usize;
+        let addrs: Vec<u64> = (0..6)
+            .map(|_| log.alloc(Stream::Data, whole).unwrap())
+            .collect();
+        assert_eq!(
+            addrs.iter().map(|&a| seg(a)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 5]
+        );
+        // Seal the last one, then empty segments 1 and 4 (in that order) and free them.
+        log.alloc(Stream::Data, whole).unwrap();
+        for &s in &[1u64, 4] {
+            log.release_bytes(addrs[s as usize], whole as u32);
+        }
+        let zero = log.zero_sealed();
+        assert_eq!(zero, [1, 4]);
+        log.release(&zero);
+        // 4 was released last: its pages are the likeliest still cached. Then 1, then never-used 7.
+        let next: Vec<u32> = (0..3)
+            .map(|_| seg(log.alloc(Stream::Data, whole).unwrap()))
+            .collect();
+        assert_eq!(next, [4, 1, 7]);
+    }
+
+    #[test]
+    fn emptying_enough_segments_asks_for_a_commit_once() {
+        let log = Log::new(vec![0; 512], 0, true);
+        let whole = SEGMENT_BYTES as usize;
+        let n = log.release_commit_segments() as usize;
+        assert_eq!(n, 64, "an eighth of 512 segments");
+        let addrs: Vec<u64> = (0..n + 2)
+            .map(|_| log.alloc(Stream::Data, whole).unwrap())
+            .collect();
+        let asks: Vec<bool> = addrs[..n + 1]
+            .iter()
+            .map(|&a| log.release_bytes(a, whole as u32))
+            .collect();
+        assert_eq!(asks.iter().filter(|&&b| b).count(), 1);
+        assert!(asks[n - 1], "the {n}th emptied segment asks");
+        // A commit's zero_sealed starts the count again.
+        log.zero_sealed();
+        assert!(!log.release_bytes(addrs[n + 1], whole as u32));
     }
 
     #[test]

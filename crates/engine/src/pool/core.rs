@@ -97,7 +97,9 @@ impl Core {
     }
 
     pub fn release_record(&self, addr: u64, len: usize) {
-        self.log.release_bytes(addr, self.red.footprint(len) as u32);
+        if self.log.release_bytes(addr, self.red.footprint(len) as u32) {
+            self.wake_maintenance();
+        }
     }
 
     /// Release a record that the in-memory state no longer references.
