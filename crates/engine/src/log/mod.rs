@@ -19,11 +19,13 @@
 //! and rewriting cached pages costs a copy where fresh ones cost an allocation
 //! (first touch of memory is slow on virtual machines). Never-used segments
 //! are taken lowest first. Writers wake the committer early once
-//! `release_commit_segments` segments have emptied, so a sustained overwrite
+//! `release_commit_segments` client-data segments have emptied (metadata
+//! segments are emptied by commits themselves: counting them would have each
+//! commit call the next), so a sustained overwrite
 //! recycles a bounded set of segments instead of walking the whole device.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -61,8 +63,10 @@ struct Inner {
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
-    /// Segments whose live count fell to zero since the last `zero_sealed`.
+    /// Client-data segments whose live count fell to zero since the last `zero_sealed`.
     emptied: AtomicU32,
+    /// Whether each segment was last opened for client data (`Stream::Data`).
+    holds_data: Vec<AtomicBool>,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -94,6 +98,7 @@ impl Log {
             segments,
             live,
             emptied: AtomicU32::new(0),
+            holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             inner: Mutex::new(Inner {
                 free,
                 recent: Vec::new(),
@@ -167,6 +172,7 @@ impl Log {
             g.state[seg as usize] = SegState::Open;
             g.high_water = g.high_water.max(seg + 1);
             g.heads[h] = Some((seg, 0));
+            self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
         }
         let (seg, off) = g.heads[h].expect("head is open");
         let mut end = off as u64;
@@ -197,7 +203,7 @@ impl Log {
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.
-    /// True exactly when this emptied the `release_commit_segments`-th segment since the last
+    /// True exactly when this emptied the `release_commit_segments`-th client-data segment since the last
     /// `zero_sealed`: time for a commit, so those segments can be reused while still cached.
     pub fn release_bytes(&self, addr: u64, len: u32) -> bool {
         let seg = segment_of(addr) as usize;
@@ -207,6 +213,7 @@ impl Log {
             "segment {seg} live count underflow ({prev} - {len})"
         );
         prev == len
+            && self.holds_data[seg].load(Ordering::Relaxed)
             && self.emptied.fetch_add(1, Ordering::Relaxed) + 1 == self.release_commit_segments()
     }
 
@@ -334,6 +341,23 @@ mod tests {
         // A commit's zero_sealed starts the count again.
         log.zero_sealed();
         assert!(!log.release_bytes(addrs[n + 1], whole as u32));
+    }
+
+    /// Commits empty the segments of the map nodes they replaced; counting those would have
+    /// every commit of a random-write load ask for the next one (a commit storm).
+    #[test]
+    fn emptied_metadata_segments_do_not_ask_for_a_commit() {
+        let log = Log::new(vec![0; 512], 0, true);
+        let whole = SEGMENT_BYTES as usize;
+        let n = log.release_commit_segments() as usize;
+        for stream in [Stream::Meta, Stream::Meta2, Stream::Clean] {
+            let addrs: Vec<u64> = (0..n + 1)
+                .map(|_| log.alloc(stream, whole).unwrap())
+                .collect();
+            for &a in &addrs[..n] {
+                assert!(!log.release_bytes(a, whole as u32), "{stream:?}");
+            }
+        }
     }
 
     #[test]
