@@ -150,7 +150,10 @@ stop_server() { # SIGTERM the server this script started (bulwark commits and ex
     fi
     SERVER_PID=
 }
-trap 'stop_server' EXIT
+# An interrupted run stops its server and removes that server's image or pool (several GB;
+# the raw reports in WORKDIR stay), unless --keep.
+SERVER_DIR=
+trap 'stop_server; [ "$KEEP" = 1 ] || [ -z "$SERVER_DIR" ] || rm -rf "$SERVER_DIR"' EXIT
 trap 'exit 130' INT TERM
 
 wait_ready() { # URI LOG
@@ -372,6 +375,7 @@ log "workdir $WORKDIR; servers $SERVERS; $REPEAT repeat(s); load $(cut -d' ' -f1
 for rep in $(seq 1 "$REPEAT"); do
     for name in "${SERVER_LIST[@]}"; do
         d=$WORKDIR/$name
+        SERVER_DIR=$d
         rm -rf "$d"
         mkdir -p "$d" "$WORKDIR/raw/$name"
         start_server "$name" "$d"

@@ -227,6 +227,59 @@ fn sustained_overwrite_without_flush_reuses_space_early() {
     assert_eq!(b[8..], data[8..]);
 }
 
+/// Random writes that fill the pool leave many map nodes dirty; the commit that writes them
+/// must still find room. The pool answers ENOSPC to the writes that do not fit and stays
+/// usable: acknowledged data reads back, a flush succeeds, and freed space can be written.
+#[test]
+fn filling_the_pool_with_random_writes_answers_enospc_and_keeps_the_pool() {
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Single, 1, 64 << 20);
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    pool.create_volume(
+        "v",
+        VolumeOptions {
+            encryption: false,
+            compression: Compression::Off,
+            ..opts(1 << 30)
+        },
+        None,
+    )
+    .unwrap();
+    let v = pool.volume("v").unwrap();
+    let blocks = (1u64 << 30) / 4096;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut written = Vec::new();
+    let err = loop {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let lba = x % blocks;
+        match v.write(lba * 4096, &pattern(lba, 4096), false) {
+            Ok(()) => written.push(lba),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 100_000, "a 64 MiB pool took 400 MiB");
+    };
+    assert!(
+        matches!(err, Error::NoSpace),
+        "{err:?} after {} writes",
+        written.len()
+    );
+    v.flush().expect("the pool still commits");
+    for &lba in written.iter().step_by(97) {
+        let mut b = vec![0u8; 4096];
+        v.read(lba * 4096, &mut b).unwrap();
+        assert_eq!(b, pattern(lba, 4096), "block {lba}");
+    }
+    // Space freed by trimming can be written again.
+    for &lba in &written[..written.len() / 2] {
+        v.trim(lba * 4096, 4096).unwrap();
+    }
+    v.flush().unwrap();
+    v.write(written[0] * 4096, &pattern(1, 4096), false)
+        .expect("space was freed");
+}
+
 #[test]
 fn trim_and_zero_make_holes() {
     let t = tempfile::tempdir().unwrap();

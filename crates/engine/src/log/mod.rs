@@ -63,6 +63,9 @@ struct Inner {
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
+    /// Segments client data may not take on top of `SEGMENTS_RESERVED`: room for the next
+    /// commit's map nodes (`Core::note_dirty`).
+    meta_reserve: AtomicU32,
     /// Client-data segments whose live count fell to zero since the last `zero_sealed`.
     emptied: AtomicU32,
     /// Whether each segment was last opened for client data (`Stream::Data`).
@@ -98,6 +101,7 @@ impl Log {
             segments,
             live,
             emptied: AtomicU32::new(0),
+            meta_reserve: AtomicU32::new(0),
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             inner: Mutex::new(Inner {
                 free,
@@ -155,7 +159,7 @@ impl Log {
                 g.state[seg as usize] = SegState::Sealed;
             }
             let reserve = if stream == Stream::Data {
-                SEGMENTS_RESERVED
+                SEGMENTS_RESERVED + self.meta_reserve()
             } else {
                 0
             };
@@ -199,7 +203,15 @@ impl Log {
                 return true;
             }
         }
-        g.free.len() as u32 > SEGMENTS_RESERVED
+        g.free.len() as u32 > SEGMENTS_RESERVED + self.meta_reserve()
+    }
+
+    pub fn set_meta_reserve(&self, segments: u32) {
+        self.meta_reserve.store(segments, Ordering::Relaxed);
+    }
+
+    pub fn meta_reserve(&self) -> u32 {
+        self.meta_reserve.load(Ordering::Relaxed)
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.

@@ -31,6 +31,9 @@ impl Core {
             self.poisoned.store(true, Ordering::Release);
         }
         self.commits_done.fetch_add(1, Ordering::AcqRel);
+        // Writers waiting for space re-check now: a commit hands back the room kept for its
+        // map nodes even when it frees no segment.
+        self.log.space.notify_all();
         result
     }
 
@@ -53,6 +56,7 @@ impl Core {
                         &mut |old| self.free_ptr(old),
                     )?;
                 }
+                v.dirty_nodes.store(tree.dirty_nodes(), Ordering::Relaxed);
                 tree.root
             };
             records.push(VolumeRecord {
@@ -69,6 +73,7 @@ impl Core {
                 rotation: v.rotation.lock().clone(),
             });
         }
+        self.update_meta_reserve();
         let next_volume_id = self.sb.lock().next_volume_id;
         let table = TableRecord {
             format: 1,

@@ -86,6 +86,35 @@ impl Core {
         Ok(())
     }
 
+    /// Record volume `st`'s dirty node count and keep back from client data the segments a
+    /// commit of every volume's dirty nodes needs, so a full pool can always commit.
+    pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) {
+        if st.dirty_nodes.swap(dirty, Ordering::Relaxed) != dirty {
+            self.update_meta_reserve();
+        }
+    }
+
+    pub(crate) fn update_meta_reserve(&self) {
+        let nodes: usize = self
+            .volumes
+            .read()
+            .values()
+            .map(|v| v.dirty_nodes.load(Ordering::Relaxed))
+            .sum();
+        let record = self
+            .red
+            .footprint(crate::map::NODE_BYTES)
+            .div_ceil(RECORD_ALIGN as usize)
+            * RECORD_ALIGN as usize;
+        // Per metadata copy: the nodes, a partly used head segment, and the volume table.
+        let per_copy = (nodes * record).div_ceil(SEGMENT_BYTES as usize) as u32 + 2;
+        self.log.set_meta_reserve(if nodes == 0 {
+            0
+        } else {
+            per_copy * METADATA_COPIES as u32
+        });
+    }
+
     pub fn wake_maintenance(&self) {
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
@@ -403,24 +432,45 @@ impl Core {
     }
 
     /// Wait until client data can be allocated, asking the maintenance thread to commit and clean.
+    /// Answers `NoSpace` at once when nothing could be reclaimed, and after two commits that
+    /// left no more free segments than before (on a full pool a commit frees only the segments
+    /// its own metadata replaced, about as many as it takes).
     pub fn wait_for_space(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut futile = 0;
+        let mut best_free = self.log.free_segments();
         while !self.log.data_space_available() {
             self.check_poisoned()?;
             if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
                 return Err(Error::NoSpace);
             }
+            let done_before = self.commits_done.load(Ordering::Acquire);
             self.wake_maintenance();
             let mut g = self.space_wait.lock();
             self.log.space.wait_for(&mut g, Duration::from_millis(200));
             drop(g);
+            if self.log.data_space_available() {
+                break;
+            }
+            let free = self.log.free_segments();
+            if free > best_free {
+                best_free = free;
+                futile = 0;
+            } else if self.commits_done.load(Ordering::Acquire) > done_before {
+                futile += 1;
+                if futile >= 2 {
+                    return Err(Error::NoSpace);
+                }
+            }
             // A full pool answers at once: nothing a commit would free, nothing worth cleaning.
-            let reclaimable = !self.log.zero_sealed().is_empty()
+            // (A commit of dirty map nodes also hands back the room kept for it.)
+            let reclaimable = self.log.meta_reserve() > 0
+                || !self.log.zero_sealed().is_empty()
                 || !self
                     .log
                     .victims(1, (SEGMENT_BYTES * 15 / 16) as u32)
                     .is_empty();
-            if !reclaimable && !self.log.data_space_available() {
+            if !reclaimable {
                 return Err(Error::NoSpace);
             }
         }
@@ -461,7 +511,9 @@ impl Core {
             if self.poisoned.load(Ordering::Relaxed) {
                 continue;
             }
-            if self.any_dirty() {
+            // Low on space, a commit also frees the segments emptied since the last one, even
+            // when no map node is dirty (a full pool's writers wait for exactly that).
+            if self.any_dirty() || (self.low_on_space() && !self.log.zero_sealed().is_empty()) {
                 if let Err(e) = self.commit() {
                     tracing::error!("background commit failed: {e}");
                     continue;

@@ -122,6 +122,8 @@ pub struct VolumeState {
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
+    /// The tree's dirty node count as of its last change (`Core::note_dirty`).
+    pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
 }
 
@@ -151,6 +153,7 @@ impl VolumeState {
             rotation: Mutex::new(None),
             stripes: (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect(),
             used_bytes: AtomicU64::new(0),
+            dirty_nodes: Default::default(),
             destroyed: AtomicBool::new(false),
         }
     }
@@ -537,6 +540,7 @@ impl Volume {
                 .used_bytes
                 .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
+        self.core.note_dirty(&self.st, dirty);
         if dirty > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
@@ -563,6 +567,7 @@ impl Volume {
         self.st
             .used_bytes
             .fetch_sub(old.len as u64, Ordering::Relaxed);
+        self.core.note_dirty(&self.st, dirty);
         if dirty > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
