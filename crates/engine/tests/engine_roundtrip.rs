@@ -3,9 +3,10 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use bulwark_engine::{
-    Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, VolumeOptions,
+    Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, Volume, VolumeOptions,
 };
 use zeroize::Zeroizing;
 
@@ -44,6 +45,36 @@ fn new_pool(dir: &Path, layout: Layout, devices: usize, size: u64) {
         },
     )
     .unwrap();
+}
+
+/// A one-device `single` pool of `pool_bytes` in `dir` with volume "v" of `volume_bytes`,
+/// unencrypted and uncompressed (stored sizes are exact).
+fn plain_volume(dir: &Path, pool_bytes: u64, volume_bytes: u64) -> (Arc<Pool>, Arc<Volume>) {
+    new_pool(dir, Layout::Single, 1, pool_bytes);
+    let pool = Pool::open(dir, OpenOptions::default()).unwrap();
+    pool.create_volume(
+        "v",
+        VolumeOptions {
+            encryption: false,
+            compression: Compression::Off,
+            ..opts(volume_bytes)
+        },
+        None,
+    )
+    .unwrap();
+    let v = pool.volume("v").unwrap();
+    (pool, v)
+}
+
+/// A xorshift stream of block numbers below `blocks`.
+fn random_blocks(blocks: u64) -> impl Iterator<Item = u64> {
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % blocks
+    })
 }
 
 #[test]
@@ -131,19 +162,7 @@ fn flushed_data_survives_crash_and_nonces_never_repeat() {
 #[test]
 fn overwriting_many_times_does_not_fill_the_pool() {
     let t = tempfile::tempdir().unwrap();
-    new_pool(t.path(), Layout::Single, 1, 48 << 20);
-    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
-    pool.create_volume(
-        "v",
-        VolumeOptions {
-            encryption: false,
-            compression: Compression::Off,
-            ..opts(16 << 20)
-        },
-        None,
-    )
-    .unwrap();
-    let v = pool.volume("v").unwrap();
+    let (pool, v) = plain_volume(t.path(), 48 << 20, 16 << 20);
     let chunk = 1 << 20;
     for pass in 0..12u64 {
         for c in 0..16u64 {
@@ -183,7 +202,7 @@ fn overwriting_many_times_does_not_fill_the_pool() {
 fn sustained_overwrite_without_flush_reuses_space_early() {
     use std::os::unix::fs::MetadataExt;
     let t = tempfile::tempdir().unwrap();
-    new_pool(t.path(), Layout::Single, 1, 2 << 30);
+    let (_pool, v) = plain_volume(t.path(), 2 << 30, 16 << 20);
     let allocated = || -> u64 {
         std::fs::read_dir(t.path())
             .unwrap()
@@ -192,18 +211,6 @@ fn sustained_overwrite_without_flush_reuses_space_early() {
             .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
             .sum()
     };
-    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
-    pool.create_volume(
-        "v",
-        VolumeOptions {
-            encryption: false,
-            compression: Compression::Off,
-            ..opts(16 << 20)
-        },
-        None,
-    )
-    .unwrap();
-    let v = pool.volume("v").unwrap();
     let chunk = 1usize << 20;
     let data = pattern(7, chunk);
     let before = allocated();
@@ -233,27 +240,12 @@ fn sustained_overwrite_without_flush_reuses_space_early() {
 #[test]
 fn filling_the_pool_with_random_writes_answers_enospc_and_keeps_the_pool() {
     let t = tempfile::tempdir().unwrap();
-    new_pool(t.path(), Layout::Single, 1, 64 << 20);
-    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
-    pool.create_volume(
-        "v",
-        VolumeOptions {
-            encryption: false,
-            compression: Compression::Off,
-            ..opts(1 << 30)
-        },
-        None,
-    )
-    .unwrap();
-    let v = pool.volume("v").unwrap();
+    let (_pool, v) = plain_volume(t.path(), 64 << 20, 1 << 30);
     let blocks = (1u64 << 30) / 4096;
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut written = Vec::new();
+    let mut lbas = random_blocks(blocks);
     let err = loop {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let lba = x % blocks;
+        let lba = lbas.next().unwrap();
         match v.write(lba * 4096, &pattern(lba, 4096), false) {
             Ok(()) => written.push(lba),
             Err(e) => break e,

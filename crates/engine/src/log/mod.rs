@@ -52,7 +52,8 @@ enum SegState {
 
 struct Inner {
     free: BTreeSet<u32>,
-    /// Segments in the order `release` freed them (a hint: entries may have been taken since).
+    /// Free segments in the order `release` freed them; taken from the end first. Every entry
+    /// is in `free` (only `alloc_run` takes segments, from here while any are left).
     recent: Vec<u32>,
     state: Vec<SegState>,
     heads: [Option<(u32, u32)>; 4],
@@ -166,12 +167,13 @@ impl Log {
             if g.free.len() as u32 <= reserve {
                 return Err(Error::NoSpace);
             }
-            let seg = loop {
-                match g.recent.pop() {
-                    Some(s) if g.free.remove(&s) => break s,
-                    Some(_) => continue,
-                    None => break g.free.pop_first().expect("checked non-empty"),
+            let seg = match g.recent.pop() {
+                Some(s) => {
+                    let was_free = g.free.remove(&s);
+                    debug_assert!(was_free, "segment {s} in `recent` but not free");
+                    s
                 }
+                None => g.free.pop_first().expect("checked non-empty"),
             };
             g.state[seg as usize] = SegState::Open;
             g.high_water = g.high_water.max(seg + 1);
@@ -234,9 +236,14 @@ impl Log {
         (self.segments / 8).clamp(16, RELEASE_COMMIT_SEGMENTS_MAX)
     }
 
+    /// `zero_sealed` for the commit that will free them: the early-commit count starts again.
+    pub fn zero_sealed_for_commit(&self) -> Vec<u32> {
+        self.emptied.store(0, Ordering::Relaxed);
+        self.zero_sealed()
+    }
+
     /// Sealed segments with no live bytes: candidates to free once the next commit is durable.
     pub fn zero_sealed(&self) -> Vec<u32> {
-        self.emptied.store(0, Ordering::Relaxed);
         let g = self.inner.lock();
         (0..self.segments)
             .filter(|&s| {
@@ -341,18 +348,28 @@ mod tests {
         let whole = SEGMENT_BYTES as usize;
         let n = log.release_commit_segments() as usize;
         assert_eq!(n, 64, "an eighth of 512 segments");
-        let addrs: Vec<u64> = (0..n + 2)
+        let addrs: Vec<u64> = (0..2 * n + 2)
             .map(|_| log.alloc(Stream::Data, whole).unwrap())
             .collect();
-        let asks: Vec<bool> = addrs[..n + 1]
-            .iter()
-            .map(|&a| log.release_bytes(a, whole as u32))
-            .collect();
+        let release = |range: std::ops::Range<usize>| -> Vec<bool> {
+            addrs[range]
+                .iter()
+                .map(|&a| log.release_bytes(a, whole as u32))
+                .collect()
+        };
+        let asks = release(0..n + 1);
         assert_eq!(asks.iter().filter(|&&b| b).count(), 1);
         assert!(asks[n - 1], "the {n}th emptied segment asks");
-        // A commit's zero_sealed starts the count again.
+        // A commit's collection starts the count again; merely looking (as a writer waiting
+        // for space does) does not.
+        log.zero_sealed_for_commit();
+        assert!(!release(n + 1..2 * n).contains(&true));
         log.zero_sealed();
-        assert!(!log.release_bytes(addrs[n + 1], whole as u32));
+        assert_eq!(
+            release(2 * n..2 * n + 1),
+            [true],
+            "the {n}th since the commit"
+        );
     }
 
     /// Commits empty the segments of the map nodes they replaced; counting those would have

@@ -38,7 +38,7 @@ impl Core {
     }
 
     fn commit_locked(&self) -> Result<()> {
-        let zero = self.log.zero_sealed();
+        let zero = self.log.zero_sealed_for_commit();
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut records = Vec::with_capacity(volumes.len());
@@ -56,7 +56,7 @@ impl Core {
                         &mut |old| self.free_ptr(old),
                     )?;
                 }
-                v.dirty_nodes.store(tree.dirty_nodes(), Ordering::Relaxed);
+                self.note_dirty(v, tree.dirty_nodes());
                 tree.root
             };
             records.push(VolumeRecord {
@@ -73,7 +73,6 @@ impl Core {
                 rotation: v.rotation.lock().clone(),
             });
         }
-        self.update_meta_reserve();
         let next_volume_id = self.sb.lock().next_volume_id;
         let table = TableRecord {
             format: 1,

@@ -47,6 +47,8 @@ pub struct Core {
     /// runs waits for the next one; one that finds a newer commit finished returns.
     pub commits_begun: AtomicU64,
     pub commits_done: AtomicU64,
+    /// Sum of every volume's `dirty_nodes` (kept by `note_dirty`).
+    pub(crate) dirty_nodes_total: std::sync::atomic::AtomicUsize,
     pub reuse_gate: RwLock<()>,
     pub poisoned: AtomicBool,
     pub closing: AtomicBool,
@@ -87,20 +89,22 @@ impl Core {
     }
 
     /// Record volume `st`'s dirty node count and keep back from client data the segments a
-    /// commit of every volume's dirty nodes needs, so a full pool can always commit.
+    /// commit of every volume's dirty nodes needs, so a full pool can always commit. O(1): the
+    /// pool-wide total moves by this volume's change.
     pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) {
-        if st.dirty_nodes.swap(dirty, Ordering::Relaxed) != dirty {
-            self.update_meta_reserve();
+        let prev = st.dirty_nodes.swap(dirty, Ordering::Relaxed);
+        if prev == dirty {
+            return;
         }
-    }
-
-    pub(crate) fn update_meta_reserve(&self) {
-        let nodes: usize = self
-            .volumes
-            .read()
-            .values()
-            .map(|v| v.dirty_nodes.load(Ordering::Relaxed))
-            .sum();
+        let nodes = if dirty > prev {
+            self.dirty_nodes_total
+                .fetch_add(dirty - prev, Ordering::Relaxed)
+                + (dirty - prev)
+        } else {
+            self.dirty_nodes_total
+                .fetch_sub(prev - dirty, Ordering::Relaxed)
+                - (prev - dirty)
+        };
         let record = self
             .red
             .footprint(crate::map::NODE_BYTES)
@@ -340,6 +344,7 @@ impl Core {
             })?;
         }
         // Dirty nodes were never written; their old places were freed by the walk above.
+        self.note_dirty(&st, 0);
         self.volumes.write().remove(name);
         st.destroyed.store(true, Ordering::Release);
         self.table_dirty.store(true, Ordering::Release);

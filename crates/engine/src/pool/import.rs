@@ -279,6 +279,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commit_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
+        dirty_nodes_total: Default::default(),
         reuse_gate: RwLock::new(()),
         poisoned: AtomicBool::new(false),
         closing: AtomicBool::new(false),
