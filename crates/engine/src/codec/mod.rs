@@ -11,6 +11,8 @@
 //! Nonces are never chosen here: the caller passes a pool-unique 64-bit counter
 //! (see `pool` and ARCHITECTURE.md, "Nonces").
 
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use zeroize::Zeroizing;
 
@@ -117,30 +119,40 @@ fn worth_compressing(plain: &[u8]) -> bool {
 /// `SAMPLE_EVERY`.
 const MISSES_BEFORE_SKIPPING: u32 = 2;
 /// While skipping, one block in this many is sampled.
-const SAMPLE_EVERY: u32 = 4;
+const SAMPLE_EVERY: u32 = 16;
 
-/// Decides, block by block along one request, whether a block is worth an lz4
-/// attempt. Blocks of one request usually come from the same file or image, so
-/// after `MISSES_BEFORE_SKIPPING` incompressible samples in a row only one block in
+/// Decides, block by block along a volume's writes, whether a block is worth an lz4
+/// attempt. A volume's writes usually come in long runs of one kind of data (an
+/// image, a database file, already compressed media), so after
+/// `MISSES_BEFORE_SKIPPING` incompressible samples in a row only one block in
 /// `SAMPLE_EVERY` is sampled (the rest are stored as they are) until a sample
 /// compresses again. On incompressible data (most VM disk contents) that cuts the
 /// sampling cost by `SAMPLE_EVERY`; compressible data after an incompressible run
-/// is found within `SAMPLE_EVERY` blocks.
+/// is found within `SAMPLE_EVERY` blocks of the volume's writes.
+///
+/// One guess serves every writer of a volume (it lives in the volume's state): the
+/// counters are relaxed atomics, and a race between writers only moves which block
+/// is sampled, never what is stored for a block that was.
 #[derive(Default)]
 pub struct CompressGuess {
-    misses: u32,
-    skipped: u32,
+    misses: AtomicU32,
+    skipped: AtomicU32,
 }
 
 impl CompressGuess {
-    fn try_block(&mut self, plain: &[u8]) -> bool {
-        if self.misses >= MISSES_BEFORE_SKIPPING && self.skipped + 1 < SAMPLE_EVERY {
-            self.skipped += 1;
+    fn try_block(&self, plain: &[u8]) -> bool {
+        if self.misses.load(Ordering::Relaxed) >= MISSES_BEFORE_SKIPPING
+            && self.skipped.fetch_add(1, Ordering::Relaxed) + 1 < SAMPLE_EVERY
+        {
             return false;
         }
-        self.skipped = 0;
+        self.skipped.store(0, Ordering::Relaxed);
         let worth = worth_compressing(plain);
-        self.misses = if worth { 0 } else { self.misses + 1 };
+        if worth {
+            self.misses.store(0, Ordering::Relaxed);
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+        }
         worth
     }
 }
@@ -154,48 +166,92 @@ pub fn encode_append(
     nonce: u64,
     out: &mut Vec<u8>,
 ) -> Result<u16> {
-    let mut guess = CompressGuess::default();
-    encode_append_guessed(plain, compression, &mut guess, cipher, aad, nonce, out)
+    let at = out.len();
+    let (flags, len) = encode_at(
+        plain,
+        compression,
+        &CompressGuess::default(),
+        cipher,
+        aad,
+        nonce,
+        out,
+        at,
+    )?;
+    out.truncate(at + len);
+    Ok(flags)
 }
 
-/// `encode_append` for one of a run of blocks: `guess` carries what earlier blocks
-/// of the run said about compressibility.
-pub fn encode_append_guessed(
+/// Most bytes `encode_at` may need for a block of `len` bytes.
+pub fn encoded_len_max(len: usize) -> usize {
+    lz4_flex::block::get_maximum_output_size(len).max(len) + AES_256_GCM.tag_len()
+}
+
+/// Encodes `plain` into `out[at..]` and returns the flags to record in the block
+/// pointer and the stored length. `out` grows (zero-filled) only when it is shorter
+/// than `at + encoded_len_max`; bytes past the stored length are left as they were.
+/// A caller that reuses `out` across writes therefore touches only the bytes it
+/// stores: the plaintext is encrypted straight from `plain` into `out`, with no copy
+/// in between and no zero-filling.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_at(
     plain: &[u8],
     compression: Compression,
-    guess: &mut CompressGuess,
+    guess: &CompressGuess,
     cipher: Option<&BlockCipher>,
     aad: &[u8],
     nonce: u64,
     out: &mut Vec<u8>,
-) -> Result<u16> {
-    let start = out.len();
+    at: usize,
+) -> Result<(u16, usize)> {
+    let max = at + encoded_len_max(plain.len());
+    if out.len() < max {
+        out.resize(max, 0);
+    }
     let mut flags = 0;
+    let mut len = plain.len();
     if compression == Compression::Lz4 && guess.try_block(plain) {
-        let bound = lz4_flex::block::get_maximum_output_size(plain.len());
-        out.resize(start + bound, 0);
-        let n = lz4_flex::block::compress_into(plain, &mut out[start..])
+        let n = lz4_flex::block::compress_into(plain, &mut out[at..])
             .map_err(|e| Error::Invalid(format!("lz4: {e}")))?;
         // Pays only when it saves at least an eighth: smaller stored blocks cost a decompress on every read.
         if n <= plain.len() - plain.len() / 8 {
-            out.truncate(start + n);
+            len = n;
             flags |= FLAG_LZ4;
-        } else {
-            out.truncate(start);
         }
     }
-    if flags & FLAG_LZ4 == 0 {
-        out.extend_from_slice(plain);
+    let tag_len = AES_256_GCM.tag_len();
+    match (cipher, flags & FLAG_LZ4 != 0) {
+        (None, true) => {}
+        (None, false) => out[at..at + len].copy_from_slice(plain),
+        (Some(c), true) => {
+            let tag = c
+                .key
+                .seal_in_place_separate_tag(
+                    nonce_bytes(nonce),
+                    Aad::from(aad),
+                    &mut out[at..at + len],
+                )
+                .map_err(|_| Error::Invalid("encryption failed".into()))?;
+            out[at + len..at + len + tag_len].copy_from_slice(tag.as_ref());
+        }
+        (Some(c), false) => {
+            let (body, tag) = out[at..at + len + tag_len].split_at_mut(len);
+            c.key
+                .seal_out_of_place_scatter(
+                    nonce_bytes(nonce),
+                    Aad::from(aad),
+                    plain,
+                    body,
+                    &[],
+                    tag,
+                )
+                .map_err(|_| Error::Invalid("encryption failed".into()))?;
+        }
     }
-    if let Some(c) = cipher {
-        let tag = c
-            .key
-            .seal_in_place_separate_tag(nonce_bytes(nonce), Aad::from(aad), &mut out[start..])
-            .map_err(|_| Error::Invalid("encryption failed".into()))?;
-        out.extend_from_slice(tag.as_ref());
+    if cipher.is_some() {
+        len += tag_len;
         flags |= FLAG_ENCRYPTED;
     }
-    Ok(flags)
+    Ok((flags, len))
 }
 
 /// Decode stored bytes (already checksum-verified) into `out`, which has the logical length.
@@ -208,15 +264,36 @@ pub fn decode(
     nonce: u64,
     out: &mut [u8],
 ) -> Result<()> {
+    let tag_failed = || Error::Corrupt("block failed authentication (AEAD tag mismatch)".into());
+    if flags & FLAG_ENCRYPTED != 0 && flags & FLAG_LZ4 == 0 {
+        // Decrypted straight into `out`: no copy through `stored`.
+        let c = cipher
+            .ok_or_else(|| Error::Corrupt("encrypted block in a volume without a key".into()))?;
+        let tag_len = AES_256_GCM.tag_len();
+        if stored.len() != out.len() + tag_len {
+            return Err(Error::Corrupt(format!(
+                "block holds {} bytes, expected {}",
+                stored.len().saturating_sub(tag_len),
+                out.len()
+            )));
+        }
+        let (body, tag) = stored.split_at(out.len());
+        return c
+            .key
+            .open_separate_gather(nonce_bytes(nonce), Aad::from(aad), body, tag, out)
+            .map_err(|_| {
+                // What was decrypted is not authentic: nobody may see it.
+                out.fill(0);
+                tag_failed()
+            });
+    }
     let plain: &[u8] = if flags & FLAG_ENCRYPTED != 0 {
         let c = cipher
             .ok_or_else(|| Error::Corrupt("encrypted block in a volume without a key".into()))?;
         let p = c
             .key
             .open_in_place(nonce_bytes(nonce), Aad::from(aad), stored)
-            .map_err(|_| {
-                Error::Corrupt("block failed authentication (AEAD tag mismatch)".into())
-            })?;
+            .map_err(|_| tag_failed())?;
         p
     } else {
         stored
@@ -272,6 +349,40 @@ mod tests {
         }
     }
 
+    /// Records of a batch are encoded into a buffer reused across writes: what lies
+    /// past the record (or in it, before encoding) must not change the result.
+    #[test]
+    fn encoding_into_a_reused_buffer_matches_a_fresh_one() {
+        let c = cipher();
+        let text: Vec<u8> = b"bulwark ".iter().cycle().take(4096).copied().collect();
+        let random: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        for plain in [&text, &random] {
+            for comp in [Compression::Off, Compression::Lz4] {
+                for ci in [None, Some(&c)] {
+                    let mut fresh = Vec::new();
+                    let flags = encode(plain, comp, ci, &[3; 24], 7, &mut fresh).unwrap();
+                    let mut reused = vec![0xA5u8; 3 * 4096];
+                    let (f, len) = encode_at(
+                        plain,
+                        comp,
+                        &CompressGuess::default(),
+                        ci,
+                        &[3; 24],
+                        7,
+                        &mut reused,
+                        32,
+                    )
+                    .unwrap();
+                    assert_eq!((f, &reused[32..32 + len]), (flags, &fresh[..]));
+                    assert!(reused[..32].iter().all(|&b| b == 0xA5), "bytes before `at`");
+                    assert_eq!(reused.len(), 3 * 4096, "a long enough buffer is not grown");
+                }
+            }
+        }
+    }
+
     #[test]
     fn both_checksum_kinds_verify_and_catch_a_flipped_bit() {
         let mut block = vec![0u8; 4096];
@@ -308,32 +419,36 @@ mod tests {
                 .collect()
         };
         let text: Vec<u8> = b"bulwark ".iter().cycle().take(4096).copied().collect();
-        let mut g = CompressGuess::default();
+        let g = CompressGuess::default();
+        let misses = |g: &CompressGuess| g.misses.load(Ordering::Relaxed);
         // Two misses, then one sample in SAMPLE_EVERY.
-        let tried: Vec<bool> = (0..10).map(|_| g.try_block(&random())).collect();
-        assert_eq!(g.misses, 4);
-        assert_eq!(tried, vec![false; 10]);
+        let n = (MISSES_BEFORE_SKIPPING + 2 * SAMPLE_EVERY) as usize;
+        let tried: Vec<bool> = (0..n).map(|_| g.try_block(&random())).collect();
+        assert_eq!(misses(&g), MISSES_BEFORE_SKIPPING + 2);
+        assert_eq!(tried, vec![false; n]);
         // A compressible block right after a run is tried within SAMPLE_EVERY blocks,
         // and from then on every block is sampled again.
         let first = (0..SAMPLE_EVERY)
             .position(|_| g.try_block(&text))
             .expect("compressible block never tried");
         assert!(first < SAMPLE_EVERY as usize);
-        assert_eq!(g.misses, 0);
+        assert_eq!(misses(&g), 0);
         assert!(g.try_block(&text) && g.try_block(&text));
         // Through encode: all compressible blocks of a mixed run end up compressed
         // except at most SAMPLE_EVERY - 1 after an incompressible stretch.
-        let mut g = CompressGuess::default();
+        let g = CompressGuess::default();
         let mut uncompressed_text = 0;
-        for i in 0..64 {
-            let block = if (i / 16) % 2 == 0 {
+        let run = 2 * SAMPLE_EVERY;
+        let mut out = Vec::new();
+        for i in 0..4 * run {
+            let block = if (i / run) % 2 == 0 {
                 random()
             } else {
                 text.clone()
             };
-            let mut out = Vec::new();
-            let f = encode_append_guessed(&block, Compression::Lz4, &mut g, None, &[], 0, &mut out)
-                .unwrap();
+            let (f, len) =
+                encode_at(&block, Compression::Lz4, &g, None, &[], 0, &mut out, 0).unwrap();
+            assert!(len < block.len() || out[..len] == block[..]);
             if block == text && f & FLAG_LZ4 == 0 {
                 uncompressed_text += 1;
             }
@@ -396,9 +511,10 @@ mod tests {
             &mut out
         )
         .is_err());
-        // One flipped bit.
+        // One flipped bit. What was decrypted is not left for a caller to send.
         let mut t = stored.clone();
         t[100] ^= 1;
+        out.fill(0xEE);
         assert!(decode(
             &mut t,
             flags,
@@ -408,6 +524,10 @@ mod tests {
             &mut out
         )
         .is_err());
+        assert!(
+            out.iter().all(|&b| b == 0),
+            "unauthenticated plaintext left in out"
+        );
         assert!(!stored.windows(16).any(|w| w == &plain[..16]));
     }
 }

@@ -261,6 +261,12 @@ impl Tree {
         cache: &NodeCache,
         lba: u64,
     ) -> Result<&mut Node> {
+        let leaf = (0, node_index(lba, 0));
+        // A dirty node's ancestors are all dirty (only a commit cleans, and it cleans
+        // them all): a dirty leaf needs no walk. Consecutive blocks share a leaf.
+        if self.dirty.contains_key(&leaf) {
+            return Ok(self.dirty.get_mut(&leaf).expect("just found"));
+        }
         let mut ptr = self.root;
         for level in (0..self.depth).rev() {
             let index = node_index(lba, level);
@@ -276,10 +282,7 @@ impl Tree {
                 ptr = self.dirty[&key].ptrs[slot(lba, level)];
             }
         }
-        Ok(self
-            .dirty
-            .get_mut(&(0, node_index(lba, 0)))
-            .expect("leaf made dirty above"))
+        Ok(self.dirty.get_mut(&leaf).expect("leaf made dirty above"))
     }
 
     /// Point `lba` at `ptr`; returns the pointer it replaces.

@@ -125,6 +125,8 @@ pub struct VolumeState {
     /// The tree's dirty node count as of its last change (`Core::note_dirty`).
     pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
+    /// Whether this volume's recent writes compressed (lz4 sampling).
+    guess: codec::CompressGuess,
 }
 
 impl VolumeState {
@@ -155,6 +157,7 @@ impl VolumeState {
             used_bytes: AtomicU64::new(0),
             dirty_nodes: Default::default(),
             destroyed: AtomicBool::new(false),
+            guess: Default::default(),
         }
     }
 
@@ -403,12 +406,13 @@ impl Volume {
             at: usize,
             ptr: Blkptr,
         }
-        stored.clear();
+        // `stored` keeps its length between writes (it only grows): records are encoded
+        // at `end`, and the bytes past it are stale, never written out.
+        let mut end = 0;
         let ring = self.ring()?;
         let key_gen = ring.as_ref().map(|r| r.current).unwrap_or(0);
         let mut recs: Vec<Rec> = Vec::with_capacity(n);
         let mut holes: Vec<u64> = Vec::new();
-        let mut guess = codec::CompressGuess::default();
         for i in 0..n {
             let lba = first + i as u64;
             let plain = &data[i * bs..(i + 1) * bs];
@@ -421,26 +425,25 @@ impl Volume {
             } else {
                 0
             };
-            let at = stored.len();
-            let flags = codec::encode_append_guessed(
+            let at = end;
+            let (flags, len) = codec::encode_at(
                 plain,
                 self.st.compression,
-                &mut guess,
+                &self.st.guess,
                 ring.as_deref().map(KeyRing::current),
                 &self.aad(lba),
                 nonce,
                 stored,
+                at,
             )?;
-            let len = stored.len() - at;
             let checksum = if ring.is_some() {
-                codec::checksum_sealed(&stored[at..])
+                codec::checksum_sealed(&stored[at..at + len])
             } else {
-                codec::checksum(&stored[at..])
+                codec::checksum(&stored[at..at + len])
             };
-            stored.resize(
-                (stored.len() as u64).div_ceil(RECORD_ALIGN) as usize * RECORD_ALIGN as usize,
-                0,
-            );
+            end = (at + len).div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize;
+            // Alignment padding goes to disk: zeros, not stale bytes.
+            stored[at + len..end].fill(0);
             recs.push(Rec {
                 lba,
                 at,
