@@ -21,17 +21,16 @@ impl BufPool {
         self.bufs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// An empty buffer, with spare capacity if one was pooled.
+    /// A buffer: a pooled one (its old length and bytes kept), or a new empty one.
     pub(crate) fn take(&self) -> Vec<u8> {
         self.lock().pop().unwrap_or_default()
     }
 
     /// Returns a buffer for reuse; oversized or surplus buffers are freed.
-    pub(crate) fn give(&self, mut buf: Vec<u8>) {
+    pub(crate) fn give(&self, buf: Vec<u8>) {
         if buf.capacity() == 0 || buf.capacity() > POOL_BUFFER_BYTES_MAX {
             return;
         }
-        buf.clear();
         let mut bufs = self.lock();
         if bufs.len() < POOL_BUFFERS_MAX {
             bufs.push(buf);
@@ -51,7 +50,7 @@ mod tests {
         b.resize(4096, 7);
         pool.give(b);
         let b = pool.take();
-        assert!(b.is_empty() && b.capacity() >= 4096);
+        assert!(b.len() == 4096 && b.capacity() >= 4096);
         pool.give(Vec::with_capacity(POOL_BUFFER_BYTES_MAX + 1));
         assert_eq!(pool.take().capacity(), 0);
         for _ in 0..POOL_BUFFERS_MAX + 5 {

@@ -29,7 +29,7 @@
 //!   reading has stopped, replies must be written within
 //!   `DRAIN_WRITE_TIMEOUT` or the socket is shut down both ways.
 
-use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -78,7 +78,7 @@ impl Socket for std::net::TcpStream {
 
 /// The read side and why reading stopped, if it has.
 struct Reading<S> {
-    rd: BufReader<S>,
+    rd: RequestReader<S>,
     end: Option<End>,
 }
 
@@ -183,15 +183,16 @@ impl<S: Socket> Conn<S> {
     /// Reads one request header and its payload.
     fn read_request(
         &self,
-        rd: &mut BufReader<S>,
+        rd: &mut RequestReader<S>,
         header: &mut [u8; Request::LEN],
     ) -> Result<(Request, Vec<u8>), End> {
-        rd.read_exact(header).map_err(|e| self.read_error(e))?;
+        rd.header(header).map_err(|e| self.read_error(e))?;
         let req = parse_request(header, &self.shared.export)?;
         let mut data = Vec::new();
         if req.kind == CMD_WRITE && req.length > 0 {
             data = self.shared.pool.take();
-            read_payload(rd, &mut data, req.length as usize).map_err(|e| self.read_error(e))?;
+            rd.payload(&mut data, req.length as usize)
+                .map_err(|e| self.read_error(e))?;
         }
         Ok((req, data))
     }
@@ -297,21 +298,103 @@ fn write_batch<W: Write>(wr: &mut W, batch: &[Outgoing]) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads exactly `len` bytes into `buf` (cleared first) without zero-filling
-/// it: what the read buffer holds is copied, the rest is read straight into
-/// the payload buffer.
-fn read_payload<R: BufRead>(rd: &mut R, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
-    buf.clear();
-    buf.reserve(len);
-    let mut limited = rd.take(len as u64);
-    while buf.len() < len {
-        let before = buf.len();
-        limited.read_to_end(buf)?;
-        if buf.len() == before {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+/// Payloads at least this long are read straight into their own buffer, with only
+/// the next request's header read ahead; shorter ones come through the read-ahead
+/// buffer, several requests per system call.
+const PAYLOAD_DIRECT_BYTES: usize = 16 << 10;
+
+/// The read side of a connection. Request headers (and short payloads) come through
+/// a read-ahead buffer, so a burst of small requests costs one system call. A long
+/// payload is read with one `readv` straight into its own buffer plus the next
+/// header into the read-ahead buffer: no copy through the buffer, which for 64 KiB
+/// writes cost as much CPU as the kernel's own copy out of the socket.
+struct RequestReader<S> {
+    sock: S,
+    buf: Box<[u8]>,
+    /// `buf[pos..end]` is read and not yet consumed.
+    pos: usize,
+    end: usize,
+    /// The last payload was long: read ahead one header only, so the next long
+    /// payload is not pulled into `buf` (and copied out of it).
+    long: bool,
+}
+
+impl<S: Read> RequestReader<S> {
+    fn new(sock: S, capacity: usize) -> Self {
+        debug_assert!(capacity >= Request::LEN);
+        Self {
+            sock,
+            buf: vec![0; capacity].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+            long: false,
         }
     }
-    Ok(())
+
+    /// Reads the next request header.
+    fn header(&mut self, out: &mut [u8; Request::LEN]) -> io::Result<()> {
+        while self.end - self.pos < Request::LEN {
+            if self.pos > 0 {
+                self.buf.copy_within(self.pos..self.end, 0);
+                self.end -= self.pos;
+                self.pos = 0;
+            }
+            let limit = if self.long {
+                Request::LEN
+            } else {
+                self.buf.len()
+            };
+            match self.sock.read(&mut self.buf[self.end..limit]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        out.copy_from_slice(&self.buf[self.pos..self.pos + Request::LEN]);
+        self.pos += Request::LEN;
+        Ok(())
+    }
+
+    /// Reads a payload of exactly `len` bytes into `data` (resized to `len`; a pooled
+    /// buffer of that size is not zero-filled again).
+    fn payload(&mut self, data: &mut Vec<u8>, len: usize) -> io::Result<()> {
+        data.resize(len, 0);
+        let buffered = len.min(self.end - self.pos);
+        data[..buffered].copy_from_slice(&self.buf[self.pos..self.pos + buffered]);
+        self.pos += buffered;
+        self.long = len >= PAYLOAD_DIRECT_BYTES;
+        let mut at = buffered;
+        if at == len {
+            return Ok(());
+        }
+        // The buffer is drained: the rest of the payload goes straight to `data`, and
+        // whatever follows it (the next header, or more for short requests) to `buf`.
+        self.pos = 0;
+        self.end = 0;
+        let ahead = if self.long {
+            Request::LEN
+        } else {
+            self.buf.len()
+        };
+        while at < len {
+            let mut parts = [
+                IoSliceMut::new(&mut data[at..]),
+                IoSliceMut::new(&mut self.buf[..ahead]),
+            ];
+            match self.sock.read_vectored(&mut parts) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    let into_data = n.min(len - at);
+                    at += into_data;
+                    self.end = n - into_data;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Serves requests on a blocking `socket` until the client disconnects,
@@ -338,7 +421,7 @@ pub(crate) async fn run<S: Socket>(
             pool: BufPool::default(),
         },
         reading: Mutex::new(Reading {
-            rd: BufReader::with_capacity(READ_BUFFER_BYTES, rd),
+            rd: RequestReader::new(rd, READ_BUFFER_BYTES),
             end: None,
         }),
         replies: Combiner::new(wr),
@@ -380,6 +463,98 @@ pub(crate) async fn run<S: Socket>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that hands out at most `chunk` bytes per call, vectored or not, and
+    /// is interrupted now and then: every boundary case of `RequestReader`'s loops.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        chunk: usize,
+        calls: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.read_vectored(&mut [IoSliceMut::new(buf)])
+        }
+        fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls % 7 == 0 {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.chunk - n).min(self.data.len() - self.at);
+                b[..take].copy_from_slice(&self.data[self.at..self.at + take]);
+                self.at += take;
+                n += take;
+            }
+            Ok(n)
+        }
+    }
+
+    /// Headers and payloads of every size come out whole and in order, however the
+    /// stream is cut, and a pooled buffer's stale bytes never show through.
+    #[test]
+    fn request_reader_returns_each_header_and_payload_whole() {
+        let sizes = [
+            0usize, 1, 4096, 65536, 100, 70000, 16384, 16383, 4096, 0, 200000,
+        ];
+        let mut stream = Vec::new();
+        let mut expected = Vec::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let header = [i as u8; Request::LEN];
+            let payload: Vec<u8> = (0..len).map(|j| (j * 31 + i) as u8).collect();
+            stream.extend_from_slice(&header);
+            stream.extend_from_slice(&payload);
+            expected.push((header, payload));
+        }
+        for chunk in [1, 27, 28, 29, 4095, 65536 + 28, 1 << 20] {
+            for capacity in [Request::LEN, 4096, 64 << 10] {
+                let mut rd = RequestReader::new(
+                    Trickle {
+                        data: stream.clone(),
+                        at: 0,
+                        chunk,
+                        calls: 0,
+                    },
+                    capacity,
+                );
+                let mut data = vec![0xEE; 300000];
+                for (header, payload) in &expected {
+                    let mut h = [0u8; Request::LEN];
+                    rd.header(&mut h).unwrap();
+                    assert_eq!(&h, header, "chunk {chunk} capacity {capacity}");
+                    rd.payload(&mut data, payload.len()).unwrap();
+                    assert!(data == *payload, "chunk {chunk} capacity {capacity}");
+                }
+                let mut h = [0u8; Request::LEN];
+                let eof = rd.header(&mut h).unwrap_err();
+                assert_eq!(eof.kind(), io::ErrorKind::UnexpectedEof);
+            }
+        }
+    }
+
+    /// A stream that ends inside a payload is an error, not a short payload.
+    #[test]
+    fn request_reader_reports_a_truncated_payload() {
+        let mut stream = vec![9u8; Request::LEN];
+        stream.extend_from_slice(&[1u8; 5000]);
+        let mut rd = RequestReader::new(
+            Trickle {
+                data: stream,
+                at: 0,
+                chunk: 3000,
+                calls: 0,
+            },
+            4096,
+        );
+        let mut h = [0u8; Request::LEN];
+        rd.header(&mut h).unwrap();
+        let mut data = Vec::new();
+        let e = rd.payload(&mut data, 65536).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
 
     /// Threads pushing at once, in rounds: after every round (once all
     /// pushes have returned) the queue is empty, every item was written
