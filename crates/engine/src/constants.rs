@@ -37,8 +37,11 @@ pub const VOLUME_BYTES_MAX: u64 = 1 << 60;
 /// Block-map radix tree: 64 pointers per node.
 pub const MAP_FANOUT_SHIFT: u32 = 6;
 pub const MAP_FANOUT: usize = 1 << MAP_FANOUT_SHIFT;
-/// Commit early when this many map nodes are dirty (bounds memory between flushes).
-pub const MAP_DIRTY_NODES_MAX: usize = 8192;
+/// Commit early when this many map nodes are dirty, summed over the pool's volumes
+/// (bounds memory between flushes: 64 MiB of 4 KiB nodes). Random writes dirty a whole
+/// leaf each, so this sets how often they force a commit: at 16384, random 4 KiB
+/// writes over a whole 2 GiB volume (8,322 nodes) wait for the timer.
+pub const MAP_DIRTY_NODES_MAX: usize = 16384;
 /// Copies of every metadata record (map nodes, volume table) inside the log, on top of the layout's copies.
 pub const METADATA_COPIES: usize = 2;
 

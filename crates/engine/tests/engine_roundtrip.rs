@@ -322,3 +322,52 @@ fn refuses_foreign_and_stale_devices() {
     .unwrap_err();
     assert!(e.to_string().contains("already belongs"), "{e}");
 }
+
+/// The bound on dirty map nodes (memory held between commits) is pool-wide: two volumes
+/// whose dirty nodes each stay under `MAP_DIRTY_NODES_MAX` but together exceed it force a
+/// commit, long before the timer would.
+#[test]
+fn dirty_map_nodes_are_bounded_across_volumes() {
+    use bulwark_engine::constants::{COMMIT_INTERVAL_MS, MAP_DIRTY_NODES_MAX};
+    use std::time::{Duration, Instant};
+    let t = tempfile::tempdir().unwrap();
+    new_pool(t.path(), Layout::Single, 1, 1 << 30);
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    let opened = Instant::now();
+    // One block per leaf: each write dirties a leaf of its own.
+    let leaves = (MAP_DIRTY_NODES_MAX * 3 / 5) as u64;
+    let leaf_bytes = 64 * 4096;
+    for name in ["a", "b"] {
+        pool.create_volume(
+            name,
+            VolumeOptions {
+                encryption: false,
+                compression: Compression::Off,
+                ..opts(leaves * leaf_bytes)
+            },
+            None,
+        )
+        .unwrap();
+    }
+    let generation = pool.status().generation;
+    let block = pattern(5, 4096);
+    for name in ["a", "b"] {
+        let v = pool.volume(name).unwrap();
+        for leaf in 0..leaves {
+            v.write(leaf * leaf_bytes, &block, false).unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pool.status().generation == generation && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        opened.elapsed() < Duration::from_millis(COMMIT_INTERVAL_MS),
+        "writing took too long to tell a forced commit from the timer's"
+    );
+    assert!(
+        pool.status().generation > generation,
+        "{} dirty map nodes over two volumes did not force a commit",
+        2 * leaves
+    );
+}

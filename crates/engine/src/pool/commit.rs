@@ -42,9 +42,12 @@ impl Core {
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut records = Vec::with_capacity(volumes.len());
+        let started = std::time::Instant::now();
+        let mut nodes_written = 0;
         for v in &volumes {
             let root = {
                 let mut tree = v.tree.lock();
+                nodes_written += tree.dirty_nodes();
                 if tree.dirty_nodes() > 0 {
                     tree.commit(
                         &self.cache,
@@ -89,9 +92,11 @@ impl Core {
             .lock()
             .take()
             .unwrap_or(self.sb.lock().sb.table_key);
+        let nodes_done = started.elapsed();
         let table_ptr = self.write_meta(&table.seal(&table_key))?;
 
         self.red.flush()?;
+        let flushed = started.elapsed();
 
         let (old_root, generation) = {
             let mut st = self.sb.lock();
@@ -115,7 +120,14 @@ impl Core {
             let _gate = self.reuse_gate.write();
         }
         self.log.release(&zero);
-        tracing::debug!(generation, freed_segments = zero.len(), "committed");
+        tracing::debug!(
+            generation,
+            freed_segments = zero.len(),
+            map_nodes = nodes_written,
+            map_nodes_ms = nodes_done.as_millis() as u64,
+            flush_ms = (flushed - nodes_done).as_millis() as u64,
+            "committed"
+        );
         Ok(())
     }
 

@@ -90,11 +90,11 @@ impl Core {
 
     /// Record volume `st`'s dirty node count and keep back from client data the segments a
     /// commit of every volume's dirty nodes needs, so a full pool can always commit. O(1): the
-    /// pool-wide total moves by this volume's change.
-    pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) {
+    /// pool-wide total moves by this volume's change. Returns the pool-wide total.
+    pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) -> usize {
         let prev = st.dirty_nodes.swap(dirty, Ordering::Relaxed);
         if prev == dirty {
-            return;
+            return self.dirty_nodes_total.load(Ordering::Relaxed);
         }
         let nodes = if dirty > prev {
             self.dirty_nodes_total
@@ -117,6 +117,7 @@ impl Core {
         } else {
             per_copy * METADATA_COPIES as u32
         });
+        nodes
     }
 
     pub fn wake_maintenance(&self) {

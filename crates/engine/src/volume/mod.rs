@@ -543,8 +543,7 @@ impl Volume {
                 .used_bytes
                 .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
-        self.core.note_dirty(&self.st, dirty);
-        if dirty > MAP_DIRTY_NODES_MAX {
+        if self.core.note_dirty(&self.st, dirty) > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
         Ok(())
@@ -570,8 +569,7 @@ impl Volume {
         self.st
             .used_bytes
             .fetch_sub(old.len as u64, Ordering::Relaxed);
-        self.core.note_dirty(&self.st, dirty);
-        if dirty > MAP_DIRTY_NODES_MAX {
+        if self.core.note_dirty(&self.st, dirty) > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
         Ok(())
