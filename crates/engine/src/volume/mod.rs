@@ -186,6 +186,10 @@ impl VolumeState {
 thread_local! {
     /// Per-thread buffers for stored bytes and merged blocks: freshly touched memory is slow here.
     static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread buffer that write batches are encoded into. Kept apart from `SCRATCH`'s
+    /// read buffer so reads (which size that one to each run) never shrink it: at its
+    /// high-water length it is reused without zero-filling (`codec::encode_at`).
+    static RECORDS: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An open, unlocked volume. Cheap to clone behind an `Arc`; one per NBD connection.
@@ -384,7 +388,7 @@ impl Volume {
     /// Write whole blocks `first..` from `data`: encoded end to end into one buffer, placed
     /// in runs that fit a segment (one device write per copy per run), then pointed to under
     /// one map-lock pass. Stripe locks are taken in index order, so batches cannot deadlock.
-    fn write_blocks(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
+    fn write_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = data.len() / bs;
         let mut stripes: Vec<usize> = (0..n as u64)
@@ -393,11 +397,16 @@ impl Volume {
         stripes.sort_unstable();
         stripes.dedup();
         let _locks: Vec<_> = stripes.iter().map(|&s| self.st.stripes[s].lock()).collect();
-        self.write_blocks_locked(first, data, stored)
+        self.write_blocks_locked(first, data)
     }
 
     /// `write_blocks` with the stripe locks of every block already held by the caller.
-    fn write_blocks_locked(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
+    fn write_blocks_locked(&self, first: u64, data: &[u8]) -> Result<()> {
+        RECORDS.with(|r| self.write_blocks_encoded(first, data, &mut r.borrow_mut()))
+    }
+
+    /// `write_blocks_locked`, encoding into `stored`.
+    fn write_blocks_encoded(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = data.len() / bs;
         self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
@@ -620,7 +629,7 @@ impl Volume {
                     run = run.map(|(f, len)| (f, len + n));
                 } else {
                     if let Some((f, len)) = run.take() {
-                        self.write_blocks(f, &data[at - len..at], stored)?;
+                        self.write_blocks(f, &data[at - len..at])?;
                     }
                     if n == bs {
                         run = Some((lba, n));
@@ -629,13 +638,13 @@ impl Volume {
                         block.resize(bs, 0);
                         self.read_block(lba, block, stored)?;
                         block[within..within + n].copy_from_slice(&data[at..at + n]);
-                        self.write_blocks_locked(lba, block, stored)?;
+                        self.write_blocks_locked(lba, block)?;
                     }
                 }
                 at += n;
             }
             if let Some((f, len)) = run {
-                self.write_blocks(f, &data[at - len..at], stored)?;
+                self.write_blocks(f, &data[at - len..at])?;
             }
             Ok::<(), Error>(())
         })?;
@@ -659,7 +668,7 @@ impl Volume {
                     block.resize(bs, 0);
                     self.read_block(lba, block, stored)?;
                     block[within..within + n].fill(0);
-                    self.write_blocks_locked(lba, block, stored)?;
+                    self.write_blocks_locked(lba, block)?;
                 }
             }
             Ok::<(), Error>(())
@@ -690,7 +699,7 @@ impl Volume {
         SCRATCH.with(|s| {
             let (stored, _) = &mut *s.borrow_mut();
             self.read_block(lba, buf, stored)?;
-            self.write_blocks_locked(lba, buf, stored)
+            self.write_blocks_locked(lba, buf)
         })
     }
 
