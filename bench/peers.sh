@@ -22,7 +22,8 @@
 # pool or volume each time) and reports the median of the N runs per cell.
 #
 # Output: a report on stdout (markdown tables: numbers, bulwark/peer ratios,
-# targets) and a machine-readable results file (--out, JSON), written by
+# targets) and a machine-readable results file (--out, JSON; default
+# bench/results/peers-unix-STAMP.json or peers-tcp-STAMP.json), written by
 # bench/peers_report.py from the raw `bulwark bench --json` reports.
 #
 # Usage: bench/peers.sh [--full] [--repeat N] [--tcp] [--runtime S] [--size SIZE]
@@ -103,7 +104,9 @@ mkdir -p "$WORKDIR/raw"
 cp "$BULWARK" "$WORKDIR/bulwark.bin"
 BULWARK_SRC=$BULWARK
 BULWARK=$WORKDIR/bulwark.bin
-OUT=${OUT:-$REPO/bench/results/peers-$STAMP.json}
+TRANSPORT=unix
+[ "$TCP" = 1 ] && TRANSPORT=tcp
+OUT=${OUT:-$REPO/bench/results/peers-$TRANSPORT-$STAMP.json}
 mkdir -p "$(dirname "$OUT")"
 SIZE_BYTES=$(python3 -c '
 import sys
