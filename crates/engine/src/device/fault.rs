@@ -135,7 +135,7 @@ fn next(x: &mut u64) -> u64 {
 }
 
 fn eio(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::Other, format!("injected fault: {what}"))
+    std::io::Error::other(format!("injected fault: {what}"))
 }
 
 impl Device for FaultyDevice {

@@ -8,6 +8,7 @@
 //!   still points at the old copy (a client write in between wins);
 //! - map nodes in a victim are marked dirty, so the next commit rewrites them;
 //! - the volume table is rewritten by every commit anyway.
+//!
 //! After the commit that follows, the victims hold nothing live and are freed.
 
 use std::collections::HashSet;
