@@ -328,14 +328,19 @@ mod tests {
         BlockCipher::new(&Zeroizing::new([7u8; 32]))
     }
 
-    #[test]
-    fn round_trip_all_modes() {
-        let c = cipher();
+    /// A compressible block (repeated text) and an incompressible-looking one.
+    fn sample_blocks() -> [Vec<u8>; 2] {
         let text: Vec<u8> = b"bulwark ".iter().cycle().take(4096).copied().collect();
         let random: Vec<u8> = (0..4096u32)
             .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
             .collect();
-        for plain in [&text, &random] {
+        [text, random]
+    }
+
+    #[test]
+    fn round_trip_all_modes() {
+        let c = cipher();
+        for plain in &sample_blocks() {
             for comp in [Compression::Off, Compression::Lz4] {
                 for ci in [None, Some(&c)] {
                     let aad = block_aad(&[1; 16], 9);
@@ -354,11 +359,7 @@ mod tests {
     #[test]
     fn encoding_into_a_reused_buffer_matches_a_fresh_one() {
         let c = cipher();
-        let text: Vec<u8> = b"bulwark ".iter().cycle().take(4096).copied().collect();
-        let random: Vec<u8> = (0..4096u32)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-            .collect();
-        for plain in [&text, &random] {
+        for plain in &sample_blocks() {
             for comp in [Compression::Off, Compression::Lz4] {
                 for ci in [None, Some(&c)] {
                     let mut fresh = Vec::new();
