@@ -55,6 +55,7 @@ impl Core {
                 for (level, index) in touch {
                     tree.touch(self, &self.cache, level, index)?;
                 }
+                self.note_dirty(&v, tree.dirty_nodes());
             }
             for (lba, old) in moves {
                 match self.red.read_verified(
@@ -82,6 +83,7 @@ impl Core {
                 let mut tree = v.tree.lock();
                 if tree.lookup(self, &self.cache, lba)? == old {
                     tree.set(self, &self.cache, lba, new)?;
+                    self.note_dirty(&v, tree.dirty_nodes());
                     self.free_ptr(&old);
                 } else {
                     self.release_record(addr, old.len as usize);

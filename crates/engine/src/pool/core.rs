@@ -88,7 +88,8 @@ impl Core {
         Ok(())
     }
 
-    /// Record volume `st`'s dirty node count and keep back from client data the segments a
+    /// Record volume `st`'s dirty node count (after every change to its tree: client
+    /// writes, the cleaner, commits, destroy) and keep back from client data the segments a
     /// commit of every volume's dirty nodes needs, so a full pool can always commit. O(1): the
     /// pool-wide total moves by this volume's change. Returns the pool-wide total.
     pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) -> usize {

@@ -518,7 +518,7 @@ impl Volume {
             placed += count;
         }
         let mut freed = Vec::with_capacity(recs.len() + holes.len());
-        let dirty = {
+        let dirty_total = {
             let mut tree = self.st.tree.lock();
             for (i, r) in recs.iter().enumerate() {
                 match tree.set(&*self.core, &self.core.cache, r.lba, r.ptr) {
@@ -541,7 +541,7 @@ impl Volume {
                     tree.set(&*self.core, &self.core.cache, lba, Blkptr::HOLE)?,
                 ));
             }
-            tree.dirty_nodes()
+            self.core.note_dirty(&self.st, tree.dirty_nodes())
         };
         for (new_len, old) in &freed {
             self.core.free_ptr(old);
@@ -552,14 +552,14 @@ impl Volume {
                 .used_bytes
                 .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
-        if self.core.note_dirty(&self.st, dirty) > MAP_DIRTY_NODES_MAX {
+        if dirty_total > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
         Ok(())
     }
 
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
-        let (old, dirty) = {
+        let (old, dirty_total) = {
             let mut tree = self.st.tree.lock();
             let old = match tree.set(&*self.core, &self.core.cache, lba, ptr) {
                 Ok(old) => old,
@@ -570,7 +570,7 @@ impl Volume {
                 }
             };
             self.core.free_ptr(&old);
-            (old, tree.dirty_nodes())
+            (old, self.core.note_dirty(&self.st, tree.dirty_nodes()))
         };
         self.st
             .used_bytes
@@ -578,7 +578,7 @@ impl Volume {
         self.st
             .used_bytes
             .fetch_sub(old.len as u64, Ordering::Relaxed);
-        if self.core.note_dirty(&self.st, dirty) > MAP_DIRTY_NODES_MAX {
+        if dirty_total > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
         Ok(())
