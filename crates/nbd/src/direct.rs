@@ -6,19 +6,24 @@
 //! backend) those wake-ups, not the backend, bound the request rate. On a
 //! plain socket we do what nbdkit does instead: a few threads per
 //! connection, each of which in turn takes the read side, reads one request
-//! (header and payload), lets go, runs the request, and writes its own reply
+//! (header and payload) and as many more as already wait whole on the
+//! socket (`read_batch`), lets go, runs them, and writes their replies
 //! under the write side's lock. A request is handled start to finish on one
 //! thread; the only hand-off left is the read lock passing to the next
-//! thread. Replies are written by whichever thread holds the write side,
-//! several per system call when they finish together (`send`). TLS streams keep the async path (OpenSSL sessions cannot be read
+//! thread, once per batch. Replies are written by whichever thread holds the
+//! write side, several per system call (`send`). TLS streams keep the async path (OpenSSL sessions cannot be read
 //! and written from two threads at once).
 //!
 //! Invariants (the same as `transmission.rs`, kept differently):
 //! - Requests are parsed and validated with the same functions
 //!   (`parse_request`, `validate`, `execute`).
-//! - At most `threads_max` requests are in flight, each holding at most one
-//!   payload of `request_bytes_max`: the connection's memory is bounded by
-//!   its threads. Threads start on demand (when every started one is busy)
+//! - At most `threads_max` batches are in flight, each of at most
+//!   `batch_max` requests (`threads_max * batch_max <= inflight_max` where
+//!   `inflight_max` allows more than one per thread) and at most one payload
+//!   of `request_bytes_max` plus `BATCH_PAYLOAD_BYTES`: the connection's
+//!   memory is bounded by its threads. A batch only takes requests that are
+//!   already whole on the socket, so it never waits for a second request
+//!   while holding the first. Threads start on demand (when every started one is busy)
 //!   and stay until the connection ends; an idle connection holds one.
 //! - Every request read gets exactly one reply, unless writing to the client
 //!   fails, after which the connection is closed.
@@ -39,14 +44,16 @@ use tracing::debug;
 
 use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
-use crate::limits::{DRAIN_WRITE_TIMEOUT, READ_BUFFER_BYTES};
+use crate::limits::{
+    BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, READ_BUFFER_BYTES,
+};
 use crate::proto::{Request, CMD_WRITE};
 use crate::server::Limits;
 use crate::transmission::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
 
 /// A blocking socket the threads can share: one handle reads, one writes,
 /// one is kept to shut the connection down from outside.
-pub(crate) trait Socket: Read + Write + Send + Sync + Sized + 'static {
+pub(crate) trait Socket: Read + Write + Pending + Send + Sync + Sized + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
@@ -76,6 +83,36 @@ impl Socket for std::net::TcpStream {
     }
 }
 
+/// How many bytes a read could return right now without blocking.
+pub(crate) trait Pending {
+    /// Bytes queued on the socket (0 when the kernel will not say).
+    fn pending(&self) -> usize;
+}
+
+/// `FIONREAD` on a socket descriptor.
+fn queued_bytes(fd: std::os::unix::io::RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int to the pointer we pass; `fd` is a socket we own.
+    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+impl Pending for std::os::unix::net::UnixStream {
+    fn pending(&self) -> usize {
+        queued_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
+    }
+}
+
+impl Pending for std::net::TcpStream {
+    fn pending(&self) -> usize {
+        queued_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
+    }
+}
+
 /// The read side and why reading stopped, if it has.
 struct Reading<S> {
     rd: RequestReader<S>,
@@ -99,6 +136,8 @@ struct Conn<S> {
     ctl: S,
     threads: Mutex<Threads>,
     threads_max: usize,
+    /// Most requests one thread reads at once.
+    batch_max: usize,
     /// `Server::shutdown` was called: a read that returns EOF now means
     /// "shutting down", not "client closed".
     stopping: AtomicBool,
@@ -135,36 +174,73 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// One thread: read a request, run it, reply; until reading stops.
+    /// One thread: read a batch of requests, run them, reply; until reading stops.
     fn serve_requests(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
         let mut header = [0u8; Request::LEN];
+        let mut batch = Vec::new();
+        let mut replies = Vec::new();
         loop {
-            let (req, data) = {
+            let ended = {
                 let mut reading = lock(&self.reading);
                 if reading.end.is_some() {
                     break;
                 }
-                match self.read_request(&mut reading.rd, &mut header) {
-                    Ok(x) => x,
-                    Err(end) => {
+                match self.read_batch(&mut reading.rd, &mut header, &mut batch) {
+                    Some(end) => {
                         self.end_reading(&mut reading, end);
-                        break;
+                        true
                     }
+                    None => false,
                 }
             };
+            if batch.is_empty() {
+                break;
+            }
             self.start_busy(alive);
             let ex = &self.shared.export;
-            let out = match validate(&req, ex) {
-                Err(rej) => {
-                    self.shared.pool.give(data);
-                    rejected(&req, &rej, ex.structured)
-                }
-                Ok(op) => execute(op, req.handle, data, &self.shared),
-            };
-            let ok = self.send(out);
+            for (req, data) in batch.drain(..) {
+                replies.push(match validate(&req, ex) {
+                    Err(rej) => {
+                        self.shared.pool.give(data);
+                        rejected(&req, &rej, ex.structured)
+                    }
+                    Ok(op) => execute(op, req.handle, data, &self.shared),
+                });
+            }
+            let ok = self.send(&mut replies);
             lock(&self.threads).busy -= 1;
-            if !ok {
+            if !ok || ended {
                 break;
+            }
+        }
+    }
+
+    /// Reads one request, waiting for it, then as many more as the socket already
+    /// holds whole, up to the batch bounds: a burst of requests costs one hand-off
+    /// of the read side and one reply write, not one each. Returns why reading
+    /// stopped, if it did; the requests read before that are in `batch`.
+    fn read_batch(
+        &self,
+        rd: &mut RequestReader<S>,
+        header: &mut [u8; Request::LEN],
+        batch: &mut Vec<(Request, Vec<u8>)>,
+    ) -> Option<End> {
+        let mut payload = 0;
+        loop {
+            match self.read_request(rd, header) {
+                Ok((req, data)) => {
+                    payload += data.len();
+                    batch.push((req, data));
+                }
+                Err(end) => return Some(end),
+            }
+            if batch.len() >= self.batch_max {
+                return None;
+            }
+            match rd.ready(BATCH_PAYLOAD_BYTES.saturating_sub(payload)) {
+                Ok(true) => {}
+                // A failed look-ahead is found again, and reported, by the next read.
+                Ok(false) | Err(_) => return None,
             }
         }
     }
@@ -207,10 +283,10 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// Queues a reply for the write side (`Combiner`); returns false once
-    /// writing to the client has failed.
-    fn send(&self, out: Outgoing) -> bool {
-        self.replies.push(out, |wr, batch| {
+    /// Queues replies (taken from `outs`) for the write side (`Combiner`);
+    /// returns false once writing to the client has failed.
+    fn send(&self, outs: &mut Vec<Outgoing>) -> bool {
+        self.replies.push(outs, |wr, batch| {
             if !self.write_failed.load(Ordering::Acquire) {
                 if let Err(e) = write_batch(wr, &batch) {
                     debug!("could not send a reply: {e}");
@@ -246,10 +322,11 @@ impl<T, W> Combiner<T, W> {
         }
     }
 
-    /// Queues `item`; unless another thread is writing, hands everything
-    /// queued to `write`, batch by batch, until the queue stays empty.
-    fn push(&self, item: T, mut write: impl FnMut(&mut W, Vec<T>)) {
-        lock(&self.queue).push(item);
+    /// Queues `items` (leaving the vector empty); unless another thread is
+    /// writing, hands everything queued to `write`, batch by batch, until the
+    /// queue stays empty.
+    fn push(&self, items: &mut Vec<T>, mut write: impl FnMut(&mut W, Vec<T>)) {
+        lock(&self.queue).append(items);
         loop {
             let mut out = match self.out.try_lock() {
                 Ok(out) => out,
@@ -333,6 +410,14 @@ impl<S: Read> RequestReader<S> {
 
     /// Reads the next request header.
     fn header(&mut self, out: &mut [u8; Request::LEN]) -> io::Result<()> {
+        self.fill_header()?;
+        out.copy_from_slice(&self.buf[self.pos..self.pos + Request::LEN]);
+        self.pos += Request::LEN;
+        Ok(())
+    }
+
+    /// Reads until `buf[pos..]` holds a whole header.
+    fn fill_header(&mut self) -> io::Result<()> {
         while self.end - self.pos < Request::LEN {
             if self.pos > 0 {
                 self.buf.copy_within(self.pos..self.end, 0);
@@ -351,8 +436,6 @@ impl<S: Read> RequestReader<S> {
                 Err(e) => return Err(e),
             }
         }
-        out.copy_from_slice(&self.buf[self.pos..self.pos + Request::LEN]);
-        self.pos += Request::LEN;
         Ok(())
     }
 
@@ -397,6 +480,37 @@ impl<S: Read> RequestReader<S> {
     }
 }
 
+impl<S: Read + Pending> RequestReader<S> {
+    /// Whether the next request, header and payload, can be read whole without
+    /// waiting, and its payload is at most `payload_room` bytes. May read the next
+    /// header into the buffer (only when the socket already holds it).
+    fn ready(&mut self, payload_room: usize) -> io::Result<bool> {
+        let buffered = self.end - self.pos;
+        if buffered < Request::LEN {
+            if buffered + self.sock.pending() < Request::LEN {
+                return Ok(false);
+            }
+            self.fill_header()?;
+        }
+        let mut head = [0u8; Request::LEN];
+        head.copy_from_slice(&self.buf[self.pos..self.pos + Request::LEN]);
+        // A malformed header is left for the next blocking read to report.
+        let Ok(req) = Request::parse(&head) else {
+            return Ok(false);
+        };
+        let payload = if req.kind == CMD_WRITE {
+            req.length as usize
+        } else {
+            0
+        };
+        if payload > payload_room {
+            return Ok(false);
+        }
+        let buffered = self.end - self.pos - Request::LEN;
+        Ok(payload <= buffered || payload <= buffered + self.sock.pending())
+    }
+}
+
 /// Serves requests on a blocking `socket` until the client disconnects,
 /// breaks the protocol, or the server shuts down; returns once every
 /// request read has finished.
@@ -415,6 +529,7 @@ pub(crate) async fn run<S: Socket>(
         Err(e) => return End::Io(e),
     };
     let (alive, mut exited) = mpsc::channel::<()>(1);
+    let threads_max = limits.workers_max.min(limits.inflight_max).max(1);
     let conn = Arc::new(Conn {
         shared: Shared {
             export,
@@ -431,7 +546,8 @@ pub(crate) async fn run<S: Socket>(
             started: 1,
             busy: 0,
         }),
-        threads_max: limits.workers_max.min(limits.inflight_max).max(1),
+        threads_max,
+        batch_max: (limits.inflight_max / threads_max).clamp(1, BATCH_REQUESTS_MAX),
         stopping: AtomicBool::new(false),
         read_ended: Notify::new(),
         runtime: tokio::runtime::Handle::current(),
@@ -491,6 +607,90 @@ mod tests {
             }
             Ok(n)
         }
+    }
+
+    impl Pending for Trickle {
+        fn pending(&self) -> usize {
+            self.data.len() - self.at
+        }
+    }
+
+    fn request(kind: u16, length: u32) -> Vec<u8> {
+        Request {
+            flags: 0,
+            kind,
+            handle: 7,
+            offset: 0,
+            length,
+        }
+        .encode()
+        .to_vec()
+    }
+
+    /// `ready` says yes exactly when the next request is there whole (header and
+    /// payload) and fits the room left, never consumes a request, and leaves a
+    /// malformed header for the blocking read to report.
+    #[test]
+    fn request_reader_knows_when_a_whole_request_waits() {
+        use crate::proto::{CMD_FLUSH, CMD_READ};
+        let mut stream = request(CMD_WRITE, 70000);
+        stream.extend(vec![1u8; 70000]);
+        stream.extend(request(CMD_READ, 1 << 20));
+        stream.extend(request(CMD_WRITE, 4096));
+        stream.extend(vec![2u8; 4096]);
+        stream.extend(request(CMD_FLUSH, 0));
+        let whole = stream.len();
+        for cut in [whole, whole - 1, whole - Request::LEN, whole - 30] {
+            for chunk in [1, 29, 4096, 1 << 20] {
+                let mut rd = RequestReader::new(
+                    Trickle {
+                        data: stream[..cut].to_vec(),
+                        at: 0,
+                        chunk,
+                        calls: 0,
+                    },
+                    4096,
+                );
+                let mut h = [0u8; Request::LEN];
+                let mut data = Vec::new();
+                let ctx = format!("cut {cut} chunk {chunk}");
+                assert!(rd.ready(1 << 20).unwrap(), "{ctx}");
+                assert!(
+                    !rd.ready(69999).unwrap(),
+                    "payload larger than the room: {ctx}"
+                );
+                rd.header(&mut h).unwrap();
+                rd.payload(&mut data, 70000).unwrap();
+                // A read's length is not a payload: the room does not limit it.
+                assert!(rd.ready(0).unwrap(), "{ctx}");
+                rd.header(&mut h).unwrap();
+                assert_eq!(Request::parse(&h).unwrap().kind, CMD_READ, "{ctx}");
+                let last_write_whole = cut >= whole - Request::LEN;
+                assert_eq!(rd.ready(1 << 20).unwrap(), last_write_whole, "{ctx}");
+                if !last_write_whole {
+                    continue;
+                }
+                rd.header(&mut h).unwrap();
+                rd.payload(&mut data, 4096).unwrap();
+                assert_eq!(data, vec![2u8; 4096], "{ctx}");
+                assert_eq!(rd.ready(1 << 20).unwrap(), cut == whole, "{ctx}");
+            }
+        }
+        let mut bad = request(CMD_WRITE, 0);
+        bad[0] ^= 0xff;
+        let mut rd = RequestReader::new(
+            Trickle {
+                data: bad,
+                at: 0,
+                chunk: 64,
+                calls: 0,
+            },
+            4096,
+        );
+        assert!(!rd.ready(1 << 20).unwrap());
+        let mut h = [0u8; Request::LEN];
+        rd.header(&mut h).unwrap();
+        assert!(Request::parse(&h).is_err());
     }
 
     /// Headers and payloads of every size come out whole and in order, however the
@@ -577,7 +777,7 @@ mod tests {
                 );
                 std::thread::spawn(move || {
                     for round in 0..ROUNDS {
-                        c.push(round * THREADS + t, |out, batch| {
+                        c.push(&mut vec![round * THREADS + t], |out, batch| {
                             assert_eq!(writers.fetch_add(1, Ordering::SeqCst), 0);
                             out.extend(batch);
                             writers.fetch_sub(1, Ordering::SeqCst);

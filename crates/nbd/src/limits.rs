@@ -30,6 +30,13 @@ pub const WORKERS_PER_CONN_DEFAULT: usize = 4;
 /// `max_workers_per_conn` is clamped to at most this.
 pub const WORKERS_PER_CONN_LIMIT: usize = 256;
 
+/// Most requests one thread of the plain-socket path (`direct.rs`) reads and
+/// runs as one batch, when they are already waiting whole on the socket.
+pub const BATCH_REQUESTS_MAX: usize = 16;
+/// Write payload bytes a batch may hold beyond its first request (which may
+/// be as long as `max_request_bytes` on its own).
+pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
+
 /// A connection's worker thread with nothing to do for this long returns
 /// to the blocking pool.
 pub const WORKER_IDLE: Duration = Duration::from_secs(2);

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use bulwark_nbd::errno::*;
 use bulwark_nbd::proto::*;
+use bulwark_nbd::ServerConfig;
 use common::*;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -361,6 +362,54 @@ async fn bad_request_magic_closes_connection<P: Pipe>() {
     within(task).await.unwrap();
 }
 
+/// Requests that arrive together with a disconnect or a malformed request
+/// (one write on the socket: the direct path reads them as one batch) are
+/// run and answered before the connection closes.
+async fn requests_ahead_of_the_end_are_answered<P: Pipe>() {
+    use tokio::io::AsyncWriteExt;
+    let req = |kind, handle, length| Request {
+        flags: 0,
+        kind,
+        handle,
+        offset: 0,
+        length,
+    };
+    let mut malformed = req(CMD_READ, 3, BLOCK as u32).encode();
+    malformed[0] ^= 0xff;
+    for (seed, end) in [(9u8, req(CMD_DISC, 3, 0).encode()), (10, malformed)] {
+        // Fewer threads than requests in flight: each thread reads batches.
+        let (server, _, _) = server_with(ServerConfig {
+            max_request_bytes: 64 << 10,
+            max_inflight_per_conn: 16,
+            max_workers_per_conn: 2,
+        });
+        let (s, task) = P::pipe(&server);
+        let (mut c, _, _) = Client::<P>::open(s, "disk").await;
+        let data = pattern(BLOCK as usize, seed);
+        let mut burst = req(CMD_WRITE, 1, BLOCK as u32).encode().to_vec();
+        burst.extend_from_slice(&data);
+        burst.extend_from_slice(&req(CMD_FLUSH, 2, 0).encode());
+        burst.extend_from_slice(&end);
+        c.s.write_all(&burst).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let r = within(c.reply()).await.unwrap();
+            assert_eq!(Client::<P>::errno_of(&r), 0);
+            got.push(r.handle());
+        }
+        got.sort();
+        assert_eq!(got, vec![1, 2], "replies before the end (seed {seed})");
+        c.expect_closed().await;
+        within(task).await.unwrap();
+        let (s, _task) = P::pipe(&server);
+        let (mut c, _, _) = Client::<P>::open(s, "disk").await;
+        let Reply::Chunk { payload, .. } = c.call(CMD_READ, 0, 0, BLOCK as u32, &[]).await else {
+            panic!("expected a data chunk")
+        };
+        assert_eq!(payload[8..], data[..], "seed {seed}");
+    }
+}
+
 async fn backend_panic_is_eio_not_a_crash<P: Pipe>() {
     let (server, disk, _) = server();
     let (s, _task) = P::pipe(&server);
@@ -444,6 +493,7 @@ on_both_paths!(
     disconnect_finishes_in_flight_requests_first,
     oversized_write_closes_connection,
     bad_request_magic_closes_connection,
+    requests_ahead_of_the_end_are_answered,
     backend_panic_is_eio_not_a_crash,
     client_eof_without_disc_cleans_up,
     every_reply_arrives_under_load,
