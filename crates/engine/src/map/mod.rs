@@ -182,6 +182,62 @@ pub struct Tree {
     dirty: HashMap<(u8, u64), Box<Node>>,
 }
 
+/// Copies of a tree's dirty leaves, taken by `Tree::snapshot_leaves` to be written
+/// without the map lock.
+pub struct LeafSnapshot {
+    nodes: Vec<Box<Node>>,
+    /// Where each node was written (`HOLE` for an empty one), once `write` has run.
+    ptrs: Vec<Blkptr>,
+}
+
+impl LeafSnapshot {
+    /// Number of leaves in the snapshot.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Stores the non-empty leaves with `write` (as for `Tree::commit`).
+    pub fn write(&mut self, write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>) -> Result<()> {
+        self.ptrs = write_nodes(self.nodes.iter().map(|n| &**n), write)?;
+        Ok(())
+    }
+}
+
+/// Stores the non-empty `nodes` with `write` (one call); returns one pointer per node,
+/// in order: where it was written, or `HOLE` for an empty node.
+fn write_nodes<'a, I>(
+    nodes: I,
+    write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
+) -> Result<Vec<Blkptr>>
+where
+    I: Iterator<Item = &'a Node> + Clone,
+{
+    let full: Vec<&Node> = nodes.clone().filter(|n| !n.is_empty()).collect();
+    let mut written = if full.is_empty() {
+        Vec::new()
+    } else {
+        write(&full)?
+    }
+    .into_iter();
+    Ok(nodes
+        .map(|n| {
+            if n.is_empty() {
+                Blkptr::HOLE
+            } else {
+                written.next().expect("one pointer per node")
+            }
+        })
+        .collect())
+}
+
+/// A node written by a commit: its key, where it went, and the node itself if it is
+/// clean now (`None`: it stays dirty).
+type Placed = ((u8, u64), Blkptr, Option<Box<Node>>);
+
 /// What `Tree::walk` shows: every stored record reachable from the root.
 pub enum Visit<'a> {
     /// A node's pointer as stored in its parent (its current on-disk place).
@@ -313,62 +369,121 @@ impl Tree {
 
     /// Write every dirty node bottom-up, one level at a time: `write` stores the non-empty
     /// nodes of a level (in the order given) and returns their pointers; `free` is told of
-    /// each pointer that is replaced. Returns the new root.
+    /// each pointer that is replaced. Returns the new root. The same as `snapshot_leaves`,
+    /// `LeafSnapshot::write` and `finish_commit` in a row, with nothing in between.
     pub fn commit(
         &mut self,
         cache: &NodeCache,
         write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
         free: &mut dyn FnMut(&Blkptr),
     ) -> Result<Blkptr> {
-        let mut keys: Vec<(u8, u64)> = self.dirty.keys().copied().collect();
-        keys.sort_unstable();
-        let mut at = 0;
-        while at < keys.len() {
-            let level = keys[at].0;
-            let end = at + keys[at..].iter().take_while(|k| k.0 == level).count();
-            let nodes: Vec<Box<Node>> = keys[at..end]
-                .iter()
-                .map(|k| self.dirty.remove(k).expect("listed above"))
+        let mut leaves = self.snapshot_leaves();
+        leaves.write(write)?;
+        self.finish_commit(cache, leaves, write, free)
+    }
+
+    /// First step of a commit, under the map lock: copies of the dirty leaves (nearly all
+    /// of a commit's nodes). They are written without the lock (`LeafSnapshot::write`),
+    /// while writers go on changing the tree, and `finish_commit` puts them in place.
+    pub fn snapshot_leaves(&self) -> LeafSnapshot {
+        let mut nodes: Vec<Box<Node>> = self
+            .dirty
+            .iter()
+            .filter(|(k, _)| k.0 == 0)
+            .map(|(_, n)| n.clone())
+            .collect();
+        nodes.sort_unstable_by_key(|n| n.index);
+        LeafSnapshot {
+            nodes,
+            ptrs: Vec::new(),
+        }
+    }
+
+    /// Last step of a commit, under the map lock: points each leaf's parent at where
+    /// its snapshot was written, then writes every dirty node above the leaves, bottom-up.
+    /// A node is clean afterwards only if it did not change since its snapshot and has no
+    /// dirty child: a leaf changed by a writer after `snapshot_leaves` stays dirty (and so
+    /// do its ancestors), and is written again by the next commit. This commit's nodes
+    /// hold the snapshot, every write that finished before the commit began included.
+    /// `write` and `free` as for `commit`. Returns the new root.
+    pub fn finish_commit(
+        &mut self,
+        cache: &NodeCache,
+        leaves: LeafSnapshot,
+        write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
+        free: &mut dyn FnMut(&Blkptr),
+    ) -> Result<Blkptr> {
+        assert_eq!(
+            leaves.ptrs.len(),
+            leaves.nodes.len(),
+            "leaf snapshot not written"
+        );
+        let mut placed = Vec::with_capacity(leaves.nodes.len());
+        for (node, ptr) in leaves.nodes.into_iter().zip(leaves.ptrs) {
+            let key = (0, node.index);
+            let current = self
+                .dirty
+                .get(&key)
+                .expect("only a commit cleans a dirty leaf");
+            let unchanged = current.ptrs == node.ptrs;
+            placed.push((key, ptr, unchanged.then_some(node)));
+        }
+        self.place(cache, placed, free);
+        for level in 1..self.depth {
+            let mut keys: Vec<(u8, u64)> = self
+                .dirty
+                .keys()
+                .filter(|k| k.0 == level)
+                .copied()
                 .collect();
-            let full: Vec<&Node> = nodes
-                .iter()
-                .filter(|n| !n.is_empty())
-                .map(|n| &**n)
-                .collect();
-            let mut written = if full.is_empty() {
-                Vec::new()
-            } else {
-                write(&full)?
+            if keys.is_empty() {
+                continue;
             }
-            .into_iter();
-            for node in nodes {
-                let index = node.index;
-                let ptr = if node.is_empty() {
-                    Blkptr::HOLE
-                } else {
-                    written.next().expect("one pointer per node")
-                };
-                let old = if level + 1 == self.depth {
-                    std::mem::replace(&mut self.root, ptr)
-                } else {
-                    let parent = self
-                        .dirty
-                        .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
-                        .expect("a dirty node's parent is dirty");
-                    std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
-                };
-                if !old.is_hole() {
-                    free(&old);
-                }
+            keys.sort_unstable();
+            // A node with a dirty child stays dirty: its children's pointers will change again.
+            let busy: std::collections::HashSet<u64> = self
+                .dirty
+                .keys()
+                .filter(|k| k.0 == level - 1)
+                .map(|k| k.1 >> MAP_FANOUT_SHIFT)
+                .collect();
+            let ptrs = write_nodes(keys.iter().map(|k| &*self.dirty[k]), write)?;
+            let mut placed = Vec::with_capacity(keys.len());
+            for (key, ptr) in keys.into_iter().zip(ptrs) {
+                let clean = !busy.contains(&key.1);
+                let node = clean.then(|| self.dirty.remove(&key).expect("listed above"));
+                placed.push((key, ptr, node));
+            }
+            self.place(cache, placed, free);
+        }
+        Ok(self.root)
+    }
+
+    /// Points each written node's parent (or the root) at its new place and frees the old
+    /// one. Nodes given back (`Some`) are clean now: they leave the dirty set for the cache.
+    fn place(&mut self, cache: &NodeCache, placed: Vec<Placed>, free: &mut dyn FnMut(&Blkptr)) {
+        for ((level, index), ptr, clean) in placed {
+            let old = if level + 1 == self.depth {
+                std::mem::replace(&mut self.root, ptr)
+            } else {
+                let parent = self
+                    .dirty
+                    .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
+                    .expect("a dirty node's parent is dirty");
+                std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
+            };
+            if !old.is_hole() {
+                free(&old);
+            }
+            if let Some(node) = clean {
+                self.dirty.remove(&(level, index));
                 if ptr.is_hole() {
                     cache.remove(&(self.id, level, index));
                 } else {
                     cache.insert((self.id, level, index), Arc::from(node));
                 }
             }
-            at = end;
         }
-        Ok(self.root)
     }
 
     /// Visit every record reachable from the root (dirty nodes included) whose logical range
@@ -525,6 +640,110 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, lbas);
+    }
+
+    /// A `write` for `commit` that keeps nodes in `store`, at addresses from `next` on.
+    fn store_nodes<'a>(
+        store: &'a MemStore,
+        next: &'a mut u64,
+    ) -> impl FnMut(&[&Node]) -> Result<Vec<Blkptr>> + 'a {
+        move |nodes| {
+            Ok(nodes
+                .iter()
+                .map(|n| {
+                    *next += 1;
+                    store.0.borrow_mut().insert(*next, n.encode());
+                    Blkptr {
+                        addr: [*next, ADDR_NONE],
+                        len: NODE_BYTES as u32,
+                        ..Blkptr::HOLE
+                    }
+                })
+                .collect())
+        }
+    }
+
+    /// Writers may change the tree while a commit writes its leaf snapshot: the commit
+    /// stores exactly the snapshot, the changed and new leaves (and their paths) stay
+    /// dirty for the next commit, the untouched ones become clean, and every replaced
+    /// node pointer is freed exactly once.
+    #[test]
+    fn writes_during_a_commit_wait_for_the_next_one() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(1 << 20);
+        let mut t = Tree::new(1, depth_for(1 << 20), Blkptr::HOLE);
+        let (a, b, c) = (5u64, 70_000, 900_000); // three leaves under different parents
+        for l in [a, b] {
+            t.set(&store, &cache, l, data(l)).unwrap();
+        }
+        let mut next = 1u64 << 40;
+        let mut freed = Vec::new();
+        t.commit(&cache, &mut store_nodes(&store, &mut next), &mut |p| {
+            freed.push(p.addr[0])
+        })
+        .unwrap();
+        assert_eq!(t.dirty_nodes(), 0);
+
+        // Commit 2 snapshots the leaves of a and b; then a changes and c appears.
+        t.set(&store, &cache, a, data(a + 1)).unwrap();
+        t.set(&store, &cache, b, data(b + 1)).unwrap();
+        let mut leaves = t.snapshot_leaves();
+        assert_eq!(leaves.len(), 2);
+        leaves.write(&mut store_nodes(&store, &mut next)).unwrap();
+        t.set(&store, &cache, a, data(a + 2)).unwrap();
+        t.set(&store, &cache, c, data(c)).unwrap();
+        let root2 = t
+            .finish_commit(
+                &cache,
+                leaves,
+                &mut store_nodes(&store, &mut next),
+                &mut |p| freed.push(p.addr[0]),
+            )
+            .unwrap();
+        // On disk: the snapshot (a+1, b+1), nothing of c.
+        let cold = new_cache(0);
+        let on_disk = Tree::new(2, t.depth, root2);
+        assert_eq!(on_disk.lookup(&store, &cold, a).unwrap(), data(a + 1));
+        assert_eq!(on_disk.lookup(&store, &cold, b).unwrap(), data(b + 1));
+        assert!(on_disk.lookup(&store, &cold, c).unwrap().is_hole());
+        // In memory: the latest writes; a's and c's paths are dirty, b's leaf is not.
+        assert_eq!(t.lookup(&store, &cache, a).unwrap(), data(a + 2));
+        assert_eq!(t.lookup(&store, &cache, c).unwrap(), data(c));
+        assert!(t.dirty.contains_key(&(0, node_index(a, 0))));
+        assert!(t.dirty.contains_key(&(0, node_index(c, 0))));
+        assert!(!t.dirty.contains_key(&(0, node_index(b, 0))));
+        for level in 1..t.depth {
+            for l in [a, c] {
+                assert!(t.dirty.contains_key(&(level, node_index(l, level))));
+            }
+        }
+
+        // Commit 3 writes the rest.
+        let root3 = t
+            .commit(&cache, &mut store_nodes(&store, &mut next), &mut |p| {
+                freed.push(p.addr[0])
+            })
+            .unwrap();
+        assert_eq!(t.dirty_nodes(), 0);
+        let on_disk = Tree::new(3, t.depth, root3);
+        for (l, want) in [(a, data(a + 2)), (b, data(b + 1)), (c, data(c))] {
+            assert_eq!(on_disk.lookup(&store, &cold, l).unwrap(), want);
+        }
+        // Every node written but the ones root3 reaches was freed, each once.
+        let mut live = std::collections::HashSet::new();
+        on_disk
+            .walk(&store, &cold, 0, 1 << 20, &mut |v| {
+                if let Visit::Node { ptr, .. } = v {
+                    live.insert(ptr.addr[0]);
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mut all: Vec<u64> = store.0.borrow().keys().copied().collect();
+        all.retain(|x| !live.contains(x));
+        all.sort_unstable();
+        freed.sort_unstable();
+        assert_eq!(freed, all);
     }
 
     #[test]

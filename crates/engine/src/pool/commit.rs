@@ -2,7 +2,11 @@
 //!
 //! 1. Note the sealed segments with no live bytes (free once this commit lands).
 //! 2. Write every dirty map node bottom-up (copy-on-write: new places only),
-//!    then the volume table, each with `METADATA_COPIES` copies.
+//!    then the volume table, each with `METADATA_COPIES` copies. The dirty
+//!    leaves are copied under the map lock and written without it
+//!    (`Tree::snapshot_leaves`); writes that change a leaf meanwhile leave it
+//!    dirty for the next commit (`Tree::finish_commit`). Every write that
+//!    finished before the commit began is in the copy.
 //! 3. Flush every device: all data acknowledged so far and all new metadata are durable.
 //! 4. Write the superblock, generation + 1, to its slot on every device; flush again.
 //! 5. Only now release the old table record and the segments of step 1.
@@ -44,24 +48,33 @@ impl Core {
         let mut records = Vec::with_capacity(volumes.len());
         let started = std::time::Instant::now();
         let mut nodes_written = 0;
+        let mut locked = std::time::Duration::ZERO;
+        let mut write = |nodes: &[&crate::map::Node]| {
+            self.write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())
+        };
         for v in &volumes {
+            // The leaves (nearly all dirty nodes) are copied under the map lock and written
+            // without it; writers wait only for the copy and for the few nodes above.
+            let t = std::time::Instant::now();
+            let mut leaves = {
+                let tree = v.tree.lock();
+                nodes_written += tree.dirty_nodes();
+                tree.snapshot_leaves()
+            };
+            locked += t.elapsed();
+            leaves.write(&mut write)?;
+            let t = std::time::Instant::now();
             let root = {
                 let mut tree = v.tree.lock();
-                nodes_written += tree.dirty_nodes();
-                if tree.dirty_nodes() > 0 {
-                    tree.commit(
-                        &self.cache,
-                        &mut |nodes| {
-                            self.write_meta_batch(
-                                &nodes.iter().map(|n| n.encode()).collect::<Vec<_>>(),
-                            )
-                        },
-                        &mut |old| self.free_ptr(old),
-                    )?;
+                if !leaves.is_empty() {
+                    tree.finish_commit(&self.cache, leaves, &mut write, &mut |old| {
+                        self.free_ptr(old)
+                    })?;
                 }
                 self.note_dirty(v, tree.dirty_nodes());
                 tree.root
             };
+            locked += t.elapsed();
             records.push(VolumeRecord {
                 id: v.id,
                 uuid: v.uuid,
@@ -125,6 +138,7 @@ impl Core {
             freed_segments = zero.len(),
             map_nodes = nodes_written,
             map_nodes_ms = nodes_done.as_millis() as u64,
+            map_locked_ms = locked.as_millis() as u64,
             flush_ms = (flushed - nodes_done).as_millis() as u64,
             "committed"
         );
