@@ -18,10 +18,9 @@
 //! - Requests are parsed and validated with the same functions
 //!   (`parse_request`, `validate`, `execute`).
 //! - At most `threads_max` batches are in flight, each of at most
-//!   `batch_max` requests (`threads_max * batch_max <= inflight_max` where
-//!   `inflight_max` allows more than one per thread) and at most one payload
-//!   of `request_bytes_max` plus `BATCH_PAYLOAD_BYTES`: the connection's
-//!   memory is bounded by its threads. A batch only takes requests that are
+//!   `batch_max` requests (so at most `inflight_max` requests in all) and
+//!   of at most `max(request_bytes_max, BATCH_PAYLOAD_BYTES)` payload bytes:
+//!   the connection's memory is bounded by its threads. A batch only takes requests that are
 //!   already whole on the socket, so it never waits for a second request
 //!   while holding the first. Threads start on demand (when every started one is busy)
 //!   and stay until the connection ends; an idle connection holds one.

@@ -33,8 +33,8 @@ pub const WORKERS_PER_CONN_LIMIT: usize = 256;
 /// Most requests one thread of the plain-socket path (`direct.rs`) reads and
 /// runs as one batch, when they are already waiting whole on the socket.
 pub const BATCH_REQUESTS_MAX: usize = 16;
-/// Write payload bytes a batch may hold beyond its first request (which may
-/// be as long as `max_request_bytes` on its own).
+/// Write payload bytes a batch may hold in all; a batch's first request may
+/// exceed it on its own (up to `max_request_bytes`), and then has no company.
 pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// A connection's worker thread with nothing to do for this long returns

@@ -370,7 +370,9 @@ impl Tree {
     /// Write every dirty node bottom-up, one level at a time: `write` stores the non-empty
     /// nodes of a level (in the order given) and returns their pointers; `free` is told of
     /// each pointer that is replaced. Returns the new root. The same as `snapshot_leaves`,
-    /// `LeafSnapshot::write` and `finish_commit` in a row, with nothing in between.
+    /// `LeafSnapshot::write` and `finish_commit` in a row, with nothing in between (the
+    /// pool's commit runs the three steps itself, letting go of the map lock in between).
+    #[cfg(test)]
     pub fn commit(
         &mut self,
         cache: &NodeCache,
@@ -405,7 +407,8 @@ impl Tree {
     /// dirty child: a leaf changed by a writer after `snapshot_leaves` stays dirty (and so
     /// do its ancestors), and is written again by the next commit. This commit's nodes
     /// hold the snapshot, every write that finished before the commit began included.
-    /// `write` and `free` as for `commit`. Returns the new root.
+    /// `write` stores the non-empty nodes of a level (in the order given) and returns their
+    /// pointers; `free` is told of each pointer that is replaced. Returns the new root.
     pub fn finish_commit(
         &mut self,
         cache: &NodeCache,
