@@ -162,6 +162,10 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
         ready.push_str(&format!(", nbd tcp {addr}"));
     }
     eprintln!("{ready})");
+    info!(
+        "data blocks: AES-256-GCM by {} (fastest on this CPU; BULWARK_AEAD=aws-lc|ring overrides)",
+        bulwark_engine::codec::AeadBackend::chosen().name()
+    );
 
     let tcp_stopped = async {
         match &mut nbd_tcp_task {

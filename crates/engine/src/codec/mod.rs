@@ -13,8 +13,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
-use zeroize::Zeroizing;
+
+mod aead;
+pub use aead::{AeadBackend, BlockCipher};
 
 use crate::volume::Compression;
 use crate::{Error, Result};
@@ -54,26 +55,8 @@ pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
     }
 }
 
-/// A volume's block cipher, derived from its data key.
-pub struct BlockCipher {
-    key: LessSafeKey,
-}
-
-impl BlockCipher {
-    pub fn new(data_key: &Zeroizing<[u8; 32]>) -> BlockCipher {
-        let unbound =
-            UnboundKey::new(&AES_256_GCM, &data_key[..]).expect("AES-256 key is 32 bytes");
-        BlockCipher {
-            key: LessSafeKey::new(unbound),
-        }
-    }
-}
-
-fn nonce_bytes(counter: u64) -> Nonce {
-    let mut n = [0u8; 12];
-    n[4..].copy_from_slice(&counter.to_le_bytes());
-    Nonce::assume_unique_for_key(n)
-}
+/// AES-256-GCM tag length.
+const TAG_BYTES: usize = crate::constants::AEAD_TAG_BYTES;
 
 /// Associated data of a data block: volume uuid and logical block number.
 pub fn block_aad(volume_uuid: &[u8; 16], block: u64) -> [u8; 24] {
@@ -183,7 +166,7 @@ pub fn encode_append(
 
 /// Most bytes `encode_at` may need for a block of `len` bytes.
 pub fn encoded_len_max(len: usize) -> usize {
-    lz4_flex::block::get_maximum_output_size(len).max(len) + AES_256_GCM.tag_len()
+    lz4_flex::block::get_maximum_output_size(len).max(len) + TAG_BYTES
 }
 
 /// Encodes `plain` into `out[at..]` and returns the flags to record in the block
@@ -218,37 +201,17 @@ pub fn encode_at(
             flags |= FLAG_LZ4;
         }
     }
-    let tag_len = AES_256_GCM.tag_len();
     match (cipher, flags & FLAG_LZ4 != 0) {
         (None, true) => {}
         (None, false) => out[at..at + len].copy_from_slice(plain),
-        (Some(c), true) => {
-            let tag = c
-                .key
-                .seal_in_place_separate_tag(
-                    nonce_bytes(nonce),
-                    Aad::from(aad),
-                    &mut out[at..at + len],
-                )
-                .map_err(|_| Error::Invalid("encryption failed".into()))?;
-            out[at + len..at + len + tag_len].copy_from_slice(tag.as_ref());
-        }
-        (Some(c), false) => {
-            let (body, tag) = out[at..at + len + tag_len].split_at_mut(len);
-            c.key
-                .seal_out_of_place_scatter(
-                    nonce_bytes(nonce),
-                    Aad::from(aad),
-                    plain,
-                    body,
-                    &[],
-                    tag,
-                )
-                .map_err(|_| Error::Invalid("encryption failed".into()))?;
+        (Some(c), compressed) => {
+            let (body, tag) = out[at..at + len + TAG_BYTES].split_at_mut(len);
+            let from = if compressed { None } else { Some(plain) };
+            c.seal(nonce, aad, from, body, tag)?;
         }
     }
     if cipher.is_some() {
-        len += tag_len;
+        len += TAG_BYTES;
         flags |= FLAG_ENCRYPTED;
     }
     Ok((flags, len))
@@ -269,32 +232,25 @@ pub fn decode(
         // Decrypted straight into `out`: no copy through `stored`.
         let c = cipher
             .ok_or_else(|| Error::Corrupt("encrypted block in a volume without a key".into()))?;
-        let tag_len = AES_256_GCM.tag_len();
-        if stored.len() != out.len() + tag_len {
+        if stored.len() != out.len() + TAG_BYTES {
             return Err(Error::Corrupt(format!(
                 "block holds {} bytes, expected {}",
-                stored.len().saturating_sub(tag_len),
+                stored.len().saturating_sub(TAG_BYTES),
                 out.len()
             )));
         }
         let (body, tag) = stored.split_at(out.len());
-        return c
-            .key
-            .open_separate_gather(nonce_bytes(nonce), Aad::from(aad), body, tag, out)
-            .map_err(|_| {
-                // What was decrypted is not authentic: nobody may see it.
-                out.fill(0);
-                tag_failed()
-            });
+        return c.open_into(nonce, aad, body, tag, out).map_err(|_| tag_failed());
     }
     let plain: &[u8] = if flags & FLAG_ENCRYPTED != 0 {
         let c = cipher
             .ok_or_else(|| Error::Corrupt("encrypted block in a volume without a key".into()))?;
-        let p = c
-            .key
-            .open_in_place(nonce_bytes(nonce), Aad::from(aad), stored)
-            .map_err(|_| tag_failed())?;
-        p
+        if stored.len() < TAG_BYTES {
+            return Err(tag_failed());
+        }
+        let (body, tag) = stored.split_at_mut(stored.len() - TAG_BYTES);
+        c.open_in_place(nonce, aad, body, tag).map_err(|_| tag_failed())?;
+        body
     } else {
         stored
     };
@@ -323,9 +279,15 @@ pub fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zeroize::Zeroizing;
 
-    fn cipher() -> BlockCipher {
-        BlockCipher::new(&Zeroizing::new([7u8; 32]))
+    /// The same key in both AES-256-GCM backends.
+    fn ciphers() -> [BlockCipher; 2] {
+        let key = Zeroizing::new([7u8; 32]);
+        [
+            BlockCipher::with_backend(&key, AeadBackend::AwsLc),
+            BlockCipher::with_backend(&key, AeadBackend::Ring),
+        ]
     }
 
     /// A compressible block (repeated text) and an incompressible-looking one.
@@ -339,10 +301,10 @@ mod tests {
 
     #[test]
     fn round_trip_all_modes() {
-        let c = cipher();
+        let [a, r] = ciphers();
         for plain in &sample_blocks() {
             for comp in [Compression::Off, Compression::Lz4] {
-                for ci in [None, Some(&c)] {
+                for ci in [None, Some(&a), Some(&r)] {
                     let aad = block_aad(&[1; 16], 9);
                     let mut stored = Vec::new();
                     let flags = encode(plain, comp, ci, &aad, 42, &mut stored).unwrap();
@@ -358,10 +320,10 @@ mod tests {
     /// past the record (or in it, before encoding) must not change the result.
     #[test]
     fn encoding_into_a_reused_buffer_matches_a_fresh_one() {
-        let c = cipher();
+        let [a, r] = ciphers();
         for plain in &sample_blocks() {
             for comp in [Compression::Off, Compression::Lz4] {
-                for ci in [None, Some(&c)] {
+                for ci in [None, Some(&a), Some(&r)] {
                     let mut fresh = Vec::new();
                     let flags = encode(plain, comp, ci, &[3; 24], 7, &mut fresh).unwrap();
                     let mut reused = vec![0xA5u8; 3 * 4096];
@@ -479,13 +441,18 @@ mod tests {
 
     #[test]
     fn relocated_or_tampered_ciphertext_fails() {
-        let c = cipher();
+        for c in &ciphers() {
+            relocated_or_tampered_ciphertext_fails_with(c);
+        }
+    }
+
+    fn relocated_or_tampered_ciphertext_fails_with(c: &BlockCipher) {
         let plain = vec![5u8; 4096];
         let mut stored = Vec::new();
         let flags = encode(
             &plain,
             Compression::Off,
-            Some(&c),
+            Some(c),
             &block_aad(&[1; 16], 3),
             1,
             &mut stored,
@@ -496,7 +463,7 @@ mod tests {
         assert!(decode(
             &mut stored.clone(),
             flags,
-            Some(&c),
+            Some(c),
             &block_aad(&[1; 16], 4),
             1,
             &mut out
@@ -506,7 +473,7 @@ mod tests {
         assert!(decode(
             &mut stored.clone(),
             flags,
-            Some(&c),
+            Some(c),
             &block_aad(&[2; 16], 3),
             1,
             &mut out
@@ -519,7 +486,7 @@ mod tests {
         assert!(decode(
             &mut t,
             flags,
-            Some(&c),
+            Some(c),
             &block_aad(&[1; 16], 3),
             1,
             &mut out
@@ -530,5 +497,41 @@ mod tests {
             "unauthenticated plaintext left in out"
         );
         assert!(!stored.windows(16).any(|w| w == &plain[..16]));
+        // The tag itself changed: the same, and with lz4 on the in-place path too.
+        let mut t = stored.clone();
+        let last = t.len() - 1;
+        t[last] ^= 0x80;
+        out.fill(0xEE);
+        assert!(decode(&mut t, flags, Some(c), &block_aad(&[1; 16], 3), 1, &mut out).is_err());
+        assert!(out.iter().all(|&b| b == 0), "unauthenticated plaintext left in out");
+        let text: Vec<u8> = b"tampered ".iter().cycle().take(4096).copied().collect();
+        let mut z = Vec::new();
+        let zflags = encode(&text, Compression::Lz4, Some(c), &[9; 24], 2, &mut z).unwrap();
+        assert_ne!(zflags & FLAG_LZ4, 0);
+        z[3] ^= 4;
+        assert!(decode(&mut z, zflags, Some(c), &[9; 24], 2, &mut out).is_err());
+    }
+
+    /// Both backends are the same AES-256-GCM: a pool written on a CPU that picks one
+    /// opens on a CPU that picks the other, bit for bit.
+    #[test]
+    fn backends_seal_the_same_bytes_and_open_each_other() {
+        let [a, r] = ciphers();
+        assert_eq!((a.backend(), r.backend()), (AeadBackend::AwsLc, AeadBackend::Ring));
+        for plain in &sample_blocks() {
+            for comp in [Compression::Off, Compression::Lz4] {
+                let aad = block_aad(&[4; 16], 77);
+                let mut by_a = Vec::new();
+                let mut by_r = Vec::new();
+                let fa = encode(plain, comp, Some(&a), &aad, 1 << 40, &mut by_a).unwrap();
+                let fr = encode(plain, comp, Some(&r), &aad, 1 << 40, &mut by_r).unwrap();
+                assert_eq!((fa, &by_a), (fr, &by_r), "{comp:?}");
+                for (sealed, opener) in [(&by_a, &r), (&by_r, &a)] {
+                    let mut out = vec![0u8; plain.len()];
+                    decode(&mut sealed.clone(), fa, Some(opener), &aad, 1 << 40, &mut out).unwrap();
+                    assert_eq!(&out, plain);
+                }
+            }
+        }
     }
 }
