@@ -296,7 +296,14 @@ kthread_ticks() { # utime+stime of kernel threads (children of kthreadd): writeb
     # pipefail and set -e that ended the whole run silently.
     { cat /proc/[0-9]*/stat 2>/dev/null || true; } | sed 's/^[0-9]* (.*) //' | awk '$2 == 2 {s += $12 + $13} END {print s + 0}'
 }
+disk_sectors() { # 512-byte sectors written to the machine's disks (whole disks only: no
+    # partitions, loop, RAM, device-mapper or md devices, which would count a write twice)
+    local disks
+    disks=$(ls /sys/block | grep -Ev '^(loop|ram|zram|dm-|md|nbd|sr)' | tr '\n' ' ')
+    awk -v disks=" $disks" 'index(disks, " " $3 " ") {s += $10} END {print s + 0}' /proc/diskstats
+}
 cpu_mark() {
+    D0=$(disk_sectors)
     K0=$(kthread_ticks)
     read -r M0 S0 < <(machine_ticks)
     P0=$(server_ticks)
@@ -305,17 +312,18 @@ cpu_mark() {
     T0=$(date +%s.%N)
 }
 cpu_account() { # FILE ATTEMPT
-    local m1 s1 p1 c1 t1 k1
+    local m1 s1 p1 c1 t1 k1 d1
+    d1=$(disk_sectors)
     k1=$(kthread_ticks)
     read -r m1 s1 < <(machine_ticks)
     p1=$(server_ticks)
     times >"$WORKDIR/times.txt"
     c1=$(children_seconds)
     t1=$(date +%s.%N)
-    python3 - "$1" "$2" "$M0" "$m1" "$S0" "$s1" "$P0" "$p1" "$C0" "$c1" "$T0" "$t1" "$K0" "$k1" "$NPROC" "$CLK_TCK" <<'PY'
+    python3 - "$1" "$2" "$M0" "$m1" "$S0" "$s1" "$P0" "$p1" "$C0" "$c1" "$T0" "$t1" "$K0" "$k1" "$NPROC" "$CLK_TCK" "$D0" "$d1" <<'PY'
 import json, sys
 f, attempt = sys.argv[1], int(sys.argv[2])
-m0, m1, s0, s1, p0, p1, c0, c1, t0, t1, k0, k1, nproc, tck = map(float, sys.argv[3:])
+m0, m1, s0, s1, p0, p1, c0, c1, t0, t1, k0, k1, nproc, tck, d0, d1 = map(float, sys.argv[3:])
 elapsed = t1 - t0
 busy = (m1 - m0) / tck            # all CPUs, including steal
 steal = (s1 - s0) / tck           # taken by the hypervisor
@@ -328,7 +336,9 @@ pct = lambda x: round(100 * x / cap, 1)
 json.dump({"attempt": attempt, "elapsed_s": round(elapsed, 2), "busy_s": round(busy, 2),
            "server_s": round(server, 2), "client_s": round(client, 2), "kernel_s": round(kernel, 2),
            "steal_s": round(steal, 2), "foreign_s": round(foreign, 2),
-           "foreign_pct": pct(foreign), "steal_pct": pct(steal), "kernel_pct": pct(kernel)},
+           "foreign_pct": pct(foreign), "steal_pct": pct(steal), "kernel_pct": pct(kernel),
+           # whole machine: what reached the disks while the call ran (fill pass included)
+           "disk_written_mb": round((d1 - d0) * 512 / 1e6, 1)},
           open(f, "w"))
 PY
 }

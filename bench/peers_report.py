@@ -81,6 +81,14 @@ def load_cpu(raw: Path) -> dict:
     return cpu
 
 
+def disk_rate(rows: list) -> float | None:
+    """Median MB/s written to the machine's disks over the sequential group's calls."""
+    seq = [r for r in rows if r.get("group", "").endswith("-seq")] or rows
+    if not seq or not all("disk_written_mb" in r for r in seq):
+        return None
+    return round(statistics.median(r["disk_written_mb"] / r["elapsed_s"] for r in seq if r["elapsed_s"] > 0))
+
+
 def cpu_summary(cpu: dict) -> dict:
     """Per server: median and max foreign share, steal, and the server's and fio's CPU use."""
     out = {}
@@ -95,6 +103,9 @@ def cpu_summary(cpu: dict) -> dict:
             "server_cores_median": round(cores("server_s"), 2),
             "client_cores_median": round(cores("client_s"), 2),
             "retried_groups": sum(1 for r in rows if r.get("attempt", 0) > 0),
+            # MB/s reaching the machine's disks during the calls of the 64K/1M group (where
+            # the writes are; all calls if there is none), None for results without it
+            "disk_write_mbps_median": disk_rate(rows),
         }
     return out
 
@@ -198,7 +209,8 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
                    "cores = CPU seconds per second; foreign = other processes in the VM, kernel = "
                    "kernel threads (writeback, I/O), steal = taken by the hypervisor, each as % of "
                    "all CPUs" + (f"; calls with foreign above {mx}% were retried" if mx is not None else "")
-                   + ")")
+                   + "; disk writes = MB/s that reached the machine's disks during the 64K/1M calls, "
+                   "fill pass included)")
         out.append("")
         rows = []
         for s in names:
@@ -208,9 +220,10 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
             rows.append([s, f"{c['server_cores_median']:.2f}", f"{c['client_cores_median']:.2f}",
                          f"{c['foreign_pct_median']:.0f}%", f"{c['foreign_pct_max']:.0f}%",
                          f"{c['kernel_pct_median']:.0f}%", f"{c['steal_pct_median']:.0f}%",
-                         str(c["retried_groups"])])
+                         str(c["retried_groups"]),
+                         "—" if c.get("disk_write_mbps_median") is None else f"{c['disk_write_mbps_median']:.0f}"])
         out.append(md_table(["server", "server CPU (cores)", "bench+fio CPU (cores)", "foreign (median)",
-                             "foreign (max)", "kernel", "steal", "calls retried"], rows))
+                             "foreign (max)", "kernel", "steal", "calls retried", "disk writes (MB/s)"], rows))
         out.append("")
 
     def grid(title: str, fmt, metric: str) -> None:
