@@ -39,7 +39,11 @@
 # percentage of all CPUs. A call with more than --max-foreign percent
 # (default 15) is run again after 30 s, up to --retries times (default 2);
 # the last attempt is kept, and the report shows foreign, kernel and steal
-# shares per server.
+# shares per server. It also counts what reached the machine's disks
+# (/proc/diskstats) during each call: the peers' overwrites of a 2 GiB image
+# stay in the page cache for a whole cell, bulwark's commits make them
+# durable (BENCHMARKS.md, "Why the write cells are disk-bound here"). With
+# --workdir on a tmpfs, no server touches a disk.
 # Env:   BULWARK_BIN (default target/release/bulwark)
 set -euo pipefail
 
