@@ -14,8 +14,11 @@
 //! `BULWARK_AEAD=aws-lc` or `=ring` overrides the choice (for measuring, and for
 //! the tests that check both open what the other sealed).
 //!
-//! Key material: aws-lc cleanses its key schedule when the key is dropped; ring
-//! does not, so its key lives in a box we zero before it is freed.
+//! Key material: aws-lc keeps its key schedule in its own memory and cleanses it
+//! when the key is dropped. ring does neither: its key is a plain value, built on
+//! the stack and moved. Ours lives in a box that is zeroed before it is freed,
+//! and the stack below the constructor's frame, where ring built it, is
+//! overwritten right after (`scrub_stack`).
 
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
@@ -109,6 +112,24 @@ impl Drop for RingKey {
     }
 }
 
+/// ring's key for `data_key`, built in a frame of its own (so `scrub_stack` reaches
+/// the copies its construction leaves behind).
+#[inline(never)]
+fn ring_key(data_key: &Zeroizing<[u8; 32]>) -> RingKey {
+    use ring::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
+    let unbound = UnboundKey::new(&AES_256_GCM, &data_key[..]).expect("AES-256 key is 32 bytes");
+    RingKey(Box::new(MaybeUninit::new(LessSafeKey::new(unbound))))
+}
+
+/// Overwrites the stack below the caller's frame, where `ring_key` and ring's
+/// constructors ran and left copies of the key schedule. Runs once per key load.
+#[inline(never)]
+fn scrub_stack() {
+    let mut area = [0u8; 16 << 10];
+    area.zeroize();
+    std::hint::black_box(&area);
+}
+
 fn nonce_bytes(counter: u64) -> [u8; 12] {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_le_bytes());
@@ -136,10 +157,9 @@ impl BlockCipher {
                 Key::AwsLc(LessSafeKey::new(unbound))
             }
             AeadBackend::Ring => {
-                use ring::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
-                let unbound = UnboundKey::new(&AES_256_GCM, &data_key[..])
-                    .expect("AES-256 key is 32 bytes");
-                Key::Ring(RingKey(Box::new(MaybeUninit::new(LessSafeKey::new(unbound)))))
+                let key = Key::Ring(ring_key(data_key));
+                scrub_stack();
+                key
             }
         };
         BlockCipher { key }
