@@ -7,6 +7,9 @@
 //!    (`Tree::snapshot_leaves`); writes that change a leaf meanwhile leave it
 //!    dirty for the next commit (`Tree::finish_commit`). Every write that
 //!    finished before the commit began is in the copy.
+//!    The volume's key slots, data keys and rotation cursor are read under
+//!    the same lock as its leaves, so the record and the leaves it points to
+//!    describe one instant.
 //! 3. Flush every device: all data acknowledged so far and all new metadata are durable.
 //! 4. Write the superblock, generation + 1, to its slot on every device; flush again.
 //! 5. Only now release the old table record and the segments of step 1.
@@ -56,10 +59,20 @@ impl Core {
             // The leaves (nearly all dirty nodes) are copied under the map lock and written
             // without it; writers wait only for the copy and for the few nodes above.
             let t = std::time::Instant::now();
-            let mut leaves = {
+            // The volume's keys and rotation cursor are read with the map, under its lock:
+            // a block the key rotation rewrote (its cursor is past it) or wrote under a new
+            // data key is in these leaves exactly when the record says so. Read later, a
+            // cursor could run ahead of the leaves, and after a crash the resumed rotation
+            // would skip blocks still under the old key, then destroy that key.
+            // (One of those locks at a time, each released before the next: `status` takes
+            // them in another order.)
+            let (mut leaves, slots, data_keys, rotation) = {
                 let tree = v.tree.lock();
                 nodes_written += tree.dirty_nodes();
-                tree.snapshot_leaves()
+                let slots = v.slots.lock().clone();
+                let data_keys = v.data_keys.lock().clone();
+                let rotation = v.rotation.lock().clone();
+                (tree.snapshot_leaves(), slots, data_keys, rotation)
             };
             locked += t.elapsed();
             leaves.write(&mut write)?;
@@ -84,9 +97,9 @@ impl Core {
                 compression: v.compression,
                 encryption: v.encryption,
                 root: ptr_to_hex(&root),
-                slots: v.slots.lock().clone(),
-                data_keys: v.data_keys.lock().clone(),
-                rotation: v.rotation.lock().clone(),
+                slots,
+                data_keys,
+                rotation,
             });
         }
         let next_volume_id = self.sb.lock().next_volume_id;
