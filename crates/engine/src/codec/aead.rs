@@ -107,7 +107,8 @@ impl Drop for RingKey {
         let len = std::mem::size_of::<ring::aead::LessSafeKey>();
         // SAFETY: the box holds `len` bytes we own; MaybeUninit may hold any bytes, and
         // nothing reads the key after this.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) };
         bytes.zeroize();
     }
 }
@@ -152,8 +153,8 @@ impl BlockCipher {
         let key = match backend {
             AeadBackend::AwsLc => {
                 use aws_lc_rs::aead::{LessSafeKey, UnboundKey, AES_256_GCM};
-                let unbound = UnboundKey::new(&AES_256_GCM, &data_key[..])
-                    .expect("AES-256 key is 32 bytes");
+                let unbound =
+                    UnboundKey::new(&AES_256_GCM, &data_key[..]).expect("AES-256 key is 32 bytes");
                 Key::AwsLc(LessSafeKey::new(unbound))
             }
             AeadBackend::Ring => {

@@ -13,7 +13,6 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-
 mod aead;
 pub use aead::{AeadBackend, BlockCipher};
 
@@ -240,7 +239,9 @@ pub fn decode(
             )));
         }
         let (body, tag) = stored.split_at(out.len());
-        return c.open_into(nonce, aad, body, tag, out).map_err(|_| tag_failed());
+        return c
+            .open_into(nonce, aad, body, tag, out)
+            .map_err(|_| tag_failed());
     }
     let plain: &[u8] = if flags & FLAG_ENCRYPTED != 0 {
         let c = cipher
@@ -249,7 +250,8 @@ pub fn decode(
             return Err(tag_failed());
         }
         let (body, tag) = stored.split_at_mut(stored.len() - TAG_BYTES);
-        c.open_in_place(nonce, aad, body, tag).map_err(|_| tag_failed())?;
+        c.open_in_place(nonce, aad, body, tag)
+            .map_err(|_| tag_failed())?;
         body
     } else {
         stored
@@ -483,15 +485,7 @@ mod tests {
         let mut t = stored.clone();
         t[100] ^= 1;
         out.fill(0xEE);
-        assert!(decode(
-            &mut t,
-            flags,
-            Some(c),
-            &block_aad(&[1; 16], 3),
-            1,
-            &mut out
-        )
-        .is_err());
+        assert!(decode(&mut t, flags, Some(c), &block_aad(&[1; 16], 3), 1, &mut out).is_err());
         assert!(
             out.iter().all(|&b| b == 0),
             "unauthenticated plaintext left in out"
@@ -503,7 +497,10 @@ mod tests {
         t[last] ^= 0x80;
         out.fill(0xEE);
         assert!(decode(&mut t, flags, Some(c), &block_aad(&[1; 16], 3), 1, &mut out).is_err());
-        assert!(out.iter().all(|&b| b == 0), "unauthenticated plaintext left in out");
+        assert!(
+            out.iter().all(|&b| b == 0),
+            "unauthenticated plaintext left in out"
+        );
         let text: Vec<u8> = b"tampered ".iter().cycle().take(4096).copied().collect();
         let mut z = Vec::new();
         let zflags = encode(&text, Compression::Lz4, Some(c), &[9; 24], 2, &mut z).unwrap();
@@ -517,7 +514,10 @@ mod tests {
     #[test]
     fn backends_seal_the_same_bytes_and_open_each_other() {
         let [a, r] = ciphers();
-        assert_eq!((a.backend(), r.backend()), (AeadBackend::AwsLc, AeadBackend::Ring));
+        assert_eq!(
+            (a.backend(), r.backend()),
+            (AeadBackend::AwsLc, AeadBackend::Ring)
+        );
         for plain in &sample_blocks() {
             for comp in [Compression::Off, Compression::Lz4] {
                 let aad = block_aad(&[4; 16], 77);
@@ -528,7 +528,15 @@ mod tests {
                 assert_eq!((fa, &by_a), (fr, &by_r), "{comp:?}");
                 for (sealed, opener) in [(&by_a, &r), (&by_r, &a)] {
                     let mut out = vec![0u8; plain.len()];
-                    decode(&mut sealed.clone(), fa, Some(opener), &aad, 1 << 40, &mut out).unwrap();
+                    decode(
+                        &mut sealed.clone(),
+                        fa,
+                        Some(opener),
+                        &aad,
+                        1 << 40,
+                        &mut out,
+                    )
+                    .unwrap();
                     assert_eq!(&out, plain);
                 }
             }
