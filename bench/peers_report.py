@@ -84,9 +84,10 @@ def load_cpu(raw: Path) -> dict:
 def disk_rate(rows: list) -> float | None:
     """Median MB/s written to the machine's disks over the sequential group's calls."""
     seq = [r for r in rows if r.get("group", "").endswith("-seq")] or rows
-    if not seq or not all("disk_written_mb" in r for r in seq):
+    if not all("disk_written_mb" in r for r in seq):
         return None
-    return round(statistics.median(r["disk_written_mb"] / r["elapsed_s"] for r in seq if r["elapsed_s"] > 0))
+    rates = [r["disk_written_mb"] / r["elapsed_s"] for r in seq if r["elapsed_s"] > 0]
+    return round(statistics.median(rates)) if rates else None
 
 
 def cpu_summary(cpu: dict) -> dict:

@@ -21,24 +21,49 @@ fn data(i: u64) -> Vec<u8> {
         .collect()
 }
 fn new_pool(dir: &Path) -> std::sync::Arc<Pool> {
+    new_pool_sized(dir, 8 << 20, 64 << 20, Compression::Lz4)
+}
+/// A `mirror:2` pool with one encrypted volume "v" (key `kf(1)`).
+fn new_pool_sized(
+    dir: &Path,
+    volume_bytes: u64,
+    device_bytes: u64,
+    compression: Compression,
+) -> std::sync::Arc<Pool> {
     Pool::create(
         dir,
         Layout::Mirror(2),
         DeviceSpec::Files {
             count: 2,
-            size_bytes: 64 << 20,
+            size_bytes: device_bytes,
         },
     )
     .unwrap();
     let pool = Pool::open(dir, OpenOptions::default()).unwrap();
     let o = VolumeOptions {
-        size_bytes: 8 << 20,
+        size_bytes: volume_bytes,
         block_size: 4096,
-        compression: Compression::Lz4,
+        compression,
         encryption: true,
     };
     pool.create_volume("v", o, Some(&kf(1))).unwrap();
     pool
+}
+/// Waits (up to `seconds`) for the rotation of "v" to finish; fails the test if it does not.
+fn rotation_done(pool: &Pool, seconds: u64) -> bulwark_engine::VolumeStatus {
+    for _ in 0..seconds * 50 {
+        if pool.volumes()[0].rotation.is_none() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = pool.volumes().remove(0);
+    assert!(
+        st.rotation.is_none(),
+        "rotation did not finish: {:?}",
+        st.rotation
+    );
+    st
 }
 fn check(pool: &Pool, chunks: std::ops::Range<u64>) {
     let v = pool.volume("v").unwrap();
@@ -114,18 +139,7 @@ fn rotation_survives_a_crash_and_retires_the_old_key() {
     }
     let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
     pool.load_key("v", &kf(1)).unwrap();
-    for _ in 0..500 {
-        if pool.volumes()[0].rotation.is_none() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let st = &pool.volumes()[0];
-    assert!(
-        st.rotation.is_none(),
-        "rotation did not finish: {:?}",
-        st.rotation
-    );
+    let st = rotation_done(&pool, 10);
     assert_eq!(st.key_generation, 1);
     check(&pool, 0..96);
     let v = pool.volume("v").unwrap();
@@ -194,23 +208,7 @@ fn rotation_cursor_never_runs_ahead_of_the_committed_map() {
     for round in 0..6u64 {
         let t = tempfile::tempdir().unwrap();
         {
-            Pool::create(
-                t.path(),
-                Layout::Mirror(2),
-                DeviceSpec::Files {
-                    count: 2,
-                    size_bytes: 256 << 20,
-                },
-            )
-            .unwrap();
-            let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
-            let o = VolumeOptions {
-                size_bytes: CHUNKS * 65536,
-                block_size: 4096,
-                compression: Compression::Off,
-                encryption: true,
-            };
-            pool.create_volume("v", o, Some(&kf(1))).unwrap();
+            let pool = new_pool_sized(t.path(), CHUNKS * 65536, 256 << 20, Compression::Off);
             let v = pool.volume("v").unwrap();
             for i in 0..CHUNKS {
                 v.write(i * 65536, &data(i), false).unwrap();
@@ -230,18 +228,7 @@ fn rotation_cursor_never_runs_ahead_of_the_committed_map() {
         }
         let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
         pool.load_key("v", &kf(1)).unwrap();
-        for _ in 0..1500 {
-            if pool.volumes()[0].rotation.is_none() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let st = &pool.volumes()[0];
-        assert!(
-            st.rotation.is_none(),
-            "round {round}: rotation did not finish: {:?}",
-            st.rotation
-        );
+        rotation_done(&pool, 30);
         let v = pool.volume("v").unwrap();
         for i in 0..CHUNKS {
             let mut b = vec![0u8; 65536];

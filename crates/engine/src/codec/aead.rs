@@ -8,8 +8,8 @@
 //!   it (15–22 GB/s on the Intel machines of `DEPENDENCIES.md`).
 //! - ring has a VAES + VPCLMULQDQ path on 256-bit AVX2 registers, which aws-lc
 //!   (0.47) lacks: on a CPU with VAES but no AVX-512 (AMD Zen 3, measured here)
-//!   aws-lc falls back to its AES-NI path at 3.4–3.9 GB/s, ring runs at
-//!   6.2–6.9 GB/s (4 KiB and 64 KiB; BENCHMARKS.md).
+//!   aws-lc falls back to its AES-NI path at 3.3–3.9 GB/s, ring runs at
+//!   6.1–6.9 GB/s (4 KiB and 64 KiB; `examples/aead_speed`, BENCHMARKS.md).
 //!
 //! `BULWARK_AEAD=aws-lc` or `=ring` overrides the choice (for measuring, and for
 //! the tests that check both open what the other sealed).
@@ -97,7 +97,7 @@ const _: () = assert!(!std::mem::needs_drop::<ring::aead::LessSafeKey>());
 
 impl RingKey {
     fn get(&self) -> &ring::aead::LessSafeKey {
-        // SAFETY: initialised in `BlockCipher::with_backend`, and only zeroed in `drop`.
+        // SAFETY: initialised in `ring_key`, and only zeroed in `drop`.
         unsafe { self.0.assume_init_ref() }
     }
 }
@@ -243,8 +243,9 @@ impl BlockCipher {
                 .is_ok()
             }
             Key::Ring(_) => {
+                // ring opens in place only (and `open_in_place` zeroes `out` on a mismatch).
                 out.copy_from_slice(body);
-                self.open_in_place(nonce, aad, out, tag).is_ok()
+                return self.open_in_place(nonce, aad, out, tag);
             }
         };
         if ok {
