@@ -208,16 +208,36 @@ fn bad_ram_scrub_writes_no_data_block_and_later_scrub_clears() {
     }
 }
 
+/// The pool at `dir`, with the volume's key loaded when it is `encrypted`.
+fn open_unlocked(dir: &Path, encrypted: bool) -> std::sync::Arc<Pool> {
+    let pool = open(dir);
+    if encrypted {
+        pool.load_key("v", &key()).unwrap();
+    }
+    pool
+}
+
 #[test]
 fn all_copies_bad_gives_an_error_never_wrong_bytes() {
+    all_copies_bad(false);
+}
+
+/// Encrypted blocks are read apart (ciphertext into the block, tag aside) and
+/// verified by their tag: a bad body or a bad tag on every copy is still an error.
+#[test]
+fn all_copies_bad_gives_an_error_never_wrong_bytes_encrypted() {
+    all_copies_bad(true);
+}
+
+fn all_copies_bad(encrypted: bool) {
     let t = tempfile::tempdir().unwrap();
-    let places = setup(t.path());
+    let places = setup_with(t.path(), encrypted);
     for d in devs(t.path()) {
         let f = FsOpen::new().write(true).open(d).unwrap();
         f.write_all_at(&[0x55; 16], dev_off(places[10].0) + 40)
             .unwrap();
     }
-    let pool = open(t.path());
+    let pool = open_unlocked(t.path(), encrypted);
     let reads = read_all(&pool);
     for (i, r) in reads.into_iter().enumerate() {
         match (i, r) {
@@ -238,19 +258,33 @@ fn all_copies_bad_gives_an_error_never_wrong_bytes() {
 
 #[test]
 fn batched_reads_verify_every_record_inside_a_run() {
+    batched_reads_verify(false);
+}
+
+/// The same through the path that reads encrypted runs apart and opens each block in
+/// place: a bad body (block 100) and a bad tag (block 150) on the copy reads start with
+/// are each found by the tag, read from the good copy and repaired.
+#[test]
+fn batched_reads_verify_every_record_inside_a_run_encrypted() {
+    batched_reads_verify(true);
+}
+
+fn batched_reads_verify(encrypted: bool) {
     let t = tempfile::tempdir().unwrap();
-    let places = setup(t.path());
+    let places = setup_with(t.path(), encrypted);
     // Blocks were written one by one, so consecutive blocks lie end to end: a large read
-    // takes one device read for the run. Corrupt block 100 on the copy reads start with.
-    let seg_first = ((places[100].0 >> 20) as usize) % 2;
-    let f = FsOpen::new()
-        .write(true)
-        .open(&devs(t.path())[seg_first])
-        .unwrap();
-    f.write_all_at(&[0xA5; 32], dev_off(places[100].0) + 7)
-        .unwrap();
-    drop(f);
-    let pool = open(t.path());
+    // takes one device read for the run. Corrupt blocks 100 and 150 on the copy reads
+    // start with: 100 in its body, 150 in its last bytes (the tag, when encrypted).
+    for (b, at) in [(100, 7), (150, places[150].1 as u64 - 5)] {
+        let seg_first = ((places[b].0 >> 20) as usize) % 2;
+        let f = FsOpen::new()
+            .write(true)
+            .open(&devs(t.path())[seg_first])
+            .unwrap();
+        f.write_all_at(&[0xA5; 3], dev_off(places[b].0) + at)
+            .unwrap();
+    }
+    let pool = open_unlocked(t.path(), encrypted);
     let v = pool.volume("v").unwrap();
     let mut big = vec![0u8; (BLOCKS * 4096) as usize];
     v.read(0, &mut big).unwrap();
@@ -260,7 +294,12 @@ fn batched_reads_verify_every_record_inside_a_run() {
             "block {i}"
         );
     }
-    assert!(pool.status().repaired_blocks >= 1);
+    let st = pool.status();
+    assert_eq!(st.repaired_blocks, 2, "{st:?}");
+    assert_eq!(st.devices.iter().map(|d| d.cksum_errors).sum::<u64>(), 2);
+    // Repaired: read again, nothing more to repair.
+    v.read(0, &mut big).unwrap();
+    assert_eq!(pool.status().repaired_blocks, 2);
     // Both copies bad: the large read fails; it never returns the bad bytes.
     for d in devs(t.path()) {
         let f = FsOpen::new().write(true).open(d).unwrap();

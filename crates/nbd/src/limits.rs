@@ -72,10 +72,14 @@ pub const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Buffered writer in front of the socket; larger payloads bypass it.
 pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
-/// Payload buffers kept for reuse per connection.
-pub const POOL_BUFFERS_MAX: usize = 16;
+/// Payload buffers kept for reuse per connection: as many as it can have requests in
+/// flight (4 threads × 16 per batch by default), so a steady stream of large requests
+/// never allocates (a fresh 1 MiB buffer costs an mmap, page faults and a zero-fill).
+pub const POOL_BUFFERS_MAX: usize = 64;
 /// Buffers with more capacity than this are freed, not pooled.
 pub const POOL_BUFFER_BYTES_MAX: usize = 2 << 20;
+/// Most bytes (capacity) the pooled buffers of one connection hold together.
+pub const POOL_BYTES_MAX: usize = 32 << 20;
 
 /// Failures per address or identity that cost no delay (`ratelimit.rs`).
 pub const RATE_FREE_FAILURES: u32 = 3;

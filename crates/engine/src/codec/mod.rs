@@ -55,7 +55,7 @@ pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
 }
 
 /// AES-256-GCM tag length.
-const TAG_BYTES: usize = crate::constants::AEAD_TAG_BYTES;
+pub const TAG_BYTES: usize = crate::constants::AEAD_TAG_BYTES;
 
 /// Associated data of a data block: volume uuid and logical block number.
 pub fn block_aad(volume_uuid: &[u8; 16], block: u64) -> [u8; 24] {
@@ -214,6 +214,28 @@ pub fn encode_at(
         flags |= FLAG_ENCRYPTED;
     }
     Ok((flags, len))
+}
+
+/// Whether a record of `stored_len` bytes with `flags` holds a whole block of
+/// `block_len` bytes encrypted and uncompressed: its ciphertext, as long as the block,
+/// then the tag. Such a record can be read apart (`open_sealed`).
+pub fn sealed_whole(flags: u16, stored_len: usize, block_len: usize) -> bool {
+    flags & (FLAG_ENCRYPTED | FLAG_LZ4) == FLAG_ENCRYPTED && stored_len == block_len + TAG_BYTES
+}
+
+/// Opens a record that `sealed_whole` describes, read apart: the ciphertext in `body`,
+/// decrypted in place, and the tag in `tag`. The tag authenticates the block (decision
+/// 0006), so a record that opens needs no checksum. On failure `body` holds no plaintext.
+pub fn open_sealed(
+    cipher: &BlockCipher,
+    aad: &[u8],
+    nonce: u64,
+    body: &mut [u8],
+    tag: &[u8],
+) -> Result<()> {
+    cipher
+        .open_in_place(nonce, aad, body, tag)
+        .map_err(|_| Error::Corrupt("block failed authentication (AEAD tag mismatch)".into()))
 }
 
 /// Decode stored bytes (already checksum-verified) into `out`, which has the logical length.

@@ -106,6 +106,39 @@ impl FaultyDevice {
     }
 
     /// The first armed fault of `modes` that fires for this I/O, with a random number for it.
+    /// A read of `bufs` (one after another) at `offset` by `read`, with the read faults
+    /// applied: an error instead, or one bit flipped somewhere in what was read.
+    fn read_with(
+        &self,
+        bufs: &mut [&mut [u8]],
+        offset: u64,
+        read: impl FnOnce(&mut [&mut [u8]]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        match self.fire(
+            offset,
+            &[FaultMode::Vanish, FaultMode::ReadError, FaultMode::ReadFlip],
+        ) {
+            Some((FaultMode::Vanish, _)) => Err(eio("device vanished")),
+            Some((FaultMode::ReadError, _)) => Err(eio("read error")),
+            Some((_, r)) => {
+                read(bufs)?;
+                let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+                if total > 0 {
+                    let mut bit = (r % (total * 8)) as usize;
+                    for b in bufs.iter_mut() {
+                        if bit < b.len() * 8 {
+                            b[bit / 8] ^= 1 << (bit % 8);
+                            break;
+                        }
+                        bit -= b.len() * 8;
+                    }
+                }
+                Ok(())
+            }
+            None => read(bufs),
+        }
+    }
+
     fn fire(&self, offset: u64, modes: &[FaultMode]) -> Option<(FaultMode, u64)> {
         if !self.armed.load(Ordering::Acquire) {
             return None;
@@ -146,22 +179,12 @@ impl Device for FaultyDevice {
         self.inner.size()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        match self.fire(
-            offset,
-            &[FaultMode::Vanish, FaultMode::ReadError, FaultMode::ReadFlip],
-        ) {
-            Some((FaultMode::Vanish, _)) => Err(eio("device vanished")),
-            Some((FaultMode::ReadError, _)) => Err(eio("read error")),
-            Some((_, r)) => {
-                self.inner.read_at(buf, offset)?;
-                if !buf.is_empty() {
-                    let bit = (r % (buf.len() as u64 * 8)) as usize;
-                    buf[bit / 8] ^= 1 << (bit % 8);
-                }
-                Ok(())
-            }
-            None => self.inner.read_at(buf, offset),
-        }
+        self.read_with(&mut [buf], offset, |b| {
+            self.inner.read_at(&mut *b[0], offset)
+        })
+    }
+    fn read_scattered_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> std::io::Result<()> {
+        self.read_with(bufs, offset, |b| self.inner.read_scattered_at(b, offset))
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         let modes = [
@@ -247,6 +270,15 @@ mod tests {
         let mut b = [0u8; 64];
         d.read_at(&mut b, off).unwrap();
         assert_ne!(b, [7u8; 64]);
+        assert_eq!(b.iter().map(|x| (x ^ 7).count_ones()).sum::<u32>(), 1);
+        // A scattered read gets exactly one bit flipped too, in whichever buffer it falls.
+        for _ in 0..20 {
+            let (mut x, mut y) = ([0u8; 3], [0u8; 61]);
+            d.read_scattered_at(&mut [&mut x, &mut [], &mut y], off)
+                .unwrap();
+            let flipped = |p: &[u8]| p.iter().map(|v| (v ^ 7).count_ones()).sum::<u32>();
+            assert_eq!(flipped(&x) + flipped(&y), 1, "{x:?} {y:?}");
+        }
         // Labels are exempt by default.
         d.read_at(&mut b, 0).unwrap();
         assert_eq!(b, [0u8; 64]);

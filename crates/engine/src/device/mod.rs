@@ -17,8 +17,26 @@ pub trait Device: Send + Sync {
     fn path(&self) -> &Path;
     fn size(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+    /// Reads the bytes at `offset..` into `bufs`, one after another, as `read_at` would
+    /// into their concatenation. This default reads into one buffer and copies out;
+    /// files override it with `preadv`, which scatters without the copy.
+    fn read_scattered_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> std::io::Result<()> {
+        let mut all = vec![0; bufs.iter().map(|b| b.len()).sum()];
+        self.read_at(&mut all, offset)?;
+        scatter(&all, bufs);
+        Ok(())
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
     fn flush(&self) -> std::io::Result<()>;
+}
+
+/// Copies `from` into `bufs`, one after another (`from` is as long as all of them).
+pub(crate) fn scatter(from: &[u8], bufs: &mut [&mut [u8]]) {
+    let mut at = 0;
+    for b in bufs.iter_mut() {
+        b.copy_from_slice(&from[at..at + b.len()]);
+        at += b.len();
+    }
 }
 
 impl<T: Device + ?Sized> Device for std::sync::Arc<T> {
@@ -30,6 +48,9 @@ impl<T: Device + ?Sized> Device for std::sync::Arc<T> {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         (**self).read_at(buf, offset)
+    }
+    fn read_scattered_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> std::io::Result<()> {
+        (**self).read_scattered_at(bufs, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         (**self).write_at(buf, offset)
@@ -83,6 +104,9 @@ impl FileDevice {
     }
 }
 
+/// Most buffers one `preadv` takes (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
 fn device_size(file: &File) -> std::io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     let meta = file.metadata()?;
@@ -104,6 +128,63 @@ impl Device for FileDevice {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         self.file.read_exact_at(buf, offset)
     }
+    fn read_scattered_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> std::io::Result<()> {
+        use std::os::unix::io::AsRawFd;
+        // Progress: whole buffers done, and bytes of the next one.
+        let (mut first, mut within, mut offset) = (0, 0, offset);
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(bufs.len().min(IOV_MAX));
+        loop {
+            // Skip filled (and empty) buffers: a read of nothing would look like end of file.
+            while first < bufs.len() && bufs[first].len() == within {
+                first += 1;
+                within = 0;
+            }
+            if first == bufs.len() {
+                break;
+            }
+            iov.clear();
+            for (i, b) in bufs[first..].iter_mut().take(IOV_MAX).enumerate() {
+                let skip = if i == 0 { within } else { 0 };
+                iov.push(libc::iovec {
+                    iov_base: b[skip..].as_mut_ptr().cast(),
+                    iov_len: b.len() - skip,
+                });
+            }
+            // SAFETY: every iovec points into a distinct `&mut [u8]` we hold for the call,
+            // within its bounds; the descriptor is ours.
+            let n = unsafe {
+                libc::preadv(
+                    self.file.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let mut n = n as usize;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            offset += n as u64;
+            while n > 0 {
+                let left = bufs[first].len() - within;
+                if n < left {
+                    within += n;
+                    break;
+                }
+                n -= left;
+                first += 1;
+                within = 0;
+            }
+        }
+        Ok(())
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
         use std::os::unix::io::AsRawFd;
         use std::sync::atomic::Ordering;
@@ -122,5 +203,47 @@ impl Device for FileDevice {
     }
     fn flush(&self) -> std::io::Result<()> {
         self.file.sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads `sizes` scattered at `offset` and returns the buffers' bytes end to end.
+    fn scattered(dev: &dyn Device, sizes: &[usize], offset: u64) -> std::io::Result<Vec<u8>> {
+        let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xCC; n]).collect();
+        let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        dev.read_scattered_at(&mut refs, offset)?;
+        Ok(bufs.concat())
+    }
+
+    #[test]
+    fn scattered_reads_match_plain_reads() {
+        let t = tempfile::tempdir().unwrap();
+        let dev = FileDevice::create_sparse(&t.path().join("d"), 64 << 10).unwrap();
+        let data: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 % 251) as u8).collect();
+        dev.write_at(&data, 0).unwrap();
+        let cases: &[(&[usize], u64)] = &[
+            (&[4096, 16, 4096, 16], 0),
+            (&[0, 1, 0, 4095, 17, 3000, 0], 5),
+            (&[65536], 0),
+            (&[7; 1500], 100), // more buffers than one preadv takes
+            (&[0, 0], 10),
+        ];
+        for &(sizes, off) in cases {
+            let total: usize = sizes.iter().sum();
+            let mut plain = vec![0; total];
+            dev.read_at(&mut plain, off).unwrap();
+            assert_eq!(plain, data[off as usize..off as usize + total]);
+            assert_eq!(
+                scattered(&dev, sizes, off).unwrap(),
+                plain,
+                "{sizes:?} at {off}"
+            );
+        }
+        // Past the end is an error, as for `read_at`, never zeros.
+        let e = scattered(&dev, &[4096, 16], (64 << 10) - 100).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 }

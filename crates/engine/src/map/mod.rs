@@ -157,6 +157,23 @@ pub fn new_cache(bytes: u64) -> NodeCache {
 }
 
 /// Levels needed to address `blocks` logical blocks.
+/// A node found on a walk: one of the tree's dirty nodes, or a clean one shared with
+/// the cache.
+enum NodeRef<'a> {
+    Dirty(&'a Node),
+    Clean(Arc<Node>),
+}
+
+impl std::ops::Deref for NodeRef<'_> {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        match self {
+            NodeRef::Dirty(n) => n,
+            NodeRef::Clean(n) => n,
+        }
+    }
+}
+
 pub fn depth_for(blocks: u64) -> u8 {
     let mut d = 1u8;
     while (blocks - 1) >> (MAP_FANOUT_SHIFT * d as u32) > 0 {
@@ -292,22 +309,62 @@ impl Tree {
         Ok(Some(n))
     }
 
-    /// The pointer for logical block `lba` (a hole if never written).
-    pub fn lookup(&self, store: &dyn NodeStore, cache: &NodeCache, lba: u64) -> Result<Blkptr> {
+    /// The leaf that holds `lba`'s pointer: dirty here, or clean from the cache or the
+    /// store; `None` when the path to it is a hole (nothing under it was ever written).
+    fn leaf(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        lba: u64,
+    ) -> Result<Option<NodeRef<'_>>> {
         let mut ptr = self.root;
         for level in (0..self.depth).rev() {
             let index = node_index(lba, level);
-            let s = slot(lba, level);
-            if let Some(n) = self.dirty.get(&(level, index)) {
-                ptr = n.ptrs[s];
-                continue;
+            let node = match self.dirty.get(&(level, index)) {
+                Some(n) => NodeRef::Dirty(n),
+                None => match self.get(store, cache, level, index, &ptr)? {
+                    Some(n) => NodeRef::Clean(n),
+                    None => return Ok(None),
+                },
+            };
+            if level == 0 {
+                return Ok(Some(node));
             }
-            match self.get(store, cache, level, index, &ptr)? {
-                Some(n) => ptr = n.ptrs[s],
-                None => return Ok(Blkptr::HOLE),
-            }
+            ptr = node.ptrs[slot(lba, level)];
         }
-        Ok(ptr)
+        // `depth_for` never gives 0; a record that says so is damaged.
+        Err(Error::Corrupt(format!("block map {} has depth 0", self.id)))
+    }
+
+    /// The pointer for logical block `lba` (a hole if never written).
+    pub fn lookup(&self, store: &dyn NodeStore, cache: &NodeCache, lba: u64) -> Result<Blkptr> {
+        Ok(match self.leaf(store, cache, lba)? {
+            Some(leaf) => leaf.ptrs[slot(lba, 0)],
+            None => Blkptr::HOLE,
+        })
+    }
+
+    /// The pointers for blocks `first..first + out.len()`, into `out`: each leaf is found
+    /// once for the blocks it covers (64 consecutive blocks), not once per block.
+    pub fn lookup_run(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        first: u64,
+        out: &mut [Blkptr],
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < out.len() {
+            let lba = first + i as u64;
+            let s = slot(lba, 0);
+            let n = (MAP_FANOUT - s).min(out.len() - i);
+            match self.leaf(store, cache, lba)? {
+                Some(leaf) => out[i..i + n].copy_from_slice(&leaf.ptrs[s..s + n]),
+                None => out[i..i + n].fill(Blkptr::HOLE),
+            }
+            i += n;
+        }
+        Ok(())
     }
 
     /// Make the path to `lba`'s leaf dirty and return the leaf.
@@ -643,6 +700,45 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, lbas);
+    }
+
+    /// A run lookup gives what block-by-block lookups give: across leaf boundaries, over
+    /// holes (whole unwritten subtrees too), and over dirty and committed (clean) leaves.
+    #[test]
+    fn lookup_run_matches_lookup() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(0);
+        let mut t = Tree::new(1, depth_for(1 << 20), Blkptr::HOLE);
+        let written: Vec<u64> = (0..200).chain(250..300).chain(4090..4200).collect();
+        for &l in &written {
+            t.set(&store, &cache, l, data(l + 1)).unwrap();
+        }
+        let mut next = 1u64 << 40;
+        t.commit(&cache, &mut store_nodes(&store, &mut next), &mut |_| {})
+            .unwrap();
+        // Dirty again, after the commit: some leaves dirty, the others clean.
+        for l in [5u64, 130, 4100] {
+            t.set(&store, &cache, l, data(l + 7)).unwrap();
+        }
+        for (first, n) in [
+            (0u64, 256usize),
+            (60, 10),
+            (63, 1),
+            (190, 130),
+            (4000, 300),
+            (9000, 64),
+            (0, 0),
+        ] {
+            let mut run = vec![data(999); n];
+            t.lookup_run(&store, &cache, first, &mut run).unwrap();
+            for (i, p) in run.iter().enumerate() {
+                let lba = first + i as u64;
+                assert_eq!(*p, t.lookup(&store, &cache, lba).unwrap(), "block {lba}");
+            }
+        }
+        let mut run = vec![Blkptr::HOLE; 3];
+        t.lookup_run(&store, &cache, 129, &mut run).unwrap();
+        assert_eq!(run, [data(130), data(137), data(132)]);
     }
 
     /// A `write` for `commit` that keeps nodes in `store`, at addresses from `next` on.

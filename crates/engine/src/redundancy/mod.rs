@@ -294,15 +294,36 @@ impl Redundancy {
         )))
     }
 
-    /// Read `len` raw bytes at `addr` from the first available copy, unverified: the caller
-    /// checks each record inside against its checksum (mirror and single layouts only).
+    /// Read `len` raw bytes at `addr` from the first available copy into `out[..len]`,
+    /// unverified: the caller checks each record inside against its checksum (mirror and
+    /// single layouts only). `out` grows when shorter, and never shrinks: runs of every
+    /// length reuse it without zero-filling.
     pub fn read_run(&self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
-        out.resize(len, 0);
+        if out.len() < len {
+            out.resize(len, 0);
+        }
+        let out = &mut out[..len];
+        self.read_first_copy(addr, |dev, off| dev.read_at(out, off))
+    }
+
+    /// Read the raw bytes at `addr` into `bufs`, one after another (one `preadv`), from
+    /// the first available copy, unverified, like `read_run`.
+    pub fn read_run_scattered(&self, addr: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        self.read_first_copy(addr, |dev, off| dev.read_scattered_at(bufs, off))
+    }
+
+    /// Runs `read` on the copies of `addr` in turn until one succeeds (mirror and single
+    /// layouts); each failure is counted against its device.
+    fn read_first_copy(
+        &self,
+        addr: u64,
+        mut read: impl FnMut(&dyn Device, u64) -> std::io::Result<()>,
+    ) -> Result<()> {
         let mut last = None;
         for (m, off) in self.places(addr).iter() {
             let member = &self.members[m];
             let Some(dev) = member.dev() else { continue };
-            match dev.read_at(out, off) {
+            match read(&*dev, off) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     member.read_errors.fetch_add(1, Ordering::Relaxed);
