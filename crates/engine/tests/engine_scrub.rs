@@ -309,3 +309,35 @@ fn batched_reads_verify(encrypted: bool) {
     let err = v.read(0, &mut big).unwrap_err().to_string();
     assert!(err.contains("819200..823296"), "{err}");
 }
+
+/// A run whose read fails on every copy is read again block by block (each block tries
+/// every copy, and the first block's failure ends the read), and each failed device
+/// read is counted once: 2 for the run, 2 for the first block. Encrypted runs (read
+/// apart) and plain ones count alike.
+#[test]
+fn failed_run_reads_are_counted_once_per_device_read() {
+    for encrypted in [false, true] {
+        let t = tempfile::tempdir().unwrap();
+        setup_with(t.path(), encrypted);
+        let pool = open_unlocked(t.path(), encrypted);
+        for d in devs(t.path()) {
+            let fault = Fault {
+                mode: FaultMode::ReadError,
+                probability: 1.0,
+                seed: 1,
+                include_labels: false,
+            };
+            pool.set_faults(&d, vec![fault]).unwrap();
+        }
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 16 * 4096];
+        let err = v.read(0, &mut buf).unwrap_err().to_string();
+        assert!(err.contains("bytes 0..4096: no copy verified"), "{err}");
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "bytes returned from a failed read"
+        );
+        let errors: u64 = pool.status().devices.iter().map(|d| d.read_errors).sum();
+        assert_eq!(errors, 2 + 2, "encrypted: {encrypted}");
+    }
+}

@@ -401,8 +401,9 @@ impl Volume {
     /// of the block, and no checksum: the AEAD tag verifies a block more strongly than
     /// its checksum (decision 0006). A block whose tag fails is read again through
     /// `read_ptr`, which checks every copy by its checksum and repairs the bad ones.
-    /// Returns false, having opened nothing, when the run does not qualify or its read
-    /// fails: the caller then reads it, and reports errors, as any other run.
+    /// When the read fails on every copy, each block is read through `read_ptr` too.
+    /// Returns false, having read nothing, when the run does not qualify: the caller
+    /// then reads it as any other run.
     fn read_sealed_run(
         &self,
         first: u64,
@@ -433,9 +434,7 @@ impl Volume {
             bufs.push(block);
             bufs.push(tag);
         }
-        if self.core.red.read_run_scattered(addr, &mut bufs).is_err() {
-            return Ok(false);
-        }
+        let read = self.core.red.read_run_scattered(addr, &mut bufs).is_ok();
         drop(bufs);
         for (k, (block, tag)) in out
             .chunks_exact_mut(bs)
@@ -443,9 +442,10 @@ impl Volume {
             .enumerate()
         {
             let (lba, p) = (first + k as u64, &ptrs[k]);
-            let opened = ring.get(p.key_gen).is_some_and(|cipher| {
-                codec::open_sealed(cipher, &self.aad(lba), p.nonce, block, tag).is_ok()
-            });
+            let opened = read
+                && ring.get(p.key_gen).is_some_and(|cipher| {
+                    codec::open_sealed(cipher, &self.aad(lba), p.nonce, block, tag).is_ok()
+                });
             if !opened {
                 self.read_ptr(lba, p, block, &mut Vec::new())?;
             }
