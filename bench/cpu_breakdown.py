@@ -29,7 +29,9 @@ CATEGORIES = [
     ("compression (lz4)", r"lz4"),
     ("scheduling (context switches, futex)", r"finish_task_switch|__schedule|futex|_raw_spin_unlock_irqrestore|try_to_wake_up|schedule\b"),
     ("device I/O (pread/pwrite, page cache, fs)", r"pwrite|pread|ext4|filemap|copy_folio|generic_perform_write|sync_file_range|fdatasync|block_write|folio|xfs_"),
-    ("NBD socket I/O (kernel)", r"unix_stream|sock_|tcp_|skb|_copy_to_iter|_copy_from_iter|writev|recvmsg|sendmsg"),
+    # A kernel copy (`_copy_to_iter`, `copy_page_to_iter`, ...) is named by its caller:
+    # page cache (`filemap_read`: device I/O) or socket (`skb_copy_datagram_*`).
+    ("NBD socket I/O (kernel)", r"unix_stream|sock_|tcp_|skb|writev|recvmsg|sendmsg"),
     ("map (block pointers, radix tree)", r"bulwark_engine::map::"),
     ("codec (copies, framing)", r"bulwark_engine::codec::"),
     ("device I/O (pread/pwrite, page cache, fs)", r"bulwark_engine::(device|redundancy)::"),
