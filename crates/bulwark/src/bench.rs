@@ -8,7 +8,9 @@
 //!    `used_bytes`, or attached clients; an `--uri`: `nbdinfo --map` shows an
 //!    extent in the region not known to read as zeros, or nbdinfo is missing);
 //! 3. fill the region once with sequential 1M writes, so read cells read
-//!    data rather than holes and write cells overwrite, as on a disk in use;
+//!    data rather than holes and write cells overwrite, as on a disk in use,
+//!    and flush it (`--end_fsync`), so the first cells do not measure the
+//!    server's writeback of the fill;
 //! 4. run every cell (block size × pattern × queue depth), write cells
 //!    first, each one `fio --time_based --runtime`, `--jobs` connections
 //!    each on its own slice of the region;
@@ -385,6 +387,7 @@ fn run_plan(fio: &Fio, target: &Target, plan: &Plan, args: &BenchArgs) -> Result
             "--rw=write".to_string(),
             format!("--bs={FILL_BLOCK_BYTES}"),
             format!("--iodepth={FILL_IODEPTH}"),
+            "--end_fsync=1".to_string(),
         ]);
         let json = fio.run("the fill pass", &fill, None)?;
         check_job_error(&json, "the fill pass")?;

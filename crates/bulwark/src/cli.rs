@@ -72,7 +72,8 @@ pub enum Command {
 
 const BENCH_AFTER_HELP: &str = "\
 The region is first filled once with sequential 1M writes (so reads read data, \
-not holes, and writes overwrite), then write cells run, then read cells. Each \
+not holes, and writes overwrite) and flushed (so no cell measures the writeback \
+of the fill), then write cells run, then read cells. Each \
 cell is one fio run: --time_based --runtime SECONDS, --jobs connections each at \
 the cell's queue depth, each job on its own slice of the region. Latency is \
 fio's total latency (submit to completion) per I/O. MB = 10^6 bytes.
