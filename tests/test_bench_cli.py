@@ -78,3 +78,18 @@ def test_bench_uri_on_an_empty_export(pool):
     rep = json.loads(r.stdout)
     assert rep["target"]["volume"] is None and rep["target"]["export_bytes"] == 16 * 1024 * 1024
     assert rep["cells"][0]["iops"] > 0, rep
+
+
+def test_bench_fill_is_flushed_before_the_cells(pool):
+    """The fill pass ends with a flush: the whole region is durable before any cell
+    runs, so no cell measures the server's writeback of the fill. A crash (SIGKILL)
+    right after a bench with only a read cell loses none of it."""
+    require_tools("fio")
+    key = pool.create_volume("f1", size="32M")
+    pool.cli("bench", "f1", *CELL, timeout=BENCH_TIMEOUT_S)
+    pool.kill()
+    pool.start()
+    pool.load_key("f1", key)
+    # Every block of the region survived (stored bytes include each block's AEAD tag).
+    used = pool.volume_status("f1")["used_bytes"]
+    assert used >= 32 * 1024 * 1024, f"only {used} bytes of the filled region survived the crash"
