@@ -235,7 +235,12 @@ pub fn open_sealed(
 ) -> Result<()> {
     cipher
         .open_in_place(nonce, aad, body, tag)
-        .map_err(|_| Error::Corrupt("block failed authentication (AEAD tag mismatch)".into()))
+        .map_err(|_| tag_failed())
+}
+
+/// The error of a block whose AEAD tag does not match.
+fn tag_failed() -> Error {
+    Error::Corrupt("block failed authentication (AEAD tag mismatch)".into())
 }
 
 /// Decode stored bytes (already checksum-verified) into `out`, which has the logical length.
@@ -248,7 +253,6 @@ pub fn decode(
     nonce: u64,
     out: &mut [u8],
 ) -> Result<()> {
-    let tag_failed = || Error::Corrupt("block failed authentication (AEAD tag mismatch)".into());
     if flags & FLAG_ENCRYPTED != 0 && flags & FLAG_LZ4 == 0 {
         // Decrypted straight into `out`: no copy through `stored`.
         let c = cipher

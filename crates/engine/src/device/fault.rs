@@ -105,7 +105,6 @@ impl FaultyDevice {
         offset < DEVICE_RESERVED_FRONT || offset >= self.back_region
     }
 
-    /// The first armed fault of `modes` that fires for this I/O, with a random number for it.
     /// A read of `bufs` (one after another) at `offset` by `read`, with the read faults
     /// applied: an error instead, or one bit flipped somewhere in what was read.
     fn read_with(
@@ -139,6 +138,7 @@ impl FaultyDevice {
         }
     }
 
+    /// The first armed fault of `modes` that fires for this I/O, with a random number for it.
     fn fire(&self, offset: u64, modes: &[FaultMode]) -> Option<(FaultMode, u64)> {
         if !self.armed.load(Ordering::Acquire) {
             return None;

@@ -31,7 +31,7 @@ pub trait Device: Send + Sync {
 }
 
 /// Copies `from` into `bufs`, one after another (`from` is as long as all of them).
-pub(crate) fn scatter(from: &[u8], bufs: &mut [&mut [u8]]) {
+fn scatter(from: &[u8], bufs: &mut [&mut [u8]]) {
     let mut at = 0;
     for b in bufs.iter_mut() {
         b.copy_from_slice(&from[at..at + b.len()]);

@@ -156,7 +156,6 @@ pub fn new_cache(bytes: u64) -> NodeCache {
     NodeCache::new(items)
 }
 
-/// Levels needed to address `blocks` logical blocks.
 /// A node found on a walk: one of the tree's dirty nodes, or a clean one shared with
 /// the cache.
 enum NodeRef<'a> {
@@ -174,6 +173,7 @@ impl std::ops::Deref for NodeRef<'_> {
     }
 }
 
+/// Levels needed to address `blocks` logical blocks.
 pub fn depth_for(blocks: u64) -> u8 {
     let mut d = 1u8;
     while (blocks - 1) >> (MAP_FANOUT_SHIFT * d as u32) > 0 {

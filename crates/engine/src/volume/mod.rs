@@ -399,8 +399,9 @@ impl Volume {
     /// uncompressed (`codec::sealed_whole`): one `preadv` puts each ciphertext where its
     /// plaintext goes and each tag in `tags`, and each block is opened in place. No copy
     /// of the block, and no checksum: the AEAD tag verifies a block more strongly than
-    /// its checksum (decision 0006). A block whose tag fails is read again through
-    /// `read_ptr`, which checks every copy by its checksum and repairs the bad ones.
+    /// its checksum (decision 0006). A block whose tag fails (or whose key generation
+    /// this volume no longer has) is read again through `read_ptr`, which checks every
+    /// copy by its checksum, repairs the bad ones, and reports what cannot be read.
     /// When the read fails on every copy, each block is read through `read_ptr` too.
     /// Returns false, having read nothing, when the run does not qualify: the caller
     /// then reads it as any other run.
@@ -420,9 +421,9 @@ impl Volume {
         // Records of a run start at the end of the one before, rounded up to RECORD_ALIGN.
         let end_to_end = (bs + tb) as u64 % RECORD_ALIGN == 0;
         if !end_to_end
-            || !ptrs.iter().all(|p| {
-                codec::sealed_whole(p.flags, p.len as usize, bs) && ring.get(p.key_gen).is_some()
-            })
+            || !ptrs
+                .iter()
+                .all(|p| codec::sealed_whole(p.flags, p.len as usize, bs))
         {
             return Ok(false);
         }
