@@ -30,6 +30,8 @@
 #                       [--servers a,b,...] [--out FILE] [--workdir DIR] [--keep]
 #                       [--device-factor N]   bulwark device size = N x SIZE (default 16)
 #                       [--max-foreign PCT] [--retries N]
+#                       [--groups a,b,...]   only these groups of the matrix (by name:
+#                                            rand4k,seq,qd1,twoconn; with --full: full,twoconn)
 #
 # Other work on the machine: around every `bulwark bench` call the script
 # accounts the CPU time of the whole machine (/proc/stat) against the
@@ -63,6 +65,7 @@ KEEP=0
 DEVICE_FACTOR=16
 MAX_FOREIGN=15
 RETRIES=2
+ONLY_GROUPS=
 RETRY_WAIT=30
 PORT=${BENCH_PORT:-10899}
 
@@ -82,6 +85,7 @@ while [ $# -gt 0 ]; do
         --device-factor) DEVICE_FACTOR=$2; shift ;;
         --max-foreign) MAX_FOREIGN=$2; shift ;;
         --retries) RETRIES=$2; shift ;;
+        --groups) ONLY_GROUPS=$2; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -100,6 +104,16 @@ IFS=, read -r -a SERVER_LIST <<< "$SERVERS"
 for s in "${SERVER_LIST[@]}"; do
     case ",$ALL_SERVERS," in *",$s,"*) ;; *) die "unknown server $s (known: $ALL_SERVERS)" ;; esac
 done
+
+if [ -n "$ONLY_GROUPS" ]; then
+    IFS=, read -r -a WANTED <<< "$ONLY_GROUPS"
+    for w in "${WANTED[@]}"; do
+        case "$FULL,$w" in
+            0,rand4k|0,seq|0,qd1|0,twoconn|1,full|1,twoconn) ;;
+            *) die "unknown group $w (known: rand4k,seq,qd1,twoconn; with --full: full,twoconn)" ;;
+        esac
+    done
+fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 WORKDIR=${WORKDIR:-$(mktemp -d "${TMPDIR:-/tmp}/bulwark-peers.XXXXXX")}
@@ -140,6 +154,13 @@ else
         "qd1|--block-sizes 4k --patterns randread --iodepths 1"
         "twoconn|--block-sizes 4k --patterns randread,randwrite --iodepths 32 --jobs 2"
     )
+fi
+if [ -n "$ONLY_GROUPS" ]; then
+    KEPT=()
+    for g in "${GROUPS_[@]}"; do
+        case ",$ONLY_GROUPS," in *",${g%%|*},"*) KEPT+=("$g") ;; esac
+    done
+    GROUPS_=("${KEPT[@]}")
 fi
 
 # --- servers -------------------------------------------------------------------

@@ -99,7 +99,7 @@ Modes: read-flip (a bit flipped in data read: bad RAM), write-flip (a bit \
 flipped in data written: a bad controller), read-error, write-error (EIO), \
 drop-writes (reported written, never stored), tear-writes (only the first half \
 stored), misdirect-writes (stored 1 MiB further on), vanish (every I/O fails: \
-an unplugged disk). 'fault set' is additive: each call arms one more mode on \
+an unplugged disk), slow-reads (a read waits 100 ms: a stalled queue). 'fault set' is additive: each call arms one more mode on \
 the device (setting a mode again replaces it). See docs/fault-injection.md.";
 
 const GRANT_AFTER_HELP: &str = "\
@@ -296,7 +296,7 @@ pub struct FaultSetArgs {
     pub device: PathBuf,
 
     /// read-flip, write-flip, read-error, write-error, drop-writes, tear-writes,
-    /// misdirect-writes or vanish.
+    /// misdirect-writes, vanish or slow-reads.
     #[arg(value_parser = parse_fault_mode)]
     pub mode: FaultMode,
 

@@ -52,6 +52,9 @@ pub const NONCE_RESERVE_STEP: u64 = 1 << 24;
 /// Commit early once this many segments have emptied (fewer on small pools: an eighth of
 /// them), so a sustained overwrite reuses recently written, still-cached segments.
 pub const RELEASE_COMMIT_SEGMENTS_MAX: u32 = 256;
+/// Recyclable segments (emptied within the epoch they were opened in) freed together:
+/// each batch waits out the reads in flight once.
+pub const RECYCLE_BATCH_SEGMENTS: usize = 32;
 /// Start device writeback after this many bytes written (bounds the work left for fsync).
 pub const WRITEBACK_KICK_BYTES: u64 = 16 << 20;
 /// Whole blocks of one request handled as a batch (one device I/O per run of records).

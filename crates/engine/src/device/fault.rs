@@ -15,6 +15,7 @@
 //! | `tear-writes` | only the first half of each write reaches the device |
 //! | `misdirect-writes` | writes land 1 MiB further on than asked (wrapping inside the device) |
 //! | `vanish` | every I/O fails, as if the device were unplugged |
+//! | `slow-reads` | a read waits `SLOW_READ_MS` before it reaches the device (a stalled queue) |
 //!
 //! Each fault fires with a probability (default 1.0), drawn from a seeded
 //! generator so that a drill can be replayed. Superblock slots are exempt
@@ -41,14 +42,18 @@ pub enum FaultMode {
     TearWrites,
     MisdirectWrites,
     Vanish,
+    SlowReads,
 }
+
+/// How long a read hit by `slow-reads` waits before it reaches the device.
+pub const SLOW_READ_MS: u64 = 100;
 
 impl std::str::FromStr for FaultMode {
     type Err = crate::Error;
     fn from_str(s: &str) -> crate::Result<FaultMode> {
         serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
             crate::Error::Invalid(format!(
-                "unknown fault '{s}': use read-flip, write-flip, read-error, write-error, drop-writes, tear-writes, misdirect-writes or vanish"
+                "unknown fault '{s}': use read-flip, write-flip, read-error, write-error, drop-writes, tear-writes, misdirect-writes, vanish or slow-reads"
             ))
         })
     }
@@ -115,10 +120,19 @@ impl FaultyDevice {
     ) -> std::io::Result<()> {
         match self.fire(
             offset,
-            &[FaultMode::Vanish, FaultMode::ReadError, FaultMode::ReadFlip],
+            &[
+                FaultMode::Vanish,
+                FaultMode::ReadError,
+                FaultMode::ReadFlip,
+                FaultMode::SlowReads,
+            ],
         ) {
             Some((FaultMode::Vanish, _)) => Err(eio("device vanished")),
             Some((FaultMode::ReadError, _)) => Err(eio("read error")),
+            Some((FaultMode::SlowReads, _)) => {
+                std::thread::sleep(std::time::Duration::from_millis(SLOW_READ_MS));
+                read(bufs)
+            }
             Some((_, r)) => {
                 read(bufs)?;
                 let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();

@@ -14,6 +14,16 @@
 //! Invariant: a segment in state `Free` holds nothing that any committed or
 //! in-memory pointer references.
 //!
+//! A client-data segment opened after the last commit took its snapshot, and
+//! emptied before the next one takes its own, was never referenced by any
+//! commit: it needs no commit to be reused. Such a segment is *recyclable*:
+//! the writer that empties it frees it after waiting out the reads that may
+//! still hold a pointer into it (`Core::recycle`). An overwrite that comes
+//! back within one commit interval thus lands in pages it dirtied itself,
+//! which the page cache absorbs, instead of in fresh space that the next
+//! commit must write out. The commit epoch (`epoch`, odd while a commit takes
+//! its snapshot) and each segment's `born` epoch decide it.
+//!
 //! Reuse is most-recently-released first: a segment freed by the last commit
 //! was written not long ago, so its pages are likely still in the page cache,
 //! and rewriting cached pages costs a copy where fresh ones cost an allocation
@@ -25,12 +35,13 @@
 //! recycles a bounded set of segments instead of walking the whole device.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::constants::{
-    RECORD_ALIGN, RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED, SEGMENT_BYTES,
+    RECORD_ALIGN, RECYCLE_BATCH_SEGMENTS, RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED,
+    SEGMENT_BYTES,
 };
 use crate::{Error, Result};
 
@@ -59,6 +70,19 @@ struct Inner {
     heads: [Option<(u32, u32)>; 4],
     /// One past the highest segment ever allocated (persisted at commit).
     high_water: u32,
+    /// Client-data segments emptied in the epoch they were opened in, not yet recycled.
+    recyclable: Vec<u32>,
+}
+
+/// What emptying a record's bytes calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emptied {
+    /// Nothing (the segment still holds live bytes, or the batch is not full yet).
+    Nothing,
+    /// Enough committed client-data segments emptied: a commit would free them.
+    Commit,
+    /// Enough recyclable segments: `Core::recycle` frees them without a commit.
+    Recycle,
 }
 
 pub struct Log {
@@ -71,6 +95,12 @@ pub struct Log {
     emptied: AtomicU32,
     /// Whether each segment was last opened for client data (`Stream::Data`).
     holds_data: Vec<AtomicBool>,
+    /// Commit epoch: two per commit, odd from the start of a commit until its snapshot of
+    /// the map is taken (`begin_snapshot` / `end_snapshot`).
+    epoch: AtomicU64,
+    /// The epoch each segment was last opened in (`u64::MAX`: opened before this process,
+    /// possibly referenced by the last commit).
+    born: Vec<AtomicU64>,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -104,12 +134,15 @@ impl Log {
             emptied: AtomicU32::new(0),
             meta_reserve: AtomicU32::new(0),
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            epoch: AtomicU64::new(0),
+            born: (0..segments).map(|_| AtomicU64::new(u64::MAX)).collect(),
             inner: Mutex::new(Inner {
                 free,
                 recent: Vec::new(),
                 state,
                 heads: [None; 4],
                 high_water: high_water.min(segments),
+                recyclable: Vec::new(),
             }),
             space: Condvar::new(),
         }
@@ -179,6 +212,9 @@ impl Log {
             g.high_water = g.high_water.max(seg + 1);
             g.heads[h] = Some((seg, 0));
             self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
+            // SeqCst pairs with `begin_snapshot`: a commit whose snapshot could see records
+            // placed here either bumped the epoch before this load, or bumps it later.
+            self.born[seg as usize].store(self.epoch.load(Ordering::SeqCst), Ordering::Relaxed);
         }
         let (seg, off) = g.heads[h].expect("head is open");
         let mut end = off as u64;
@@ -217,18 +253,82 @@ impl Log {
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.
-    /// True exactly when this emptied the `release_commit_segments`-th client-data segment since the last
-    /// `zero_sealed`: time for a commit, so those segments can be reused while still cached.
-    pub fn release_bytes(&self, addr: u64, len: u32) -> bool {
+    /// When this empties a client-data segment: `Recycle` when it is the
+    /// `RECYCLE_BATCH_SEGMENTS`-th recyclable one waiting, `Commit` when it is the
+    /// `release_commit_segments`-th committed one since the last `zero_sealed_for_commit`
+    /// (time for a commit, so those segments can be reused while still cached).
+    pub fn release_bytes(&self, addr: u64, len: u32) -> Emptied {
         let seg = segment_of(addr) as usize;
         let prev = self.live[seg].fetch_sub(len, Ordering::AcqRel);
         assert!(
             prev >= len,
             "segment {seg} live count underflow ({prev} - {len})"
         );
-        prev == len
-            && self.holds_data[seg].load(Ordering::Relaxed)
-            && self.emptied.fetch_add(1, Ordering::Relaxed) + 1 == self.release_commit_segments()
+        if prev != len || !self.holds_data[seg].load(Ordering::Relaxed) {
+            return Emptied::Nothing;
+        }
+        if self.in_this_epoch(seg as u32) {
+            let mut g = self.inner.lock();
+            g.recyclable.push(seg as u32);
+            return if g.recyclable.len() == RECYCLE_BATCH_SEGMENTS {
+                Emptied::Recycle
+            } else {
+                Emptied::Nothing
+            };
+        }
+        if self.emptied.fetch_add(1, Ordering::Relaxed) + 1 == self.release_commit_segments() {
+            Emptied::Commit
+        } else {
+            Emptied::Nothing
+        }
+    }
+
+    /// Whether `seg` was opened after the last commit's snapshot and no commit began since.
+    fn in_this_epoch(&self, seg: u32) -> bool {
+        let e = self.epoch.load(Ordering::SeqCst);
+        e % 2 == 0 && self.born[seg as usize].load(Ordering::Relaxed) == e
+    }
+
+    /// A commit starts: nothing opened so far may be recycled any more (its snapshot may
+    /// reference it), nor anything opened until `end_snapshot`.
+    pub fn begin_snapshot(&self) {
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst);
+        debug_assert!(e % 2 == 0, "nested commit snapshot");
+    }
+
+    /// The commit's references are fixed: segments opened from now on are its successor's.
+    pub fn end_snapshot(&self) {
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst);
+        debug_assert!(e % 2 == 1, "snapshot end without a start");
+    }
+
+    /// Recyclable segments waiting, taken for `recycle`.
+    pub fn take_recyclable(&self) -> Vec<u32> {
+        std::mem::take(&mut self.inner.lock().recyclable)
+    }
+
+    /// Free the segments of `take_recyclable` that are still recyclable: sealed, empty, and
+    /// opened in the current epoch. The caller has waited out every read that looked up a
+    /// pointer before they emptied (`Core::recycle`). Returns how many were freed.
+    pub fn recycle(&self, segs: &[u32]) -> usize {
+        let mut g = self.inner.lock();
+        let mut freed = 0;
+        for &s in segs {
+            if g.state[s as usize] == SegState::Sealed
+                && self.live[s as usize].load(Ordering::Acquire) == 0
+                && self.in_this_epoch(s)
+            {
+                g.state[s as usize] = SegState::Free;
+                g.free.insert(s);
+                g.recent.push(s);
+                freed += 1;
+            }
+        }
+        drop(g);
+        if freed > 0 {
+            self.space.notify_all();
+        }
+        freed
     }
 
     /// Emptied segments worth an early commit: an eighth of the pool, within 16..=256.
@@ -351,10 +451,13 @@ mod tests {
         let addrs: Vec<u64> = (0..2 * n + 2)
             .map(|_| log.alloc(Stream::Data, whole).unwrap())
             .collect();
+        // A commit has seen them: emptying them no longer recycles them.
+        log.begin_snapshot();
+        log.end_snapshot();
         let release = |range: std::ops::Range<usize>| -> Vec<bool> {
             addrs[range]
                 .iter()
-                .map(|&a| log.release_bytes(a, whole as u32))
+                .map(|&a| log.release_bytes(a, whole as u32) == Emptied::Commit)
                 .collect()
         };
         let asks = release(0..n + 1);
@@ -384,9 +487,88 @@ mod tests {
                 .map(|_| log.alloc(stream, whole).unwrap())
                 .collect();
             for &a in &addrs[..n] {
-                assert!(!log.release_bytes(a, whole as u32), "{stream:?}");
+                assert_eq!(
+                    log.release_bytes(a, whole as u32),
+                    Emptied::Nothing,
+                    "{stream:?}"
+                );
             }
+            assert!(log.take_recyclable().is_empty(), "{stream:?}");
         }
+    }
+
+    /// Allocates `n` whole segments of client data and seals the last one.
+    fn whole_segments(log: &Log, n: usize) -> Vec<u64> {
+        let whole = SEGMENT_BYTES as usize;
+        let addrs = (0..n)
+            .map(|_| log.alloc(Stream::Data, whole).unwrap())
+            .collect();
+        log.alloc(Stream::Data, 4096).unwrap();
+        addrs
+    }
+
+    #[test]
+    fn a_segment_emptied_in_the_epoch_it_was_opened_in_is_recycled_without_a_commit() {
+        let log = Log::new(vec![0; 256], 0, true);
+        let whole = SEGMENT_BYTES as u32;
+        let addrs = whole_segments(&log, RECYCLE_BATCH_SEGMENTS);
+        let free = log.free_segments();
+        let asks: Vec<Emptied> = addrs.iter().map(|&a| log.release_bytes(a, whole)).collect();
+        assert!(asks[..RECYCLE_BATCH_SEGMENTS - 1]
+            .iter()
+            .all(|&e| e == Emptied::Nothing));
+        assert_eq!(
+            asks[RECYCLE_BATCH_SEGMENTS - 1],
+            Emptied::Recycle,
+            "a full batch asks"
+        );
+        let segs = log.take_recyclable();
+        assert_eq!(segs.len(), RECYCLE_BATCH_SEGMENTS);
+        assert_eq!(log.recycle(&segs), RECYCLE_BATCH_SEGMENTS);
+        assert_eq!(log.free_segments(), free + RECYCLE_BATCH_SEGMENTS as u32);
+        // The most recently recycled segment is taken first (its pages are cached).
+        assert_eq!(
+            segment_of(log.alloc(Stream::Data, whole as usize).unwrap()),
+            segment_of(addrs[RECYCLE_BATCH_SEGMENTS - 1])
+        );
+    }
+
+    #[test]
+    fn a_segment_a_commit_may_reference_is_never_recycled() {
+        let log = Log::new(vec![0; 256], 0, true);
+        let whole = SEGMENT_BYTES as u32;
+        // Opened before a commit's snapshot, emptied after it began.
+        let before = whole_segments(&log, 2);
+        log.begin_snapshot();
+        // Opened while the snapshot is taken.
+        let during = whole_segments(&log, 2);
+        assert_eq!(log.release_bytes(before[0], whole), Emptied::Nothing);
+        log.end_snapshot();
+        // Emptied after the snapshot: still not recyclable, for either.
+        for a in [before[1], during[0], during[1]] {
+            assert_eq!(log.release_bytes(a, whole), Emptied::Nothing);
+        }
+        assert!(log.take_recyclable().is_empty());
+        // Emptied before the commit began, but recycled after: the commit may free it too.
+        let after = whole_segments(&log, 1);
+        assert_eq!(log.release_bytes(after[0], whole), Emptied::Nothing);
+        let segs = log.take_recyclable();
+        assert_eq!(segs, [segment_of(after[0])]);
+        log.begin_snapshot();
+        assert_eq!(log.recycle(&segs), 0, "a commit began since");
+        log.end_snapshot();
+        // The commit's own collection (taken after its snapshot began) frees them all.
+        assert_eq!(log.zero_sealed().len(), 5);
+    }
+
+    #[test]
+    fn segments_written_before_this_process_are_never_recycled() {
+        let whole = SEGMENT_BYTES as u32;
+        let log = Log::new(vec![whole, whole, 0, 0], 2, true);
+        // Imported segments 0 and 1 hold committed data; the process empties one.
+        assert_eq!(log.release_bytes(0, whole), Emptied::Nothing);
+        assert!(log.take_recyclable().is_empty());
+        assert_eq!(log.zero_sealed(), [0]);
     }
 
     #[test]

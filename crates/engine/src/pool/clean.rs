@@ -58,18 +58,26 @@ impl Core {
                 self.note_dirty(&v, tree.dirty_nodes());
             }
             for (lba, old) in moves {
-                match self.red.read_verified(
-                    old.addrs(),
-                    old.len as usize,
-                    &old.checksum,
-                    &mut stored,
-                ) {
-                    Ok(()) => {}
-                    Err(Error::Unrecoverable(e)) => {
-                        tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                {
+                    // Like a client read: a block replaced since the walk may lie in a
+                    // segment a writer has recycled (`Core::recycle_if_due`) and rewritten.
+                    let _gate = self.reuse_gate.read();
+                    if v.tree.lock().lookup(self, &self.cache, lba)? != old {
                         continue;
                     }
-                    Err(e) => return Err(e),
+                    match self.red.read_verified(
+                        old.addrs(),
+                        old.len as usize,
+                        &old.checksum,
+                        &mut stored,
+                    ) {
+                        Ok(()) => {}
+                        Err(Error::Unrecoverable(e)) => {
+                            tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 let addr = self.alloc_record(Stream::Clean, stored.len())?;
                 let new = Blkptr {

@@ -45,6 +45,9 @@ impl Core {
     }
 
     fn commit_locked(&self) -> Result<()> {
+        // Before the empty segments are collected: none of them can be recycled from here on,
+        // so none is freed twice, once by a writer and once below after the commit took it.
+        let snapshot = Snapshot::begin(&self.log);
         let zero = self.log.zero_sealed_for_commit();
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
@@ -102,6 +105,9 @@ impl Core {
                 rotation,
             });
         }
+        // Every pointer this commit stores has been read: segments opened from now on are
+        // the next commit's.
+        drop(snapshot);
         let next_volume_id = self.sb.lock().next_volume_id;
         let table = TableRecord {
             format: 1,
@@ -190,5 +196,21 @@ impl Core {
             return Err(Error::Poisoned);
         }
         Ok(())
+    }
+}
+
+/// A commit's snapshot of the map (`Log::begin_snapshot`), ended when dropped, also on errors.
+struct Snapshot<'a>(&'a crate::log::Log);
+
+impl<'a> Snapshot<'a> {
+    fn begin(log: &'a crate::log::Log) -> Self {
+        log.begin_snapshot();
+        Snapshot(log)
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        self.0.end_snapshot();
     }
 }

@@ -20,7 +20,7 @@ use crate::codec::{self, checksum};
 use crate::constants::*;
 use crate::device::fault::{Fault, FaultyDevice};
 use crate::keys::{wrap, Secret};
-use crate::log::{Log, Stream};
+use crate::log::{Emptied, Log, Stream};
 use crate::map::{Blkptr, Node, NodeCache, NodeStore, Tree, ADDR_NONE};
 use crate::redundancy::Redundancy;
 use crate::volume::{Compression, Volume, VolumeOptions, VolumeState};
@@ -50,6 +50,8 @@ pub struct Core {
     /// Sum of every volume's `dirty_nodes` (kept by `note_dirty`).
     pub(crate) dirty_nodes_total: std::sync::atomic::AtomicUsize,
     pub reuse_gate: RwLock<()>,
+    /// A batch of recyclable segments is waiting (`recycle_if_due`).
+    pub(crate) recycle_due: AtomicBool,
     pub poisoned: AtomicBool,
     pub closing: AtomicBool,
     /// The volume table changed (create, destroy, keys) or the cleaner moved it.
@@ -132,9 +134,26 @@ impl Core {
     }
 
     pub fn release_record(&self, addr: u64, len: usize) {
-        if self.log.release_bytes(addr, self.red.footprint(len) as u32) {
-            self.wake_maintenance();
+        match self.log.release_bytes(addr, self.red.footprint(len) as u32) {
+            Emptied::Nothing => {}
+            Emptied::Commit => self.wake_maintenance(),
+            Emptied::Recycle => self.recycle_due.store(true, Ordering::Release),
         }
+    }
+
+    /// Free the recyclable segments (`log` module docs) if a batch is waiting. Called by
+    /// writers after they freed what they replaced, holding no map lock and not the reuse
+    /// gate: it waits out every read that looked up a pointer before the segments emptied.
+    pub fn recycle_if_due(&self) {
+        if !self.recycle_due.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let segs = self.log.take_recyclable();
+        if segs.is_empty() {
+            return;
+        }
+        drop(self.reuse_gate.write());
+        self.log.recycle(&segs);
     }
 
     /// Release a record that the in-memory state no longer references.

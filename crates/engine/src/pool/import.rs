@@ -281,6 +281,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commits_done: AtomicU64::new(0),
         dirty_nodes_total: Default::default(),
         reuse_gate: RwLock::new(()),
+        recycle_due: AtomicBool::new(false),
         poisoned: AtomicBool::new(false),
         closing: AtomicBool::new(false),
         table_dirty: AtomicBool::new(true),

@@ -624,6 +624,7 @@ impl Volume {
         if dirty_total > MAP_DIRTY_NODES_MAX {
             self.core.wake_maintenance();
         }
+        self.core.recycle_if_due();
         Ok(())
     }
 
