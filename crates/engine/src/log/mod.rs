@@ -18,7 +18,7 @@
 //! emptied before the next one takes its own, was never referenced by any
 //! commit: it needs no commit to be reused. Such a segment is *recyclable*:
 //! the writer that empties it frees it after waiting out the reads that may
-//! still hold a pointer into it (`Core::recycle`). An overwrite that comes
+//! still hold a pointer into it (`Core::recycle_if_due`). An overwrite that comes
 //! back within one commit interval thus lands in pages it dirtied itself,
 //! which the page cache absorbs, instead of in fresh space that the next
 //! commit must write out. The commit epoch (`epoch`, odd while a commit takes
@@ -81,7 +81,7 @@ pub enum Emptied {
     Nothing,
     /// Enough committed client-data segments emptied: a commit would free them.
     Commit,
-    /// Enough recyclable segments: `Core::recycle` frees them without a commit.
+    /// Enough recyclable segments: `Core::recycle_if_due` frees them without a commit.
     Recycle,
 }
 
@@ -101,6 +101,8 @@ pub struct Log {
     /// The epoch each segment was last opened in (`u64::MAX`: opened before this process,
     /// possibly referenced by the last commit).
     born: Vec<AtomicU64>,
+    /// Segments below this are never freed in this process (`new`, `trust_zero`).
+    reuse_floor: u32,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -112,8 +114,9 @@ pub fn segment_of(addr: u64) -> u32 {
 
 impl Log {
     /// A log whose live counts come from a walk of everything reachable (`live_bytes`).
-    /// Segments below `high_water` whose accounting is unknown (`trust_zero == false`)
-    /// stay sealed so nothing possibly referenced is ever reused.
+    /// When that walk was incomplete (`trust_zero == false`: a map node could not be read),
+    /// every segment below `high_water` stays sealed for this process's life, whatever its
+    /// count says: the nodes not read may point into any of them.
     pub fn new(live_bytes: Vec<u32>, high_water: u32, trust_zero: bool) -> Log {
         let segments = live_bytes.len() as u32;
         let mut free = BTreeSet::new();
@@ -136,6 +139,11 @@ impl Log {
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             epoch: AtomicU64::new(0),
             born: (0..segments).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            reuse_floor: if trust_zero {
+                0
+            } else {
+                high_water.min(segments)
+            },
             inner: Mutex::new(Inner {
                 free,
                 recent: Vec::new(),
@@ -191,6 +199,13 @@ impl Log {
         if room < lens[0] as u64 {
             if let Some((seg, _)) = g.heads[h].take() {
                 g.state[seg as usize] = SegState::Sealed;
+                // Emptied while it was still the head (trimmed, or its writes failed).
+                if stream == Stream::Data
+                    && self.live[seg as usize].load(Ordering::Acquire) == 0
+                    && self.in_this_epoch(seg)
+                {
+                    g.recyclable.push(seg);
+                }
             }
             let reserve = if stream == Stream::Data {
                 SEGMENTS_RESERVED + self.meta_reserve()
@@ -270,7 +285,7 @@ impl Log {
         if self.in_this_epoch(seg as u32) {
             let mut g = self.inner.lock();
             g.recyclable.push(seg as u32);
-            return if g.recyclable.len() == RECYCLE_BATCH_SEGMENTS {
+            return if g.recyclable.len() >= RECYCLE_BATCH_SEGMENTS {
                 Emptied::Recycle
             } else {
                 Emptied::Nothing
@@ -302,33 +317,48 @@ impl Log {
         debug_assert!(e % 2 == 1, "snapshot end without a start");
     }
 
-    /// Recyclable segments waiting, taken for `recycle`.
-    pub fn take_recyclable(&self) -> Vec<u32> {
-        std::mem::take(&mut self.inner.lock().recyclable)
-    }
-
-    /// Free the segments of `take_recyclable` that are still recyclable: sealed, empty, and
-    /// opened in the current epoch. The caller has waited out every read that looked up a
-    /// pointer before they emptied (`Core::recycle`). Returns how many were freed.
-    pub fn recycle(&self, segs: &[u32]) -> usize {
+    /// The recyclable segments waiting, for `recycle`: those sealed, empty and opened in the
+    /// current epoch now (a sealed segment's live count cannot rise again), and that epoch.
+    /// An entry that no longer qualifies is dropped: a segment still open when it emptied
+    /// is queued again when it seals; one a commit has seen is freed by that commit.
+    pub fn take_recyclable(&self) -> (Vec<u32>, u64) {
         let mut g = self.inner.lock();
-        let mut freed = 0;
-        for &s in segs {
-            if g.state[s as usize] == SegState::Sealed
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let mut segs = std::mem::take(&mut g.recyclable);
+        segs.retain(|&s| {
+            g.state[s as usize] == SegState::Sealed
                 && self.live[s as usize].load(Ordering::Acquire) == 0
                 && self.in_this_epoch(s)
-            {
-                g.state[s as usize] = SegState::Free;
-                g.free.insert(s);
-                g.recent.push(s);
-                freed += 1;
-            }
+        });
+        segs.sort_unstable();
+        segs.dedup();
+        (segs, epoch)
+    }
+
+    /// Free the segments `take_recyclable` returned with `epoch`, unless a commit has begun
+    /// since (it frees them itself: they are still sealed and empty when it collects).
+    /// The caller has waited out every read that looked up a pointer into them
+    /// (`Core::recycle_if_due`). Returns how many were freed.
+    pub fn recycle(&self, segs: &[u32], epoch: u64) -> usize {
+        let mut g = self.inner.lock();
+        if self.epoch.load(Ordering::SeqCst) != epoch {
+            return 0;
+        }
+        for &s in segs {
+            debug_assert!(
+                g.state[s as usize] == SegState::Sealed
+                    && self.live[s as usize].load(Ordering::Acquire) == 0,
+                "segment {s} changed between take_recyclable and recycle"
+            );
+            g.state[s as usize] = SegState::Free;
+            g.free.insert(s);
+            g.recent.push(s);
         }
         drop(g);
-        if freed > 0 {
+        if !segs.is_empty() {
             self.space.notify_all();
         }
-        freed
+        segs.len()
     }
 
     /// Emptied segments worth an early commit: an eighth of the pool, within 16..=256.
@@ -336,16 +366,19 @@ impl Log {
         (self.segments / 8).clamp(16, RELEASE_COMMIT_SEGMENTS_MAX)
     }
 
-    /// `zero_sealed` for the commit that will free them: the early-commit count starts again.
+    /// `zero_sealed` for the commit that will free them: the early-commit count starts again,
+    /// and segments waiting to be recycled are this commit's to free (called after
+    /// `begin_snapshot`: none of them can be recycled any more).
     pub fn zero_sealed_for_commit(&self) -> Vec<u32> {
         self.emptied.store(0, Ordering::Relaxed);
+        self.inner.lock().recyclable.clear();
         self.zero_sealed()
     }
 
     /// Sealed segments with no live bytes: candidates to free once the next commit is durable.
     pub fn zero_sealed(&self) -> Vec<u32> {
         let g = self.inner.lock();
-        (0..self.segments)
+        (self.reuse_floor..self.segments)
             .filter(|&s| {
                 g.state[s as usize] == SegState::Sealed
                     && self.live[s as usize].load(Ordering::Acquire) == 0
@@ -375,7 +408,7 @@ impl Log {
     /// Sealed segments worth cleaning, emptiest first: at most `max`, each under `live_max_bytes` live.
     pub fn victims(&self, max: usize, live_max_bytes: u32) -> Vec<u32> {
         let g = self.inner.lock();
-        let mut v: Vec<(u32, u32)> = (0..self.segments)
+        let mut v: Vec<(u32, u32)> = (self.reuse_floor..self.segments)
             .filter(|&s| g.state[s as usize] == SegState::Sealed)
             .map(|s| (self.live[s as usize].load(Ordering::Relaxed), s))
             .filter(|&(l, _)| l > 0 && l < live_max_bytes)
@@ -493,7 +526,7 @@ mod tests {
                     "{stream:?}"
                 );
             }
-            assert!(log.take_recyclable().is_empty(), "{stream:?}");
+            assert!(log.take_recyclable().0.is_empty(), "{stream:?}");
         }
     }
 
@@ -522,9 +555,9 @@ mod tests {
             Emptied::Recycle,
             "a full batch asks"
         );
-        let segs = log.take_recyclable();
+        let (segs, epoch) = log.take_recyclable();
         assert_eq!(segs.len(), RECYCLE_BATCH_SEGMENTS);
-        assert_eq!(log.recycle(&segs), RECYCLE_BATCH_SEGMENTS);
+        assert_eq!(log.recycle(&segs, epoch), RECYCLE_BATCH_SEGMENTS);
         assert_eq!(log.free_segments(), free + RECYCLE_BATCH_SEGMENTS as u32);
         // The most recently recycled segment is taken first (its pages are cached).
         assert_eq!(
@@ -548,17 +581,61 @@ mod tests {
         for a in [before[1], during[0], during[1]] {
             assert_eq!(log.release_bytes(a, whole), Emptied::Nothing);
         }
-        assert!(log.take_recyclable().is_empty());
-        // Emptied before the commit began, but recycled after: the commit may free it too.
+        assert!(log.take_recyclable().0.is_empty());
+        // Emptied before the commit began, but recycled after: the commit frees it instead.
         let after = whole_segments(&log, 1);
         assert_eq!(log.release_bytes(after[0], whole), Emptied::Nothing);
-        let segs = log.take_recyclable();
+        let (segs, epoch) = log.take_recyclable();
         assert_eq!(segs, [segment_of(after[0])]);
         log.begin_snapshot();
-        assert_eq!(log.recycle(&segs), 0, "a commit began since");
+        assert_eq!(log.recycle(&segs, epoch), 0, "a commit began since");
+        // The commit's own collection (taken after its snapshot began) has them all.
+        assert_eq!(log.zero_sealed_for_commit().len(), 5);
         log.end_snapshot();
-        // The commit's own collection (taken after its snapshot began) frees them all.
-        assert_eq!(log.zero_sealed().len(), 5);
+    }
+
+    /// An entry left waiting when a commit freed its segment must not recycle the segment
+    /// once it is reused: it is live again, and a reader may look a block up in it after
+    /// the recycler waited out the readers and before its last block is overwritten.
+    #[test]
+    fn a_recycled_entry_never_outlives_its_segment() {
+        let log = Log::new(vec![0; 256], 0, true);
+        let whole = SEGMENT_BYTES as u32;
+        let first = whole_segments(&log, 1)[0];
+        let seg = segment_of(first);
+        assert_eq!(log.release_bytes(first, whole), Emptied::Nothing);
+        // A commit collects it, becomes durable and frees it; it is reused at once.
+        log.begin_snapshot();
+        let zero = log.zero_sealed_for_commit();
+        log.end_snapshot();
+        assert!(zero.contains(&seg));
+        log.release(&zero);
+        let again = log.alloc(Stream::Data, whole as usize).unwrap();
+        assert_eq!(segment_of(again), seg, "most recently freed first");
+        log.alloc(Stream::Data, 4096).unwrap();
+        // Live again: nothing to recycle, now or after its last block goes.
+        let (segs, epoch) = log.take_recyclable();
+        assert!(segs.is_empty(), "{segs:?}");
+        log.release_bytes(again, whole);
+        assert_eq!(log.recycle(&segs, epoch), 0);
+        assert_eq!(log.take_recyclable().0, [seg], "emptied in its new epoch");
+    }
+
+    /// A head segment emptied while still open (its blocks trimmed) is recycled once sealed,
+    /// not while it can still take records.
+    #[test]
+    fn a_segment_emptied_while_open_is_recycled_once_sealed() {
+        let log = Log::new(vec![0; 256], 0, true);
+        let a = log.alloc(Stream::Data, 4096).unwrap();
+        log.release_bytes(a, 4096);
+        assert!(log.take_recyclable().0.is_empty(), "still the head");
+        let b = log.alloc(Stream::Data, 4096).unwrap();
+        assert_eq!(segment_of(a), segment_of(b));
+        log.release_bytes(b, 4096);
+        // Sealed by the next record that does not fit.
+        let c = log.alloc(Stream::Data, SEGMENT_BYTES as usize).unwrap();
+        assert_ne!(segment_of(c), segment_of(a));
+        assert_eq!(log.take_recyclable().0, [segment_of(a)]);
     }
 
     #[test]
@@ -567,7 +644,7 @@ mod tests {
         let log = Log::new(vec![whole, whole, 0, 0], 2, true);
         // Imported segments 0 and 1 hold committed data; the process empties one.
         assert_eq!(log.release_bytes(0, whole), Emptied::Nothing);
-        assert!(log.take_recyclable().is_empty());
+        assert!(log.take_recyclable().0.is_empty());
         assert_eq!(log.zero_sealed(), [0]);
     }
 
@@ -584,5 +661,13 @@ mod tests {
         let log = Log::new(vec![0; 10], 6, false);
         assert_eq!(log.free_segments(), 4);
         assert_eq!(segment_of(log.alloc(Stream::Meta, 16).unwrap()), 6);
+        // Not even a commit frees them: an unreadable map node may still point into them
+        // (the import's own commit did, before).
+        log.begin_snapshot();
+        let zero = log.zero_sealed_for_commit();
+        log.end_snapshot();
+        assert!(zero.is_empty(), "{zero:?}");
+        log.release(&zero);
+        assert_eq!(log.free_segments(), 3);
     }
 }

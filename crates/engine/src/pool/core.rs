@@ -148,12 +148,12 @@ impl Core {
         if !self.recycle_due.swap(false, Ordering::AcqRel) {
             return;
         }
-        let segs = self.log.take_recyclable();
+        let (segs, epoch) = self.log.take_recyclable();
         if segs.is_empty() {
             return;
         }
         drop(self.reuse_gate.write());
-        self.log.recycle(&segs);
+        self.log.recycle(&segs, epoch);
     }
 
     /// Release a record that the in-memory state no longer references.
