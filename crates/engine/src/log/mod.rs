@@ -156,6 +156,14 @@ impl Log {
         }
     }
 
+    /// Segment `seg`, found at import, holds client data: when it empties, it counts toward
+    /// an early commit like a segment this process wrote data to (never recycled: `born`).
+    pub fn mark_data(&self, seg: u32) {
+        if let Some(d) = self.holds_data.get(seg as usize) {
+            d.store(true, Ordering::Relaxed);
+        }
+    }
+
     pub fn segments(&self) -> u32 {
         self.segments
     }
@@ -641,11 +649,19 @@ mod tests {
     #[test]
     fn segments_written_before_this_process_are_never_recycled() {
         let whole = SEGMENT_BYTES as u32;
-        let log = Log::new(vec![whole, whole, 0, 0], 2, true);
-        // Imported segments 0 and 1 hold committed data; the process empties one.
-        assert_eq!(log.release_bytes(0, whole), Emptied::Nothing);
+        let log = Log::new(vec![whole; 64], 64, true);
+        // Imported segments hold committed client data; the process empties them.
+        for s in 0..64 {
+            log.mark_data(s);
+        }
+        let n = log.release_commit_segments();
+        let asks: Vec<Emptied> = (0..n)
+            .map(|s| log.release_bytes(s as u64 * SEGMENT_BYTES, whole))
+            .collect();
         assert!(log.take_recyclable().0.is_empty());
-        assert_eq!(log.zero_sealed(), [0]);
+        // They wait for a commit, and enough of them ask for one early.
+        assert_eq!(asks.last(), Some(&Emptied::Commit));
+        assert_eq!(log.zero_sealed().len(), n as usize);
     }
 
     #[test]

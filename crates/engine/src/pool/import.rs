@@ -318,6 +318,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
     };
     count(&newest.root, &mut live);
+    // Segments holding client data: emptying them counts toward an early commit (`Log`).
+    let mut data_segments = std::collections::BTreeSet::new();
     let mut volumes = BTreeMap::new();
     for rec in &table.volumes {
         let root = ptr_from_hex(&rec.root)?;
@@ -330,6 +332,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 Visit::Node { ptr, .. } => count(ptr, &mut live),
                 Visit::Data { ptr, .. } => {
                     count(ptr, &mut live);
+                    data_segments.extend(ptr.addrs().iter().map(|&a| segment_of(a)));
                     used += ptr.len as u64;
                 }
             }
@@ -359,6 +362,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     core.log = Log::new(live, newest.high_water, complete);
+    for seg in data_segments {
+        core.log.mark_data(seg);
+    }
     core.accounting_complete = complete;
     *core.volumes.get_mut() = volumes;
     core.sb.get_mut().next_volume_id = table.next_volume_id;
