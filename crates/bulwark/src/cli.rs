@@ -961,6 +961,11 @@ mod tests {
             (a.mode, a.probability, a.seed),
             (FaultMode::ReadFlip, 0.5, None)
         );
+        let cli = parse(&["fault", "set", "/d", "slow-reads"]).unwrap();
+        let Command::Fault(FaultCommand::Set(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.mode, FaultMode::SlowReads);
         assert!(parse(&["fault", "set", "/d", "flip-everything"]).is_err());
         assert!(parse(&["fault", "set", "/d", "vanish", "--probability", "2"]).is_err());
         assert!(parse(&["fault", "clear"]).is_ok());
