@@ -352,21 +352,24 @@ impl Log {
         if self.epoch.load(Ordering::SeqCst) != epoch {
             return 0;
         }
+        let mut freed = 0;
         for &s in segs {
-            debug_assert!(
-                g.state[s as usize] == SegState::Sealed
-                    && self.live[s as usize].load(Ordering::Acquire) == 0,
-                "segment {s} changed between take_recyclable and recycle"
-            );
-            g.state[s as usize] = SegState::Free;
-            g.free.insert(s);
-            g.recent.push(s);
+            // Still true with the epoch unchanged (a sealed segment's count cannot rise, and
+            // only a commit frees a sealed one otherwise); checked as `release` checks.
+            if g.state[s as usize] == SegState::Sealed
+                && self.live[s as usize].load(Ordering::Acquire) == 0
+            {
+                g.state[s as usize] = SegState::Free;
+                g.free.insert(s);
+                g.recent.push(s);
+                freed += 1;
+            }
         }
         drop(g);
-        if !segs.is_empty() {
+        if freed > 0 {
             self.space.notify_all();
         }
-        segs.len()
+        freed
     }
 
     /// Emptied segments worth an early commit: an eighth of the pool, within 16..=256.

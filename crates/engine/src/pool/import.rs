@@ -319,7 +319,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     };
     count(&newest.root, &mut live);
     // Segments holding client data: emptying them counts toward an early commit (`Log`).
-    let mut data_segments = std::collections::BTreeSet::new();
+    let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
     for rec in &table.volumes {
         let root = ptr_from_hex(&rec.root)?;
@@ -332,7 +332,11 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 Visit::Node { ptr, .. } => count(ptr, &mut live),
                 Visit::Data { ptr, .. } => {
                     count(ptr, &mut live);
-                    data_segments.extend(ptr.addrs().iter().map(|&a| segment_of(a)));
+                    for &a in ptr.addrs() {
+                        if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
+                            *d = true;
+                        }
+                    }
                     used += ptr.len as u64;
                 }
             }
@@ -362,8 +366,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     core.log = Log::new(live, newest.high_water, complete);
-    for seg in data_segments {
-        core.log.mark_data(seg);
+    for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
+        core.log.mark_data(seg as u32);
     }
     core.accounting_complete = complete;
     *core.volumes.get_mut() = volumes;
