@@ -10,8 +10,14 @@
 //! socket (`read_batch`), lets go, runs them, and writes their replies
 //! under the write side's lock. A request is handled start to finish on one
 //! thread; the only hand-off left is the read lock passing to the next
-//! thread, once per batch. Replies are written by whichever thread holds the
-//! write side, several per system call (`send`). TLS streams keep the async path (OpenSSL sessions cannot be read
+//! thread, and only for a batch worth it: one expected to run for at least
+//! `HANDOFF_BATCH_NS`, or holding a FLUSH or FUA write (which wait for a
+//! commit). A cheaper batch is run by the thread that read it, which keeps
+//! the read side: waking another thread and moving the socket's state to
+//! its CPU would cost more than the batch, and on a small machine serving
+//! several connections those wake-ups, not the backend, set the rate
+//! (`Conn::request_ns` learns what a request costs). Replies are written by
+//! whichever thread holds the write side, several per system call (`send`). TLS streams keep the async path (OpenSSL sessions cannot be read
 //! and written from two threads at once).
 //!
 //! Invariants (the same as `transmission.rs`, kept differently):
@@ -24,6 +30,10 @@
 //!   already whole on the socket, so it never waits for a second request
 //!   while holding the first. Threads start on demand (when every started one is busy)
 //!   and stay until the connection ends; an idle connection holds one.
+//! - A thread that kept the read side never blocks writing replies while
+//!   holding it: it writes without waiting, and when the socket is full it
+//!   hands the read side to another thread before it waits (`stall`), so a
+//!   client that sends requests before it reads replies cannot deadlock us.
 //! - Every request read gets exactly one reply, unless writing to the client
 //!   fails, after which the connection is closed.
 //! - The connection ends only after every thread has returned from its last
@@ -35,8 +45,9 @@
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::debug;
@@ -44,9 +55,10 @@ use tracing::debug;
 use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
 use crate::limits::{
-    BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, READ_BUFFER_BYTES,
+    BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, HANDOFF_BATCH_NS,
+    KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS, WATCHDOG_TICK,
 };
-use crate::proto::{Request, CMD_WRITE};
+use crate::proto::{Request, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE};
 use crate::server::Limits;
 use crate::transmission::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
 
@@ -56,6 +68,26 @@ pub(crate) trait Socket: Read + Write + Pending + Send + Sync + Sized + 'static 
     fn try_clone(&self) -> io::Result<Self>;
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()>;
+    /// Writes what the socket takes now, without waiting (`WouldBlock` when
+    /// it takes nothing).
+    fn write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+}
+
+/// `sendmsg` with `MSG_DONTWAIT`: one call that never waits, whatever the
+/// descriptor's blocking mode (shared by every clone of the socket).
+fn send_now(fd: std::os::unix::io::RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec; sendmsg only reads through it.
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: msg points at `bufs`, which outlives the call; `fd` is a socket we own.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 impl Socket for std::os::unix::net::UnixStream {
@@ -68,6 +100,9 @@ impl Socket for std::os::unix::net::UnixStream {
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         std::os::unix::net::UnixStream::set_nonblocking(self, nonblocking)
     }
+    fn write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        send_now(std::os::unix::io::AsRawFd::as_raw_fd(self), bufs)
+    }
 }
 
 impl Socket for std::net::TcpStream {
@@ -79,6 +114,9 @@ impl Socket for std::net::TcpStream {
     }
     fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         std::net::TcpStream::set_nonblocking(self, nonblocking)
+    }
+    fn write_now(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        send_now(std::os::unix::io::AsRawFd::as_raw_fd(self), bufs)
     }
 }
 
@@ -118,10 +156,19 @@ struct Reading<S> {
     end: Option<End>,
 }
 
-/// Thread accounting.
+/// Thread accounting and the read role: one thread at a time reads
+/// requests (`reader`); the others run batches (`busy`) or wait for the
+/// role (`idle`, on `Conn::turn`).
 struct Threads {
     started: usize,
     busy: usize,
+    idle: usize,
+    reader: bool,
+    /// Counts the times the read role was taken. The role changes hands
+    /// only when its holder lets go, or when the watchdog takes it from a
+    /// holder running a batch it kept (`Conn::nudge`, which counts that
+    /// thread busy): the holder tells the two apart by this count.
+    epoch: u64,
 }
 
 struct Conn<S> {
@@ -134,15 +181,131 @@ struct Conn<S> {
     /// Kept to shut the socket down from outside the threads.
     ctl: S,
     threads: Mutex<Threads>,
+    /// Wakes a thread waiting for the read role.
+    turn: Condvar,
     threads_max: usize,
     /// Most requests one thread reads at once.
     batch_max: usize,
     /// `Server::shutdown` was called: a read that returns EOF now means
     /// "shutting down", not "client closed".
     stopping: AtomicBool,
+    /// What one request of this connection has lately cost to run, in
+    /// nanoseconds (a moving average over batches; 0 before the first).
+    request_ns: AtomicU64,
+    /// When the reader began running a batch it kept (`now_ns`), 0 when it
+    /// is not running one: the watchdog hands the read role on when this
+    /// gets old (`nudge`).
+    kept_since: AtomicU64,
     /// Reading has stopped (for any reason): the drain timer starts.
     read_ended: Notify,
     runtime: tokio::runtime::Handle,
+}
+
+/// Nanoseconds since the first call in this process, never 0.
+fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// A connection the watchdog looks at.
+trait Watched: Send + Sync {
+    /// Hands the read role on if a kept batch has run too long; whether one runs.
+    fn nudge(&self, now: u64) -> bool;
+}
+
+impl<S: Socket> Watched for Conn<S> {
+    fn nudge(&self, now: u64) -> bool {
+        Conn::nudge(self, now)
+    }
+}
+
+/// One thread per process that looks, every `WATCHDOG_TICK`, for a reader
+/// stuck in a batch it kept, and hands its read role on. It sleeps while no
+/// kept batch has run for `WATCHDOG_IDLE_TICKS` ticks; `running` wakes it.
+struct Watchdog {
+    conns: Mutex<Vec<Weak<dyn Watched>>>,
+    parked: AtomicBool,
+    /// Guards the sleep (`parked` is also read without it).
+    sleep: Mutex<()>,
+    wake: Condvar,
+}
+
+fn watchdog() -> &'static Watchdog {
+    static DOG: OnceLock<&'static Watchdog> = OnceLock::new();
+    DOG.get_or_init(|| {
+        let dog: &'static Watchdog = Box::leak(Box::new(Watchdog {
+            conns: Mutex::new(Vec::new()),
+            parked: AtomicBool::new(false),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("nbd-watchdog".into())
+            .spawn(move || dog.patrol())
+            .expect("cannot start the NBD watchdog thread");
+        dog
+    })
+}
+
+impl Watchdog {
+    fn watch(&self, conn: Weak<dyn Watched>) {
+        let mut conns = lock(&self.conns);
+        // Connections that ended while the watchdog slept go here.
+        conns.retain(|weak| weak.strong_count() > 0);
+        conns.push(conn);
+    }
+
+    /// A reader kept a batch: wake the watchdog if it sleeps.
+    fn running(&self) {
+        if self.parked.load(Ordering::SeqCst) {
+            let _g = lock(&self.sleep);
+            self.parked.store(false, Ordering::SeqCst);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Looks at every live connection once; whether any runs a kept batch.
+    fn scan(&self) -> bool {
+        let now = now_ns();
+        let mut any = false;
+        lock(&self.conns).retain(|weak| match weak.upgrade() {
+            Some(conn) => {
+                any |= conn.nudge(now);
+                true
+            }
+            None => false,
+        });
+        any
+    }
+
+    fn patrol(&self) {
+        let mut quiet = 0;
+        loop {
+            std::thread::sleep(WATCHDOG_TICK);
+            if self.scan() {
+                quiet = 0;
+                continue;
+            }
+            quiet += 1;
+            if quiet < WATCHDOG_IDLE_TICKS {
+                continue;
+            }
+            let mut g = lock(&self.sleep);
+            self.parked.store(true, Ordering::SeqCst);
+            // A batch kept before `parked` was set is seen here; one kept
+            // after it finds `parked` set and wakes us.
+            if self.scan() {
+                self.parked.store(false, Ordering::SeqCst);
+            }
+            while self.parked.load(Ordering::SeqCst) {
+                g = self.wake.wait(g).unwrap_or_else(PoisonError::into_inner);
+            }
+            quiet = 0;
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -173,45 +336,175 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// One thread: read a batch of requests, run them, reply; until reading stops.
+    /// One thread: take the read role, read a batch of requests, run them,
+    /// reply; until reading stops.
     fn serve_requests(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
         let mut header = [0u8; Request::LEN];
         let mut batch = Vec::new();
         let mut replies = Vec::new();
-        loop {
-            let ended = {
-                let mut reading = lock(&self.reading);
-                if reading.end.is_some() {
-                    break;
-                }
-                match self.read_batch(&mut reading.rd, &mut header, &mut batch) {
-                    Some(end) => {
-                        self.end_reading(&mut reading, end);
-                        true
+        'role: loop {
+            let epoch = self.take_role(alive);
+            // While this thread holds the read role:
+            loop {
+                let ended = {
+                    let mut reading = lock(&self.reading);
+                    if reading.end.is_some() {
+                        drop(reading);
+                        self.give_role();
+                        break 'role;
                     }
-                    None => false,
-                }
-            };
-            if batch.is_empty() {
-                break;
-            }
-            self.start_busy(alive);
-            let ex = &self.shared.export;
-            for (req, data) in batch.drain(..) {
-                replies.push(match validate(&req, ex) {
-                    Err(rej) => {
-                        self.shared.pool.give(data);
-                        rejected(&req, &rej, ex.structured)
+                    match self.read_batch(&mut reading.rd, &mut header, &mut batch) {
+                        Some(end) => {
+                            self.end_reading(&mut reading, end);
+                            true
+                        }
+                        None => false,
                     }
-                    Ok(op) => execute(op, req.handle, data, &self.shared),
-                });
-            }
-            let ok = self.send(&mut replies);
-            lock(&self.threads).busy -= 1;
-            if !ok || ended {
-                break;
+                };
+                if batch.is_empty() {
+                    self.give_role();
+                    break 'role;
+                }
+                let mut reader = !ended && self.run_here(&batch);
+                if reader {
+                    self.kept_since.store(now_ns(), Ordering::SeqCst);
+                    watchdog().running();
+                } else {
+                    self.hand_off();
+                }
+                let started = Instant::now();
+                let requests = batch.len() as u64;
+                let ex = &self.shared.export;
+                for (req, data) in batch.drain(..) {
+                    replies.push(match validate(&req, ex) {
+                        Err(rej) => {
+                            self.shared.pool.give(data);
+                            rejected(&req, &rej, ex.structured)
+                        }
+                        Ok(op) => execute(op, req.handle, data, &self.shared),
+                    });
+                }
+                self.learn_cost(started, requests);
+                if reader {
+                    reader = self.end_kept(epoch);
+                }
+                let ok = if reader {
+                    // Before this thread waits for a full socket, another takes the read side.
+                    let mut stall = || {
+                        reader = false;
+                        self.hand_off();
+                    };
+                    self.send(&mut replies, Some(&mut stall))
+                } else {
+                    self.send(&mut replies, None)
+                };
+                if !reader {
+                    lock(&self.threads).busy -= 1;
+                }
+                if !ok || ended {
+                    if reader {
+                        self.give_role();
+                    }
+                    break 'role;
+                }
+                if !reader {
+                    continue 'role;
+                }
             }
         }
+    }
+
+    /// Waits for the read role; keeps one more thread waiting for it while
+    /// there is room, so the role can always be handed on at once. Returns
+    /// the role's epoch.
+    fn take_role(self: &Arc<Self>, alive: &mpsc::Sender<()>) -> u64 {
+        let mut t = lock(&self.threads);
+        while t.reader {
+            t.idle += 1;
+            t = self.turn.wait(t).unwrap_or_else(PoisonError::into_inner);
+            t.idle -= 1;
+        }
+        t.reader = true;
+        t.epoch += 1;
+        let epoch = t.epoch;
+        if t.idle == 0 && t.started < self.threads_max {
+            t.started += 1;
+            drop(t);
+            self.spawn(alive);
+        }
+        epoch
+    }
+
+    /// Gives the read role up (this thread is leaving).
+    fn give_role(&self) {
+        lock(&self.threads).reader = false;
+        self.turn.notify_one();
+    }
+
+    /// Hands the read role to a waiting thread; this one becomes busy.
+    fn hand_off(&self) {
+        let mut t = lock(&self.threads);
+        t.reader = false;
+        t.busy += 1;
+        drop(t);
+        self.turn.notify_one();
+    }
+
+    /// The reader (of role `epoch`) finished a batch it kept: whether it
+    /// still holds the role (the watchdog may have handed it on meanwhile,
+    /// counting this thread busy).
+    fn end_kept(&self, epoch: u64) -> bool {
+        let t = lock(&self.threads);
+        let holder = t.reader && t.epoch == epoch;
+        if holder {
+            self.kept_since.store(0, Ordering::SeqCst);
+        }
+        holder
+    }
+
+    /// From the watchdog: when the reader has been running a batch it kept
+    /// for longer than `KEPT_BATCH_STALL`, another thread takes the read role
+    /// (a request that looked cheap is waiting for storage). Returns whether
+    /// a kept batch is running.
+    fn nudge(&self, now: u64) -> bool {
+        let since = self.kept_since.load(Ordering::SeqCst);
+        if since == 0 {
+            return false;
+        }
+        if now.saturating_sub(since) >= KEPT_BATCH_STALL.as_nanos() as u64 {
+            let mut t = lock(&self.threads);
+            if self.kept_since.load(Ordering::SeqCst) == since && t.reader && t.idle > 0 {
+                self.kept_since.store(0, Ordering::SeqCst);
+                t.reader = false;
+                t.busy += 1;
+                drop(t);
+                self.turn.notify_one();
+            }
+        }
+        true
+    }
+
+    /// Whether the thread that read `batch` should run it and keep the read
+    /// side: when it holds no FLUSH or FUA write and should take less than
+    /// `HANDOFF_BATCH_NS` at what requests have lately cost.
+    fn run_here(&self, batch: &[(Request, Vec<u8>)]) -> bool {
+        let waits = |r: &Request| r.kind == CMD_FLUSH || r.flags & CMD_FLAG_FUA != 0;
+        if batch.iter().any(|(r, _)| waits(r)) {
+            return false;
+        }
+        let per_request = self.request_ns.load(Ordering::Relaxed);
+        per_request.saturating_mul(batch.len() as u64) < HANDOFF_BATCH_NS
+    }
+
+    /// Folds a batch's run time into `request_ns` (a moving average, 1/8
+    /// weight to the newest batch; concurrent updates may lose one, which
+    /// only delays the average).
+    fn learn_cost(&self, started: Instant, requests: u64) {
+        let per_request =
+            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX) / requests.max(1);
+        let old = self.request_ns.load(Ordering::Relaxed);
+        let new = old.saturating_mul(7).saturating_add(per_request) / 8;
+        self.request_ns.store(new, Ordering::Relaxed);
     }
 
     /// Reads one request, waiting for it, then as many more as the socket already
@@ -244,17 +537,6 @@ impl<S: Socket> Conn<S> {
         }
     }
 
-    /// Marks this thread busy; starts another when none is left to read.
-    fn start_busy(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
-        let mut t = lock(&self.threads);
-        t.busy += 1;
-        if t.busy == t.started && t.started < self.threads_max {
-            t.started += 1;
-            drop(t);
-            self.spawn(alive);
-        }
-    }
-
     /// Reads one request header and its payload.
     fn read_request(
         &self,
@@ -283,11 +565,13 @@ impl<S: Socket> Conn<S> {
     }
 
     /// Queues replies (taken from `outs`) for the write side (`Combiner`);
-    /// returns false once writing to the client has failed.
-    fn send(&self, outs: &mut Vec<Outgoing>) -> bool {
+    /// returns false once writing to the client has failed. With a `stall`,
+    /// this thread writes without waiting, and runs `stall` once before it
+    /// first waits for room on the socket.
+    fn send(&self, outs: &mut Vec<Outgoing>, mut stall: Option<&mut dyn FnMut()>) -> bool {
         self.replies.push(outs, |wr, batch| {
             if !self.write_failed.load(Ordering::Acquire) {
-                if let Err(e) = write_batch(wr, &batch) {
+                if let Err(e) = write_batch(wr, &batch, &mut stall) {
                     debug!("could not send a reply: {e}");
                     self.write_failed.store(true, Ordering::Release);
                     let mut reading = lock(&self.reading);
@@ -352,7 +636,13 @@ impl<T, W> Combiner<T, W> {
 }
 
 /// Writes replies end to end, in as few system calls as the kernel allows.
-fn write_batch<W: Write>(wr: &mut W, batch: &[Outgoing]) -> io::Result<()> {
+/// With a `stall`, without waiting while the socket takes them; once it is
+/// full, `stall` runs (and is taken) and the rest is written waiting.
+fn write_batch<S: Socket>(
+    wr: &mut S,
+    batch: &[Outgoing],
+    stall: &mut Option<&mut dyn FnMut()>,
+) -> io::Result<()> {
     let mut parts: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len() * 2);
     for out in batch {
         parts.push(IoSlice::new(out.head()));
@@ -362,12 +652,23 @@ fn write_batch<W: Write>(wr: &mut W, batch: &[Outgoing]) -> io::Result<()> {
     }
     let mut bufs: &mut [IoSlice<'_>] = &mut parts;
     while !bufs.is_empty() {
+        let waiting = stall.is_none();
         // At most IOV_MAX slices per call.
         let n = bufs.len().min(1024);
-        match wr.write_vectored(&bufs[..n]) {
+        let result = if waiting {
+            wr.write_vectored(&bufs[..n])
+        } else {
+            wr.write_now(&bufs[..n])
+        };
+        match result {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(written) => IoSlice::advance_slices(&mut bufs, written),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !waiting => {
+                if let Some(stall) = stall.take() {
+                    stall();
+                }
+            }
             Err(e) => return Err(e),
         }
     }
@@ -544,13 +845,20 @@ pub(crate) async fn run<S: Socket>(
         threads: Mutex::new(Threads {
             started: 1,
             busy: 0,
+            idle: 0,
+            reader: false,
+            epoch: 0,
         }),
+        turn: Condvar::new(),
         threads_max,
         batch_max: (limits.inflight_max / threads_max).clamp(1, BATCH_REQUESTS_MAX),
         stopping: AtomicBool::new(false),
+        request_ns: AtomicU64::new(0),
+        kept_since: AtomicU64::new(0),
         read_ended: Notify::new(),
         runtime: tokio::runtime::Handle::current(),
     });
+    watchdog().watch(Arc::downgrade(&conn) as Weak<dyn Watched>);
     conn.spawn(&alive);
     drop(alive);
 

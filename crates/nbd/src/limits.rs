@@ -33,6 +33,22 @@ pub const WORKERS_PER_CONN_LIMIT: usize = 256;
 /// Most requests one thread of the plain-socket path (`direct.rs`) reads and
 /// runs as one batch, when they are already waiting whole on the socket.
 pub const BATCH_REQUESTS_MAX: usize = 16;
+/// A batch expected to run for less than this (nanoseconds, at what the
+/// connection's requests have lately cost) is run by the thread that read
+/// it, which keeps the read side; a longer one is handed off: another thread
+/// reads on while it runs. 50 µs is several times what a wake-up and the
+/// migration of the socket's state cost on a small VM, and far below a
+/// request that waits for storage (an NVMe read is ~80 µs).
+pub const HANDOFF_BATCH_NS: u64 = 50_000;
+/// A batch kept by its reader (see `HANDOFF_BATCH_NS`) that has run this
+/// long hands the read side to another thread after all: its requests
+/// looked cheap but are waiting for storage. Checked every `WATCHDOG_TICK`.
+pub const KEPT_BATCH_STALL: Duration = Duration::from_micros(500);
+/// How often the watchdog looks at kept batches while any runs.
+pub const WATCHDOG_TICK: Duration = Duration::from_millis(1);
+/// Ticks without a kept batch after which the watchdog sleeps until one
+/// starts.
+pub const WATCHDOG_IDLE_TICKS: u32 = 100;
 /// Write payload bytes a batch may hold in all; a batch's first request may
 /// exceed it on its own (up to `max_request_bytes`), and then has no company.
 pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;

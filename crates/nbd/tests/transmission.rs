@@ -465,6 +465,35 @@ async fn every_reply_arrives_under_load<P: Pipe>() {
     }
 }
 
+/// A client that sends every request before it reads a reply (legal, if
+/// rude): 64 KiB reads fill the socket towards it while its 64 KiB writes
+/// fill the socket towards us. The server must go on reading requests while
+/// replies wait for room; a thread that kept the read side across a cheap
+/// batch hands it over before it waits (`direct.rs`, `stall`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_replies_only_after_sending_everything_is_served() {
+    let (server, _, _) = server();
+    let (s, _task) = tokio::net::UnixStream::pipe(&server);
+    let (mut c, _, _) = Client::open(s, "disk").await;
+    const PAIRS: u64 = 200;
+    let data = pattern(65536, 7);
+    let mut handles = std::collections::HashSet::new();
+    within(async {
+        for i in 0..PAIRS {
+            let offset = (i % 16) * 65536;
+            handles.insert(c.send(CMD_READ, 0, offset, 65536, &[]).await);
+            handles.insert(c.send(CMD_WRITE, 0, offset, 65536, &data).await);
+        }
+    })
+    .await;
+    for _ in 0..2 * PAIRS {
+        let r = within(c.reply()).await.unwrap();
+        assert_eq!(Client::<tokio::net::UnixStream>::errno_of(&r), 0);
+        assert!(handles.remove(&r.handle()), "unknown or repeated handle");
+    }
+    assert!(handles.is_empty());
+}
+
 /// Each test above, once per transmission path.
 macro_rules! on_both_paths {
     ($($name:ident),* $(,)?) => {
