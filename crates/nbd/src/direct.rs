@@ -28,8 +28,13 @@
 //!   of at most `max(request_bytes_max, BATCH_PAYLOAD_BYTES)` payload bytes:
 //!   the connection's memory is bounded by its threads. A batch only takes requests that are
 //!   already whole on the socket, so it never waits for a second request
-//!   while holding the first. Threads start on demand (when every started one is busy)
-//!   and stay until the connection ends; an idle connection holds one.
+//!   while holding the first. Threads start on demand (one more waits for the read side
+//!   while `threads_max` allows) and stay until the connection ends; an idle
+//!   connection holds two.
+//! - A batch the reader kept never holds the read side for long: the
+//!   watchdog (one thread per process, awake only while kept batches run)
+//!   hands the read side on after `KEPT_BATCH_STALL`, so requests that wait
+//!   for storage still run `threads_max` at a time.
 //! - A thread that kept the read side never blocks writing replies while
 //!   holding it: it writes without waiting, and when the socket is full it
 //!   hands the read side to another thread before it waits (`stall`), so a
