@@ -31,14 +31,20 @@
 //!   while holding the first. Threads start on demand (one more waits for the read side
 //!   while `threads_max` allows) and stay until the connection ends; an idle
 //!   connection holds two.
-//! - A batch the reader kept never holds the read side for long: the
+//! - A batch the reader kept does not hold the read side for long: the
 //!   watchdog (one thread per process, awake only while kept batches run)
-//!   hands the read side on after `KEPT_BATCH_STALL`, so requests that wait
-//!   for storage still run `threads_max` at a time.
+//!   hands the read side on after `KEPT_BATCH_STALL` plus up to one
+//!   `WATCHDOG_TICK`, to a thread waiting for it (there is one unless all
+//!   `threads_max` are busy), so requests that wait for storage still run
+//!   up to `threads_max` at a time.
 //! - A thread that kept the read side never blocks writing replies while
 //!   holding it: it writes without waiting, and when the socket is full it
 //!   hands the read side to another thread before it waits (`stall`), so a
-//!   client that sends requests before it reads replies cannot deadlock us.
+//!   client that sends requests before it reads replies cannot deadlock us
+//!   (given `threads_max` ≥ 2: with one thread, nobody reads while it
+//!   waits). Replies waiting for the socket are queued without a bound of
+//!   their own (`Combiner`): a client that never reads them grows the
+//!   queue until the drain timeout or its disconnect (known gap).
 //! - Every request read gets exactly one reply, unless writing to the client
 //!   fails, after which the connection is closed.
 //! - The connection ends only after every thread has returned from its last
@@ -194,6 +200,8 @@ struct Conn<S> {
     /// `Server::shutdown` was called: a read that returns EOF now means
     /// "shutting down", not "client closed".
     stopping: AtomicBool,
+    /// Reading has stopped (`Reading::end` is set): no spare thread starts.
+    read_over: AtomicBool,
     /// What one request of this connection has lately cost to run, in
     /// nanoseconds (a moving average over batches; 0 before the first).
     request_ns: AtomicU64,
@@ -336,6 +344,7 @@ impl<S: Socket> Conn<S> {
         if reading.end.is_none() {
             debug!("stopped reading requests: {end}");
             reading.end = Some(end);
+            self.read_over.store(true, Ordering::Release);
             let _ = self.ctl.shutdown(Shutdown::Read);
             self.read_ended.notify_one();
         }
@@ -432,7 +441,7 @@ impl<S: Socket> Conn<S> {
         t.reader = true;
         t.epoch += 1;
         let epoch = t.epoch;
-        if t.idle == 0 && t.started < self.threads_max {
+        if t.idle == 0 && t.started < self.threads_max && !self.read_over.load(Ordering::Acquire) {
             t.started += 1;
             drop(t);
             self.spawn(alive);
@@ -579,9 +588,11 @@ impl<S: Socket> Conn<S> {
                 if let Err(e) = write_batch(wr, &batch, &mut stall) {
                     debug!("could not send a reply: {e}");
                     self.write_failed.store(true, Ordering::Release);
+                    // First wake the thread that may wait in `read` holding
+                    // the read side, then record why reading stopped.
+                    let _ = self.ctl.shutdown(Shutdown::Both);
                     let mut reading = lock(&self.reading);
                     self.end_reading(&mut reading, End::WriterGone);
-                    let _ = self.ctl.shutdown(Shutdown::Both);
                 }
             }
             for out in batch {
@@ -858,6 +869,7 @@ pub(crate) async fn run<S: Socket>(
         threads_max,
         batch_max: (limits.inflight_max / threads_max).clamp(1, BATCH_REQUESTS_MAX),
         stopping: AtomicBool::new(false),
+        read_over: AtomicBool::new(false),
         request_ns: AtomicU64::new(0),
         kept_since: AtomicU64::new(0),
         read_ended: Notify::new(),

@@ -494,6 +494,29 @@ async fn a_client_that_reads_replies_only_after_sending_everything_is_served() {
     assert!(handles.is_empty());
 }
 
+/// A Unix client that stops receiving (`shutdown(SHUT_RD)`) but keeps its
+/// end open: the reply to its read fails with EPIPE while another thread
+/// waits in `read` holding the read side (it took over while the read
+/// waited at the gate). The connection must still end: the failed writer
+/// once waited for that read side before shutting the socket down, and
+/// hung with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_cannot_be_sent_ends_the_connection_while_a_read_waits() {
+    use std::os::unix::io::AsRawFd;
+    let (server, disk, _) = server();
+    let (s, task) = tokio::net::UnixStream::pipe(&server);
+    let (mut c, _, _) = Client::open(s, "disk").await;
+    // SAFETY: shutdown on a socket this test owns.
+    assert_eq!(unsafe { libc::shutdown(c.s.as_raw_fd(), libc::SHUT_RD) }, 0);
+    disk.close_gate();
+    c.send(CMD_READ, 0, 0, 4096, &[]).await;
+    // Long enough for another thread to take the read side and wait in `read`.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    disk.open_gate();
+    within(task).await.unwrap();
+    assert_eq!(server.connections(), 0);
+}
+
 /// Each test above, once per transmission path.
 macro_rules! on_both_paths {
     ($($name:ident),* $(,)?) => {
