@@ -168,17 +168,16 @@ struct Reading<S> {
 }
 
 /// Thread accounting and the read role: one thread at a time reads
-/// requests (`reader`); the others run batches (`busy`) or wait for the
-/// role (`idle`, on `Conn::turn`).
+/// requests (`reader`); the others run batches or wait for the role
+/// (`idle`, on `Conn::turn`).
 struct Threads {
     started: usize,
-    busy: usize,
     idle: usize,
     reader: bool,
     /// Counts the times the read role was taken. The role changes hands
     /// only when its holder lets go, or when the watchdog takes it from a
-    /// holder running a batch it kept (`Conn::nudge`, which counts that
-    /// thread busy): the holder tells the two apart by this count.
+    /// holder running a batch it kept (`Conn::nudge`): the holder tells the
+    /// two apart by this count.
     epoch: u64,
 }
 
@@ -205,7 +204,7 @@ struct Conn<S> {
     /// What one request of this connection has lately cost to run, in
     /// nanoseconds (a moving average over batches; 0 before the first).
     request_ns: AtomicU64,
-    /// When the reader began running a batch it kept (`now_ns`), 0 when it
+    /// When the reader began running a batch it kept (`ns_at`), 0 when it
     /// is not running one: the watchdog hands the read role on when this
     /// gets old (`nudge`).
     kept_since: AtomicU64,
@@ -214,11 +213,11 @@ struct Conn<S> {
     runtime: tokio::runtime::Handle,
 }
 
-/// Nanoseconds since the first call in this process, never 0.
-fn now_ns() -> u64 {
+/// `at` in nanoseconds since the first call in this process, never 0.
+fn ns_at(at: Instant) -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos())
+    u64::try_from(at.saturating_duration_since(epoch).as_nanos())
         .unwrap_or(u64::MAX)
         .max(1)
 }
@@ -282,7 +281,7 @@ impl Watchdog {
 
     /// Looks at every live connection once; whether any runs a kept batch.
     fn scan(&self) -> bool {
-        let now = now_ns();
+        let now = ns_at(Instant::now());
         let mut any = false;
         lock(&self.conns).retain(|weak| match weak.upgrade() {
             Some(conn) => {
@@ -379,14 +378,14 @@ impl<S: Socket> Conn<S> {
                     self.give_role();
                     break 'role;
                 }
+                let started = Instant::now();
                 let mut reader = !ended && self.run_here(&batch);
                 if reader {
-                    self.kept_since.store(now_ns(), Ordering::SeqCst);
+                    self.kept_since.store(ns_at(started), Ordering::SeqCst);
                     watchdog().running();
                 } else {
-                    self.hand_off();
+                    self.give_role();
                 }
-                let started = Instant::now();
                 let requests = batch.len() as u64;
                 let ex = &self.shared.export;
                 for (req, data) in batch.drain(..) {
@@ -406,15 +405,12 @@ impl<S: Socket> Conn<S> {
                     // Before this thread waits for a full socket, another takes the read side.
                     let mut stall = || {
                         reader = false;
-                        self.hand_off();
+                        self.give_role();
                     };
                     self.send(&mut replies, Some(&mut stall))
                 } else {
                     self.send(&mut replies, None)
                 };
-                if !reader {
-                    lock(&self.threads).busy -= 1;
-                }
                 if !ok || ended {
                     if reader {
                         self.give_role();
@@ -449,24 +445,15 @@ impl<S: Socket> Conn<S> {
         epoch
     }
 
-    /// Gives the read role up (this thread is leaving).
+    /// Hands the read role to a waiting thread (this one runs a batch, or
+    /// is leaving).
     fn give_role(&self) {
         lock(&self.threads).reader = false;
         self.turn.notify_one();
     }
 
-    /// Hands the read role to a waiting thread; this one becomes busy.
-    fn hand_off(&self) {
-        let mut t = lock(&self.threads);
-        t.reader = false;
-        t.busy += 1;
-        drop(t);
-        self.turn.notify_one();
-    }
-
     /// The reader (of role `epoch`) finished a batch it kept: whether it
-    /// still holds the role (the watchdog may have handed it on meanwhile,
-    /// counting this thread busy).
+    /// still holds the role (the watchdog may have handed it on meanwhile).
     fn end_kept(&self, epoch: u64) -> bool {
         let t = lock(&self.threads);
         let holder = t.reader && t.epoch == epoch;
@@ -490,7 +477,6 @@ impl<S: Socket> Conn<S> {
             if self.kept_since.load(Ordering::SeqCst) == since && t.reader && t.idle > 0 {
                 self.kept_since.store(0, Ordering::SeqCst);
                 t.reader = false;
-                t.busy += 1;
                 drop(t);
                 self.turn.notify_one();
             }
@@ -860,7 +846,6 @@ pub(crate) async fn run<S: Socket>(
         ctl,
         threads: Mutex::new(Threads {
             started: 1,
-            busy: 0,
             idle: 0,
             reader: false,
             epoch: 0,
