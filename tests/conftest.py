@@ -169,8 +169,9 @@ class Pool:
     """One pool directory and, while started, the `bulwark serve` daemon on it."""
 
     def __init__(self, tmp_path: Path, layout: str = "single", devices: int = 1,
-                 device_size: str = "512M", serve_args=()):
+                 device_size: str = "512M", serve_args=(), open_files: int | None = None):
         self.tmp = Path(tmp_path)
+        self.open_files = open_files  # the daemon's soft RLIMIT_NOFILE at start, if set
         self.serve_args = [str(a) for a in serve_args]  # extra `serve` options, every start
         self.dir = self.tmp / "pool"
         self.layout = layout
@@ -234,9 +235,18 @@ class Pool:
         self.starts += 1
         self.log_path = self.tmp / f"serve-{self.starts}.log"
         log = open(self.log_path, "wb")
+        limit = None
+        if self.open_files is not None:
+            soft = self.open_files
+
+            def limit():
+                import resource
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *self.serve_args],
                                      stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self._env())
+                                     stdin=subprocess.DEVNULL, env=self._env(),
+                                     preexec_fn=limit)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
         last = None

@@ -68,6 +68,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         opts.allow_fault_injection = true;
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
+    raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bulwark")
@@ -76,6 +77,41 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     let result = runtime.block_on(run(dir, args, opts));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result
+}
+
+/// Most descriptors the daemon asks for, when the hard limit allows more.
+const OPEN_FILES_WANTED: libc::rlim_t = 1 << 20;
+
+/// Raises the soft limit on open descriptors to the hard one (capped at
+/// `OPEN_FILES_WANTED`). Each NBD connection on a socket holds three
+/// descriptors (its reading, writing and control handles), and the soft
+/// limit is often 1024 (systemd's default for services, most shells): left
+/// there, the daemon would refuse connections past about 300.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit to the pointer we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        warn!("cannot read the open-files limit: {}", std::io::Error::last_os_error());
+        return;
+    }
+    let wanted = lim.rlim_max.min(OPEN_FILES_WANTED);
+    if lim.rlim_cur >= wanted {
+        return;
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = wanted;
+    // SAFETY: setrlimit reads one rlimit from the pointer we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        debug!("open-files limit raised from {old} to {wanted}");
+    } else {
+        warn!(
+            "cannot raise the open-files limit from {old} to {wanted}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {

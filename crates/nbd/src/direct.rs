@@ -30,7 +30,8 @@
 //!   already whole on the socket, so it never waits for a second request
 //!   while holding the first. Threads start on demand (one more waits for the read side
 //!   while `threads_max` allows) and stay until the connection ends; an idle
-//!   connection holds two.
+//!   connection holds two. They are threads of their own, not tokio's
+//!   blocking pool, which idle connections would otherwise use up (`spawn`).
 //! - A batch the reader kept does not hold the read side for long: the
 //!   watchdog (one thread per process, awake only while kept batches run)
 //!   hands the read side on after `KEPT_BATCH_STALL` plus up to one
@@ -61,7 +62,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
 use tokio::sync::{mpsc, watch, Notify};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
@@ -210,7 +211,6 @@ struct Conn<S> {
     kept_since: AtomicU64,
     /// Reading has stopped (for any reason): the drain timer starts.
     read_ended: Notify,
-    runtime: tokio::runtime::Handle,
 }
 
 /// `at` in nanoseconds since the first call in this process, never 0.
@@ -326,15 +326,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<S: Socket> Conn<S> {
-    /// Starts one more thread. `alive` is cloned into it (see `run`).
-    fn spawn(self: &Arc<Self>, alive: &mpsc::Sender<()>) {
+    /// Starts one more thread; `alive` is cloned into it (see `run`).
+    ///
+    /// A thread of its own, not one of tokio's blocking pool: a connection
+    /// holds its threads while it is open (two while idle), and the pool is
+    /// bounded and shared with the handshake's backend calls and the
+    /// embedding program's own blocking work (the daemon's control requests).
+    /// Drawing on it, a few hundred idle connections took every pool thread,
+    /// and the next connection, or the next control request, waited forever.
+    fn spawn(self: &Arc<Self>, alive: &mpsc::Sender<()>) -> io::Result<()> {
         let conn = Arc::clone(self);
         let alive = alive.clone();
-        // A thread from tokio's blocking pool: reused across connections.
-        self.runtime.spawn_blocking(move || {
-            conn.serve_requests(&alive);
-            drop(alive);
-        });
+        std::thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || {
+                conn.serve_requests(&alive);
+                drop(alive);
+            })
+            .map(drop)
     }
 
     /// Records why reading stopped (the first reason wins) and wakes every
@@ -440,7 +449,11 @@ impl<S: Socket> Conn<S> {
         if t.idle == 0 && t.started < self.threads_max && !self.read_over.load(Ordering::Acquire) {
             t.started += 1;
             drop(t);
-            self.spawn(alive);
+            if let Err(e) = self.spawn(alive) {
+                // The connection goes on with the threads it has.
+                warn!("cannot start another thread for this connection: {e}");
+                lock(&self.threads).started -= 1;
+            }
         }
         epoch
     }
@@ -858,10 +871,12 @@ pub(crate) async fn run<S: Socket>(
         request_ns: AtomicU64::new(0),
         kept_since: AtomicU64::new(0),
         read_ended: Notify::new(),
-        runtime: tokio::runtime::Handle::current(),
     });
     watchdog().watch(Arc::downgrade(&conn) as Weak<dyn Watched>);
-    conn.spawn(&alive);
+    if let Err(e) = conn.spawn(&alive) {
+        warn!("cannot start a thread for this connection: {e}");
+        conn.end_reading(&mut lock(&conn.reading), End::Io(e));
+    }
     drop(alive);
 
     // Until reading stops: watch for shutdown.

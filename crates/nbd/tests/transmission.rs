@@ -517,6 +517,48 @@ async fn a_reply_that_cannot_be_sent_ends_the_connection_while_a_read_waits() {
     assert_eq!(server.connections(), 0);
 }
 
+/// Idle connections on sockets must not use up tokio's blocking pool,
+/// which the handshake and the embedding program (the daemon's control
+/// requests) draw on too: with the pool at 4 threads, 8 idle connections
+/// (each holding its reading thread and a spare) once left a ninth waiting
+/// forever in its handshake, and any `spawn_blocking` with it.
+#[test]
+fn idle_connections_leave_the_blocking_pool_free() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (server, _, _) = server();
+        let mut idle = Vec::new();
+        for i in 0..8u64 {
+            let (s, task) = tokio::net::UnixStream::pipe(&server);
+            let (mut c, _, _) = within(Client::open(s, "disk")).await;
+            let data = pattern(4096, i as u8);
+            let r = within(c.call(CMD_WRITE, 0, i * 4096, 4096, &data)).await;
+            assert_eq!(Client::<tokio::net::UnixStream>::errno_of(&r), 0);
+            idle.push((c, task));
+        }
+        // Each idle connection holds its threads now; a ninth is served...
+        let (s, _task) = tokio::net::UnixStream::pipe(&server);
+        let (mut c, _, _) = within(Client::open(s, "disk")).await;
+        let r = within(c.call(CMD_READ, 0, 7 * 4096, 4096, &[])).await;
+        let Reply::Chunk { payload, .. } = r else {
+            panic!("expected one data chunk");
+        };
+        assert!(payload[8..] == pattern(4096, 7)[..], "read back other bytes");
+        // ...and the blocking pool still runs other work.
+        assert_eq!(within(tokio::task::spawn_blocking(|| 42)).await.unwrap(), 42);
+        for (mut c, task) in idle {
+            c.send(CMD_DISC, 0, 0, 0, &[]).await;
+            within(task).await.unwrap();
+        }
+        assert_eq!(server.connections(), 1);
+    });
+}
+
 /// Each test above, once per transmission path.
 macro_rules! on_both_paths {
     ($($name:ident),* $(,)?) => {
