@@ -62,3 +62,50 @@ def test_hundreds_of_idle_connections_leave_the_daemon_responsive(make_pool):
     assert f"closed {CONNECTIONS}" in out, out
     # Once they are gone, the data is all there.
     qemu_io_ok(uri, "read -P 0xab 0 64k", "read -P 0xcd 64k 64k", what="after the idle ones closed")
+
+
+def vm_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"{field} not in /proc/{pid}/status")
+
+
+READS_IN_FLIGHT = 64
+READ_BYTES = 32 << 20
+# What one connection may hold (ARCHITECTURE.md): its 4 threads' batches of
+# one 32 MiB read each, 128 MiB of replies waiting for the client, and
+# pooled buffers; with room to spare for the allocator.
+CONNECTION_BOUND_MIB = 4 * 32 + 128 + 64 + 128
+
+GREEDY_CLIENT = f"""
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+bufs = [nbd.Buffer({READ_BYTES}) for _ in range({READS_IN_FLIGHT})]
+for j, b in enumerate(bufs):
+    h.aio_pread(b, (j % 16) * {READ_BYTES})
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+print("done")
+"""
+
+
+def test_one_client_cannot_make_the_daemon_hold_gigabytes(make_pool):
+    """64 reads of 32 MiB in flight on one connection (2 GiB of replies)
+    once raised the daemon's peak RSS by 2 GB: a batch did not count read
+    replies against its byte bound and waiting replies had none. The peak
+    now stays within the documented per-connection bound."""
+    python = nbd_python()
+    pool = make_pool()
+    pool.create().start()
+    pool.create_volume("v", size="1G")
+    pid = pool.proc.pid
+    before = vm_kib(pid, "VmHWM")
+    r = run([python, "-c", GREEDY_CLIENT, pool.uri("v")], timeout=120)
+    assert r.stdout.strip() == "done"
+    grown_mib = (vm_kib(pid, "VmHWM") - before) // 1024
+    assert grown_mib <= CONNECTION_BOUND_MIB, (
+        f"the daemon's peak RSS grew by {grown_mib} MiB for one client "
+        f"(bound {CONNECTION_BOUND_MIB} MiB)")

@@ -4,15 +4,62 @@
 //! `max_request_bytes`. Reusing them saves an allocation (and, for large
 //! buffers, an mmap and page faults) per request. The pool is bounded in
 //! count, buffer size and total bytes (`limits.rs`), so an idle connection
-//! pins at most `POOL_BYTES_MAX` bytes.
+//! pins at most `POOL_BYTES_MAX` bytes; and the pools of all connections
+//! together hold at most `POOL_BYTES_PROCESS_MAX` (a `Budget`), so a
+//! hundred idle connections do not pin 32 MiB each.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::limits::{POOL_BUFFERS_MAX, POOL_BUFFER_BYTES_MAX, POOL_BYTES_MAX};
+use crate::limits::{POOL_BUFFERS_MAX, POOL_BUFFER_BYTES_MAX, POOL_BYTES_MAX, POOL_BYTES_PROCESS_MAX};
 
-#[derive(Default)]
+/// Bytes pooled by many pools together, and their bound.
+pub(crate) struct Budget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    pub(crate) const fn new(max: usize) -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Takes `bytes` if they fit.
+    fn take(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&n| n <= self.max)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// The budget every connection's pool draws on.
+static PROCESS: Budget = Budget::new(POOL_BYTES_PROCESS_MAX);
+
 pub(crate) struct BufPool {
     bufs: Mutex<Pooled>,
+    budget: &'static Budget,
+}
+
+impl Default for BufPool {
+    fn default() -> Self {
+        Self::with_budget(&PROCESS)
+    }
+}
+
+impl Drop for BufPool {
+    fn drop(&mut self) {
+        let bytes = self.lock().bytes;
+        self.budget.give(bytes);
+    }
 }
 
 #[derive(Default)]
@@ -23,6 +70,13 @@ struct Pooled {
 }
 
 impl BufPool {
+    pub(crate) fn with_budget(budget: &'static Budget) -> Self {
+        Self {
+            bufs: Mutex::new(Pooled::default()),
+            budget,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Pooled> {
         // The pool holds no invariant a panic could break.
         self.bufs.lock().unwrap_or_else(PoisonError::into_inner)
@@ -33,6 +87,7 @@ impl BufPool {
         let mut p = self.lock();
         let buf = p.bufs.pop().unwrap_or_default();
         p.bytes -= buf.capacity();
+        self.budget.give(buf.capacity());
         buf
     }
 
@@ -42,7 +97,10 @@ impl BufPool {
             return;
         }
         let mut p = self.lock();
-        if p.bufs.len() < POOL_BUFFERS_MAX && p.bytes + buf.capacity() <= POOL_BYTES_MAX {
+        if p.bufs.len() < POOL_BUFFERS_MAX
+            && p.bytes + buf.capacity() <= POOL_BYTES_MAX
+            && self.budget.take(buf.capacity())
+        {
             p.bytes += buf.capacity();
             p.bufs.push(buf);
         }
@@ -68,6 +126,31 @@ mod tests {
             pool.give(Vec::with_capacity(16));
         }
         assert_eq!(pool.lock().bufs.len(), POOL_BUFFERS_MAX);
+    }
+
+    /// Pools sharing a budget hold no more than it together, and a pool
+    /// that is dropped or taken from gives its share back.
+    #[test]
+    fn pools_share_one_budget() {
+        static BUDGET: Budget = Budget::new(3 << 20);
+        let (a, b) = (BufPool::with_budget(&BUDGET), BufPool::with_budget(&BUDGET));
+        for _ in 0..3 {
+            a.give(Vec::with_capacity(1 << 20));
+            b.give(Vec::with_capacity(1 << 20));
+        }
+        let held = |p: &BufPool| p.lock().bytes;
+        assert_eq!(held(&a) + held(&b), 3 << 20);
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 3 << 20);
+        let taken = a.take();
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), (3 << 20) - taken.capacity());
+        b.give(taken);
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 3 << 20);
+        drop(b);
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), held(&a));
+        a.give(Vec::with_capacity(1 << 20));
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), held(&a));
+        drop(a);
+        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 0);
     }
 
     #[test]

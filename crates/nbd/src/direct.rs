@@ -23,10 +23,11 @@
 //! Invariants (the same as `transmission.rs`, kept differently):
 //! - Requests are parsed and validated with the same functions
 //!   (`parse_request`, `validate`, `execute`).
-//! - At most `threads_max` batches are in flight, each of at most
-//!   `batch_max` requests (so at most `inflight_max` requests in all) and
-//!   of at most `max(request_bytes_max, BATCH_PAYLOAD_BYTES)` payload bytes:
-//!   the connection's memory is bounded by its threads. A batch only takes requests that are
+//! - At most `threads_max` batches run at once, each of at most
+//!   `batch_max` requests (so at most `inflight_max` requests run at once)
+//!   and of at most `max(request_bytes_max, BATCH_PAYLOAD_BYTES)` payload
+//!   bytes (write data and read replies alike, `data_bytes`); their replies
+//!   then wait within the bound below. A batch only takes requests that are
 //!   already whole on the socket, so it never waits for a second request
 //!   while holding the first. Threads start on demand (one more waits for the read side
 //!   while `threads_max` allows) and stay until the connection ends; an idle
@@ -43,9 +44,15 @@
 //!   hands the read side to another thread before it waits (`stall`), so a
 //!   client that sends requests before it reads replies cannot deadlock us
 //!   (given `threads_max` ≥ 2: with one thread, nobody reads while it
-//!   waits). Replies waiting for the socket are queued without a bound of
-//!   their own (`Combiner`): a client that never reads them grows the
-//!   queue until the drain timeout or its disconnect (known gap).
+//!   waits).
+//! - Replies waiting for the socket are bounded in bytes (`reply_bytes_max`,
+//!   as the async path bounds its in-flight bytes): a thread that queues
+//!   past it lets go of the read side and waits until the client has read
+//!   enough, so a client that sends reads and never reads the replies stops
+//!   being read from, instead of growing the queue. With the threads'
+//!   own batches, a connection holds at most `reply_bytes_max` +
+//!   `threads_max` × max(`BATCH_PAYLOAD_BYTES`, `request_bytes_max`) of
+//!   payload.
 //! - Every request read gets exactly one reply, unless writing to the client
 //!   fails, after which the connection is closed.
 //! - The connection ends only after every thread has returned from its last
@@ -57,7 +64,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
@@ -68,9 +75,9 @@ use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
 use crate::limits::{
     BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, HANDOFF_BATCH_NS,
-    KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS, WATCHDOG_TICK,
+    INFLIGHT_BYTES_PER_CONN_MAX, KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS, WATCHDOG_TICK,
 };
-use crate::proto::{Request, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE};
+use crate::proto::{Request, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE};
 use crate::server::Limits;
 use crate::transmission::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
 
@@ -187,6 +194,15 @@ struct Conn<S> {
     reading: Mutex<Reading<S>>,
     /// Replies, written by one thread at a time.
     replies: Combiner<Outgoing, S>,
+    /// Bytes of replies queued or being written (`reply_weight`), bounded
+    /// by `reply_bytes_max`: a thread that queued replies past it waits,
+    /// without the read side, until the client has taken enough of them.
+    reply_bytes: AtomicUsize,
+    reply_bytes_max: usize,
+    /// Threads waiting for `reply_bytes` to fall (`room` guards the wait).
+    reply_waiters: AtomicUsize,
+    room: Mutex<()>,
+    room_freed: Condvar,
     /// A write to the client failed: nothing more is written.
     write_failed: AtomicBool,
     /// Kept to shut the socket down from outside the threads.
@@ -534,7 +550,7 @@ impl<S: Socket> Conn<S> {
         loop {
             match self.read_request(rd, header) {
                 Ok((req, data)) => {
-                    payload += data.len();
+                    payload += data_bytes(&req);
                     batch.push((req, data));
                 }
                 Err(end) => return Some(end),
@@ -580,9 +596,13 @@ impl<S: Socket> Conn<S> {
     /// Queues replies (taken from `outs`) for the write side (`Combiner`);
     /// returns false once writing to the client has failed. With a `stall`,
     /// this thread writes without waiting, and runs `stall` once before it
-    /// first waits for room on the socket.
+    /// first waits, for room on the socket or for queued replies to go out
+    /// (`reply_bytes_max`).
     fn send(&self, outs: &mut Vec<Outgoing>, mut stall: Option<&mut dyn FnMut()>) -> bool {
+        let weight: usize = outs.iter().map(reply_weight).sum();
+        self.reply_bytes.fetch_add(weight, Ordering::SeqCst);
         self.replies.push(outs, |wr, batch| {
+            let written: usize = batch.iter().map(reply_weight).sum();
             if !self.write_failed.load(Ordering::Acquire) {
                 if let Err(e) = write_batch(wr, &batch, &mut stall) {
                     debug!("could not send a reply: {e}");
@@ -597,9 +617,40 @@ impl<S: Socket> Conn<S> {
             for out in batch {
                 out.done(&self.shared.pool);
             }
+            self.reply_bytes.fetch_sub(written, Ordering::SeqCst);
+            if self.reply_waiters.load(Ordering::SeqCst) > 0 {
+                let _g = lock(&self.room);
+                self.room_freed.notify_all();
+            }
         });
+        if self.reply_bytes.load(Ordering::SeqCst) > self.reply_bytes_max {
+            if let Some(stall) = stall.take() {
+                stall();
+            }
+            self.wait_for_room();
+        }
         !self.write_failed.load(Ordering::Acquire)
     }
+
+    /// Waits until the replies queued or being written are within
+    /// `reply_bytes_max`, or writing has failed. Whoever writes wakes us
+    /// after each batch it wrote (or dropped, once writing failed).
+    fn wait_for_room(&self) {
+        self.reply_waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = lock(&self.room);
+        while self.reply_bytes.load(Ordering::SeqCst) > self.reply_bytes_max
+            && !self.write_failed.load(Ordering::Acquire)
+        {
+            g = self.room_freed.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+        drop(g);
+        self.reply_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What a queued reply costs in memory: its payload and the reply itself.
+fn reply_weight(out: &Outgoing) -> usize {
+    out.body().len() + std::mem::size_of::<Outgoing>()
 }
 
 /// Items from many threads, handed to one writer at a time (flat
@@ -688,6 +739,18 @@ fn write_batch<S: Socket>(
         }
     }
     Ok(())
+}
+
+/// Bytes of data a request carries either way, each needing a buffer while it
+/// runs: a write's payload, a read's reply. A batch's are bounded together
+/// (`BATCH_PAYLOAD_BYTES`): 16 reads of 32 MiB once made one thread hold
+/// 512 MiB, and a client with 64 such reads in flight 2 GiB of the daemon.
+fn data_bytes(req: &Request) -> usize {
+    if req.kind == CMD_WRITE || req.kind == CMD_READ {
+        req.length as usize
+    } else {
+        0
+    }
 }
 
 /// Payloads at least this long are read straight into their own buffer, with only
@@ -797,7 +860,7 @@ impl<S: Read> RequestReader<S> {
 
 impl<S: Read + Pending> RequestReader<S> {
     /// Whether the next request, header and payload, can be read whole without
-    /// waiting, and its payload is at most `payload_room` bytes. May read the next
+    /// waiting, and its data (`data_bytes`) is at most `payload_room` bytes. May read the next
     /// header into the buffer (only when the socket already holds it).
     fn ready(&mut self, payload_room: usize) -> io::Result<bool> {
         let buffered = self.end - self.pos;
@@ -813,14 +876,14 @@ impl<S: Read + Pending> RequestReader<S> {
         let Ok(req) = Request::parse(&head) else {
             return Ok(false);
         };
+        if data_bytes(&req) > payload_room {
+            return Ok(false);
+        }
         let payload = if req.kind == CMD_WRITE {
             req.length as usize
         } else {
             0
         };
-        if payload > payload_room {
-            return Ok(false);
-        }
         let buffered = self.end - self.pos - Request::LEN;
         Ok(payload <= buffered || payload <= buffered + self.sock.pending())
     }
@@ -855,6 +918,11 @@ pub(crate) async fn run<S: Socket>(
             end: None,
         }),
         replies: Combiner::new(wr),
+        reply_bytes: AtomicUsize::new(0),
+        reply_bytes_max: (INFLIGHT_BYTES_PER_CONN_MAX.max(limits.request_bytes_max)) as usize,
+        reply_waiters: AtomicUsize::new(0),
+        room: Mutex::new(()),
+        room_freed: Condvar::new(),
         write_failed: AtomicBool::new(false),
         ctl,
         threads: Mutex::new(Threads {
@@ -985,8 +1053,9 @@ mod tests {
                 );
                 rd.header(&mut h).unwrap();
                 rd.payload(&mut data, 70000).unwrap();
-                // A read's length is not a payload: the room does not limit it.
-                assert!(rd.ready(0).unwrap(), "{ctx}");
+                // A read's reply counts against the room like a write's payload.
+                assert!(!rd.ready((1 << 20) - 1).unwrap(), "{ctx}");
+                assert!(rd.ready(1 << 20).unwrap(), "{ctx}");
                 rd.header(&mut h).unwrap();
                 assert_eq!(Request::parse(&h).unwrap().kind, CMD_READ, "{ctx}");
                 let last_write_whole = cut >= whole - Request::LEN;

@@ -49,8 +49,10 @@ pub const WATCHDOG_TICK: Duration = Duration::from_millis(1);
 /// Ticks without a kept batch after which the watchdog sleeps until one
 /// starts.
 pub const WATCHDOG_IDLE_TICKS: u32 = 100;
-/// Write payload bytes a batch may hold in all; a batch's first request may
-/// exceed it on its own (up to `max_request_bytes`), and then has no company.
+/// Data bytes (write payloads and read replies) a batch may hold in all; a
+/// batch's first request may exceed it on its own (up to
+/// `max_request_bytes`), and then has no company. So one connection's
+/// threads hold at most `threads_max` × max(this, `max_request_bytes`).
 pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// A connection's worker thread with nothing to do for this long returns
@@ -96,6 +98,10 @@ pub const POOL_BUFFERS_MAX: usize = 64;
 pub const POOL_BUFFER_BYTES_MAX: usize = 2 << 20;
 /// Most bytes (capacity) the pooled buffers of one connection hold together.
 pub const POOL_BYTES_MAX: usize = 32 << 20;
+/// Most bytes the pooled buffers of all connections of the process hold
+/// together: idle connections pin no more than this between them (20 idle
+/// connections after a burst of 1 MiB reads each once held 660 MB).
+pub const POOL_BYTES_PROCESS_MAX: usize = 64 << 20;
 
 /// Failures per address or identity that cost no delay (`ratelimit.rs`).
 pub const RATE_FREE_FAILURES: u32 = 3;
@@ -122,3 +128,4 @@ const _: () = assert!(INFLIGHT_PER_CONN_DEFAULT <= INFLIGHT_PER_CONN_LIMIT);
 // Permits are acquired with `acquire_many(n: u32)`.
 const _: () = assert!(INFLIGHT_PER_CONN_LIMIT <= u32::MAX as usize);
 const _: () = assert!(STRING_BYTES_MAX <= OPTION_BYTES_MAX as usize);
+const _: () = assert!(POOL_BYTES_MAX <= POOL_BYTES_PROCESS_MAX);

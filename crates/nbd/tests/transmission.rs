@@ -517,6 +517,45 @@ async fn a_reply_that_cannot_be_sent_ends_the_connection_while_a_read_waits() {
     assert_eq!(server.connections(), 0);
 }
 
+/// A client that sends large reads and never reads the replies is no
+/// longer read from once the replies waiting for it reach the connection's
+/// byte bound (as on the async path), instead of making the server run
+/// every read and hold every reply: before the bound, 300 reads of 1 MiB
+/// made the server hold 300 MiB. Once the client reads, every reply comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_a_client_does_not_read_are_bounded() {
+    use bulwark_nbd::limits::INFLIGHT_BYTES_PER_CONN_MAX;
+    const MIB: u64 = 1 << 20;
+    const READS: u64 = 300;
+    let (server, disk, _) = server_with(ServerConfig {
+        max_request_bytes: MIB as u32,
+        max_inflight_per_conn: 8,
+        max_workers_per_conn: 4,
+    });
+    let (s, _task) = tokio::net::UnixStream::pipe(&server);
+    let (mut c, _, _) = Client::open(s, "disk").await;
+    let before = disk.calls.load(Ordering::SeqCst);
+    let mut handles = std::collections::HashSet::new();
+    within(async {
+        for _ in 0..READS {
+            handles.insert(c.send(CMD_READ, 0, 0, MIB as u32, &[]).await);
+        }
+    })
+    .await;
+    // Time for the server to run all it will run.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let ran = (disk.calls.load(Ordering::SeqCst) - before) as u64;
+    // The bound, plus one 1 MiB batch per thread, plus what the socket holds.
+    let most = INFLIGHT_BYTES_PER_CONN_MAX as u64 / MIB + 4 + 4;
+    assert!(ran <= most, "{ran} reads ran for a client that read no reply (at most {most})");
+    assert!(ran >= 64, "only {ran} reads ran");
+    for _ in 0..READS {
+        let r = within(c.reply()).await.unwrap();
+        assert_eq!(Client::<tokio::net::UnixStream>::errno_of(&r), 0);
+        assert!(handles.remove(&r.handle()), "unknown or repeated handle");
+    }
+}
+
 /// Idle connections on sockets must not use up tokio's blocking pool,
 /// which the handshake and the embedding program (the daemon's control
 /// requests) draw on too: with the pool at 4 threads, 8 idle connections
