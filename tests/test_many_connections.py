@@ -11,9 +11,11 @@ daemon kept the soft limit it was started with, so it could not accept
 more than ~80 connections under 256.
 """
 
+import resource
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -26,6 +28,10 @@ HOLD_TIMEOUT_S = 120
 def test_hundreds_of_idle_connections_leave_the_daemon_responsive(make_pool):
     require_tools("qemu-io", "nbdinfo")
     python = nbd_python()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 3 * CONNECTIONS + 200:
+        pytest.skip(f"the hard open-files limit ({hard}) is below what "
+                    f"{CONNECTIONS} connections need")
     pool = make_pool(open_files=256)
     pool.create().start()
     pool.create_volume("v", size="16M")
@@ -109,3 +115,34 @@ def test_one_client_cannot_make_the_daemon_hold_gigabytes(make_pool):
     assert grown_mib <= CONNECTION_BOUND_MIB, (
         f"the daemon's peak RSS grew by {grown_mib} MiB for one client "
         f"(bound {CONNECTION_BOUND_MIB} MiB)")
+
+
+def test_past_max_connections_a_client_is_told_the_server_is_full(make_pool):
+    """`serve --max-connections 4`: a fifth client gets the reason, not a
+    hang or a bare hang-up, and is served once one of the four leaves."""
+    require_tools("qemu-io")
+    python = nbd_python()
+    pool = make_pool(serve_args=["--max-connections", "4"])
+    pool.create().start()
+    pool.create_volume("v", size="16M")
+    uri = pool.uri("v")
+    holder = subprocess.Popen([python, str(HELPERS / "hold_connections.py"), uri, "4"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        line = holder.stdout.readline()
+        assert line.strip() == "held 4", line + pool.log_tail()
+        r = run(["qemu-io", "-f", "raw", "-c", "read 0 4k", uri], check=False, timeout=30)
+        assert r.returncode != 0, r.stdout
+        assert "too many connections" in r.stderr and "at most 4" in r.stderr, r.stderr
+    finally:
+        out, _ = holder.communicate(input="", timeout=HOLD_TIMEOUT_S)
+    assert holder.returncode == 0, out
+    # The server counts the four out as their threads finish: allow it a moment.
+    deadline = time.monotonic() + 10
+    while True:
+        r = run(["qemu-io", "-f", "raw", "-c", "read 0 4k", uri], check=False, timeout=30)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.returncode == 0, f"still refused after the four left: {r.stderr}"

@@ -217,6 +217,11 @@ pub struct ServeArgs {
     /// (1 to 256) [default: 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub nbd_threads: Option<u16>,
+
+    /// NBD connections served at once; past this, new clients are told the
+    /// server is full [default: 1024].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_connections: Option<u32>,
 }
 
 #[derive(Debug, Args)]

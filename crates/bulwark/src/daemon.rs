@@ -165,6 +165,10 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
                 nbd::ServerConfig::default().max_workers_per_conn,
                 usize::from,
             ),
+            max_connections: args.max_connections.map_or(
+                nbd::ServerConfig::default().max_connections,
+                |n| n as usize,
+            ),
             ..nbd::ServerConfig::default()
         },
     );

@@ -44,7 +44,9 @@
 //!   hands the read side to another thread before it waits (`stall`), so a
 //!   client that sends requests before it reads replies cannot deadlock us
 //!   (given `threads_max` ≥ 2: with one thread, nobody reads while it
-//!   waits).
+//!   waits), as long as its replies stay within the bound below; past it
+//!   we stop reading until it reads, as the spec allows (libnbd and qemu
+//!   read replies while they send).
 //! - Replies waiting for the socket are bounded in bytes (`reply_bytes_max`,
 //!   as the async path bounds its in-flight bytes): a thread that queues
 //!   past it lets go of the read side and waits until the client has read
@@ -218,6 +220,8 @@ struct Conn<S> {
     stopping: AtomicBool,
     /// Reading has stopped (`Reading::end` is set): no spare thread starts.
     read_over: AtomicBool,
+    /// Starting a thread failed once: no more are tried.
+    spawn_failed: AtomicBool,
     /// What one request of this connection has lately cost to run, in
     /// nanoseconds (a moving average over batches; 0 before the first).
     request_ns: AtomicU64,
@@ -357,6 +361,8 @@ impl<S: Socket> Conn<S> {
             .name("nbd-conn".into())
             .spawn(move || {
                 conn.serve_requests(&alive);
+                // The connection's sockets and backend go before `run` is told.
+                drop(conn);
                 drop(alive);
             })
             .map(drop)
@@ -462,12 +468,18 @@ impl<S: Socket> Conn<S> {
         t.reader = true;
         t.epoch += 1;
         let epoch = t.epoch;
-        if t.idle == 0 && t.started < self.threads_max && !self.read_over.load(Ordering::Acquire) {
+        if t.idle == 0
+            && t.started < self.threads_max
+            && !self.read_over.load(Ordering::Acquire)
+            && !self.spawn_failed.load(Ordering::Relaxed)
+        {
             t.started += 1;
             drop(t);
             if let Err(e) = self.spawn(alive) {
-                // The connection goes on with the threads it has.
+                // The connection goes on with the threads it has, and tries
+                // no more (nor floods the log while threads are short).
                 warn!("cannot start another thread for this connection: {e}");
+                self.spawn_failed.store(true, Ordering::Relaxed);
                 lock(&self.threads).started -= 1;
             }
         }
@@ -936,6 +948,7 @@ pub(crate) async fn run<S: Socket>(
         batch_max: (limits.inflight_max / threads_max).clamp(1, BATCH_REQUESTS_MAX),
         stopping: AtomicBool::new(false),
         read_over: AtomicBool::new(false),
+        spawn_failed: AtomicBool::new(false),
         request_ns: AtomicU64::new(0),
         kept_since: AtomicU64::new(0),
         read_ended: Notify::new(),

@@ -62,6 +62,8 @@ pub(crate) enum HandshakeError {
     ExportNameBeforeTls,
     #[error("server is shutting down")]
     Shutdown,
+    #[error("refused: the server already serves its limit of {0} connections")]
+    Full(usize),
 }
 
 impl HandshakeError {
@@ -118,6 +120,9 @@ pub(crate) struct Context<'a> {
     pub client: &'a Arc<Client>,
     pub limiter: &'a Limiter,
     pub tls: Tls,
+    /// The server already serves its most connections (this number): every
+    /// option but ABORT is refused, saying so.
+    pub full: Option<usize>,
 }
 
 impl Context<'_> {
@@ -528,6 +533,22 @@ where
             stream.write_all(&haggle.out).await?;
             stream.flush().await?;
             return Err(HandshakeError::Shutdown);
+        }
+        if let (Some(max), false) = (haggle.cx.full, header.option == OPT_ABORT) {
+            // NBD_OPT_EXPORT_NAME cannot be answered with an error: hang up.
+            if header.option == OPT_EXPORT_NAME {
+                return Err(HandshakeError::Full(max));
+            }
+            // Refuse each option, so that a client that goes on past a
+            // refused one (structured replies) hears why at NBD_OPT_GO.
+            let msg = format!(
+                "too many connections: this server serves at most {max} at once \
+                 (bulwark serve --max-connections); try again later"
+            );
+            haggle.reply(header.option, REP_ERR_POLICY, msg.as_bytes());
+            stream.write_all(&haggle.out).await?;
+            stream.flush().await?;
+            continue;
         }
         let step = haggle.handle(header.option, &payload).await;
         stream.write_all(&haggle.out).await?;

@@ -18,6 +18,13 @@ pub const REQUEST_BYTES_MIN: u32 = 4096;
 /// and one client cannot pin gigabytes per request.
 pub const REQUEST_BYTES_LIMIT: u32 = 1 << 30;
 
+/// Default for `ServerConfig::max_connections`: a host's worth of VMs, each
+/// attached, with threads to spare under systemd's default task limit
+/// (4915 on most hosts: 1024 busy connections × 4 threads).
+pub const CONNECTIONS_DEFAULT: usize = 1024;
+/// `max_connections` is clamped to at most this.
+pub const CONNECTIONS_LIMIT: usize = 1 << 20;
+
 /// Default for `ServerConfig::max_inflight_per_conn`.
 pub const INFLIGHT_PER_CONN_DEFAULT: usize = 64;
 /// `max_inflight_per_conn` is clamped to at most this.
@@ -52,7 +59,10 @@ pub const WATCHDOG_IDLE_TICKS: u32 = 100;
 /// Data bytes (write payloads and read replies) a batch may hold in all; a
 /// batch's first request may exceed it on its own (up to
 /// `max_request_bytes`), and then has no company. So one connection's
-/// threads hold at most `threads_max` × max(this, `max_request_bytes`).
+/// threads hold at most `threads_max` × max(this, `max_request_bytes`) of
+/// data, plus block-status replies (up to `BLOCK_STATUS_EXTENTS_MAX`
+/// descriptors each, not counted here; counted, like every reply, in the
+/// bound on replies waiting for the client).
 pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// A connection's worker thread with nothing to do for this long returns

@@ -35,7 +35,7 @@ use tracing::{info, info_span, warn, Instrument};
 use crate::backend::{Client, Event, Exports, Identity};
 use crate::handshake::{self, Context, HandshakeError, Negotiated, Outcome, Summary, Tls};
 use crate::limits::{
-    ACCEPT_BACKOFF, HANDSHAKE_TIMEOUT, INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT,
+    ACCEPT_BACKOFF, CONNECTIONS_DEFAULT, CONNECTIONS_LIMIT, HANDSHAKE_TIMEOUT, INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT,
     REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT,
     WORKERS_PER_CONN_LIMIT,
 };
@@ -57,6 +57,11 @@ pub struct ServerConfig {
     /// these threads also read requests and write replies (`direct.rs`), so
     /// this also bounds the requests one connection has in service.
     pub max_workers_per_conn: usize,
+    /// Connections served at once, in any phase. Each holds threads (two
+    /// while idle on a plain socket, up to `max_workers_per_conn` while
+    /// busy) and descriptors; past this, new clients are told the server
+    /// is full (`NBD_REP_ERR_POLICY` with a message) and closed.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +70,7 @@ impl Default for ServerConfig {
             max_request_bytes: REQUEST_BYTES_DEFAULT,
             max_inflight_per_conn: INFLIGHT_PER_CONN_DEFAULT,
             max_workers_per_conn: WORKERS_PER_CONN_DEFAULT,
+            max_connections: CONNECTIONS_DEFAULT,
         }
     }
 }
@@ -75,6 +81,7 @@ pub(crate) struct Limits {
     pub request_bytes_max: u32,
     pub inflight_max: usize,
     pub workers_max: usize,
+    pub connections_max: usize,
 }
 
 impl Limits {
@@ -87,6 +94,7 @@ impl Limits {
                 .max_inflight_per_conn
                 .clamp(1, INFLIGHT_PER_CONN_LIMIT),
             workers_max: config.max_workers_per_conn.clamp(1, WORKERS_PER_CONN_LIMIT),
+            connections_max: config.max_connections.clamp(1, CONNECTIONS_LIMIT),
         }
     }
 }
@@ -480,6 +488,9 @@ impl Server {
         client: &'a Arc<Client>,
         tls: Tls,
     ) -> Context<'a> {
+        // This connection is counted already.
+        let full = (self.connections() > self.limits.connections_max)
+            .then_some(self.limits.connections_max);
         Context {
             exports: &self.exports,
             limits: &self.limits,
@@ -487,6 +498,7 @@ impl Server {
             client,
             limiter: &self.limiter,
             tls,
+            full,
         }
     }
 
@@ -658,19 +670,21 @@ mod tests {
             max_request_bytes: 0,
             max_inflight_per_conn: 0,
             max_workers_per_conn: 0,
+            max_connections: 0,
         });
         assert_eq!(
-            (l.request_bytes_max, l.inflight_max),
-            (REQUEST_BYTES_MIN, 1)
+            (l.request_bytes_max, l.inflight_max, l.connections_max),
+            (REQUEST_BYTES_MIN, 1, 1)
         );
         let l = Limits::new(&ServerConfig {
             max_request_bytes: u32::MAX,
             max_inflight_per_conn: usize::MAX,
             max_workers_per_conn: usize::MAX,
+            max_connections: usize::MAX,
         });
         assert_eq!(
-            (l.request_bytes_max, l.inflight_max),
-            (REQUEST_BYTES_LIMIT, INFLIGHT_PER_CONN_LIMIT)
+            (l.request_bytes_max, l.inflight_max, l.connections_max),
+            (REQUEST_BYTES_LIMIT, INFLIGHT_PER_CONN_LIMIT, CONNECTIONS_LIMIT)
         );
         let d = ServerConfig::default();
         assert_eq!(

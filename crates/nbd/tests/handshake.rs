@@ -327,3 +327,40 @@ async fn options_after_shutdown_get_err_shutdown() {
     within(task).await.unwrap();
     within(server.wait_idle()).await;
 }
+
+/// Past `max_connections`, a new client is refused with a reason it can
+/// show (qemu prints "server reported: ..."), not left to hold more threads;
+/// once a connection ends, the next client is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_refuses_new_clients_and_says_why() {
+    let (server, _, _) = server_with(bulwark_nbd::ServerConfig {
+        max_connections: 2,
+        ..bulwark_nbd::ServerConfig::default()
+    });
+    let (s1, task1) = tokio::net::UnixStream::pipe(&server);
+    let (mut c1, _, _) = Client::open(s1, "disk").await;
+    let (s2, _task2) = tokio::net::UnixStream::pipe(&server);
+    let (_c2, _, _) = Client::open(s2, "disk").await;
+
+    let (s3, task3) = tokio::net::UnixStream::pipe(&server);
+    let mut c3 = Client::connect(s3).await;
+    // Structured replies refused, the client goes on; GO refused too.
+    assert_eq!(c3.option(OPT_STRUCTURED_REPLY, &[]).await[0].0, REP_ERR_POLICY);
+    let go = InfoRequest {
+        name: "disk".into(),
+        requests: vec![],
+    };
+    let replies = c3.option(OPT_GO, &go.encode()).await;
+    let (reply, message) = replies.last().unwrap();
+    assert_eq!(*reply, REP_ERR_POLICY);
+    let message = String::from_utf8_lossy(message);
+    assert!(message.contains("too many connections") && message.contains("at most 2"), "{message}");
+    assert_eq!(c3.option(OPT_ABORT, &[]).await, vec![(REP_ACK, vec![])]);
+    within(task3).await.unwrap();
+
+    c1.send(CMD_DISC, 0, 0, 0, &[]).await;
+    within(task1).await.unwrap();
+    let (s4, _task4) = tokio::net::UnixStream::pipe(&server);
+    let mut c4 = Client::connect(s4).await;
+    assert!(c4.go("disk").await.is_ok(), "refused after a connection ended");
+}

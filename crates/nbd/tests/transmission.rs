@@ -382,6 +382,7 @@ async fn requests_ahead_of_the_end_are_answered<P: Pipe>() {
             max_request_bytes: 64 << 10,
             max_inflight_per_conn: 16,
             max_workers_per_conn: 2,
+            ..ServerConfig::default()
         });
         let (s, task) = P::pipe(&server);
         let (mut c, _, _) = Client::<P>::open(s, "disk").await;
@@ -531,6 +532,7 @@ async fn replies_a_client_does_not_read_are_bounded() {
         max_request_bytes: MIB as u32,
         max_inflight_per_conn: 8,
         max_workers_per_conn: 4,
+        ..ServerConfig::default()
     });
     let (s, _task) = tokio::net::UnixStream::pipe(&server);
     let (mut c, _, _) = Client::open(s, "disk").await;

@@ -204,6 +204,7 @@ pub fn server() -> (Arc<Server>, Arc<MemBackend>, Arc<MemBackend>) {
         max_request_bytes: 64 << 10,
         max_inflight_per_conn: 8,
         max_workers_per_conn: 8,
+        ..ServerConfig::default()
     })
 }
 
