@@ -1,93 +1,73 @@
-//! A small per-connection pool of payload buffers.
+//! Payload buffers kept for reuse, shared by every connection.
 //!
 //! Write payloads and read replies each need a buffer of up to
 //! `max_request_bytes`. Reusing them saves an allocation (and, for large
-//! buffers, an mmap and page faults) per request. The pool is bounded in
-//! count, buffer size and total bytes (`limits.rs`), so an idle connection
-//! pins at most `POOL_BYTES_MAX` bytes; and the pools of all connections
-//! together hold at most `POOL_BYTES_PROCESS_MAX` (a `Budget`), so a
-//! hundred idle connections do not pin 32 MiB each.
+//! buffers, an mmap, page faults and a zero-fill) per request. The buffers
+//! wait on one shelf for the whole process, bounded in count, buffer size
+//! and total bytes (`limits.rs`): an idle connection holds none, and the
+//! busy ones share them. (Per-connection pools of up to 32 MiB each once
+//! let 20 idle connections pin 660 MB; capping those pools together let
+//! the first busy connections keep every pooled byte from the rest.)
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::limits::{POOL_BUFFERS_MAX, POOL_BUFFER_BYTES_MAX, POOL_BYTES_MAX, POOL_BYTES_PROCESS_MAX};
+use crate::limits::{POOL_BUFFERS_MAX, POOL_BUFFER_BYTES_MAX, POOL_BYTES_MAX};
 
-/// Bytes pooled by many pools together, and their bound.
-pub(crate) struct Budget {
-    used: AtomicUsize,
-    max: usize,
+/// The buffers waiting for reuse, and their bounds.
+pub(crate) struct Shelf {
+    held: Mutex<Held>,
+    buffers_max: usize,
+    bytes_max: usize,
 }
 
-impl Budget {
-    pub(crate) const fn new(max: usize) -> Self {
+struct Held {
+    bufs: Vec<Vec<u8>>,
+    /// The sum of the held buffers' capacities.
+    bytes: usize,
+}
+
+impl Shelf {
+    pub(crate) const fn new(buffers_max: usize, bytes_max: usize) -> Self {
         Self {
-            used: AtomicUsize::new(0),
-            max,
+            held: Mutex::new(Held {
+                bufs: Vec::new(),
+                bytes: 0,
+            }),
+            buffers_max,
+            bytes_max,
         }
     }
 
-    /// Takes `bytes` if they fit.
-    fn take(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|&n| n <= self.max)
-            })
-            .is_ok()
-    }
-
-    fn give(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        // The shelf holds no invariant a panic could break.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// The budget every connection's pool draws on.
-static PROCESS: Budget = Budget::new(POOL_BYTES_PROCESS_MAX);
+/// The shelf of the process.
+static PROCESS: Shelf = Shelf::new(POOL_BUFFERS_MAX, POOL_BYTES_MAX);
 
+/// A connection's handle on a shelf.
 pub(crate) struct BufPool {
-    bufs: Mutex<Pooled>,
-    budget: &'static Budget,
+    shelf: &'static Shelf,
 }
 
 impl Default for BufPool {
     fn default() -> Self {
-        Self::with_budget(&PROCESS)
+        Self::on(&PROCESS)
     }
-}
-
-impl Drop for BufPool {
-    fn drop(&mut self) {
-        let bytes = self.lock().bytes;
-        self.budget.give(bytes);
-    }
-}
-
-#[derive(Default)]
-struct Pooled {
-    bufs: Vec<Vec<u8>>,
-    /// The sum of the pooled buffers' capacities.
-    bytes: usize,
 }
 
 impl BufPool {
-    pub(crate) fn with_budget(budget: &'static Budget) -> Self {
-        Self {
-            bufs: Mutex::new(Pooled::default()),
-            budget,
-        }
+    pub(crate) fn on(shelf: &'static Shelf) -> Self {
+        Self { shelf }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Pooled> {
-        // The pool holds no invariant a panic could break.
-        self.bufs.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A buffer: a pooled one (its old length and bytes kept), or a new empty one.
+    /// A buffer: a kept one (its old length and bytes kept), or a new empty one.
     pub(crate) fn take(&self) -> Vec<u8> {
-        let mut p = self.lock();
-        let buf = p.bufs.pop().unwrap_or_default();
-        p.bytes -= buf.capacity();
-        self.budget.give(buf.capacity());
+        let mut held = self.shelf.lock();
+        let buf = held.bufs.pop().unwrap_or_default();
+        held.bytes -= buf.capacity();
         buf
     }
 
@@ -96,13 +76,12 @@ impl BufPool {
         if buf.capacity() == 0 || buf.capacity() > POOL_BUFFER_BYTES_MAX {
             return;
         }
-        let mut p = self.lock();
-        if p.bufs.len() < POOL_BUFFERS_MAX
-            && p.bytes + buf.capacity() <= POOL_BYTES_MAX
-            && self.budget.take(buf.capacity())
+        let mut held = self.shelf.lock();
+        if held.bufs.len() < self.shelf.buffers_max
+            && held.bytes + buf.capacity() <= self.shelf.bytes_max
         {
-            p.bytes += buf.capacity();
-            p.bufs.push(buf);
+            held.bytes += buf.capacity();
+            held.bufs.push(buf);
         }
     }
 }
@@ -113,7 +92,8 @@ mod tests {
 
     #[test]
     fn bounded_reuse() {
-        let pool = BufPool::default();
+        static SHELF: Shelf = Shelf::new(8, 64 << 20);
+        let pool = BufPool::on(&SHELF);
         assert_eq!(pool.take().capacity(), 0);
         let mut b = pool.take();
         b.resize(4096, 7);
@@ -122,52 +102,34 @@ mod tests {
         assert!(b.len() == 4096 && b.capacity() >= 4096);
         pool.give(Vec::with_capacity(POOL_BUFFER_BYTES_MAX + 1));
         assert_eq!(pool.take().capacity(), 0);
-        for _ in 0..POOL_BUFFERS_MAX + 5 {
+        for _ in 0..8 + 5 {
             pool.give(Vec::with_capacity(16));
         }
-        assert_eq!(pool.lock().bufs.len(), POOL_BUFFERS_MAX);
+        assert_eq!(SHELF.lock().bufs.len(), 8);
     }
 
-    /// Pools sharing a budget hold no more than it together, and a pool
-    /// that is dropped or taken from gives its share back.
+    /// Connections share one shelf: what one gives back, another takes,
+    /// and together they keep no more than its bound.
     #[test]
-    fn pools_share_one_budget() {
-        static BUDGET: Budget = Budget::new(3 << 20);
-        let (a, b) = (BufPool::with_budget(&BUDGET), BufPool::with_budget(&BUDGET));
+    fn connections_share_one_bounded_shelf() {
+        static SHELF: Shelf = Shelf::new(64, 3 << 20);
+        let (a, b) = (BufPool::on(&SHELF), BufPool::on(&SHELF));
         for _ in 0..3 {
             a.give(Vec::with_capacity(1 << 20));
             b.give(Vec::with_capacity(1 << 20));
         }
-        let held = |p: &BufPool| p.lock().bytes;
-        assert_eq!(held(&a) + held(&b), 3 << 20);
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 3 << 20);
-        let taken = a.take();
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), (3 << 20) - taken.capacity());
+        assert_eq!(SHELF.lock().bytes, 3 << 20);
+        assert_eq!(SHELF.lock().bufs.len(), 3);
+        // A connection that gave nothing takes what another gave.
+        let c = BufPool::on(&SHELF);
+        let taken = c.take();
+        assert_eq!(taken.capacity(), 1 << 20);
+        assert_eq!(SHELF.lock().bytes, 2 << 20);
+        drop(c);
         b.give(taken);
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 3 << 20);
-        drop(b);
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), held(&a));
-        a.give(Vec::with_capacity(1 << 20));
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), held(&a));
-        drop(a);
-        assert_eq!(BUDGET.used.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn pooled_bytes_are_bounded() {
-        let pool = BufPool::default();
-        let big = POOL_BUFFER_BYTES_MAX;
-        for _ in 0..POOL_BYTES_MAX / big + 3 {
-            pool.give(Vec::with_capacity(big));
-        }
-        let held = pool.lock().bufs.iter().map(Vec::capacity).sum::<usize>();
-        assert!(held <= POOL_BYTES_MAX, "{held} bytes pooled");
-        assert!(held > POOL_BYTES_MAX - big, "only {held} bytes pooled");
-        // Taking gives the room back.
-        let b = pool.take();
-        pool.give(Vec::with_capacity(16));
-        let p = pool.lock();
-        let small = p.bufs.last().map_or(0, Vec::capacity);
-        assert_eq!(p.bytes, held - b.capacity() + small);
+        b.give(Vec::with_capacity(1 << 20));
+        let held = SHELF.lock();
+        assert_eq!(held.bytes, 3 << 20);
+        assert_eq!(held.bytes, held.bufs.iter().map(Vec::capacity).sum::<usize>());
     }
 }

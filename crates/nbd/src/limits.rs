@@ -100,18 +100,17 @@ pub const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Buffered writer in front of the socket; larger payloads bypass it.
 pub const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
-/// Payload buffers kept for reuse per connection: as many as it can have requests in
-/// flight (4 threads × 16 per batch by default), so a steady stream of large requests
-/// never allocates (a fresh 1 MiB buffer costs an mmap, page faults and a zero-fill).
-pub const POOL_BUFFERS_MAX: usize = 64;
-/// Buffers with more capacity than this are freed, not pooled.
+/// Payload buffers kept for reuse, for all connections together (one shelf
+/// per process, `buffers.rs`): as many as a busy connection has requests in
+/// flight (4 threads × 16 per batch by default) with room for a second, so
+/// a steady stream of large requests never allocates (a fresh 1 MiB buffer
+/// costs an mmap, page faults and a zero-fill).
+pub const POOL_BUFFERS_MAX: usize = 128;
+/// Buffers with more capacity than this are freed, not kept.
 pub const POOL_BUFFER_BYTES_MAX: usize = 2 << 20;
-/// Most bytes (capacity) the pooled buffers of one connection hold together.
-pub const POOL_BYTES_MAX: usize = 32 << 20;
-/// Most bytes the pooled buffers of all connections of the process hold
-/// together: idle connections pin no more than this between them (20 idle
-/// connections after a burst of 1 MiB reads each once held 660 MB).
-pub const POOL_BYTES_PROCESS_MAX: usize = 64 << 20;
+/// Most bytes (capacity) the kept buffers hold together: what idle
+/// connections can pin between them.
+pub const POOL_BYTES_MAX: usize = 64 << 20;
 
 /// Failures per address or identity that cost no delay (`ratelimit.rs`).
 pub const RATE_FREE_FAILURES: u32 = 3;
@@ -138,4 +137,3 @@ const _: () = assert!(INFLIGHT_PER_CONN_DEFAULT <= INFLIGHT_PER_CONN_LIMIT);
 // Permits are acquired with `acquire_many(n: u32)`.
 const _: () = assert!(INFLIGHT_PER_CONN_LIMIT <= u32::MAX as usize);
 const _: () = assert!(STRING_BYTES_MAX <= OPTION_BYTES_MAX as usize);
-const _: () = assert!(POOL_BYTES_MAX <= POOL_BYTES_PROCESS_MAX);
