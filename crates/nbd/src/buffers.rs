@@ -125,7 +125,6 @@ mod tests {
         let taken = c.take();
         assert_eq!(taken.capacity(), 1 << 20);
         assert_eq!(SHELF.lock().bytes, 2 << 20);
-        drop(c);
         b.give(taken);
         b.give(Vec::with_capacity(1 << 20));
         let held = SHELF.lock();
