@@ -59,10 +59,9 @@ pub struct Extent {
 
 /// One exported disk.
 ///
-/// Methods block; the server calls them on blocking threads (a plain-socket
-/// connection's own threads; a TLS connection's workers, tasks of tokio's
-/// blocking pool), several at once per connection, from any number of
-/// connections. Every
+/// Methods block; the server calls them on each connection's own threads
+/// (and, to open an export, on tokio's blocking pool), several at once per
+/// connection, from any number of connections. Every
 /// call has already been validated: ranges lie within `size()`, lengths are
 /// nonzero, and write methods are not called on a read-only backend.
 pub trait Backend: Send + Sync + 'static {

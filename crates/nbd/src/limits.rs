@@ -65,8 +65,8 @@ pub const WATCHDOG_IDLE_TICKS: u32 = 100;
 /// bound on replies waiting for the client).
 pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
 
-/// A connection's worker thread with nothing to do for this long returns
-/// to the blocking pool.
+/// A connection's worker thread (async path) with nothing to do for this
+/// long exits.
 pub const WORKER_IDLE: Duration = Duration::from_secs(2);
 
 /// Payload bytes (write data received, read data not yet sent) one

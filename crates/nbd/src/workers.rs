@@ -8,8 +8,12 @@
 //! long-lived blocking tasks, started on demand up to `max`, that take jobs
 //! from one queue and keep taking them while it is not empty, so a busy
 //! connection pays no spawn and no wake-up per request, and no more threads
-//! than `max`. They are blocking-pool tasks (not bare threads), so they
-//! reuse the pool's idle threads and tokio's test clock knows they run.
+//! than `max`. They are threads of their own, not tasks of tokio's blocking
+//! pool: that pool is bounded and shared with the handshake and the
+//! embedding program (the daemon's control requests), and connections whose
+//! requests wait on storage would hold its threads (with 4 per connection,
+//! 128 busy connections took all 512). Only when the system refuses a new
+//! thread does a worker fall back to the pool.
 //!
 //! Invariants:
 //! - Every submitted job runs exactly once, even after [`Workers::close`]
@@ -27,6 +31,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::mpsc;
+use tracing::debug;
 
 use crate::limits::WORKER_IDLE;
 
@@ -95,9 +100,14 @@ impl Workers {
                 let state = Arc::clone(&self.state);
                 let alive = alive.clone();
                 q.threads += 1;
-                // A thread from tokio's blocking pool, which keeps idle
-                // threads for reuse across connections.
-                tokio::task::spawn_blocking(move || work(state, alive));
+                let (again, alive_again) = (Arc::clone(&state), alive.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("nbd-worker".into())
+                    .spawn(move || work(state, alive));
+                if let Err(e) = spawned {
+                    debug!("no thread for an NBD worker ({e}): using the blocking pool");
+                    tokio::task::spawn_blocking(move || work(again, alive_again));
+                }
             }
         }
     }

@@ -84,8 +84,11 @@ async fn handshaking_clients_are_closed_and_late_ones_refused() {
 }
 
 /// A client that sends reads and never reads the replies: after shutdown
-/// the server gives each write `DRAIN_WRITE_TIMEOUT`, then hangs up.
-#[tokio::test(start_paused = true)]
+/// the server gives each write `DRAIN_WRITE_TIMEOUT`, then hangs up. In
+/// real time (so it takes `DRAIN_WRITE_TIMEOUT`, beside the socket variant
+/// below): the workers are threads of their own, which paused time cannot
+/// see, so it would run the clock past their work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_stops_reading_cannot_block_shutdown() {
     let server = drain_server();
     let (client, server_end) = tokio::io::duplex(4096);

@@ -12,6 +12,7 @@ use bulwark_nbd::errno::*;
 use bulwark_nbd::proto::*;
 use bulwark_nbd::ServerConfig;
 use common::*;
+use tokio::io::DuplexStream;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -597,6 +598,56 @@ fn idle_connections_leave_the_blocking_pool_free() {
             within(task).await.unwrap();
         }
         assert_eq!(server.connections(), 1);
+    });
+}
+
+/// The async path (TLS streams) the same way: requests waiting on storage
+/// hold worker threads, which must not be the blocking pool's. With the
+/// pool at 2 threads and a connection's 4 reads stuck at the gate, a
+/// second client once waited in its handshake until the gate opened.
+#[test]
+fn busy_workers_leave_the_blocking_pool_free() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (server, disk, _) = server();
+        let (s, task) = DuplexStream::pipe(&server);
+        let (mut c, _, _) = within(Client::open(s, "disk")).await;
+        disk.close_gate();
+        // A failed assertion must not leave workers at the gate: the
+        // runtime waits for its blocking threads when it is dropped.
+        struct Reopen(std::sync::Arc<MemBackend>);
+        impl Drop for Reopen {
+            fn drop(&mut self) {
+                self.0.open_gate();
+            }
+        }
+        let _reopen = Reopen(std::sync::Arc::clone(&disk));
+        for i in 0..4u64 {
+            c.send(CMD_READ, 0, i * 4096, 4096, &[]).await;
+        }
+        // Until the four reads are at the gate, each on a worker thread.
+        within(async {
+            while disk.inflight.load(Ordering::SeqCst) < 4 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let (s2, _task2) = DuplexStream::pipe(&server);
+        let mut c2 = within(Client::connect(s2)).await;
+        assert!(within(c2.go("disk")).await.is_ok());
+        assert_eq!(within(tokio::task::spawn_blocking(|| 42)).await.unwrap(), 42);
+        disk.open_gate();
+        for _ in 0..4 {
+            let r = within(c.reply()).await.unwrap();
+            assert_eq!(Client::<DuplexStream>::errno_of(&r), 0);
+        }
+        c.send(CMD_DISC, 0, 0, 0, &[]).await;
+        within(task).await.unwrap();
     });
 }
 
