@@ -135,6 +135,11 @@ def test_past_max_connections_a_client_is_told_the_server_is_full(make_pool):
         r = run(["qemu-io", "-f", "raw", "-c", "read 0 4k", uri], check=False, timeout=30)
         assert r.returncode != 0, r.stdout
         assert "too many connections" in r.stderr and "at most 4" in r.stderr, r.stderr
+        # The admin learns it from the daemon's log too, once, not per client.
+        for _ in range(3):
+            run(["qemu-io", "-f", "raw", "-c", "read 0 4k", uri], check=False, timeout=30)
+        log = pool.log_path.read_text()
+        assert log.count("too many NBD connections: refused") == 1, pool.log_tail()
     finally:
         out, _ = holder.communicate(input="", timeout=HOLD_TIMEOUT_S)
     assert holder.returncode == 0, out

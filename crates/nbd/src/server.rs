@@ -110,7 +110,19 @@ pub struct Server {
     attached: Mutex<HashMap<String, usize>>,
     next_id: AtomicU64,
     limiter: Limiter,
+    /// Refusals because the server was full, for the log.
+    full: Mutex<Refused>,
 }
+
+#[derive(Default)]
+struct Refused {
+    /// Since the last warning.
+    refused: u64,
+    warned: Option<std::time::Instant>,
+}
+
+/// Least time between two warnings that clients were refused (server full).
+const FULL_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a listener's clients are authenticated.
 #[derive(Clone)]
@@ -206,6 +218,7 @@ impl Server {
             attached: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             limiter: Limiter::default(),
+            full: Mutex::new(Refused::default()),
         })
     }
 
@@ -306,6 +319,23 @@ impl Server {
             server: Arc::clone(self),
         };
         (!self.is_shutting_down()).then_some(guard)
+    }
+
+    /// Logs refusals for a full server, at most once per `FULL_WARN_EVERY`
+    /// with how many there were, so a flood of clients cannot flood the log.
+    fn note_refused_full(&self, max: usize) {
+        let mut full = self.full.lock().unwrap_or_else(PoisonError::into_inner);
+        full.refused += 1;
+        let now = std::time::Instant::now();
+        if full.warned.is_none_or(|at| now.duration_since(at) >= FULL_WARN_EVERY) {
+            warn!(
+                "too many NBD connections: refused {} new client(s) since the last warning \
+                 (at most {max} at once: serve --max-connections)",
+                full.refused
+            );
+            full.refused = 0;
+            full.warned = Some(now);
+        }
     }
 
     fn attach(self: &Arc<Self>, name: &str) -> AttachGuard {
@@ -491,6 +521,9 @@ impl Server {
         // This connection is counted already.
         let full = (self.connections() > self.limits.connections_max)
             .then_some(self.limits.connections_max);
+        if let Some(max) = full {
+            self.note_refused_full(max);
+        }
         Context {
             exports: &self.exports,
             limits: &self.limits,
