@@ -134,8 +134,12 @@ async fn stalled_client_is_dropped_after_the_drain_timeout<S>(
     // Let the replies pile up against the full pipe.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(server.connections(), 1);
-    server.shutdown();
+    // Taken before the shutdown: the server's drain timer starts when its
+    // connection task sees the shutdown, which on another runtime thread
+    // may be before `shutdown` returns here (taken after it, `started`
+    // once fell a hair inside the timeout, and the check below failed).
     let started = tokio::time::Instant::now();
+    server.shutdown();
     tokio::time::timeout(Duration::from_secs(120), server.wait_idle())
         .await
         .expect("shutdown stalled on a client that does not read");
