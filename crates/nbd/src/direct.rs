@@ -588,7 +588,7 @@ impl<S: Socket> Conn<S> {
         let req = parse_request(header, &self.shared.export)?;
         let mut data = Vec::new();
         if req.kind == CMD_WRITE && req.length > 0 {
-            data = self.shared.pool.take();
+            data = self.shared.pool.take(req.length as usize);
             rd.payload(&mut data, req.length as usize)
                 .map_err(|e| self.read_error(e))?;
         }

@@ -392,7 +392,7 @@ fn run_op(op: Op, handle: u64, data: Vec<u8>, shared: &Shared) -> Outgoing {
     };
     match op {
         Op::Read { offset, length } => {
-            let mut buf = shared.pool.take();
+            let mut buf = shared.pool.take(length as usize);
             buf.resize(length as usize, 0);
             if length > 0 {
                 if let Err(e) = backend.read(offset, &mut buf) {
@@ -633,7 +633,7 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         }
         let mut data = Vec::new();
         if payload && req.length > 0 {
-            data = self.shared.pool.take();
+            data = self.shared.pool.take(req.length as usize);
             interruptible(
                 read_payload(self.rd, &mut data, req.length as usize),
                 self.shutdown,
