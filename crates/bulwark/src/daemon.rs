@@ -94,7 +94,10 @@ fn raise_open_files_limit() {
     };
     // SAFETY: getrlimit writes one rlimit to the pointer we pass.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        warn!("cannot read the open-files limit: {}", std::io::Error::last_os_error());
+        warn!(
+            "cannot read the open-files limit: {}",
+            std::io::Error::last_os_error()
+        );
         return;
     }
     let wanted = lim.rlim_max.min(OPEN_FILES_WANTED);
@@ -165,10 +168,9 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
                 nbd::ServerConfig::default().max_workers_per_conn,
                 usize::from,
             ),
-            max_connections: args.max_connections.map_or(
-                nbd::ServerConfig::default().max_connections,
-                |n| n as usize,
-            ),
+            max_connections: args
+                .max_connections
+                .map_or(nbd::ServerConfig::default().max_connections, |n| n as usize),
             ..nbd::ServerConfig::default()
         },
     );

@@ -129,7 +129,10 @@ mod tests {
         let held = shelf.lock();
         let caps: Vec<usize> = held.bufs.iter().map(Vec::capacity).collect();
         assert_eq!(held.bytes, caps.iter().sum::<usize>());
-        assert!(caps.windows(2).all(|w| w[0] <= w[1]), "not sorted: {caps:?}");
+        assert!(
+            caps.windows(2).all(|w| w[0] <= w[1]),
+            "not sorted: {caps:?}"
+        );
         caps
     }
 
@@ -163,10 +166,7 @@ mod tests {
         for cap in [1 << 20, 4096, 64 << 10, 1 << 20, 4096] {
             pool.give(Vec::with_capacity(cap));
         }
-        assert_eq!(
-            check(&SHELF),
-            vec![4096, 4096, 64 << 10, 1 << 20, 1 << 20]
-        );
+        assert_eq!(check(&SHELF), vec![4096, 4096, 64 << 10, 1 << 20, 1 << 20]);
         assert_eq!(pool.take(1 << 20).capacity(), 1 << 20);
         assert_eq!(pool.take(4096).capacity(), 4096);
         assert_eq!(pool.take(5000).capacity(), 64 << 10);

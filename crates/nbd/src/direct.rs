@@ -77,7 +77,8 @@ use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
 use crate::limits::{
     BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, HANDOFF_BATCH_NS,
-    INFLIGHT_BYTES_PER_CONN_MAX, KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS, WATCHDOG_TICK,
+    INFLIGHT_BYTES_PER_CONN_MAX, KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS,
+    WATCHDOG_TICK,
 };
 use crate::proto::{Request, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE};
 use crate::server::Limits;
@@ -653,7 +654,10 @@ impl<S: Socket> Conn<S> {
         while self.reply_bytes.load(Ordering::SeqCst) > self.reply_bytes_max
             && !self.write_failed.load(Ordering::Acquire)
         {
-            g = self.room_freed.wait(g).unwrap_or_else(PoisonError::into_inner);
+            g = self
+                .room_freed
+                .wait(g)
+                .unwrap_or_else(PoisonError::into_inner);
         }
         drop(g);
         self.reply_waiters.fetch_sub(1, Ordering::SeqCst);

@@ -35,9 +35,9 @@ use tracing::{info, info_span, warn, Instrument};
 use crate::backend::{Client, Event, Exports, Identity};
 use crate::handshake::{self, Context, HandshakeError, Negotiated, Outcome, Summary, Tls};
 use crate::limits::{
-    ACCEPT_BACKOFF, CONNECTIONS_DEFAULT, CONNECTIONS_LIMIT, HANDSHAKE_TIMEOUT, INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT,
-    REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT,
-    WORKERS_PER_CONN_LIMIT,
+    ACCEPT_BACKOFF, CONNECTIONS_DEFAULT, CONNECTIONS_LIMIT, HANDSHAKE_TIMEOUT,
+    INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT, REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT,
+    REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT, WORKERS_PER_CONN_LIMIT,
 };
 use crate::ratelimit::{Key, Limiter};
 use crate::tls::TlsConfig;
@@ -327,7 +327,10 @@ impl Server {
         let mut full = self.full.lock().unwrap_or_else(PoisonError::into_inner);
         full.refused += 1;
         let now = std::time::Instant::now();
-        if full.warned.is_none_or(|at| now.duration_since(at) >= FULL_WARN_EVERY) {
+        if full
+            .warned
+            .is_none_or(|at| now.duration_since(at) >= FULL_WARN_EVERY)
+        {
             warn!(
                 "too many NBD connections: refused {} new client(s) since the last warning \
                  (at most {max} at once: serve --max-connections)",
@@ -717,7 +720,11 @@ mod tests {
         });
         assert_eq!(
             (l.request_bytes_max, l.inflight_max, l.connections_max),
-            (REQUEST_BYTES_LIMIT, INFLIGHT_PER_CONN_LIMIT, CONNECTIONS_LIMIT)
+            (
+                REQUEST_BYTES_LIMIT,
+                INFLIGHT_PER_CONN_LIMIT,
+                CONNECTIONS_LIMIT
+            )
         );
         let d = ServerConfig::default();
         assert_eq!(

@@ -345,7 +345,10 @@ async fn a_full_server_refuses_new_clients_and_says_why() {
     let (s3, task3) = tokio::net::UnixStream::pipe(&server);
     let mut c3 = Client::connect(s3).await;
     // Structured replies refused, the client goes on; GO refused too.
-    assert_eq!(c3.option(OPT_STRUCTURED_REPLY, &[]).await[0].0, REP_ERR_POLICY);
+    assert_eq!(
+        c3.option(OPT_STRUCTURED_REPLY, &[]).await[0].0,
+        REP_ERR_POLICY
+    );
     let go = InfoRequest {
         name: "disk".into(),
         requests: vec![],
@@ -354,7 +357,10 @@ async fn a_full_server_refuses_new_clients_and_says_why() {
     let (reply, message) = replies.last().unwrap();
     assert_eq!(*reply, REP_ERR_POLICY);
     let message = String::from_utf8_lossy(message);
-    assert!(message.contains("too many connections") && message.contains("at most 2"), "{message}");
+    assert!(
+        message.contains("too many connections") && message.contains("at most 2"),
+        "{message}"
+    );
     assert_eq!(c3.option(OPT_ABORT, &[]).await, vec![(REP_ACK, vec![])]);
     within(task3).await.unwrap();
 
@@ -362,5 +368,8 @@ async fn a_full_server_refuses_new_clients_and_says_why() {
     within(task1).await.unwrap();
     let (s4, _task4) = tokio::net::UnixStream::pipe(&server);
     let mut c4 = Client::connect(s4).await;
-    assert!(c4.go("disk").await.is_ok(), "refused after a connection ended");
+    assert!(
+        c4.go("disk").await.is_ok(),
+        "refused after a connection ended"
+    );
 }

@@ -550,7 +550,10 @@ async fn replies_a_client_does_not_read_are_bounded() {
     let ran = (disk.calls.load(Ordering::SeqCst) - before) as u64;
     // The bound, plus one 1 MiB batch per thread, plus what the socket holds.
     let most = INFLIGHT_BYTES_PER_CONN_MAX as u64 / MIB + 4 + 4;
-    assert!(ran <= most, "{ran} reads ran for a client that read no reply (at most {most})");
+    assert!(
+        ran <= most,
+        "{ran} reads ran for a client that read no reply (at most {most})"
+    );
     assert!(ran >= 64, "only {ran} reads ran");
     for _ in 0..READS {
         let r = within(c.reply()).await.unwrap();
@@ -590,9 +593,15 @@ fn idle_connections_leave_the_blocking_pool_free() {
         let Reply::Chunk { payload, .. } = r else {
             panic!("expected one data chunk");
         };
-        assert!(payload[8..] == pattern(4096, 7)[..], "read back other bytes");
+        assert!(
+            payload[8..] == pattern(4096, 7)[..],
+            "read back other bytes"
+        );
         // ...and the blocking pool still runs other work.
-        assert_eq!(within(tokio::task::spawn_blocking(|| 42)).await.unwrap(), 42);
+        assert_eq!(
+            within(tokio::task::spawn_blocking(|| 42)).await.unwrap(),
+            42
+        );
         for (mut c, task) in idle {
             c.send(CMD_DISC, 0, 0, 0, &[]).await;
             within(task).await.unwrap();
@@ -640,7 +649,10 @@ fn busy_workers_leave_the_blocking_pool_free() {
         let (s2, _task2) = DuplexStream::pipe(&server);
         let mut c2 = within(Client::connect(s2)).await;
         assert!(within(c2.go("disk")).await.is_ok());
-        assert_eq!(within(tokio::task::spawn_blocking(|| 42)).await.unwrap(), 42);
+        assert_eq!(
+            within(tokio::task::spawn_blocking(|| 42)).await.unwrap(),
+            42
+        );
         disk.open_gate();
         for _ in 0..4 {
             let r = within(c.reply()).await.unwrap();
