@@ -1,7 +1,8 @@
 """Grants decide what a TLS client sees: a client granted A lists only A
 and cannot open B; asking for B and for a name that does not exist get the
 same bytes back; a read-only grant exports the volume read-only and writes
-fail with EPERM; removing a grant takes effect on the next connection, and
+fail with EPERM; removing a grant takes effect on the next connection (and
+on open ones: test_grant_revocation.py), and
 grants survive a restart in DIR/grants.json (mode 0600)."""
 
 import json

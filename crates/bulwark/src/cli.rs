@@ -110,9 +110,12 @@ unix socket's client is the pool owner and needs no grant.";
 
 #[derive(Debug, Subcommand)]
 pub enum GrantCommand {
-    /// Let CLIENT open VOLUME (replaces an existing grant of the same pair).
+    /// Let CLIENT open VOLUME (replaces an existing grant of the same pair; narrowing it to
+    /// --read-only closes the client's read-write connections to the volume).
     Add(GrantAddArgs),
-    /// Take the grant back (connections already open keep going until they close).
+    /// Take the grant back: new connections are refused, and the client's open connections
+    /// to the volume that no other grant of it allows are closed (after answering the
+    /// requests they already sent).
     Remove(GrantRemoveArgs),
     /// List grants.
     List(ListArgs),

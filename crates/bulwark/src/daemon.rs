@@ -46,6 +46,10 @@ use crate::nbd;
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
 /// connections that are closing to be counted out before it refuses.
 const DETACH_GRACE: Duration = Duration::from_secs(2);
+/// How long a grant change waits for the connections it closes to finish
+/// the requests they had already sent (at most `DRAIN_WRITE_TIMEOUT` for a
+/// client that stops reading; the answer then says how many still are).
+const REVOKE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for NBD requests and control requests to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -487,8 +491,23 @@ impl Daemon {
             request @ (Request::GrantAdd { .. }
             | Request::GrantRemove { .. }
             | Request::GrantList) => {
+                let changes = !matches!(request, Request::GrantList);
                 let access = self.access.clone();
-                blocking(move || grant::handle(&pool, &access, request)).await
+                let mut answer = blocking(move || grant::handle(&pool, &access, request)).await?;
+                if changes {
+                    // What a grant no longer allows, an open connection may no longer do.
+                    let ids = crate::export::close_ungranted(&self.server, &self.access);
+                    let open = self.server.wait_detached(&ids, REVOKE_WAIT).await;
+                    if !ids.is_empty() {
+                        info!(
+                            closing = ids.len(),
+                            still_open = open,
+                            "closed the NBD connections that the grants no longer allow"
+                        );
+                    }
+                    grant::with_closed(&mut answer, ids.len(), open);
+                }
+                Ok(answer)
             }
         }
     }

@@ -126,11 +126,30 @@ pub struct PoolExports {
 impl PoolExports {
     /// The access `client` has to `name`; `None` for none.
     fn access(&self, client: &Client, name: &str) -> Option<Access> {
-        match client.identity {
-            Identity::Owner => Some(Access::ReadWrite),
-            _ => self.access.grants.access(&client.identity.names(), name),
-        }
+        access_of(&self.access, client, name)
     }
+}
+
+/// The access the grants give `client` to volume `name` (the Unix socket's
+/// owner may open anything); `None` for none.
+pub fn access_of(access: &AccessControl, client: &Client, name: &str) -> Option<Access> {
+    match client.identity {
+        Identity::Owner => Some(Access::ReadWrite),
+        _ => access.grants.access(&client.identity.names(), name),
+    }
+}
+
+/// Closes the NBD connections the grants no longer allow: those whose
+/// client has lost every grant to their volume, and read-write ones whose
+/// client may now only read. Returns their ids (`Server::wait_detached`).
+pub fn close_ungranted(server: &crate::nbd::Server, access: &AccessControl) -> Vec<u64> {
+    server.revoke(
+        |volume, client, read_only| match access_of(access, client, volume) {
+            None => false,
+            Some(Access::ReadOnly) => read_only,
+            Some(Access::ReadWrite) => true,
+        },
+    )
 }
 
 impl Exports for PoolExports {

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bulwark_engine::Pool;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::access::{normalize_client, Access, AccessControl, Grant};
@@ -32,12 +33,14 @@ pub fn add(dir: &Path, args: &GrantAddArgs) -> Result<()> {
         volume: args.volume.clone(),
         access,
     };
-    let grant: Grant = Client::connect(dir)?.call_typed(&request)?;
+    let changed: Changed<Grant> = Client::connect(dir)?.call_typed(&request)?;
+    let grant = &changed.grant;
     print(&format!(
-        "granted {} {} access to volume {}\n",
+        "granted {} {} access to volume {}{}\n",
         grant.client,
         grant.access.as_str(),
-        grant.volume
+        grant.volume,
+        closed_note(&changed)
     ))
 }
 
@@ -46,11 +49,49 @@ pub fn remove(dir: &Path, args: &GrantRemoveArgs) -> Result<()> {
         client: args.client.clone(),
         volume: args.volume.clone(),
     };
-    Client::connect(dir)?.call(&request)?;
+    let changed: Changed = Client::connect(dir)?.call_typed(&request)?;
     print(&format!(
-        "removed the grant of volume {} to {} (open connections keep theirs until they close)\n",
-        args.volume, args.client
+        "removed the grant of volume {} to {}{}\n",
+        args.volume,
+        args.client,
+        closed_note(&changed)
     ))
+}
+
+/// The daemon's answer to a grant change.
+#[derive(Deserialize)]
+struct Changed<G = ()> {
+    #[serde(flatten)]
+    grant: G,
+    /// Open NBD connections the change closed.
+    closed_connections: u64,
+    /// Of those, the ones still open when the daemon answered.
+    finishing_connections: u64,
+}
+
+/// Adds to a grant change's answer how many open NBD connections it closed,
+/// and how many of those were still finishing their requests.
+pub(crate) fn with_closed(answer: &mut Value, closed: usize, finishing: usize) {
+    let (c, f) = ("closed_connections", "finishing_connections");
+    match answer {
+        Value::Object(map) => {
+            map.insert(c.into(), closed.into());
+            map.insert(f.into(), finishing.into());
+        }
+        other => *other = json!({ c: closed, f: finishing }),
+    }
+}
+
+/// What to add to a grant change's message when it closed connections.
+fn closed_note(changed: &Changed<impl Sized>) -> String {
+    match (changed.closed_connections, changed.finishing_connections) {
+        (0, _) => String::new(),
+        (n, 0) => format!("; closed {n} open NBD connection(s) it no longer allows"),
+        (n, f) => format!(
+            "; closing {n} open NBD connection(s) it no longer allows \
+             ({f} still finishing requests already sent)"
+        ),
+    }
 }
 
 pub fn list(dir: &Path, args: &ListArgs) -> Result<()> {

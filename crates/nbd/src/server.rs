@@ -106,8 +106,8 @@ pub struct Server {
     shutdown: watch::Sender<bool>,
     /// Open connections, in any phase.
     connections: watch::Sender<usize>,
-    /// Connections in the transmission phase, per export name.
-    attached: Mutex<HashMap<String, usize>>,
+    /// Connections in the transmission phase, by connection id.
+    attached: Mutex<HashMap<u64, Attached>>,
     next_id: AtomicU64,
     limiter: Limiter,
     /// Refusals because the server was full, for the log.
@@ -146,21 +146,50 @@ impl Drop for ConnectionGuard {
     }
 }
 
+/// A connection in the transmission phase.
+struct Attached {
+    export: String,
+    client: Arc<Client>,
+    read_only: bool,
+    /// Set to stop this connection as a shutdown stops them all.
+    stop: watch::Sender<bool>,
+    /// Stopped by `revoke`.
+    revoked: bool,
+}
+
 /// Counts one connection towards `attached(name)` while alive.
 struct AttachGuard {
     server: Arc<Server>,
-    name: String,
+    id: u64,
+}
+
+impl Attached {
+    fn stop(&mut self, revoked: bool) {
+        self.revoked |= revoked;
+        self.stop.send_replace(true);
+    }
+}
+
+impl AttachGuard {
+    /// Stops the connection: a shutdown of the server reaches it this way,
+    /// and so does access taken away (`revoked`).
+    fn stop(&self, revoked: bool) {
+        if let Some(a) = self.server.attached_map().get_mut(&self.id) {
+            a.stop(revoked);
+        }
+    }
+
+    fn revoked(&self) -> bool {
+        self.server
+            .attached_map()
+            .get(&self.id)
+            .is_some_and(|a| a.revoked)
+    }
 }
 
 impl Drop for AttachGuard {
     fn drop(&mut self) {
-        let mut attached = self.server.attached_map();
-        if let Some(n) = attached.get_mut(&self.name) {
-            *n -= 1;
-            if *n == 0 {
-                attached.remove(&self.name);
-            }
-        }
+        self.server.attached_map().remove(&self.id);
     }
 }
 
@@ -302,10 +331,46 @@ impl Server {
     /// Number of open connections per export name (for "volume is
     /// attached" checks). Counts connections in the transmission phase.
     pub fn attached(&self, name: &str) -> usize {
-        self.attached_map().get(name).copied().unwrap_or(0)
+        self.attached_map()
+            .values()
+            .filter(|a| a.export == name)
+            .count()
     }
 
-    fn attached_map(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+    /// Closes the connections that `allowed` no longer allows, given the
+    /// export each is on, its client, and whether it attached read-only
+    /// (after a grant is removed or narrowed). Each stops as at shutdown: it
+    /// reads no further request, answers those it has, and closes. Returns
+    /// the ids of those stopped (see `wait_detached`).
+    pub fn revoke(&self, allowed: impl Fn(&str, &Client, bool) -> bool) -> Vec<u64> {
+        let mut attached = self.attached_map();
+        let mut ids = Vec::new();
+        for (id, a) in attached.iter_mut() {
+            if !a.revoked && !allowed(&a.export, &a.client, a.read_only) {
+                a.stop(true);
+                ids.push(*id);
+            }
+        }
+        ids
+    }
+
+    /// Waits until the connections `ids` (from `revoke`) have closed, or
+    /// `timeout` passes; returns how many are still open.
+    pub async fn wait_detached(&self, ids: &[u64], timeout: std::time::Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let open = {
+                let attached = self.attached_map();
+                ids.iter().filter(|id| attached.contains_key(id)).count()
+            };
+            if open == 0 || tokio::time::Instant::now() >= deadline {
+                return open;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    fn attached_map(&self) -> MutexGuard<'_, HashMap<u64, Attached>> {
         // Counters only; a panic elsewhere cannot leave them half-updated.
         self.attached.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -341,12 +406,29 @@ impl Server {
         }
     }
 
-    fn attach(self: &Arc<Self>, name: &str) -> AttachGuard {
-        *self.attached_map().entry(name.to_owned()).or_insert(0) += 1;
-        AttachGuard {
+    /// Counts a connection as attached; returns its guard and the receiver
+    /// that tells its transmission phase to stop.
+    fn attach(
+        self: &Arc<Self>,
+        export: &str,
+        client: &Arc<Client>,
+        read_only: bool,
+    ) -> (AttachGuard, watch::Receiver<bool>) {
+        let (stop, stopped) = watch::channel(false);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let entry = Attached {
+            export: export.to_owned(),
+            client: Arc::clone(client),
+            read_only,
+            stop,
+            revoked: false,
+        };
+        self.attached_map().insert(id, entry);
+        let guard = AttachGuard {
             server: Arc::clone(self),
-            name: name.to_owned(),
-        }
+            id,
+        };
+        (guard, stopped)
     }
 
     async fn accept_loop<L: Listen>(
@@ -558,13 +640,26 @@ impl Server {
         stream: S,
         export: Negotiated,
         client: &Arc<Client>,
-        shutdown: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let attached = self.attach(&export.name);
         let name = export.name.clone();
         let read_only = export.flags & crate::proto::FLAG_READ_ONLY != 0;
+        let (attached, stopped) = self.attach(&name, client, read_only);
+        // Access taken away after the handshake opened the export but before
+        // `attach` is not seen by `revoke`: ask again, now that it would be.
+        let (exports, who, what) = (Arc::clone(&self.exports), Arc::clone(client), name.clone());
+        let allowed = tokio::task::spawn_blocking(move || {
+            exports
+                .open(&what, &who)
+                .is_some_and(|b| read_only || !b.read_only())
+        })
+        .await
+        .unwrap_or(false);
+        if !allowed {
+            attached.stop(true);
+        }
         info!(
             export = %export.name,
             size = export.size,
@@ -582,9 +677,23 @@ impl Server {
             },
         )
         .await;
-        let end = transmit(stream, export, &self.limits, shutdown)
-            .await
-            .to_string();
+        let run = transmit(stream, export, &self.limits, stopped);
+        tokio::pin!(run);
+        let ended = tokio::select! {
+            end = &mut run => Some(end),
+            _ = shutdown.wait_for(|s| *s) => None,
+        };
+        let end = match ended {
+            Some(end) => end,
+            None => {
+                attached.stop(false);
+                run.await
+            }
+        };
+        let end = match end {
+            transmission::End::Shutdown if attached.revoked() => "access revoked".to_owned(),
+            end => end.to_string(),
+        };
         // Every request has finished: the export is no longer in use.
         drop(attached);
         info!("connection closed: {end}");

@@ -1,6 +1,7 @@
 //! Graceful shutdown: accepting stops, in-flight requests still get their
 //! replies, `wait_idle` resolves only after the last backend call, and a
-//! client that stops reading cannot hold shutdown up forever.
+//! client that stops reading cannot hold shutdown up forever; `revoke` stops
+//! the connections it names the same way.
 
 mod common;
 
@@ -171,4 +172,91 @@ async fn attached_counts_per_export() {
     server.shutdown();
     within(server.wait_idle()).await;
     assert_eq!(server.attached("disk") + server.attached("ro"), 0);
+}
+
+/// `revoke` stops only the connections its predicate no longer allows, as a
+/// shutdown would: a request in flight still gets its reply, then the
+/// connection closes; the others go on, and `wait_detached` sees it go.
+/// On a socket (the threaded path) and on a pipe (the async path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_stops_only_the_connections_no_longer_allowed() {
+    let (server, disk, _) = server();
+    let (a_sock, a_end) = UnixStream::pair().unwrap();
+    let a_task = tokio::spawn(server.clone().serve_stream(a_end));
+    let (mut a, _, _) = Client::open(a_sock, "disk").await;
+    let (b_pipe, b_task) = pipe(&server);
+    let (mut b, _, _) = Client::open(b_pipe, "disk").await;
+    let (ro_sock, ro_end) = UnixStream::pair().unwrap();
+    tokio::spawn(server.clone().serve_stream(ro_end));
+    let (mut ro, _, _) = Client::open(ro_sock, "ro").await;
+    assert_eq!(server.attached("disk"), 2);
+
+    // A read in flight on `a` when its access goes.
+    disk.close_gate();
+    let h = a.send(CMD_READ, 0, 0, 4096, &[]).await;
+    within(async {
+        while disk.inflight.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let ids = server.revoke(|export, _, _| export != "disk");
+    assert_eq!(ids.len(), 2);
+    // Nothing is stopped twice.
+    assert!(server.revoke(|export, _, _| export != "disk").is_empty());
+    b.expect_closed().await;
+    within(b_task).await.unwrap();
+    assert_eq!(
+        server.wait_detached(&ids, Duration::from_millis(50)).await,
+        1
+    );
+    disk.open_gate();
+    let r = within(a.reply()).await.unwrap();
+    assert_eq!((r.handle(), Client::<UnixStream>::errno_of(&r)), (h, 0));
+    a.expect_closed().await;
+    within(a_task).await.unwrap();
+    assert_eq!(server.wait_detached(&ids, Duration::from_secs(10)).await, 0);
+    assert_eq!(server.attached("disk"), 0);
+
+    // The connection still allowed goes on.
+    assert_eq!(server.attached("ro"), 1);
+    let h = ro.send(CMD_READ, 0, 0, 4096, &[]).await;
+    let r = within(ro.reply()).await.unwrap();
+    assert_eq!((r.handle(), Client::<UnixStream>::errno_of(&r)), (h, 0));
+}
+
+/// Exports that allow each name `opens` times: the first `open` (the
+/// handshake's) succeeds, a later one finds the access gone.
+struct OpensOnce {
+    disk: Arc<MemBackend>,
+    opens: std::sync::atomic::AtomicUsize,
+}
+
+impl bulwark_nbd::Exports for OpensOnce {
+    fn list(&self, _: &bulwark_nbd::Client) -> Vec<String> {
+        vec!["disk".into()]
+    }
+    fn open(&self, _: &str, _: &bulwark_nbd::Client) -> Option<Arc<dyn bulwark_nbd::Backend>> {
+        (self.opens.fetch_add(1, Ordering::SeqCst) == 0)
+            .then(|| Arc::clone(&self.disk) as Arc<dyn bulwark_nbd::Backend>)
+    }
+}
+
+/// Access taken away between the handshake's open and the connection being
+/// counted as attached (where `revoke` cannot see it yet) still ends the
+/// connection: the server asks again once it is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_gone_before_attach_ends_the_connection() {
+    let exports = Arc::new(OpensOnce {
+        disk: MemBackend::new(1 << 20),
+        opens: Default::default(),
+    });
+    let server = Server::new(exports.clone(), ServerConfig::default());
+    let (sock, end) = UnixStream::pair().unwrap();
+    let task = tokio::spawn(server.clone().serve_stream(end));
+    let (mut c, _, _) = Client::open(sock, "disk").await;
+    c.expect_closed().await;
+    within(task).await.unwrap();
+    assert_eq!(exports.opens.load(Ordering::SeqCst), 2);
+    assert_eq!(server.attached("disk"), 0);
 }
