@@ -115,7 +115,7 @@ pub enum GrantCommand {
     Add(GrantAddArgs),
     /// Take the grant back: new connections are refused, and the client's open connections
     /// to the volume that no other grant of it allows are closed (after answering the
-    /// requests they already sent).
+    /// requests they are already running).
     Remove(GrantRemoveArgs),
     /// List grants.
     List(ListArgs),

@@ -63,9 +63,11 @@ pub fn remove(dir: &Path, args: &GrantRemoveArgs) -> Result<()> {
 struct Changed<G = ()> {
     #[serde(flatten)]
     grant: G,
-    /// Open NBD connections the change closed.
+    /// Open NBD connections the change closed (absent from an older daemon).
+    #[serde(default)]
     closed_connections: u64,
     /// Of those, the ones still open when the daemon answered.
+    #[serde(default)]
     finishing_connections: u64,
 }
 

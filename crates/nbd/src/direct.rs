@@ -585,6 +585,12 @@ impl<S: Socket> Conn<S> {
         rd: &mut RequestReader<S>,
         header: &mut [u8; Request::LEN],
     ) -> Result<(Request, Vec<u8>), End> {
+        // Stopped (shutdown, or access revoked): requests still queued on the
+        // socket are not read, and so never run (a read after SHUT_RD still
+        // returns what the socket holds).
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(End::Shutdown);
+        }
         rd.header(header).map_err(|e| self.read_error(e))?;
         let req = parse_request(header, &self.shared.export)?;
         let mut data = Vec::new();

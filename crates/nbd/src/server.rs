@@ -346,7 +346,8 @@ impl Server {
         let mut attached = self.attached_map();
         let mut ids = Vec::new();
         for (id, a) in attached.iter_mut() {
-            if !a.revoked && !allowed(&a.export, &a.client, a.read_only) {
+            let stopping = *a.stop.borrow();
+            if !stopping && !allowed(&a.export, &a.client, a.read_only) {
                 a.stop(true);
                 ids.push(*id);
             }
@@ -658,7 +659,12 @@ impl Server {
         .await
         .unwrap_or(false);
         if !allowed {
-            attached.stop(true);
+            // Nothing is served: the client is told no more than at the
+            // handshake (the connection closes), and the denial is reported.
+            info!(export = %name, "access taken away before serving: closing the connection");
+            self.event(client, OwnedEvent::Denied { export: name })
+                .await;
+            return;
         }
         info!(
             export = %export.name,
@@ -746,6 +752,7 @@ enum OwnedEvent {
     Attach { export: String, read_only: bool },
     Detach { export: String, reason: String },
     HandshakeFailed { reason: String },
+    Denied { export: String },
 }
 
 impl OwnedEvent {
@@ -757,6 +764,7 @@ impl OwnedEvent {
             },
             OwnedEvent::Detach { export, reason } => Event::Detach { export, reason },
             OwnedEvent::HandshakeFailed { reason } => Event::HandshakeFailed { reason },
+            OwnedEvent::Denied { export } => Event::Denied { export },
         }
     }
 }

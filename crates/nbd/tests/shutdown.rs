@@ -260,3 +260,44 @@ async fn access_gone_before_attach_ends_the_connection() {
     assert_eq!(exports.opens.load(Ordering::SeqCst), 2);
     assert_eq!(server.attached("disk"), 0);
 }
+
+/// A revoked connection runs no request still queued on its socket: those
+/// already running are answered, the rest are dropped with the connection.
+/// (A read after SHUT_RD still returns what the socket holds: before the
+/// threads checked for a stop, all 40 ran.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_connection_runs_nothing_still_queued() {
+    let (server, disk, _) = server();
+    let (sock, end) = UnixStream::pair().unwrap();
+    let task = tokio::spawn(server.clone().serve_stream(end));
+    let (mut c, _, _) = Client::open(sock, "disk").await;
+    disk.close_gate();
+    for i in 0..40u64 {
+        c.send(CMD_READ, 0, i * 4096, 4096, &[]).await;
+    }
+    // The server takes up to its bound of requests; the rest wait unread.
+    within(async {
+        while disk.inflight.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let running = disk.calls.load(Ordering::SeqCst);
+    assert!(running < 40, "the server read every request at once");
+    assert_eq!(server.revoke(|_, _, _| false).len(), 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    disk.open_gate();
+    let mut replies = 0;
+    while let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(10), c.reply()).await {
+        assert_eq!(Client::<UnixStream>::errno_of(&r), 0);
+        replies += 1;
+    }
+    within(task).await.unwrap();
+    let ran = disk.calls.load(Ordering::SeqCst);
+    assert_eq!(replies, ran, "every request that ran was answered");
+    assert!(
+        ran <= running + 1,
+        "{ran} requests ran, {running} were running at the revoke"
+    );
+}
