@@ -59,8 +59,11 @@
 //!   fails, after which the connection is closed.
 //! - The connection ends only after every thread has returned from its last
 //!   backend call (`run` awaits them all).
-//! - Shutdown stops reading (`shutdown(SHUT_RD)` wakes the thread blocked in
-//!   `read`); requests already read still run and are answered. Once the
+//! - Shutdown (of the server, or of this connection by `Server::revoke`)
+//!   stops reading (`shutdown(SHUT_RD)` wakes the thread blocked in `read`,
+//!   and no thread reads another header once `stopping` is set: a read after
+//!   SHUT_RD still returns what the socket holds); requests already read
+//!   still run and are answered. Once the
 //!   reading has stopped, replies must be written within
 //!   `DRAIN_WRITE_TIMEOUT` or the socket is shut down both ways.
 
