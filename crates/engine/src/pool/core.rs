@@ -54,6 +54,10 @@ pub struct Core {
     pub(crate) recycle_due: AtomicBool,
     pub poisoned: AtomicBool,
     pub closing: AtomicBool,
+    /// Background workers (key rotations, scrubs): joined when the pool closes
+    /// or is dropped, so none still writes to the devices once the pool lock is
+    /// released (a second import of the pool would race it).
+    pub(crate) workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The volume table changed (create, destroy, keys) or the cleaner moved it.
     pub table_dirty: AtomicBool,
     /// False when import could not walk every map: segments are then never cleaned.
@@ -121,6 +125,29 @@ impl Core {
             per_copy * METADATA_COPIES as u32
         });
         nodes
+    }
+
+    /// Keeps a background worker's handle, to be joined by `stop_background`
+    /// (handles of workers that have finished are dropped here).
+    pub(crate) fn track_worker(&self, handle: std::thread::JoinHandle<()>) {
+        let mut workers = self.workers.lock();
+        workers.retain(|h| !h.is_finished());
+        workers.push(handle);
+    }
+
+    /// Stops the background work: sets `closing`, and waits for the
+    /// maintenance thread (`maintenance`, if given) and every worker. Each
+    /// checks `closing` between batches, so this waits for one batch at most.
+    pub(crate) fn stop_background(&self, maintenance: Option<std::thread::JoinHandle<()>>) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.wake_maintenance();
+        if let Some(h) = maintenance {
+            let _ = h.join();
+        }
+        let workers = std::mem::take(&mut *self.workers.lock());
+        for h in workers {
+            let _ = h.join();
+        }
     }
 
     pub fn wake_maintenance(&self) {

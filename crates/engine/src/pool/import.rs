@@ -284,6 +284,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         recycle_due: AtomicBool::new(false),
         poisoned: AtomicBool::new(false),
         closing: AtomicBool::new(false),
+        workers: Mutex::new(Vec::new()),
         table_dirty: AtomicBool::new(true),
         accounting_complete: true,
         wake: (Mutex::new(false), Condvar::new()),

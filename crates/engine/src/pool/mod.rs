@@ -18,7 +18,6 @@ pub mod table;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -343,21 +342,13 @@ impl Pool {
 
     /// Final commit; stops background work. The pool is unusable afterwards.
     pub fn close(&self) -> Result<()> {
-        self.core.closing.store(true, Ordering::SeqCst);
-        self.core.wake_maintenance();
-        if let Some(h) = self.maintenance.lock().take() {
-            let _ = h.join();
-        }
+        self.core.stop_background(self.maintenance.lock().take());
         self.core.commit()
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.core.closing.store(true, Ordering::SeqCst);
-        self.core.wake_maintenance();
-        if let Some(h) = self.maintenance.lock().take() {
-            let _ = h.join();
-        }
+        self.core.stop_background(self.maintenance.lock().take());
     }
 }

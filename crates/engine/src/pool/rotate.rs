@@ -90,7 +90,7 @@ impl Core {
 
     pub(crate) fn spawn_rotation(self: &Arc<Self>, st: Arc<VolumeState>) {
         let core = self.clone();
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("bulwark-rotate".into())
             .spawn(move || {
                 if let Err(e) = core.rotate_run(&st) {
@@ -100,6 +100,9 @@ impl Core {
                     }
                 }
             });
+        if let Ok(h) = spawned {
+            self.track_worker(h);
+        }
     }
 
     fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>) -> Result<()> {

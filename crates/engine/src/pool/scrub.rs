@@ -246,8 +246,9 @@ impl Core {
                     return;
                 }
             });
-        if spawned.is_err() {
-            self.scrub_running.store(false, Ordering::Release);
+        match spawned {
+            Ok(h) => self.track_worker(h),
+            Err(_) => self.scrub_running.store(false, Ordering::Release),
         }
     }
 
