@@ -230,10 +230,19 @@ start_qemu_raw() { # DIR -> URI
 start_qemu_luks() {
     local d=$1
     printf '%s' "bench-passphrase-$RANDOM$RANDOM" >"$d/luks.pass"
-    qemu-img create -q -f luks \
-        --object "secret,id=sec0,file=$d/luks.pass" \
-        -o "key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=100" \
-        "$d/disk.luks" "$SIZE_BYTES"
+    # qemu-img times its PBKDF by CPU time; on a busy machine that measurement
+    # sometimes fails ("Unable to get accurate CPU usage"): try again, a few times.
+    local try
+    for try in 1 2 3 4 5; do
+        rm -f "$d/disk.luks"
+        qemu-img create -q -f luks \
+            --object "secret,id=sec0,file=$d/luks.pass" \
+            -o "key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=100" \
+            "$d/disk.luks" "$SIZE_BYTES" && break
+        [ "$try" = 5 ] && return 1
+        echo "peers.sh: qemu-img create of the LUKS image failed (try $try of 5); again in 2 s" >&2
+        sleep 2
+    done
     qemu-storage-daemon \
         --object "secret,id=sec0,file=$d/luks.pass" \
         --blockdev "driver=file,node-name=file0,filename=$d/disk.luks" \
