@@ -372,7 +372,8 @@ impl Server {
     }
 
     fn attached_map(&self) -> MutexGuard<'_, HashMap<u64, Attached>> {
-        // Counters only; a panic elsewhere cannot leave them half-updated.
+        // Each entry is inserted and removed whole; a panic elsewhere cannot
+        // leave one half-updated.
         self.attached.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

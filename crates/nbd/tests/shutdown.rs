@@ -33,12 +33,7 @@ async fn in_flight_requests_complete_after_shutdown() {
         a.send(CMD_READ, 0, 0, 4096, &[]).await,
         a.send(CMD_READ, 0, 4096, 4096, &[]).await,
     ];
-    within(async {
-        while disk.inflight.load(Ordering::SeqCst) < 2 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    disk.until_inflight(2).await;
 
     server.shutdown();
     within(serving).await.unwrap().unwrap();
@@ -194,12 +189,7 @@ async fn revoke_stops_only_the_connections_no_longer_allowed() {
     // A read in flight on `a` when its access goes.
     disk.close_gate();
     let h = a.send(CMD_READ, 0, 0, 4096, &[]).await;
-    within(async {
-        while disk.inflight.load(Ordering::SeqCst) < 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    disk.until_inflight(1).await;
     let ids = server.revoke(|export, _, _| export != "disk");
     assert_eq!(ids.len(), 2);
     // Nothing is stopped twice.
@@ -276,12 +266,7 @@ async fn a_revoked_connection_runs_nothing_still_queued() {
         c.send(CMD_READ, 0, i * 4096, 4096, &[]).await;
     }
     // The server takes up to its bound of requests; the rest wait unread.
-    within(async {
-        while disk.inflight.load(Ordering::SeqCst) < 1 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    disk.until_inflight(1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let running = disk.calls.load(Ordering::SeqCst);
     assert!(running < 40, "the server read every request at once");

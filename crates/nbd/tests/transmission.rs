@@ -298,12 +298,7 @@ async fn many_requests_in_flight<P: Pipe>() {
     for i in 0..20u64 {
         c.send(CMD_READ, 0, i * BLOCK, BLOCK as u32, &[]).await;
     }
-    within(async {
-        while disk.inflight.load(Ordering::SeqCst) < 8 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    disk.until_inflight(8).await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     assert_eq!(disk.inflight.load(Ordering::SeqCst), 8);
     disk.open_gate();
@@ -640,12 +635,7 @@ fn busy_workers_leave_the_blocking_pool_free() {
             c.send(CMD_READ, 0, i * 4096, 4096, &[]).await;
         }
         // Until the four reads are at the gate, each on a worker thread.
-        within(async {
-            while disk.inflight.load(Ordering::SeqCst) < 4 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await;
+        disk.until_inflight(4).await;
         let (s2, _task2) = DuplexStream::pipe(&server);
         let mut c2 = within(Client::connect(s2)).await;
         assert!(within(c2.go("disk")).await.is_ok());

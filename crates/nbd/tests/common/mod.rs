@@ -58,6 +58,18 @@ impl MemBackend {
         *self.gate.0.lock().unwrap() = false;
     }
 
+    /// Waits (at most 10 s, else the test fails) until `n` backend calls
+    /// are running at once: requests held at a closed gate.
+    #[allow(dead_code)]
+    pub async fn until_inflight(&self, n: usize) {
+        within(async {
+            while self.inflight.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+    }
+
     pub fn open_gate(&self) {
         *self.gate.0.lock().unwrap() = true;
         self.gate.1.notify_all();
