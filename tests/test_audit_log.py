@@ -70,3 +70,51 @@ def test_audit_log_has_every_event_and_no_secret(make_pool, tmp_path):
     assert passphrase not in text
     for k in keys.values():
         assert k.lower() not in text.lower()
+
+
+def test_audit_log_has_device_fault_and_scrub_actions(make_pool, tmp_path):
+    """Actions that change what the whole pool does are audited too: a
+    device taken offline, brought back or replaced, a fault armed or
+    cleared (a drill someone should be able to account for), a scrub
+    started, paused, resumed or cancelled. Refused ones are recorded as
+    errors with the request."""
+    pool = make_pool(layout="mirror:2", devices=2, device_size="256M",
+                     serve_args=["--allow-fault-injection"])
+    pool.create().start()
+    pool.create_volume("v", size="8M")
+    first, second = pool.device_paths()
+
+    pool.cli("fault", "set", first, "read-error", "--probability", "0.5", "--seed", "7")
+    pool.cli("fault", "clear", first)
+    pool.cli("device", "offline", second)
+    pool.cli("device", "online", second, "--wait")
+    new = tmp_path / "new.img"
+    with open(new, "wb") as f:
+        f.truncate(256 << 20)
+    pool.cli("device", "replace", second, new, "--wait")
+    pool.cli("scrub")
+    pool.cli("scrub", "pause", check=False)    # may find the scrub already done
+    pool.cli("scrub", "cancel", check=False)
+    r = pool.cli("device", "offline", tmp_path / "no-such.img", check=False)
+    assert r.returncode != 0
+
+    lines = [json.loads(l) for l in (pool.dir / "audit.log").read_text().splitlines()]
+
+    def find(event, result="ok"):
+        return [l for l in lines if l["event"] == event and l["result"] == result]
+
+    fault = find("fault_set")
+    assert len(fault) == 1, lines
+    assert fault[0]["volume"] is None and fault[0]["client"] == "owner"
+    assert fault[0]["detail"]["device"] == first
+    assert fault[0]["detail"]["fault"]["mode"] == "read-error"
+    assert fault[0]["detail"]["fault"]["probability"] == 0.5
+    assert find("fault_clear")[0]["detail"] == {"device": first}
+    assert find("device_offline")[0]["detail"] == {"device": second}
+    assert find("device_online")[0]["detail"] == {"device": second}
+    replace = find("device_replace")
+    assert replace and replace[0]["detail"] == {"device": second, "new": str(new)}, lines
+    assert find("scrub_start")
+    refused = find("device_offline", "error")
+    assert refused and refused[0]["detail"]["request"] == {"device": str(tmp_path / "no-such.img")}
+    assert refused[0]["detail"]["error"]

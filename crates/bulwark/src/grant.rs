@@ -190,7 +190,8 @@ pub fn handle(
 /// A control request that leaves an audit record.
 pub struct Audited {
     event: &'static str,
-    volume: String,
+    /// None for pool-wide requests (devices, faults, scrub).
+    volume: Option<String>,
     detail: Value,
     /// On success, the result is recorded in `detail` under this name (a slot
     /// number, a key generation: nothing secret).
@@ -243,7 +244,7 @@ impl Audited {
             Request::KeyList { name } => ("key_list", name, Value::Null),
             Request::KeyRotate { name } => ("key_rotate", name, Value::Null),
             Request::KeyErase { name } => ("key_erase", name, Value::Null),
-            _ => return None,
+            other => return Audited::of_pool(other),
         };
         let result_as = match request {
             Request::KeyAdd { .. } | Request::KeyRemove { .. } | Request::KeyChange { .. } => {
@@ -254,9 +255,36 @@ impl Audited {
         };
         Some(Audited {
             event,
-            volume: volume.clone(),
+            volume: Some(volume.clone()),
             detail,
             result_as,
+        })
+    }
+
+    /// Pool-wide requests that change what the pool does: device state,
+    /// injected faults, scrubs. Reads of state (status, lists) are not audited.
+    fn of_pool(request: &Request) -> Option<Audited> {
+        let (event, detail) = match request {
+            Request::DeviceOffline { path } => ("device_offline", json!({ "device": path })),
+            Request::DeviceOnline { path } => ("device_online", json!({ "device": path })),
+            Request::DeviceReplace { old, new } => {
+                ("device_replace", json!({ "device": old, "new": new }))
+            }
+            Request::FaultSet { device, fault } => {
+                ("fault_set", json!({ "device": device, "fault": fault }))
+            }
+            Request::FaultClear { device } => ("fault_clear", json!({ "device": device })),
+            Request::ScrubStart => ("scrub_start", Value::Null),
+            Request::ScrubResume => ("scrub_resume", Value::Null),
+            Request::ScrubPause => ("scrub_pause", Value::Null),
+            Request::ScrubCancel => ("scrub_cancel", Value::Null),
+            _ => return None,
+        };
+        Some(Audited {
+            event,
+            volume: None,
+            detail,
+            result_as: None,
         })
     }
 
@@ -282,12 +310,12 @@ impl Audited {
         let _ = tokio::task::spawn_blocking(move || {
             access.control(
                 self.event,
-                Some(&self.volume),
+                self.volume.as_deref(),
                 error.as_deref().map_or(Ok(()), Err),
                 detail,
             );
-            if ok && self.event == "volume_destroy" {
-                match access.grants.remove_volume(&self.volume) {
+            if let (true, "volume_destroy", Some(volume)) = (ok, self.event, &self.volume) {
+                match access.grants.remove_volume(volume) {
                     Ok(gone) => {
                         for g in gone {
                             access.control(
@@ -298,10 +326,9 @@ impl Audited {
                             );
                         }
                     }
-                    Err(e) => tracing::error!(
-                        "cannot drop the grants of destroyed volume {}: {e}",
-                        self.volume
-                    ),
+                    Err(e) => {
+                        tracing::error!("cannot drop the grants of destroyed volume {volume}: {e}")
+                    }
                 }
             }
         })
