@@ -79,7 +79,11 @@ fn start(pool: &Path, n: usize) -> Daemon {
                 daemon.log_text()
             );
         }
-        if bulwark(pool, &["status"]).status.success() {
+        // The daemon answers on its control socket a moment before it
+        // prints that it serves: wait for both.
+        if bulwark(pool, &["status"]).status.success()
+            && daemon.log_text().contains("bulwark: serving pool")
+        {
             return daemon;
         }
         assert!(
@@ -213,7 +217,16 @@ fn serve_lifecycle() {
 
     // Attached volumes can be neither destroyed nor locked.
     let conn = attach(&nbd_sock, "v");
-    let status: serde_json::Value = serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
+    // The server counts the connection once it has sent the handshake's reply.
+    let deadline = Instant::now() + START_TIMEOUT;
+    let status = loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
+        if status["daemon"]["attached"]["v"] == 1 || Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_eq!(status["daemon"]["attached"]["v"], 1, "{status}");
     assert_eq!(status["state"], "ONLINE");
     let err = refused(p, &["volume", "destroy", "v"]);
@@ -221,7 +234,7 @@ fn serve_lifecycle() {
     let err = refused(p, &["key", "unload", "v"]);
     assert_eq!(err, "error: volume v is in use by 1 NBD connection(s)\n");
     drop(conn);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + START_TIMEOUT;
     while bulwark(p, &["key", "unload", "v"]).status.code() != Some(0) {
         assert!(Instant::now() < deadline, "the detach was never noticed");
         std::thread::sleep(Duration::from_millis(50));

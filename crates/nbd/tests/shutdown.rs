@@ -86,10 +86,10 @@ async fn handshaking_clients_are_closed_and_late_ones_refused() {
 /// see, so it would run the clock past their work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_stops_reading_cannot_block_shutdown() {
-    let server = drain_server();
+    let (server, disk) = drain_server();
     let (client, server_end) = tokio::io::duplex(4096);
     let task = tokio::spawn(server.clone().serve_stream(server_end));
-    stalled_client_is_dropped_after_the_drain_timeout(&server, client, task, 4).await;
+    stalled_client_is_dropped_after_the_drain_timeout(&server, &disk, client, task, 4, 4).await;
 }
 
 /// The same on a Unix socket (the threaded path, `direct.rs`), in real
@@ -97,29 +97,34 @@ async fn client_that_stops_reading_cannot_block_shutdown() {
 /// (so this test takes `DRAIN_WRITE_TIMEOUT`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_that_stops_reading_cannot_block_shutdown_on_a_socket() {
-    let server = drain_server();
+    let (server, disk) = drain_server();
     let (client, server_end) = tokio::net::UnixStream::pair().unwrap();
     let task = tokio::spawn(server.clone().serve_stream(server_end));
-    // The socket buffers more than the pipe: more reads to fill it.
-    stalled_client_is_dropped_after_the_drain_timeout(&server, client, task, 64).await;
+    // The socket buffers more than the pipe: more reads to fill it. Once 8
+    // have run, their replies (512 KiB) are more than the socket holds.
+    stalled_client_is_dropped_after_the_drain_timeout(&server, &disk, client, task, 64, 8).await;
 }
 
-fn drain_server() -> Arc<Server> {
-    server_with(ServerConfig {
+fn drain_server() -> (Arc<Server>, Arc<MemBackend>) {
+    let (server, disk, _) = server_with(ServerConfig {
         max_request_bytes: 64 << 10,
         max_inflight_per_conn: 4,
         ..ServerConfig::default()
-    })
-    .0
+    });
+    (server, disk)
 }
 
 /// Sends `reads` 64 KiB reads and never reads a reply; after shutdown the
 /// server gives the pending writes `DRAIN_WRITE_TIMEOUT`, then hangs up.
+/// The shutdown comes once `stuck` reads have run: enough that a reply
+/// is waiting for a client that does not read.
 async fn stalled_client_is_dropped_after_the_drain_timeout<S>(
     server: &Arc<Server>,
+    disk: &MemBackend,
     client: S,
     task: tokio::task::JoinHandle<()>,
     reads: u64,
+    stuck: usize,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -127,8 +132,9 @@ async fn stalled_client_is_dropped_after_the_drain_timeout<S>(
     for i in 0..reads {
         c.send(CMD_READ, 0, i * 65536, 65536, &[]).await;
     }
-    // Let the replies pile up against the full pipe.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A server that had run none by the shutdown would hang up at once,
+    // with nothing stuck to drain (a fixed sleep here did not promise it).
+    disk.until_calls(stuck).await;
     assert_eq!(server.connections(), 1);
     // Taken before the shutdown: the server's drain timer starts when its
     // connection task sees the shutdown, which on another runtime thread
@@ -184,6 +190,14 @@ async fn revoke_stops_only_the_connections_no_longer_allowed() {
     let (ro_sock, ro_end) = UnixStream::pair().unwrap();
     tokio::spawn(server.clone().serve_stream(ro_end));
     let (mut ro, _, _) = Client::open(ro_sock, "ro").await;
+    // The server counts a connection as attached after it has sent the
+    // handshake's last reply: on this runtime's other thread, maybe not yet.
+    within(async {
+        while server.attached("disk") < 2 || server.attached("ro") < 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     assert_eq!(server.attached("disk"), 2);
 
     // A read in flight on `a` when its access goes.
@@ -265,11 +279,11 @@ async fn a_revoked_connection_runs_nothing_still_queued() {
     for i in 0..40u64 {
         c.send(CMD_READ, 0, i * 4096, 4096, &[]).await;
     }
-    // The server takes up to its bound of requests; the rest wait unread.
-    disk.until_inflight(1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server takes up to its bound of requests (8 in flight, 8 workers),
+    // all held at the gate; the rest wait unread.
+    disk.until_inflight(8).await;
     let running = disk.calls.load(Ordering::SeqCst);
-    assert!(running < 40, "the server read every request at once");
+    assert_eq!(running, 8, "the server ran more than its bound");
     assert_eq!(server.revoke(|_, _, _| false).len(), 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
     disk.open_gate();

@@ -74,6 +74,8 @@ pub struct Core {
     pub scrub_running: AtomicBool,
     /// Scrub throttle and the rate it achieved, bytes per second.
     pub scrub_rate: AtomicU64,
+    /// Time between commits of the maintenance loop (`OpenOptions::commit_interval`).
+    pub commit_interval: Duration,
     pub scrub_rate_seen: AtomicU64,
     /// Client reads and writes since the scrub last looked (it backs off when non-zero).
     pub client_ops: AtomicU64,
@@ -552,9 +554,7 @@ impl Core {
             {
                 let mut woken = self.wake.0.lock();
                 if !*woken {
-                    self.wake
-                        .1
-                        .wait_for(&mut woken, Duration::from_millis(COMMIT_INTERVAL_MS));
+                    self.wake.1.wait_for(&mut woken, self.commit_interval);
                 }
                 *woken = false;
             }

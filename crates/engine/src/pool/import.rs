@@ -296,6 +296,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         errors: Mutex::new(Vec::new()),
         scrub_running: AtomicBool::new(false),
         scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
+        commit_interval: opts.commit_interval,
         scrub_rate_seen: AtomicU64::new(0),
         client_ops: AtomicU64::new(0),
     };

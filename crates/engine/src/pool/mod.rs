@@ -106,6 +106,9 @@ pub struct OpenOptions {
     pub allow_fault_injection: bool,
     /// Scrub throttle, bytes per second.
     pub scrub_rate_bytes: u64,
+    /// Longest time dirty data waits for a commit when nothing else asks for one
+    /// (a flush, the dirty-node bound, low space): what an unflushed crash can lose.
+    pub commit_interval: std::time::Duration,
 }
 
 impl Default for OpenOptions {
@@ -114,6 +117,7 @@ impl Default for OpenOptions {
             cache_bytes: crate::constants::CACHE_BYTES_DEFAULT,
             allow_fault_injection: false,
             scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
+            commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
         }
     }
 }

@@ -70,6 +70,23 @@ impl MemBackend {
         .await
     }
 
+    /// Waits (at most 60 s, else the test fails) until the backend has
+    /// been called `n` times in all.
+    #[allow(dead_code)]
+    pub async fn until_calls(&self, n: usize) {
+        let waited = tokio::time::timeout(Duration::from_secs(60), async {
+            while self.calls.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let calls = self.calls.load(Ordering::SeqCst);
+        assert!(
+            waited.is_ok(),
+            "{calls} backend calls in 60 s, {n} expected"
+        );
+    }
+
     pub fn open_gate(&self) {
         *self.gate.0.lock().unwrap() = true;
         self.gate.1.notify_all();
