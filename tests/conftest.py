@@ -31,9 +31,16 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 BULWARK_BIN = Path(os.environ.get("BULWARK_BIN", REPO / "target" / "release" / "bulwark"))
 
 START_TIMEOUT_S = 30
+STATUS_POLL_TIMEOUT_S = 10
 STOP_TIMEOUT_S = 60
 CLI_TIMEOUT_S = 120
+WAIT_TIMEOUT_S = 30
 LOG_TAIL_CHARS = 6000
+# scripts/test.sh limits every test to --timeout=300 (pytest-timeout). A test
+# whose own waits (a scrub, a copy, fio, a rotation) may each take up to 300 s
+# gets more, so that those waits fail first, with their message:
+# `pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)` in its module.
+LONG_TEST_TIMEOUT_S = 900
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -119,6 +126,19 @@ def assert_qemu_io_ok(r: subprocess.CompletedProcess, what: str = "") -> None:
     assert "Pattern verification failed" not in out, f"qemu-io pattern mismatch {what}:\n{out}"
     for bad in ("error", "failed"):
         assert bad not in out.lower(), f"qemu-io reported {bad!r} {what}:\n{out}"
+
+
+def wait_until(read, done=bool, timeout=WAIT_TIMEOUT_S, interval=0.1):
+    """Call read() until done(its result) holds or `timeout` seconds have passed;
+    return the last result, for the caller to assert on. For what the daemon
+    does a moment after a client has had its answer (counting a connection
+    out, writing its audit record)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
 
 
 def make_key_file(path: Path) -> Path:
@@ -249,27 +269,34 @@ class Pool:
                                      preexec_fn=limit)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
-        last = None
+        last = "none yet"
+        status = [str(self.bin), "--pool", str(self.dir), "status", "--json"]
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
                 self.proc = None
                 pytest.fail(f"bulwark serve exited with {rc} during start\n{self.log_tail()}")
-            last = run([self.bin, "--pool", self.dir, "status", "--json"], check=False,
-                       env=self._env(), timeout=10)
-            if last.returncode == 0:
+            try:
+                r = subprocess.run(status, capture_output=True, text=True, env=self._env(),
+                                   timeout=STATUS_POLL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                # A slow answer (a replay after a kill, a busy machine) is a failed
+                # poll: only the overall deadline fails the test.
+                last = f"no answer within {STATUS_POLL_TIMEOUT_S}s"
+                continue
+            last = f"exit {r.returncode} {r.stderr}"
+            if r.returncode == 0:
                 try:
-                    st = json.loads(last.stdout)
+                    st = json.loads(r.stdout)
                 except ValueError:
-                    pytest.fail(f"`status --json` printed invalid JSON:\n{last.stdout}")
+                    pytest.fail(f"`status --json` printed invalid JSON:\n{r.stdout}")
                 self._device_paths = [d["path"] for d in st["devices"]]
                 if self.nbd_socket.exists():
                     return self
             time.sleep(0.2)
         self.kill()
         pytest.fail(f"bulwark serve did not answer `status` within {START_TIMEOUT_S}s\n"
-                    f"last status: exit {last.returncode if last else '?'} "
-                    f"{last.stderr if last else ''}\n{self.log_tail()}")
+                    f"last status: {last}\n{self.log_tail()}")
 
     def stop(self) -> None:
         """SIGTERM: the daemon commits and exits 0."""
@@ -326,6 +353,17 @@ class Pool:
             if v["name"] == name:
                 return v
         pytest.fail(f"volume {name!r} not in status: {json.dumps(st, indent=1)}")
+
+    def wait_detached(self, name: str, timeout=WAIT_TIMEOUT_S) -> None:
+        """Wait until `status` counts no NBD connection to volume `name`. A client
+        (qemu-io, nbdinfo) exits before the daemon has counted its connection
+        out (NBD_CMD_DISC has no reply), and `key unload` and `volume destroy`
+        refuse a volume in use once a short grace has passed: call this first."""
+        attached = wait_until(lambda: self.status()["daemon"]["attached"],
+                              lambda a: not a.get(name), timeout)
+        if attached.get(name):
+            pytest.fail(f"volume {name} still has {attached[name]} NBD connection(s) "
+                        f"{timeout}s after its clients exited\n{self.log_tail()}")
 
     def device_paths(self) -> list[str]:
         """Device file paths from `status --json`; remembered for when the daemon is stopped."""

@@ -9,9 +9,11 @@ import random
 
 import pytest
 
-from conftest import MiB, qemu_io, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, qemu_io, require_tools, run
 from healing import (BLOCK, LAYOUTS, assert_export_equals, check_export, flip, heal_pool,
                      locate_blocks, new_token, pattern_image, scrub_wait, write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 NBLOCKS = 1024
 VICTIMS = 5

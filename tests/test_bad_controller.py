@@ -9,9 +9,11 @@ import random
 
 import pytest
 
-from conftest import MiB, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, require_tools, run
 from healing import (LAYOUTS, assert_clean_scrub, assert_export_equals, heal_pool, scrub_wait,
                      write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 SIZE = 16 * MiB
 

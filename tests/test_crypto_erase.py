@@ -54,6 +54,7 @@ def test_key_erase(pool, tmp_path):
     assert pool.volume_status("e")["key_slots"] == 2
 
     old = keys_before(pool)
+    pool.wait_detached("e")
     r = pool.cli("key", "erase", "e", "--yes")
     assert "unrecoverable" in r.stdout, r.stdout
     v = pool.volume_status("e")
@@ -98,6 +99,7 @@ def test_volume_destroy_crypto_erase(pool):
     assert "plain" in [v["name"] for v in pool.status()["volumes"]]
 
     old = keys_before(pool)
+    pool.wait_detached("d")
     r = pool.cli("volume", "destroy", "d", "--crypto-erase")
     assert "erased the keys of volume d" in r.stdout and "destroyed volume d" in r.stdout, r.stdout
     names = [v["name"] for v in json.loads(pool.cli("volume", "list", "--json").stdout)]

@@ -20,9 +20,11 @@ import time
 
 import pytest
 
-from conftest import MiB, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, require_tools, run
 from healing import (BLOCK, LAYOUTS, NbdShell, assert_clean_scrub, assert_export_equals,
                      heal_pool, scrub_wait, write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 VOL = 8 * MiB
 NBLOCKS = VOL // BLOCK

@@ -5,7 +5,11 @@ does fail once a region is overwritten, so the verification is real."""
 
 import json
 
-from conftest import MiB, qemu_io_ok, require_tools, run
+import pytest
+
+from conftest import LONG_TEST_TIMEOUT_S, MiB, qemu_io_ok, require_tools, run
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 JOB_BYTES = 16 * MiB
 

@@ -23,6 +23,7 @@ def test_full_pool_says_enospc_and_keeps_data(make_pool):
     assert st["space"]["free_bytes"] < 16 * MiB, st["space"]
 
     # Space comes back when a volume goes.
+    pool.wait_detached("big")
     pool.cli("volume", "destroy", "big")
     pool.create_volume("small", size="16M", encryption=False, compression="off")
     qemu_io_ok(pool.uri("small"), "write -P 0x63 0 16M", "flush", "read -P 0x63 0 16M", what="after destroy")

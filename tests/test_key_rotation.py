@@ -9,8 +9,12 @@ again after another restart."""
 import json
 import time
 
-from conftest import MiB, qemu_io_ok, require_tools
+import pytest
+
+from conftest import LONG_TEST_TIMEOUT_S, MiB, qemu_io_ok, require_tools
 from keyutil import assert_no_secret_in_audit, audited
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 OLD = 384 * MiB          # written before the rotation: enough to re-encrypt for seconds
 ROTATION_TIMEOUT_S = 300

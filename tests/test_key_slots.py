@@ -28,6 +28,7 @@ def kinds(pool):
 
 
 def reload(pool, opt, path):
+    pool.wait_detached("v")  # the last verify's qemu-io may not be counted out yet
     pool.cli("key", "unload", "v")
     pool.cli("key", "load", "v", opt, path)
 
@@ -59,6 +60,7 @@ def test_key_slots(pool, tmp_path):
     # The key-file slot goes: the key file is now a wrong key; the passphrase still works.
     pool.cli("key", "remove", "v", "--key-file", key)
     assert kinds(pool) == ["passphrase"]
+    pool.wait_detached("v")
     pool.cli("key", "unload", "v")
     assert_wrong_key(pool.cli("key", "load", "v", "--key-file", key, check=False),
                      "removed key file")
@@ -70,6 +72,7 @@ def test_key_slots(pool, tmp_path):
     r = pool.cli("key", "change", "v", "--passphrase-file", pw1, "--new-passphrase-file", pw2)
     assert "slot 0" in r.stdout, r.stdout
     assert kinds(pool) == ["passphrase"]
+    pool.wait_detached("v")
     pool.cli("key", "unload", "v")
     assert_wrong_key(pool.cli("key", "load", "v", "--passphrase-file", pw1, check=False),
                      "old passphrase after change")
@@ -92,6 +95,7 @@ def test_key_slots(pool, tmp_path):
     assert kinds(pool) == ["passphrase", "key_file"]
 
     # A slot of a locked volume cannot be added (the volume key is needed to wrap it).
+    pool.wait_detached("v")
     pool.cli("key", "unload", "v")
     other = make_key_file(tmp_path / "other.key")
     r = pool.cli("key", "add", "v", "--key-file", other, check=False)

@@ -16,9 +16,11 @@ import random
 
 import pytest
 
-from conftest import KiB, MiB, require_tools, run
+from conftest import KiB, LONG_TEST_TIMEOUT_S, MiB, require_tools, run
 from healing import (BLOCK, LAYOUTS, assert_clean_scrub, assert_export_equals, heal_pool,
                      new_token, pattern_image, scatter_damage, scrub_wait, write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 SLOT = 4 * KiB
 SLOT_OFFSETS = (0, 256 * KiB)

@@ -8,7 +8,11 @@ import json
 import os
 import random
 
-from conftest import KiB, MiB, qemu_io, require_tools, run, run_helper
+import pytest
+
+from conftest import KiB, LONG_TEST_TIMEOUT_S, MiB, qemu_io, require_tools, run, run_helper
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 EDGE = 1 * MiB        # labels and superblocks may live here: never touched
 CHUNK = 64 * KiB

@@ -23,8 +23,10 @@ from collections import Counter
 
 import pytest
 
-from conftest import KiB, MiB
+from conftest import KiB, LONG_TEST_TIMEOUT_S, MiB
 from healing import LAYOUTS, NbdShell, NbdError, heal_pool, scrub_wait
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 BLOCK = 4 * KiB
 VOL = 8 * MiB

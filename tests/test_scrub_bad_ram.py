@@ -15,9 +15,11 @@ import random
 
 import pytest
 
-from conftest import KiB, require_tools, run
+from conftest import KiB, LONG_TEST_TIMEOUT_S, require_tools, run
 from healing import (BLOCK, LAYOUTS, assert_clean_scrub, assert_export_equals, heal_pool,
                      locate_blocks, new_token, pattern_image, scrub_wait, write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 NBLOCKS = 512
 CHUNK = 64 * KiB

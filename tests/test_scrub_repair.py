@@ -12,9 +12,11 @@ import random
 
 import pytest
 
-from conftest import MiB, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, require_tools, run
 from healing import (BLOCK, LAYOUTS, assert_clean_scrub, assert_export_equals, heal_pool,
                      new_token, pattern_image, scatter_damage, scrub_wait, write_file)
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 ENC_SIZE = 16 * MiB
 PLAIN_SIZE = 8 * MiB

@@ -5,7 +5,11 @@ and the pool reports its used space well below its total."""
 
 import random
 
-from conftest import MiB, require_tools, run
+import pytest
+
+from conftest import LONG_TEST_TIMEOUT_S, MiB, require_tools, run
+
+pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
 VOL = 32 * MiB
 PASSES = 8

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import require_tools, run
 from tlsutil import (REP_ERR_TLS_REQD, OPT_GO, OPT_INFO, OPT_STRUCTURED_REPLY, RawNbd,
-                     free_port, make_pki, make_psk, nbdinfo_list, start_tls_pool)
+                     make_pki, make_psk, nbdinfo_list, start_tls_pool, tcp_port)
 
 
 def assert_got_nothing(r, *secrets_):
@@ -86,10 +86,9 @@ def test_psk_listener_refuses_wrong_keys(make_pool, tmp_path):
 def test_tcp_needs_tls_unless_plaintext_on_loopback(make_pool, tmp_path):
     pool = make_pool()
     pool.create()
-    port = free_port()
-    r = pool.bulwark("serve", pool.dir, "--nbd-listen", f"127.0.0.1:{port}", check=False)
+    r = pool.bulwark("serve", pool.dir, "--nbd-listen", "127.0.0.1:0", check=False)
     assert r.returncode == 2 and "requires TLS" in r.stderr, r.stderr
-    r = pool.bulwark("serve", pool.dir, "--nbd-listen", f"0.0.0.0:{port}", "--nbd-plaintext",
+    r = pool.bulwark("serve", pool.dir, "--nbd-listen", "0.0.0.0:0", "--nbd-plaintext",
                      check=False)
     assert r.returncode == 2 and "not a loopback address" in r.stderr, r.stderr
     r = pool.bulwark("serve", pool.dir, "--tls-psk", tmp_path / "nope", check=False)
@@ -97,12 +96,13 @@ def test_tcp_needs_tls_unless_plaintext_on_loopback(make_pool, tmp_path):
     # A PSK file other users can read is refused.
     loose, _ = make_psk(tmp_path / "loose", ["x"])
     os.chmod(loose, 0o644)
-    r = pool.bulwark("serve", pool.dir, "--nbd-listen", f"127.0.0.1:{port}", "--tls-psk", loose,
+    r = pool.bulwark("serve", pool.dir, "--nbd-listen", "127.0.0.1:0", "--tls-psk", loose,
                      check=False)
     assert r.returncode != 0 and "chmod 600" in r.stderr, r.stderr
     # Plaintext on loopback works; its clients are "anonymous" and need a grant.
-    pool.serve_args = ["--nbd-listen", f"127.0.0.1:{port}", "--nbd-plaintext"]
+    pool.serve_args = ["--nbd-listen", "127.0.0.1:0", "--nbd-plaintext"]
     pool.start()
+    port = tcp_port(pool)
     pool.create_volume("v", size="16M")
     r = nbdinfo_list(f"nbd://127.0.0.1:{port}")
     assert r.returncode == 0 and '"v"' not in r.stdout

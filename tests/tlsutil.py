@@ -1,8 +1,8 @@
 """Helpers for the network-access scenarios (TLS, grants, rate limiting,
-audit): certificates made with the `openssl` command, PSK files, a free
-loopback port, a pool served on TCP with TLS, and a raw NBD client (Python's
-ssl module) that shows exactly what the server sends before and after
-STARTTLS.
+audit): certificates made with the `openssl` command, PSK files, a pool
+served on TCP with TLS (on a loopback port the daemon picks itself), and a
+raw NBD client (Python's ssl module) that shows exactly what the server sends
+before and after STARTTLS.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ REP_ERR_TLS_REQD = (1 << 31) + 5
 REP_ERR_UNKNOWN = (1 << 31) + 6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def tcp_port(pool: Pool) -> int:
+    """The port of the started daemon's NBD TCP listener, from `status --json`
+    (`serve --nbd-listen 127.0.0.1:0` binds one the kernel picks: no other
+    socket can take it between choosing it and listening on it)."""
+    addr = pool.status()["daemon"]["nbd_tcp"]
+    assert addr, f"the daemon reports no NBD TCP listener: {addr!r}"
+    return int(addr.rsplit(":", 1)[1])
 
 
 def _openssl(*args, cwd: Path) -> None:
@@ -119,10 +122,12 @@ def make_psk(dir: Path, identities: dict[str, str] | list[str]) -> tuple[Path, d
 
 def start_tls_pool(make_pool, *tls_args, device_size="512M") -> tuple[Pool, int]:
     """A started pool whose NBD TCP listener on 127.0.0.1 requires TLS."""
-    port = free_port()
     p = make_pool(device_size=device_size,
-                  serve_args=["--nbd-listen", f"127.0.0.1:{port}", *tls_args])
+                  serve_args=["--nbd-listen", "127.0.0.1:0", *tls_args])
     p.create().start()
+    port = tcp_port(p)
+    # A restart listens on the same port again, as a configured daemon would.
+    p.serve_args[1] = f"127.0.0.1:{port}"
     return p, port
 
 
