@@ -4,9 +4,11 @@
 //! writes whole ranges (`read_exact_at`/`write_all_at`) and makes them durable
 //! with `flush` (fsync). A short read past the end is an error, never zeros.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 pub mod fault;
 
@@ -67,15 +69,66 @@ pub struct FileDevice {
     size: u64,
     /// Bytes written since writeback was last started (see `write_at`).
     unkicked: std::sync::atomic::AtomicU64,
+    /// This process's exclusive claim, once the device is a member of an open pool.
+    claim: Option<Arc<DeviceClaim>>,
+}
+
+/// A process's exclusive claim on a device: a `flock` on a descriptor of its
+/// own, held while any device of the process uses the file. Another process
+/// (a second daemon on a copy of the pool directory, or on another pool
+/// directory naming the same disks) is refused, as `DIR/pool.lock` refuses a
+/// second daemon on the same directory: two processes writing one device
+/// would each overwrite what the other wrote. Within one process the claim is
+/// shared (a device taken offline and brought back is opened again while its
+/// old descriptor may still be open).
+pub struct DeviceClaim {
+    _file: File,
+}
+
+/// Claims held by this process, by file identity (device and inode).
+static CLAIMS: Mutex<BTreeMap<(u64, u64), Weak<DeviceClaim>>> = Mutex::new(BTreeMap::new());
+
+impl DeviceClaim {
+    pub fn take(path: &Path) -> Result<Arc<DeviceClaim>> {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let file = File::open(path).map_err(|e| Error::device(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::device(path, e))?;
+        let key = (meta.dev(), meta.ino());
+        let mut claims = CLAIMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(held) = claims.get(&key).and_then(Weak::upgrade) {
+            return Ok(held);
+        }
+        // SAFETY: flock on a descriptor we own; no memory is touched.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(Error::Busy(format!(
+                    "device {} is in use by another process (a bulwark daemon serving another \
+                     copy of this pool, or another pool on the same disk?): two processes \
+                     writing one device destroy each other's data",
+                    path.display()
+                )));
+            }
+            return Err(Error::device(path, e));
+        }
+        let claim = Arc::new(DeviceClaim { _file: file });
+        claims.retain(|_, w| w.strong_count() > 0);
+        claims.insert(key, Arc::downgrade(&claim));
+        Ok(claim)
+    }
 }
 
 impl FileDevice {
-    /// Create a sparse file of `size` bytes; refuses to overwrite an existing file.
+    /// Create a sparse file of `size` bytes, readable by its owner only (it holds
+    /// the pool's data and metadata); refuses to overwrite an existing file.
     pub fn create_sparse(path: &Path, size: u64) -> Result<FileDevice> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| Error::device(path, e))?;
         file.set_len(size).map_err(|e| Error::device(path, e))?;
@@ -84,6 +137,7 @@ impl FileDevice {
             file,
             size,
             unkicked: Default::default(),
+            claim: None,
         })
     }
 
@@ -100,7 +154,19 @@ impl FileDevice {
             file,
             size,
             unkicked: Default::default(),
+            claim: None,
         })
+    }
+}
+
+impl FileDevice {
+    /// Takes this process's exclusive claim on the device (`DeviceClaim`):
+    /// call before using it as a member of a pool.
+    pub fn claim(&mut self) -> Result<()> {
+        if self.claim.is_none() {
+            self.claim = Some(DeviceClaim::take(&self.path)?);
+        }
+        Ok(())
     }
 }
 

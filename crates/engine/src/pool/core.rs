@@ -700,12 +700,26 @@ impl Core {
     /// Open the device at `path` again for member `i`: its label must name this pool and
     /// this member. Its copies are stale; the caller resilvers.
     fn reattach(&self, i: usize, path: &std::path::Path) -> Result<()> {
-        use crate::device::FileDevice;
-        let dev = FileDevice::open(path)?;
-        let (pool_id, member_id, back_region) = {
+        use crate::device::{Device, FileDevice};
+        let mut dev = FileDevice::open(path)?;
+        dev.claim()?;
+        let (pool_id, member_id, back_region, need) = {
             let sb = self.sb.lock();
-            (sb.sb.pool_id, sb.sb.member_ids[i], sb.back_region)
+            (
+                sb.sb.pool_id,
+                sb.sb.member_ids[i],
+                sb.back_region,
+                sb.sb.device_bytes,
+            )
         };
+        if dev.size() < need {
+            return Err(Error::Invalid(format!(
+                "{} is smaller than this pool's devices ({} < {}): restore its size, or use 'bulwark device replace'",
+                path.display(),
+                crate::size::format_size(dev.size()),
+                crate::size::format_size(need)
+            )));
+        }
         let label = super::import::label_of(&dev, back_region).ok_or_else(|| {
             Error::Invalid(format!(
                 "{} carries no bulwark label; use 'bulwark device replace' for a new device",
@@ -748,7 +762,8 @@ impl Core {
                 new.display()
             )));
         }
-        let dev = FileDevice::open(&new_abs)?;
+        let mut dev = FileDevice::open(&new_abs)?;
+        dev.claim()?;
         let (need, back_region) = {
             let sb = self.sb.lock();
             (sb.sb.device_bytes, sb.back_region)

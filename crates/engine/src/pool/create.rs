@@ -74,6 +74,20 @@ impl PoolConfig {
     }
 }
 
+/// What names a file or disk whatever the path to it: the device number of a
+/// block or character device, else the file system and inode.
+fn file_identity(p: &Path) -> Result<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = fs::metadata(p).map_err(|e| Error::device(p, e))?;
+    Ok(
+        if m.file_type().is_block_device() || m.file_type().is_char_device() {
+            (u64::MAX, m.rdev())
+        } else {
+            (m.dev(), m.ino())
+        },
+    )
+}
+
 /// Read whatever superblock is in the front slots (used to refuse devices already in a pool).
 pub fn front_label(dev: &dyn Device) -> Option<Superblock> {
     let mut buf = vec![0u8; SUPERBLOCK_BYTES];
@@ -141,18 +155,32 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                     if path.exists() {
                         return Err(Error::Exists(format!("{} already exists", path.display())));
                     }
-                    let d = FileDevice::create_sparse(&path, *size_bytes)?;
+                    let mut d = FileDevice::create_sparse(&path, *size_bytes)?;
                     created.push(path);
+                    d.claim()?;
                     devices.push((name, d));
                 }
             }
             DeviceSpec::Paths(paths) => {
+                // The same file or disk named twice (by two paths, a symlink, a hard
+                // link) would hold both copies of a mirror: one device, no redundancy.
+                let mut seen: Vec<((u64, u64), &Path)> = Vec::new();
                 for p in paths {
                     if !p.exists() {
                         return Err(Error::NotFound(format!("device {} does not exist (create the file first, or use --devices N --device-size SIZE)", p.display())));
                     }
+                    let id = file_identity(p)?;
+                    if let Some((_, first)) = seen.iter().find(|(i, _)| *i == id) {
+                        return Err(Error::Invalid(format!(
+                            "device {} is given twice (also as {}): each device of a pool must be a different file or disk",
+                            p.display(),
+                            first.display()
+                        )));
+                    }
+                    seen.push((id, p));
                     let abs = fs::canonicalize(p).map_err(|e| Error::device(p, e))?;
-                    let d = FileDevice::open(&abs)?;
+                    let mut d = FileDevice::open(&abs)?;
+                    d.claim()?;
                     if d.size() < DEVICE_BYTES_MIN {
                         return Err(Error::Invalid(format!(
                             "device {} is too small ({}); the minimum is {}",

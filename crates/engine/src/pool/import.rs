@@ -180,7 +180,26 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let pos = found.iter().position(|f| &f.sb.device_id == id);
         match pos {
             Some(pos) => {
-                let f = found.swap_remove(pos);
+                let mut f = found.swap_remove(pos);
+                if f.dev.size() < newest.device_bytes {
+                    // Truncated, or a volume shrunk under it: its end (back labels, the
+                    // last segments) is gone, and writes there would fail or grow a file.
+                    let msg = format!(
+                        "device {} is smaller than this pool's devices ({} < {}): it was truncated or shrunk, \
+                         and is not used; restore its size, or replace it with 'bulwark device replace'",
+                        f.path.display(),
+                        crate::size::format_size(f.dev.size()),
+                        crate::size::format_size(newest.device_bytes)
+                    );
+                    if newest.layout == super::Layout::Single {
+                        return Err(Error::Invalid(msg));
+                    }
+                    tracing::warn!("{msg}");
+                    stale.push(msg);
+                    faults.push(None);
+                    members.push(Member::new(f.path, None));
+                    continue;
+                }
                 if f.sb.generation + 1 < newest.generation {
                     let msg = format!(
                         "device {} is a stale member of this pool (generation {}, the pool is at {}): it missed writes \
@@ -201,6 +220,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 if listed.get(i) != Some(&f.path) {
                     paths_changed = true;
                 }
+                f.dev.claim()?;
                 let faulty = Arc::new(FaultyDevice::new(Box::new(f.dev), back_region_of(&newest)));
                 faults.push(Some(faulty.clone()));
                 members.push(Member::new(f.path, Some(faulty)));
