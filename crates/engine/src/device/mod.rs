@@ -95,7 +95,9 @@ impl DeviceClaim {
         let file = File::open(path).map_err(|e| Error::device(path, e))?;
         let meta = file.metadata().map_err(|e| Error::device(path, e))?;
         let key = (meta.dev(), meta.ino());
-        let mut claims = CLAIMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut claims = CLAIMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(held) = claims.get(&key).and_then(Weak::upgrade) {
             return Ok(held);
         }
