@@ -27,10 +27,20 @@ def test_pool_create_errors(make_pool):
          r"mirror|device|layout"),
         ("bad device size", ["--layout", "single", "--devices", "1", "--device-size", "12Q"], r"size|12Q"),
         ("missing device size", ["--layout", "single", "--devices", "1"], r"device-size|size"),
+        ("device size past 64 bits", ["--devices", "1", "--device-size", "99999999T"], r"too large"),
+        ("device size past what a file can be", ["--devices", "1", "--device-size", "8E"],
+         r"larger than a file"),
+        ("parity with a device missing", ["--layout", "parity:4+2", "--devices", "5",
+                                          "--device-size", "64M"], r"6 devices"),
     ]
     for what, args, mentions in cases:
         r = p.bulwark("pool", "create", p.dir, *args, check=False)
         assert_one_line_error(r, f"pool create ({what})", mentions)
+        # Nothing of a failed create is left: the same command with a good
+        # value works at once.
+        assert not p.dir.exists(), f"pool create ({what}) left {list(p.dir.iterdir())}"
+    r = p.bulwark("pool", "create", p.dir, "--devices", "1", "--device-size", "64M", check=False)
+    assert r.returncode == 0, r.stderr
 
 
 def test_daemon_not_running(make_pool):

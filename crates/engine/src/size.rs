@@ -2,12 +2,18 @@
 
 use crate::{Error, Result};
 
-/// Parse a size with an optional K/M/G/T/P suffix (powers of 1024; "B" and "iB" accepted).
+/// Parse a size with an optional K/M/G/T/P/E suffix (powers of 1024; "B" and "iB" accepted).
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let bad = || {
         Error::Invalid(format!(
             "invalid size '{text}': expected a number with an optional K, M, G or T suffix"
+        ))
+    };
+    let too_large = || {
+        Error::Invalid(format!(
+            "invalid size '{text}': too large (the largest is {})",
+            format_size(u64::MAX)
         ))
     };
     let t = t
@@ -25,25 +31,26 @@ pub fn parse_size(text: &str) -> Result<u64> {
         'g' | 'G' => (&t[..t.len() - 1], 30),
         't' | 'T' => (&t[..t.len() - 1], 40),
         'p' | 'P' => (&t[..t.len() - 1], 50),
+        'e' | 'E' => (&t[..t.len() - 1], 60),
         _ => (t, 0),
     };
     if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(1u64 << shift).ok_or_else(bad);
+        return n.checked_mul(1u64 << shift).ok_or_else(too_large);
     }
     let f: f64 = num.parse().map_err(|_| bad())?;
     if !(f.is_finite() && f >= 0.0) {
         return Err(bad());
     }
     let v = f * (1u64 << shift) as f64;
-    if v > u64::MAX as f64 {
-        return Err(bad());
+    if v >= u64::MAX as f64 {
+        return Err(too_large());
     }
     Ok(v as u64)
 }
 
 /// Format bytes the way zfs list does: 1.50G, 512K, 0.
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
     let mut v = bytes as f64;
     let mut i = 0;
     while v >= 1024.0 && i < UNITS.len() - 1 {
@@ -75,5 +82,12 @@ mod tests {
         assert!(parse_size("-1").is_err());
         assert_eq!(format_size(1536 << 20), "1.50G");
         assert_eq!(format_size(0), "0");
+        assert_eq!(parse_size("1E").unwrap(), 1 << 60);
+        assert_eq!(format_size(1 << 60), "1E");
+        // Past u64: said to be too large, not malformed.
+        for big in ["99999999T", "16E", "18446744073709551616", "1e30"] {
+            let e = parse_size(big).unwrap_err().to_string();
+            assert!(e.contains("too large"), "{big}: {e}");
+        }
     }
 }

@@ -133,7 +133,11 @@ impl FileDevice {
             .mode(0o600)
             .open(path)
             .map_err(|e| Error::device(path, e))?;
-        file.set_len(size).map_err(|e| Error::device(path, e))?;
+        if let Err(e) = file.set_len(size) {
+            // Too large for the file system: leave nothing behind.
+            let _ = std::fs::remove_file(path);
+            return Err(Error::device(path, e));
+        }
         Ok(FileDevice {
             path: path.to_path_buf(),
             file,

@@ -105,6 +105,7 @@ pub fn front_label(dev: &dyn Device) -> Option<Superblock> {
 }
 
 pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
+    let made_dir = !dir.exists();
     fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
     if dir.join(CONFIG_FILE).exists() {
         return Err(Error::Exists(format!(
@@ -112,6 +113,15 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
             dir.display()
         )));
     }
+    let result = create_in(dir, layout, spec);
+    if result.is_err() && made_dir {
+        // Nothing of a failed create stays behind: a retry starts clean.
+        let _ = fs::remove_dir(dir);
+    }
+    result
+}
+
+fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
     let count = match &spec {
         DeviceSpec::Files { count, .. } => *count,
         DeviceSpec::Paths(p) => p.len(),
@@ -142,6 +152,12 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         let mut devices: Vec<(PathBuf, FileDevice)> = Vec::new();
         match &spec {
             DeviceSpec::Files { count, size_bytes } => {
+                if *size_bytes > i64::MAX as u64 {
+                    return Err(Error::Invalid(format!(
+                        "device size {} is larger than a file can be",
+                        crate::size::format_size(*size_bytes)
+                    )));
+                }
                 if *size_bytes < DEVICE_BYTES_MIN {
                     return Err(Error::Invalid(format!(
                         "device size {} is too small: the minimum is {}",
