@@ -80,3 +80,31 @@ def test_volume_and_key_errors(pool, tmp_path):
     r = pool.cli("volume", "create", "dup", "--size", "32M", "--key-file", key, check=False)
     assert_one_line_error(r, "duplicate volume", r"dup")
     assert pool.volume_status("dup")["size_bytes"] == 16 * 1024 * 1024
+
+
+def test_serve_checks_its_options_before_touching_the_pool(make_pool, tmp_path):
+    """A `serve` whose options are wrong fails with one line before it imports
+    the pool: an import commits, so each failed try used to write the devices."""
+    import hashlib
+
+    p = make_pool().create()
+
+    def devices_digest():
+        return [hashlib.sha256(open(d, "rb").read()).hexdigest() for d in sorted(p.dir.glob("*.img"))]
+
+    before = devices_digest()
+    cases = [
+        ("TCP without TLS", ["--nbd-listen", "127.0.0.1:0"], r"requires TLS"),
+        ("a PSK file that does not exist", ["--nbd-listen", "127.0.0.1:0", "--tls-psk",
+                                            tmp_path / "absent.psk"], r"absent\.psk|TLS"),
+        ("a port out of range", ["--nbd-listen", "127.0.0.1:99999", "--nbd-plaintext"],
+         r"99999|listen"),
+        ("TLS without a TCP listener", ["--tls-psk", tmp_path / "absent.psk"], r"nbd-listen|absent\.psk"),
+    ]
+    for what, args, mentions in cases:
+        r = p.bulwark("serve", p.dir, *args, check=False, timeout=60)
+        assert r.returncode != 0, f"serve ({what}) started"
+        lines = [l for l in stderr_lines(r) if "error" in l.lower()]
+        assert lines and re.search(mentions, lines[-1], re.I), f"serve ({what}):\n{r.stderr}"
+        assert "pool imported" not in r.stderr, f"serve ({what}) imported the pool:\n{r.stderr}"
+        assert devices_digest() == before, f"serve ({what}) wrote the devices"

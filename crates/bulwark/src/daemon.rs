@@ -122,6 +122,13 @@ fn raise_open_files_limit() {
 }
 
 async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
+    // What the options alone decide fails before the pool is imported (an import
+    // commits: a typo in --nbd-listen must not write the devices).
+    let tcp_tls = tcp_security(args)?;
+    let tcp = match &args.nbd_listen {
+        Some(addr) => Some(bind_tcp(addr, tcp_tls.is_some()).await?),
+        None => None,
+    };
     let pool = {
         let dir = dir.clone();
         blocking(move || Pool::open(&dir, opts).map_err(|e| e.to_string()))
@@ -129,7 +136,7 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
             .map_err(Error::msg)?
     };
 
-    let served = serve_pool(&dir, args, pool.clone()).await;
+    let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp).await;
 
     let closed = blocking(move || pool.close().map_err(|e| e.to_string())).await;
     match (served, closed) {
@@ -144,7 +151,13 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
 }
 
 /// Listen, serve until a signal (or a listener dies), then drain. Sockets are removed on return.
-async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()> {
+async fn serve_pool(
+    dir: &Path,
+    args: &ServeArgs,
+    pool: Arc<Pool>,
+    tcp_tls: Option<Arc<nbd::TlsConfig>>,
+    tcp: Option<(TcpListener, String)>,
+) -> Result<()> {
     let signal_err = |e: std::io::Error| Error::msg(format!("cannot install signal handlers: {e}"));
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(signal_err)?;
@@ -154,11 +167,6 @@ async fn serve_pool(dir: &Path, args: &ServeArgs, pool: Arc<Pool>) -> Result<()>
         .clone()
         .unwrap_or_else(|| dir.join(control::NBD_SOCKET_NAME));
     let (nbd_listener, _nbd_file) = bind_private_socket(&nbd_path)?;
-    let tcp_tls = tcp_security(args)?;
-    let tcp = match &args.nbd_listen {
-        Some(addr) => Some(bind_tcp(addr, tcp_tls.is_some()).await?),
-        None => None,
-    };
     let nbd_tcp = tcp.as_ref().map(|(_, a)| a.clone());
 
     let access = Arc::new(AccessControl::open(dir).map_err(Error::msg)?);
