@@ -140,6 +140,19 @@ pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
         SecretKind::Passphrase => "passphrase file",
         SecretKind::Key => "key file",
     };
+    let given = file.path.to_string_lossy();
+    if given == "-"
+        || given == "/dev/stdin"
+        || given.starts_with("/dev/fd/")
+        || given.starts_with("/proc/self/fd/")
+    {
+        // The daemon opens the file itself (so the secret never passes through
+        // this command or its arguments): a pipe of this process is out of its reach.
+        return Err(Error::msg(format!(
+            "{what} {given}: the daemon reads {what}s itself, so standard input and pipes \
+             cannot be used; write the secret to a file only you can read (umask 077) and give its path"
+        )));
+    }
     let path: PathBuf = std::fs::canonicalize(&file.path)
         .map_err(|e| Error::msg(format!("cannot use {what} {}: {e}", file.path.display())))?;
     if !path.is_file() {
