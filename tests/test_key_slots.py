@@ -9,7 +9,8 @@ secret."""
 import json
 import os
 
-from conftest import make_key_file, make_passphrase_file, qemu_io_ok, require_tools
+from conftest import (make_key_file, make_passphrase_file, qemu_io_ok, require_tools,
+                      stderr_lines)
 from keyutil import (assert_no_secret_in_audit, assert_one_line_error, assert_wrong_key,
                      audited)
 
@@ -125,10 +126,54 @@ def test_key_slots(pool, tmp_path):
     assert audited(pool, "key_add", volume="v", secret="passphrase_file", slot=1)
     assert audited(pool, "key_add", volume="v", secret="key_file", slot=1)
     assert audited(pool, "key_add", "error", volume="v", secret="key_file")
-    assert audited(pool, "key_remove", volume="v", secret="key_file", slot=0)
+    assert audited(pool, "key_remove", volume="v", secret="key_file", slots=[0])
     assert audited(pool, "key_remove", "error", volume="v", secret="passphrase_file")
     assert audited(pool, "key_change", volume="v", old="passphrase_file", new="passphrase_file")
     assert audited(pool, "key_list", volume="v")
     wrong = audited(pool, "key_load", "error", volume="v")
     assert len(wrong) == 4, wrong
     assert_no_secret_in_audit(pool, key_files=(key, loose, other), passphrases=(PASS1, PASS2))
+
+
+def test_one_secret_never_opens_two_slots(pool, tmp_path):
+    """`key change` refuses a new secret that already opens another slot, in the
+    words of `key add`; `key remove` then tells the truth: afterwards the removed
+    passphrase opens nothing. (A change to "alpha" used to be accepted, leaving
+    "alpha" in two slots, and `key remove` of "alpha" removed one of them, said
+    "that passphrase no longer opens it", and "alpha" still unlocked the volume.)"""
+    require_tools("qemu-io")
+    a = make_passphrase_file(tmp_path / "a.pass", "alpha\n")
+    b = make_passphrase_file(tmp_path / "b.pass", "beta\n")
+    pool.create_volume("kc", size="16M", passphrase_file=a)
+    qemu_io_ok(pool.uri("kc"), "write -P 0x5a 0 1M", "flush")
+    pool.cli("key", "add", "kc", "--passphrase-file", b)
+
+    r = pool.cli("key", "add", "kc", "--passphrase-file", a, check=False)
+    assert_one_line_error(r, r"already opens a key slot", "key add of a secret in use")
+    added = stderr_lines(r)[0]
+    r = pool.cli("key", "change", "kc", "--passphrase-file", b, "--new-passphrase-file", a,
+                 check=False)
+    assert_one_line_error(r, r"already opens a key slot", "key change to a secret in use")
+    assert stderr_lines(r)[0] == added, "key change and key add word the refusal differently"
+    assert len(json.loads(pool.cli("key", "list", "kc", "--json").stdout)) == 2
+    assert audited(pool, "key_change", "error", volume="kc")
+
+    # Nothing changed: "beta" still opens its slot.
+    pool.wait_detached("kc")
+    pool.cli("key", "unload", "kc")
+    pool.cli("key", "load", "kc", "--passphrase-file", b)
+
+    # Removing "alpha" leaves "alpha" opening nothing, as the command says.
+    r = pool.cli("key", "remove", "kc", "--passphrase-file", a)
+    assert r.stdout == "removed key slot 0 of volume kc: that passphrase no longer opens it\n", \
+        r.stdout
+    assert audited(pool, "key_remove", volume="kc", secret="passphrase_file", slots=[0])
+    pool.cli("key", "unload", "kc")
+    assert_wrong_key(pool.cli("key", "load", "kc", "--passphrase-file", a, check=False),
+                     "removed passphrase")
+    pool.cli("key", "load", "kc", "--passphrase-file", b)
+    qemu_io_ok(pool.uri("kc"), "read -P 0x5a 0 1M", what="data after the key changes")
+
+    # `key remove --help` says what happens to a secret in several slots.
+    help_text = " ".join(pool.cli("key", "remove", "--help").stdout.split())
+    assert "every one of them is removed" in help_text, help_text

@@ -469,9 +469,11 @@ pub enum KeyCommand {
     Unload(NameArgs),
     /// Add a key slot for another passphrase or key file (the volume's key must be loaded).
     Add(KeyLoadArgs),
-    /// Remove the key slot this passphrase or key file opens (never the last one).
+    /// Remove the passphrase or key file: every key slot it opens goes (never the last one).
+    #[command(after_help = KEY_REMOVE_AFTER_HELP)]
     Remove(KeyLoadArgs),
     /// Give the slot OLD opens a new secret; the other slots and the data are not touched.
+    #[command(after_help = KEY_CHANGE_AFTER_HELP)]
     Change(KeyChangeArgs),
     /// List the key slots: their kind and cost, nothing secret.
     List(KeyListArgs),
@@ -483,6 +485,20 @@ pub enum KeyCommand {
     #[command(after_help = KEY_ERASE_AFTER_HELP)]
     Erase(KeyEraseArgs),
 }
+
+const KEY_REMOVE_AFTER_HELP: &str = "\
+Removes the supplied passphrase or key file from the volume (what cryptsetup's \
+luksRemoveKey promises): afterwards it opens no slot. If it opens more than one \
+slot (possible on volumes whose secrets were changed before 'key change' refused \
+a secret already in use), every one of them is removed and each is named. \
+Refused, and nothing removed, when no slot would be left: add a slot for another \
+secret first, or use 'bulwark key erase' to destroy the data on purpose. The \
+slots after a removed one are renumbered.";
+
+const KEY_CHANGE_AFTER_HELP: &str = "\
+The new secret must not already open another slot of the volume (as with 'key \
+add'): one secret opens one slot, so 'key remove' and 'key change' act on every \
+place a secret opens the volume.";
 
 const KEY_ERASE_AFTER_HELP: &str = "\
 The volume table is sealed under a key kept only in the superblocks; erase \

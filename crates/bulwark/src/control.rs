@@ -87,12 +87,14 @@ pub enum Request {
         name: String,
         secret: SecretRef,
     },
-    /// Removes the slot `secret` opens; answered by its number.
+    /// Removes every slot `secret` opens (it no longer opens the volume); answered by
+    /// their numbers, ascending. Refused when no slot would be left.
     KeyRemove {
         name: String,
         secret: SecretRef,
     },
-    /// Gives the slot `old` opens the secret `new`; answered by its number.
+    /// Gives the slot `old` opens the secret `new`; answered by its number. Refused when
+    /// `new` already opens another slot.
     KeyChange {
         name: String,
         old: SecretRef,

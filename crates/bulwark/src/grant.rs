@@ -247,9 +247,9 @@ impl Audited {
             other => return Audited::of_pool(other),
         };
         let result_as = match request {
-            Request::KeyAdd { .. } | Request::KeyRemove { .. } | Request::KeyChange { .. } => {
-                Some("slot")
-            }
+            Request::KeyAdd { .. } | Request::KeyChange { .. } => Some("slot"),
+            // Every slot the secret opened (a list).
+            Request::KeyRemove { .. } => Some("slots"),
             Request::KeyRotate { .. } => Some("generation"),
             _ => None,
         };

@@ -52,11 +52,11 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
         }
         Request::KeyRemove { name, secret } => {
             let secret = load_secret(&secret)?;
-            let slot = pool
+            let slots = pool
                 .key_remove(&name, &secret)
                 .map_err(|e| explain(pool, &name, e))?;
             drop(secret);
-            Ok(Value::from(slot))
+            Ok(Value::from(slots))
         }
         Request::KeyChange { name, old, new } => {
             let old = load_secret(&old)?;
@@ -143,12 +143,26 @@ fn remove(dir: &Path, args: &KeyLoadArgs) -> Result<()> {
         name: args.name.clone(),
         secret: secret_of(args)?,
     };
-    let slot: usize = Client::connect(dir)?.call_typed(&request)?;
-    print(&format!(
-        "removed key slot {slot} of volume {}: that {} no longer opens it\n",
-        args.name,
-        secret_word(&request)
-    ))
+    let slots: Vec<usize> = Client::connect(dir)?.call_typed(&request)?;
+    print(&removed_message(&args.name, secret_word(&request), &slots))
+}
+
+/// What `key remove` did: every slot the secret opened is gone (a volume made before
+/// `key change` refused duplicates may have held one secret in several slots).
+fn removed_message(name: &str, word: &str, slots: &[usize]) -> String {
+    match slots {
+        [slot] => {
+            format!("removed key slot {slot} of volume {name}: that {word} no longer opens it\n")
+        }
+        _ => {
+            let list: Vec<String> = slots.iter().map(|s| s.to_string()).collect();
+            format!(
+                "removed key slots {} of volume {name}: that {word} opened each of them; it no \
+                 longer opens the volume\n",
+                list.join(", ")
+            )
+        }
+    }
 }
 
 fn secret_word(request: &Request) -> &'static str {
@@ -334,6 +348,19 @@ pub fn volume_destroy(dir: &Path, args: &VolumeDestroyArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remove_names_every_slot_it_removed() {
+        assert_eq!(
+            removed_message("kc", "passphrase", &[0]),
+            "removed key slot 0 of volume kc: that passphrase no longer opens it\n"
+        );
+        assert_eq!(
+            removed_message("kc", "passphrase", &[0, 2]),
+            "removed key slots 0, 2 of volume kc: that passphrase opened each of them; it no \
+             longer opens the volume\n"
+        );
+    }
 
     #[test]
     fn key_requests_round_trip_as_documented() {

@@ -105,6 +105,45 @@ fn slots_add_remove_change() {
     assert!(e.contains("last key slot"), "{e}");
 }
 
+/// `key_change` refuses a new secret that already opens another slot, as `key_add` does:
+/// it used to accept it, leaving one secret in two slots, and `key_remove` with that secret
+/// then removed one of them and said the secret no longer opened the volume while the
+/// other slot still did.
+#[test]
+fn change_refuses_a_secret_another_slot_has() {
+    let t = tempfile::tempdir().unwrap();
+    let pool = new_pool(t.path());
+    pool.volume("v").unwrap().write(0, &data(0), true).unwrap();
+    assert_eq!(pool.key_add("v", &kf(2)).unwrap(), 1);
+    let added = pool.key_add("v", &kf(1)).unwrap_err();
+    let changed = pool.key_change("v", &kf(2), &kf(1)).unwrap_err();
+    assert!(matches!(changed, Error::Exists(_)), "{changed}");
+    assert_eq!(changed.to_string(), added.to_string());
+    assert!(
+        changed.to_string().contains("already opens a key slot"),
+        "{changed}"
+    );
+    // Nothing changed: both secrets still open the volume, each in its own slot.
+    assert_eq!(pool.key_list("v").unwrap().len(), 2);
+    for s in [kf(2), kf(1)] {
+        pool.unload_key("v").unwrap();
+        pool.load_key("v", &s).unwrap();
+        check(&pool, 0..1);
+    }
+    // A change to the slot's own secret, or to a new one, is still allowed.
+    pool.key_change("v", &kf(2), &kf(2)).unwrap();
+    assert_eq!(pool.key_change("v", &kf(2), &kf(3)).unwrap(), 1);
+    // Removing a secret leaves the other one as the only way in.
+    assert_eq!(pool.key_remove("v", &kf(1)).unwrap(), vec![0]);
+    pool.unload_key("v").unwrap();
+    assert!(matches!(
+        pool.load_key("v", &kf(1)),
+        Err(Error::WrongKey(_))
+    ));
+    pool.load_key("v", &kf(3)).unwrap();
+    check(&pool, 0..1);
+}
+
 trait RemoveSlot {
     fn remove_slot_and_check(&self);
 }

@@ -65,6 +65,25 @@ impl Core {
 
     /// The slot `secret` opens and the VMK it yields.
     fn open_slot(&self, st: &VolumeState, secret: &Secret) -> Result<(usize, Zeroizing<[u8; 32]>)> {
+        Self::open_in(st, &self.live_slots(st)?, secret)
+    }
+
+    /// The first of `slots` that `secret` opens and the VMK it yields.
+    fn open_in(
+        st: &VolumeState,
+        slots: &[KeySlot],
+        secret: &Secret,
+    ) -> Result<(usize, Zeroizing<[u8; 32]>)> {
+        for (i, slot) in slots.iter().enumerate() {
+            if let Some(vmk) = wrap::unwrap(slot, secret, &st.uuid)? {
+                return Ok((i, vmk));
+            }
+        }
+        Err(Error::WrongKey(st.name.clone()))
+    }
+
+    /// A copy of the volume's slots; an error once they were erased.
+    fn live_slots(&self, st: &VolumeState) -> Result<Vec<KeySlot>> {
         let slots = st.slots.lock().clone();
         if slots.is_empty() {
             return Err(Error::Invalid(format!(
@@ -72,12 +91,41 @@ impl Core {
                 st.name
             )));
         }
+        Ok(slots)
+    }
+
+    /// Every slot of `slots` that `secret` opens (each tried: a secret may be in more than
+    /// one slot of a volume made before `key change` refused that).
+    fn slots_opened_by(st: &VolumeState, slots: &[KeySlot], secret: &Secret) -> Result<Vec<usize>> {
+        let mut opened = Vec::new();
         for (i, slot) in slots.iter().enumerate() {
-            if let Some(vmk) = wrap::unwrap(slot, secret, &st.uuid)? {
-                return Ok((i, vmk));
+            if wrap::unwrap(slot, secret, &st.uuid)?.is_some() {
+                opened.push(i);
             }
         }
-        Err(Error::WrongKey(st.name.clone()))
+        Ok(opened)
+    }
+
+    /// Refuses the change when the volume's slots changed since `seen` was copied (another
+    /// key command ran meanwhile): slot numbers found in `seen` would name other slots.
+    fn check_unchanged(name: &str, now: &[KeySlot], seen: &[KeySlot]) -> Result<()> {
+        let same = now.len() == seen.len()
+            && now.iter().zip(seen).all(|(a, b)| {
+                a.kind == b.kind && a.salt == b.salt && a.nonce == b.nonce && a.wrapped == b.wrapped
+            });
+        if same {
+            Ok(())
+        } else {
+            Err(Error::Busy(format!(
+                "the key slots of volume '{name}' changed while this command ran; run it again"
+            )))
+        }
+    }
+
+    fn already_opens(name: &str) -> Error {
+        Error::Exists(format!(
+            "that secret already opens a key slot of volume '{name}'"
+        ))
     }
 
     pub fn load_key(self: &Arc<Self>, name: &str, secret: &Secret) -> Result<()> {
@@ -141,7 +189,9 @@ impl Core {
             .collect())
     }
 
-    /// Add a slot for `secret`; the volume's key must be loaded.
+    /// Add a slot for `secret`; the volume's key must be loaded. Refused when `secret`
+    /// already opens a slot: one secret, one slot, so `key_remove` and `key_change` act on
+    /// every place a secret opens the volume.
     pub fn key_add(&self, name: &str, secret: &Secret) -> Result<usize> {
         let st = self.encrypted(name)?;
         let vmk = st
@@ -149,14 +199,14 @@ impl Core {
             .lock()
             .clone()
             .ok_or_else(|| Error::Locked(name.to_string()))?;
-        if self.open_slot(&st, secret).is_ok() {
-            return Err(Error::Exists(format!(
-                "that secret already opens a key slot of volume '{name}'"
-            )));
+        let seen = self.live_slots(&st)?;
+        if !Self::slots_opened_by(&st, &seen, secret)?.is_empty() {
+            return Err(Self::already_opens(name));
         }
         let slot = wrap::wrap(&vmk, secret, &st.uuid)?;
         let index = {
             let mut slots = st.slots.lock();
+            Self::check_unchanged(name, &slots, &seen)?;
             slots.push(slot);
             slots.len() - 1
         };
@@ -166,33 +216,66 @@ impl Core {
         Ok(index)
     }
 
-    /// Remove the slot `secret` opens. The last slot is refused: use `key_erase` to destroy
-    /// the keys on purpose.
-    pub fn key_remove(&self, name: &str, secret: &Secret) -> Result<usize> {
+    /// Remove every slot `secret` opens, so that it no longer opens the volume (a volume
+    /// made before `key_change` refused duplicates may hold a secret in several slots).
+    /// Returns the numbers those slots had, ascending. Refused, and nothing removed, when no
+    /// slot would be left: use `key_erase` to destroy the keys on purpose.
+    pub fn key_remove(&self, name: &str, secret: &Secret) -> Result<Vec<usize>> {
         let st = self.encrypted(name)?;
-        let (index, _vmk) = self.open_slot(&st, secret)?;
+        let seen = self.live_slots(&st)?;
+        let opened = Self::slots_opened_by(&st, &seen, secret)?;
+        if opened.is_empty() {
+            return Err(Error::WrongKey(name.to_string()));
+        }
         {
             let mut slots = st.slots.lock();
-            if slots.len() == 1 {
-                return Err(Error::Invalid(format!(
-                    "that is the last key slot of volume '{name}': removing it would make the data unrecoverable; \
-                     add another slot first, or use 'bulwark key erase {name}' to destroy the data on purpose"
-                )));
+            Self::check_unchanged(name, &slots, &seen)?;
+            if opened.len() == slots.len() {
+                return Err(Error::Invalid(if slots.len() == 1 {
+                    format!(
+                        "that is the last key slot of volume '{name}': removing it would make the \
+                         data unrecoverable; add another slot first, or use 'bulwark key erase \
+                         {name}' to destroy the data on purpose"
+                    )
+                } else {
+                    format!(
+                        "that secret opens every key slot of volume '{name}' ({} slots, the last \
+                         key slot included): removing them would make the data unrecoverable; \
+                         add a slot for another secret first, or use 'bulwark key erase {name}' \
+                         to destroy the data on purpose",
+                        slots.len()
+                    )
+                }));
             }
-            slots.remove(index);
+            for &i in opened.iter().rev() {
+                slots.remove(i);
+            }
         }
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
-        tracing::info!(volume = name, slot = index, "key slot removed");
-        Ok(index)
+        tracing::info!(volume = name, slots = ?opened, "key slot(s) removed");
+        Ok(opened)
     }
 
-    /// Replace the secret of the slot `old` opens by `new`; data is not touched.
+    /// Replace the secret of the slot `old` opens by `new`; data is not touched. Refused
+    /// when `new` already opens another slot (as `key_add` refuses it): two slots would
+    /// open with one secret.
     pub fn key_change(&self, name: &str, old: &Secret, new: &Secret) -> Result<usize> {
         let st = self.encrypted(name)?;
-        let (index, vmk) = self.open_slot(&st, old)?;
+        let seen = self.live_slots(&st)?;
+        let (index, vmk) = Self::open_in(&st, &seen, old)?;
+        if Self::slots_opened_by(&st, &seen, new)?
+            .iter()
+            .any(|&i| i != index)
+        {
+            return Err(Self::already_opens(name));
+        }
         let slot = wrap::wrap(&vmk, new, &st.uuid)?;
-        st.slots.lock()[index] = slot;
+        {
+            let mut slots = st.slots.lock();
+            Self::check_unchanged(name, &slots, &seen)?;
+            slots[index] = slot;
+        }
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
         tracing::info!(volume = name, slot = index, "key slot changed");
@@ -229,5 +312,104 @@ impl Core {
         self.commit()?;
         self.table_dirty.store(true, Ordering::Release);
         self.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+    use crate::volume::{Compression, VolumeOptions};
+
+    fn kf(b: u8) -> Secret {
+        Secret::KeyFile(Zeroizing::new([b; 32]))
+    }
+
+    /// A single-device pool with volume "v" opened by `kf(1)` (slot 0) and `kf(2)` (slot 1),
+    /// and `kf(1)` in a third slot too, as a `key change` to `kf(1)` used to leave it.
+    fn pool_with_a_secret_in_two_slots(dir: &std::path::Path) -> Arc<Pool> {
+        Pool::create(
+            dir,
+            Layout::Single,
+            DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+        )
+        .unwrap();
+        let pool = Pool::open(dir, OpenOptions::default()).unwrap();
+        let o = VolumeOptions {
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: true,
+        };
+        pool.create_volume("v", o, Some(&kf(1))).unwrap();
+        pool.volume("v")
+            .unwrap()
+            .write(0, &[0x5a; 4096], true)
+            .unwrap();
+        assert_eq!(pool.key_add("v", &kf(2)).unwrap(), 1);
+        let st = pool.core.find("v").unwrap();
+        let vmk = st.vmk.lock().clone().unwrap();
+        let again = wrap::wrap(&vmk, &kf(1), &st.uuid).unwrap();
+        st.slots.lock().push(again);
+        pool.core.table_dirty.store(true, Ordering::Release);
+        pool.flush().unwrap();
+        pool
+    }
+
+    fn opens(pool: &Pool, secret: &Secret) -> bool {
+        if !pool.volumes()[0].locked {
+            pool.unload_key("v").unwrap();
+        }
+        match pool.load_key("v", secret) {
+            Ok(()) => {
+                let mut b = [0u8; 4096];
+                pool.volume("v").unwrap().read(0, &mut b).unwrap();
+                assert_eq!(b, [0x5a; 4096]);
+                true
+            }
+            Err(Error::WrongKey(_)) => false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A secret held by two slots (a volume from before `key change` refused that): `key
+    /// remove` with it removes both, so it really no longer opens the volume.
+    #[test]
+    fn remove_takes_every_slot_the_secret_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let pool = pool_with_a_secret_in_two_slots(t.path());
+        assert_eq!(pool.key_remove("v", &kf(1)).unwrap(), vec![0, 2]);
+        assert_eq!(pool.key_list("v").unwrap().len(), 1);
+        assert!(
+            !opens(&pool, &kf(1)),
+            "the removed secret still opens the volume"
+        );
+        assert!(opens(&pool, &kf(2)));
+        // Durable: after a reopen too.
+        drop(pool);
+        let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+        assert!(matches!(
+            pool.load_key("v", &kf(1)),
+            Err(Error::WrongKey(_))
+        ));
+        pool.load_key("v", &kf(2)).unwrap();
+    }
+
+    /// When the secret opens every slot, nothing is removed.
+    #[test]
+    fn remove_refuses_to_take_every_slot() {
+        let t = tempfile::tempdir().unwrap();
+        let pool = pool_with_a_secret_in_two_slots(t.path());
+        assert_eq!(pool.key_remove("v", &kf(2)).unwrap(), vec![1]);
+        let e = pool.key_remove("v", &kf(1)).unwrap_err().to_string();
+        assert!(
+            e.contains("opens every key slot") && e.contains("last key slot"),
+            "{e}"
+        );
+        assert_eq!(pool.key_list("v").unwrap().len(), 2);
+        assert!(opens(&pool, &kf(1)));
     }
 }

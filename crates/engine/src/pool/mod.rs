@@ -307,11 +307,13 @@ impl Pool {
     pub fn key_add(&self, name: &str, secret: &Secret) -> Result<usize> {
         self.core.key_add(name, secret)
     }
-    /// Remove the slot `secret` opens; the last slot is refused.
-    pub fn key_remove(&self, name: &str, secret: &Secret) -> Result<usize> {
+    /// Remove every slot `secret` opens (their numbers, ascending), so it no longer opens the
+    /// volume; refused when no slot would be left.
+    pub fn key_remove(&self, name: &str, secret: &Secret) -> Result<Vec<usize>> {
         self.core.key_remove(name, secret)
     }
-    /// Change the secret of the slot `old` opens to `new`, without touching data.
+    /// Change the secret of the slot `old` opens to `new`, without touching data; refused when
+    /// `new` already opens another slot.
     pub fn key_change(&self, name: &str, old: &Secret, new: &Secret) -> Result<usize> {
         self.core.key_change(name, old, new)
     }
