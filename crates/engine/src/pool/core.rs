@@ -369,15 +369,27 @@ impl Core {
         Ok(())
     }
 
+    /// Why volume `name` cannot be destroyed or locked now: something holds it
+    /// open. (The daemon has already checked for NBD connections; here the
+    /// holder is most often a scrub or resilver walking the volume.)
+    pub(crate) fn volume_in_use(&self, name: &str) -> Error {
+        let by = if self.scrub_running.load(Ordering::Acquire) {
+            "a scrub or resilver is reading it; wait for it to finish, or run \
+             'bulwark scrub cancel' and try again in a few seconds"
+        } else {
+            "an NBD client or a key rotation still holds it; detach the clients or wait, \
+             and try again"
+        };
+        Error::Busy(format!("volume '{name}' is in use: {by}"))
+    }
+
     pub fn destroy_volume(&self, name: &str) -> Result<()> {
         self.check_poisoned()?;
         let _c = self.commit_lock.lock();
         let st = self.find(name)?;
         if Arc::strong_count(&st) > 2 {
             // One reference in the table, one here: any other is an open handle.
-            return Err(Error::Busy(format!(
-                "volume '{name}' is in use; detach its clients first"
-            )));
+            return Err(self.volume_in_use(name));
         }
         // Free every record the volume references. Its segments become reusable after the commit.
         {
