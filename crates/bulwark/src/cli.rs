@@ -403,7 +403,7 @@ impl VolumeCreateArgs {
 /// Where an unlock secret comes from: a file, never argv.
 #[derive(Debug, Args)]
 pub struct SecretArgs {
-    /// File holding the passphrase (a trailing newline is ignored).
+    /// File holding the passphrase (newlines at its end, \n or \r\n, are ignored; other whitespace counts).
     #[arg(long, value_name = "PATH", conflicts_with = "key_file")]
     pub passphrase_file: Option<PathBuf>,
 
@@ -515,7 +515,7 @@ pub struct KeyChangeArgs {
     /// The current secret (it picks the slot to change).
     #[command(flatten)]
     pub old: SecretArgs,
-    /// File holding the new passphrase.
+    /// File holding the new passphrase (newlines at its end are ignored, as for --passphrase-file).
     #[arg(long, value_name = "PATH", conflicts_with = "new_key_file")]
     pub new_passphrase_file: Option<PathBuf>,
     /// File holding the new 32-byte key.
