@@ -685,8 +685,29 @@ impl Core {
             )));
         }
         m.offline.store(true, Ordering::Release);
+        // Remembered in pool.json: a restart keeps it offline, as zpool offline does.
+        if let Err(e) = self.remember_offline(i, true) {
+            m.offline.store(false, Ordering::Release);
+            return Err(e);
+        }
         tracing::warn!(device = %path.display(), "device taken offline: the pool is DEGRADED");
         Ok(())
+    }
+
+    /// Adds member `i` to (or removes it from) the offline set in `DIR/pool.json`.
+    fn remember_offline(&self, i: usize, offline: bool) -> Result<()> {
+        let id = wrap::to_hex(&self.sb.lock().sb.member_ids[i]);
+        let mut conf = super::create::PoolConfig::read(&self.dir)?;
+        let had = conf.offline.contains(&id);
+        if had == offline {
+            return Ok(());
+        }
+        if offline {
+            conf.offline.push(id);
+        } else {
+            conf.offline.retain(|o| *o != id);
+        }
+        conf.write(&self.dir)
     }
 
     /// Use an offline device again; its copies are brought up to date by a resilver.
@@ -702,6 +723,7 @@ impl Core {
                 path.display()
             )));
         }
+        self.remember_offline(i, false)?;
         m.resilvering.store(true, Ordering::Release);
         m.faulted.store(false, Ordering::Release);
         m.offline.store(false, Ordering::Release);
@@ -796,10 +818,12 @@ impl Core {
             )));
         }
         let faulty = Arc::new(FaultyDevice::new(Box::new(dev), back_region));
+        self.remember_offline(i, false)?;
         {
             let _c = self.commit_lock.lock();
             let m = &self.red.members[i];
             m.resilvering.store(true, Ordering::Release);
+            m.offline.store(false, Ordering::Release);
             m.replace(new_abs.clone(), faulty.clone());
             self.faults.write()[i] = Some(faulty);
             self.sb.lock().sb.member_ids[i] = wrap::random_bytes::<16>();

@@ -26,6 +26,10 @@ pub struct PoolConfig {
     pub layout: String,
     /// Device paths; relative paths are inside the pool directory.
     pub devices: Vec<PathBuf>,
+    /// Members taken offline by `bulwark device offline` (their device ids, hex, as in
+    /// the labels): they stay offline across restarts until `bulwark device online`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offline: Vec<String>,
 }
 
 impl PoolConfig {
@@ -270,6 +274,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
             pool_id: wrap::to_hex(&pool_id),
             layout: layout.to_string(),
             devices: devices.iter().map(|(p, _)| p.clone()).collect(),
+            offline: Vec::new(),
         }
         .write(dir)
     })();

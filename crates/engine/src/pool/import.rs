@@ -279,6 +279,16 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         c.write(dir)?;
     }
 
+    for (i, m) in members.iter().enumerate() {
+        if conf.offline.contains(&to_hex(&newest.member_ids[i])) {
+            m.offline.store(true, Ordering::Release);
+            tracing::warn!(
+                "device {} (member {i}) is offline, as 'bulwark device offline' left it: the pool is DEGRADED \
+                 until 'bulwark device online'",
+                m.path().display()
+            );
+        }
+    }
     let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
     let segments = red.segments() as usize;
     let cache = new_cache(opts.cache_bytes);

@@ -88,10 +88,11 @@ impl Member {
         }
     }
     pub fn state(&self) -> &'static str {
-        if !self.present() {
-            "UNAVAIL"
-        } else if self.offline.load(Ordering::Relaxed) {
+        if self.offline.load(Ordering::Relaxed) {
+            // Taken offline on purpose (and maybe not even opened since).
             "OFFLINE"
+        } else if !self.present() {
+            "UNAVAIL"
         } else if self.faulted.load(Ordering::Relaxed) {
             "FAULTED"
         } else if self.resilvering.load(Ordering::Relaxed) {

@@ -1,0 +1,44 @@
+"""`bulwark device offline` lasts until `bulwark device online`, as `zpool
+offline` does: a restart (clean or after kill -9) keeps the device OFFLINE
+and the pool DEGRADED, instead of quietly using a device that missed writes;
+`device online` then resilvers it and a scrub finds nothing to repair."""
+
+import pytest
+
+from conftest import qemu_io_ok
+from healing import assert_clean_scrub
+
+
+@pytest.mark.parametrize("restart", ["stop", "kill"])
+def test_offline_survives_a_restart(make_pool, restart):
+    p = make_pool(layout="mirror:2", devices=2, device_size="128M")
+    p.create().start()
+    p.create_volume("v", size="16M", encryption=False)
+    qemu_io_ok(p.uri("v"), "write -P 1 0 4M", "flush")
+    victim = p.device_paths()[1]
+    p.cli("device", "offline", victim)
+    qemu_io_ok(p.uri("v"), "write -P 2 4M 4M", "flush")
+
+    if restart == "stop":
+        p.stop()
+    else:
+        p.kill()
+    p.start()
+    st = p.status()
+    states = {d["path"]: d["state"] for d in st["devices"]}
+    assert states[victim] == "OFFLINE", states
+    assert st["state"] == "DEGRADED", st["state"]
+    qemu_io_ok(p.uri("v"), "read -P 1 0 4M", "read -P 2 4M 4M", "write -P 3 8M 4M", "flush")
+
+    # And again: still offline until told otherwise.
+    p.restart()
+    assert {d["path"]: d["state"] for d in p.status()["devices"]}[victim] == "OFFLINE"
+
+    r = p.cli("device", "online", victim, "--wait")
+    assert "resilver" in r.stdout, r.stdout
+    st = p.status()
+    assert st["state"] == "ONLINE" and all(d["state"] == "ONLINE" for d in st["devices"]), st
+    assert_clean_scrub(p, "scrub after bringing the device back")
+    qemu_io_ok(p.uri("v"), "read -P 1 0 4M", "read -P 2 4M 4M", "read -P 3 8M 4M")
+    p.restart()
+    assert p.status()["state"] == "ONLINE"
