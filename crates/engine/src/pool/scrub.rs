@@ -200,7 +200,10 @@ impl Core {
             }
             s.state = "scanning".into();
         }
+        // Durable before the command returns: a crash in the scan's first seconds
+        // resumes it on restart instead of forgetting it was asked for.
         self.table_dirty.store(true, Ordering::Release);
+        self.commit()?;
         self.spawn_scrub();
         Ok(())
     }
@@ -211,8 +214,9 @@ impl Core {
             return Err(Error::Invalid("no scrub is running".into()));
         }
         s.state = "paused".into();
+        drop(s);
         self.table_dirty.store(true, Ordering::Release);
-        Ok(())
+        self.commit()
     }
 
     pub fn scrub_cancel(&self) -> Result<()> {
@@ -222,8 +226,9 @@ impl Core {
         }
         s.state = "canceled".into();
         s.finished_unix = now_unix();
+        drop(s);
         self.table_dirty.store(true, Ordering::Release);
-        Ok(())
+        self.commit()
     }
 
     pub(crate) fn spawn_scrub(self: &Arc<Self>) {
