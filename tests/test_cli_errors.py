@@ -112,3 +112,16 @@ def test_serve_checks_its_options_before_touching_the_pool(make_pool, tmp_path):
         assert lines and re.search(mentions, lines[-1], re.I), f"serve ({what}):\n{r.stderr}"
         assert "pool imported" not in r.stderr, f"serve ({what}) imported the pool:\n{r.stderr}"
         assert devices_digest() == before, f"serve ({what}) wrote the devices"
+
+
+def test_a_lost_pool_json_is_named_as_such(make_pool):
+    """Devices whose pool.json is gone are still a pool: the message says so and
+    does not send the admin to `pool create` (which would destroy them)."""
+    p = make_pool(layout="mirror:2", devices=2, device_size="64M").create()
+    (p.dir / "pool.json").rename(p.tmp / "pool.json.saved")
+    r = p.bulwark("serve", p.dir, check=False, timeout=60)
+    assert_one_line_error(r, "serve without pool.json", r"labels of bulwark pool")
+    assert "pool create" not in r.stderr and "restore" in r.stderr, r.stderr
+    (p.dir / "pool.json").write_text("{")
+    r = p.bulwark("serve", p.dir, check=False, timeout=60)
+    assert_one_line_error(r, "serve with a broken pool.json", r"pool\.json.*restore")

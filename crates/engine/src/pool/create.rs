@@ -36,17 +36,31 @@ impl PoolConfig {
     pub fn read(dir: &Path) -> Result<PoolConfig> {
         let p = dir.join(CONFIG_FILE);
         let text = fs::read(&p).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NotFound(format!(
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Error::device(&p, e);
+            }
+            match labelled_files(dir) {
+                // Devices of a pool whose pool.json is gone: creating a pool on them
+                // would destroy it.
+                Some(found) => Error::NotFound(format!(
+                    "{} has no {CONFIG_FILE}, but {found}: its {CONFIG_FILE} was lost or \
+                     removed; restore it (from a backup) rather than creating a pool on those devices",
+                    dir.display()
+                )),
+                None => Error::NotFound(format!(
                     "no bulwark pool in {} (create one with 'bulwark pool create {} ...')",
                     dir.display(),
                     dir.display()
-                ))
-            } else {
-                Error::device(&p, e)
+                )),
             }
         })?;
-        serde_json::from_slice(&text).map_err(|e| Error::Corrupt(format!("{}: {e}", p.display())))
+        serde_json::from_slice(&text).map_err(|e| {
+            Error::Corrupt(format!(
+                "{}: {e} (the file lists the pool's devices and layout; restore it from a \
+                 backup, or fix it by hand)",
+                p.display()
+            ))
+        })
     }
 
     pub fn write(&self, dir: &Path) -> Result<()> {
@@ -76,6 +90,33 @@ impl PoolConfig {
             })
             .collect()
     }
+}
+
+/// `dev0.img and dev1.img carry labels of bulwark pool ID`, for files in `dir`
+/// that carry a bulwark label; `None` when none does.
+fn labelled_files(dir: &Path) -> Option<String> {
+    let mut names = Vec::new();
+    let mut pool = None;
+    for e in fs::read_dir(dir).ok()?.flatten() {
+        let is_file = e.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if !is_file || e.metadata().map(|m| m.len() < DEVICE_BYTES_MIN).unwrap_or(true) {
+            continue;
+        }
+        let Ok(d) = FileDevice::open(&e.path()) else {
+            continue;
+        };
+        if let Some(sb) = front_label(&d) {
+            names.push(e.file_name().to_string_lossy().into_owned());
+            pool = Some(wrap::to_hex(&sb.pool_id));
+        }
+    }
+    names.sort();
+    Some(format!(
+        "{} carr{} labels of bulwark pool {}",
+        names.join(", "),
+        if names.len() == 1 { "ies" } else { "y" },
+        pool?
+    ))
 }
 
 /// What names a file or disk whatever the path to it: the device number of a
