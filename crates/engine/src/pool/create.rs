@@ -99,7 +99,11 @@ fn labelled_files(dir: &Path) -> Option<String> {
     let mut pool = None;
     for e in fs::read_dir(dir).ok()?.flatten() {
         let is_file = e.file_type().map(|t| t.is_file()).unwrap_or(false);
-        if !is_file || e.metadata().map(|m| m.len() < DEVICE_BYTES_MIN).unwrap_or(true) {
+        if !is_file
+            || e.metadata()
+                .map(|m| m.len() < DEVICE_BYTES_MIN)
+                .unwrap_or(true)
+        {
             continue;
         }
         let Ok(d) = FileDevice::open(&e.path()) else {
