@@ -40,11 +40,22 @@ impl Client {
     pub fn connect(dir: &Path) -> Result<Client> {
         let path = control::control_socket_path(dir);
         let stream = UnixStream::connect(&path).map_err(|e| match e.kind() {
-            ErrorKind::NotFound | ErrorKind::ConnectionRefused => Error::msg(format!(
-                "cannot reach the bulwark daemon for pool {} (is 'bulwark serve {}' running?)",
-                dir.display(),
+            ErrorKind::NotFound if !dir.is_dir() => Error::msg(format!(
+                "no pool directory {} (give the directory the pool was created in, with \
+                 --pool DIR or BULWARK_POOL)",
                 dir.display()
             )),
+            // No daemon: is there a pool at all (nothing, or one that lost its pool.json)?
+            ErrorKind::NotFound | ErrorKind::ConnectionRefused => {
+                match bulwark_engine::pool::Pool::check_dir(dir) {
+                    Err(why) => Error::msg(why.to_string()),
+                    Ok(()) => Error::msg(format!(
+                        "cannot reach the bulwark daemon for pool {} (is 'bulwark serve {}' running?)",
+                        dir.display(),
+                        dir.display()
+                    )),
+                }
+            }
             ErrorKind::PermissionDenied => Error::msg(format!(
                 "permission denied on {}: run as the user that runs the daemon",
                 path.display()

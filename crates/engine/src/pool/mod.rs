@@ -188,6 +188,12 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Whether `dir` holds a pool's config (`DIR/pool.json`): the error says what
+    /// is there instead (nothing, a pool that lost its pool.json, a corrupt one).
+    pub fn check_dir(dir: &Path) -> Result<()> {
+        create::PoolConfig::read(dir).map(|_| ())
+    }
+
     /// Create a new pool in `dir` (created if missing; must not already hold a pool).
     pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
         create::create(dir, layout, devices)
