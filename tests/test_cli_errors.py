@@ -49,7 +49,12 @@ def test_daemon_not_running(make_pool):
         r = p.cli(*args, check=False)
         assert_one_line_error(r, f"{' '.join(args)} without a daemon", r"not running|daemon|serve|control|connect")
     r = Pool(p.tmp / "nowhere").cli("status", check=False)
-    assert_one_line_error(r, "status on a directory that is no pool", r"pool|not running|daemon|no such|not found|nowhere")
+    assert_one_line_error(r, "status on a directory that does not exist", r"no pool directory .*nowhere")
+    (p.tmp / "empty").mkdir()
+    r = Pool(p.tmp / "empty").bulwark("--pool", p.tmp / "empty" / "pool", "status", check=False)
+    assert_one_line_error(r, "status on a directory that is no pool", r"no pool directory|no bulwark pool")
+    r = p.bulwark("--pool", p.tmp / "empty", "status", check=False)
+    assert_one_line_error(r, "status on an empty directory", r"no bulwark pool in .*empty")
 
 
 def test_volume_and_key_errors(pool, tmp_path):
