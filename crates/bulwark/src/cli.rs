@@ -478,7 +478,9 @@ pub enum KeyCommand {
     /// List the key slots: their kind and cost, nothing secret.
     List(KeyListArgs),
     /// Start a key rotation: new writes use a new data key at once, old blocks are
-    /// re-encrypted in the background, then the old data key is destroyed.
+    /// re-encrypted in the background, then the old data key is destroyed. On a paused
+    /// rotation, resume it.
+    #[command(after_help = KEY_ROTATE_AFTER_HELP)]
     Rotate(KeyRotateArgs),
     /// Crypto-erase: destroy every key slot and data key; the volume's data is
     /// unrecoverable at once, whoever holds the old passphrase or key file.
@@ -499,6 +501,13 @@ const KEY_CHANGE_AFTER_HELP: &str = "\
 The new secret must not already open another slot of the volume (as with 'key \
 add'): one secret opens one slot, so 'key remove' and 'key change' act on every \
 place a secret opens the volume.";
+
+const KEY_ROTATE_AFTER_HELP: &str = "\
+A rotation that cannot go on pauses where it is, recorded with its reason \
+('bulwark status'). Paused because the pool is full, it goes on by itself once \
+space is free; after any other error, 'bulwark key rotate NAME' resumes it; \
+after a restart or 'key unload', loading the key resumes it. --wait fails \
+(exit 1) when the rotation pauses, saying why; the rotation stays recorded.";
 
 const KEY_ERASE_AFTER_HELP: &str = "\
 The volume table is sealed under a key kept only in the superblocks; erase \
@@ -544,7 +553,7 @@ pub struct KeyListArgs {
 #[derive(Debug, Args)]
 pub struct KeyRotateArgs {
     pub name: String,
-    /// Show the re-encryption's progress until it finishes.
+    /// Show the re-encryption's progress until it finishes (exit 1 if it pauses).
     #[arg(long)]
     pub wait: bool,
 }

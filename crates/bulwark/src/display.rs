@@ -145,7 +145,9 @@ fn key_cells(v: &VolumeStatus) -> (String, String) {
     if v.key_slots == 0 {
         return ("erased".into(), "0".into());
     }
+    let paused = v.rotation.as_ref().is_some_and(|r| r.error.is_some());
     let keygen = match rotation_progress(v) {
+        Some(p) if paused && !v.locked => format!("{}, rotating {p} (paused)", v.key_generation),
         Some(p) => format!("{}, rotating {p}", v.key_generation),
         None => v.key_generation.to_string(),
     };
@@ -160,6 +162,22 @@ pub fn rotation_progress(v: &VolumeStatus) -> Option<String> {
     Some(format!("{}%", r.lba.min(blocks) * 100 / blocks))
 }
 
+/// Why a key rotation of an unlocked volume is paused and what resumes it, if it is paused
+/// ("the pool is out of space; it goes on by itself once space is free, ...").
+pub fn rotation_pause(v: &VolumeStatus) -> Option<String> {
+    let r = v.rotation.as_ref()?;
+    let reason = r.error.as_deref()?;
+    Some(if r.retrying {
+        format!(
+            "{reason}; it goes on by itself once space is free, or tries again at once with \
+             'bulwark key rotate {}'",
+            v.name
+        )
+    } else {
+        format!("{reason}; 'bulwark key rotate {}' resumes it", v.name)
+    })
+}
+
 /// `status` lines about key rotations in progress (empty when there are none).
 fn rotation_lines(volumes: &[VolumeStatus]) -> String {
     let mut out = String::new();
@@ -167,16 +185,19 @@ fn rotation_lines(volumes: &[VolumeStatus]) -> String {
         let (Some(r), Some(p)) = (&v.rotation, rotation_progress(v)) else {
             continue;
         };
-        let state = if v.locked {
-            "paused until its key is loaded"
-        } else {
-            "in progress"
-        };
-        let _ = writeln!(
-            out,
-            "rotation: volume {} to data key generation {}, {state}: {p} examined, {} block(s) re-encrypted",
-            v.name, r.to_generation, r.blocks_done
+        let head = format!(
+            "rotation: volume {} to data key generation {}",
+            v.name, r.to_generation
         );
+        let progress = format!("{p} examined, {} block(s) re-encrypted", r.blocks_done);
+        let _ = match (v.locked, rotation_pause(v)) {
+            (true, _) => writeln!(out, "{head}, paused until its key is loaded: {progress}"),
+            (false, Some(pause)) => {
+                let (reason, rest) = pause.split_once("; ").unwrap_or((&pause, ""));
+                writeln!(out, "{head}, paused: {reason} ({progress}); {rest}")
+            }
+            (false, None) => writeln!(out, "{head}, in progress: {progress}"),
+        };
     }
     out
 }
@@ -548,6 +569,32 @@ mod tests {
             rotation_lines(std::slice::from_ref(&v)),
             "rotation: volume r to data key generation 2, in progress: 50% examined, \
              1000 block(s) re-encrypted\n"
+        );
+        v.rotation.as_mut().unwrap().error = Some("the pool is out of space".into());
+        v.rotation.as_mut().unwrap().retrying = true;
+        assert_eq!(
+            key_cells(&v),
+            ("2, rotating 50% (paused)".into(), "3".into())
+        );
+        assert_eq!(
+            rotation_lines(std::slice::from_ref(&v)),
+            "rotation: volume r to data key generation 2, paused: the pool is out of space \
+             (50% examined, 1000 block(s) re-encrypted); it goes on by itself once space is \
+             free, or tries again at once with 'bulwark key rotate r'\n"
+        );
+        v.rotation.as_mut().unwrap().error = Some("corrupt: key rotation: bad node".into());
+        v.rotation.as_mut().unwrap().retrying = false;
+        assert_eq!(
+            rotation_lines(std::slice::from_ref(&v)),
+            "rotation: volume r to data key generation 2, paused: corrupt: key rotation: bad \
+             node (50% examined, 1000 block(s) re-encrypted); 'bulwark key rotate r' resumes it\n"
+        );
+        v.locked = true;
+        assert_eq!(key_cells(&v), ("2, rotating 50%".into(), "3".into()));
+        assert_eq!(
+            rotation_lines(std::slice::from_ref(&v)),
+            "rotation: volume r to data key generation 2, paused until its key is loaded: \
+             50% examined, 1000 block(s) re-encrypted\n"
         );
         let mut erased = vol("e", true, true);
         erased.key_slots = 0;

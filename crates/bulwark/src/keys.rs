@@ -3,8 +3,10 @@
 //! --crypto-erase`, on both sides of the control socket.
 //!
 //! CLI side: the secret files are named, never read: their absolute paths go
-//! over the socket (as for `key load`). `key rotate --wait` polls the volume
-//! and draws a progress bar until the background re-encryption ends. `key
+//! over the socket (as for `key load`). `key rotate` on a paused rotation
+//! resumes it. `key rotate --wait` polls the volume and draws a progress bar
+//! until the background re-encryption ends, or fails when it pauses (its key
+//! unloaded, the pool full, another error), saying why and what resumes it. `key
 //! erase` destroys data on purpose, so without `--yes` it asks for the
 //! volume's name at a terminal (and refuses when there is none).
 //!
@@ -205,11 +207,15 @@ fn list(dir: &Path, args: &KeyListArgs) -> Result<()> {
 
 fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
     let mut client = Client::connect(dir)?;
+    // A rotation recorded already is resumed, not started, by the request.
+    let paused = volume(&mut client, &args.name)?
+        .filter(|v| v.rotation.is_some() && !v.locked)
+        .map(|v| display::rotation_progress(&v).unwrap_or_default());
     let started = client.call_typed::<u16>(&Request::KeyRotate {
         name: args.name.clone(),
     });
-    match started {
-        Ok(generation) if !args.wait => {
+    match (started, &paused) {
+        (Ok(generation), None) if !args.wait => {
             return print(&format!(
                 "key rotation of volume {} started: new writes use data key generation \
                  {generation}; older blocks are re-encrypted in the background and the old \
@@ -217,8 +223,17 @@ fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
                 args.name
             ))
         }
-        Ok(_) => {}
-        Err(e) => {
+        (Ok(generation), Some(at)) if !args.wait => {
+            return print(&format!(
+                "key rotation of volume {} to data key generation {generation} resumed at \
+                 {at}: older blocks are re-encrypted in the background ('bulwark status' shows \
+                 the progress, or why it paused again)\n",
+                args.name
+            ))
+        }
+        (Ok(_), Some(at)) => eprintln!("resuming the key rotation of volume {} at {at}", args.name),
+        (Ok(_), None) => {}
+        (Err(e), _) => {
             // Refused: with --wait, join the rotation that is running, if that is why.
             let running = args.wait
                 && volume(&mut client, &args.name)?
@@ -240,7 +255,8 @@ fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
     ))
 }
 
-/// Poll the volume with a progress bar until its rotation ends.
+/// Poll the volume with a progress bar until its rotation ends; an error when it pauses
+/// (key unloaded, pool full, another error): the rotation stays recorded.
 fn watch_rotation(client: &mut Client, name: &str) -> Result<VolumeStatus> {
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("re-encrypting [{bar:30}] {percent:>3}% {wide_msg}")
@@ -263,6 +279,13 @@ fn watch_rotation(client: &mut Client, name: &str) -> Result<VolumeStatus> {
             return Err(Error::msg(format!(
                 "the key rotation of volume {name} is paused at {}: its key was unloaded; \
                  it resumes when the key is loaded again",
+                display::rotation_progress(&v).unwrap_or_default()
+            )));
+        }
+        if let Some(pause) = display::rotation_pause(&v) {
+            bar.finish_and_clear();
+            return Err(Error::msg(format!(
+                "the key rotation of volume {name} is paused at {} and stays recorded: {pause}",
                 display::rotation_progress(&v).unwrap_or_default()
             )));
         }

@@ -278,3 +278,97 @@ fn rotation_cursor_never_runs_ahead_of_the_committed_map() {
         }
     }
 }
+
+/// Waits (up to `seconds`) until `cond` holds for the status of "v"; fails the test if not.
+fn wait_volume(
+    pool: &Pool,
+    seconds: u64,
+    what: &str,
+    cond: impl Fn(&bulwark_engine::VolumeStatus) -> bool,
+) -> bulwark_engine::VolumeStatus {
+    for _ in 0..seconds * 50 {
+        let v = pool.volumes().into_iter().find(|v| v.name == "v").unwrap();
+        if cond(&v) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "{what}: {:?}",
+        pool.volumes().into_iter().find(|v| v.name == "v")
+    );
+}
+
+fn paused_for_space(v: &bulwark_engine::VolumeStatus) -> bool {
+    v.rotation
+        .as_ref()
+        .is_some_and(|r| r.retrying && r.error.as_deref() == Some("the pool is out of space"))
+}
+
+/// A rotation that runs out of space pauses, with its reason, instead of stopping for good
+/// while saying it runs: `key_rotate` resumes it (it used to answer "already running"),
+/// closing the pool does not wait for space, loading the key after a reopen resumes it, and
+/// it finishes by itself once space is freed, every block readable.
+#[test]
+fn rotation_paused_by_a_full_pool_goes_on_when_space_is_freed() {
+    let t = tempfile::tempdir().unwrap();
+    {
+        let pool = new_pool_sized(t.path(), 8 << 20, 32 << 20, Compression::Off);
+        let v = pool.volume("v").unwrap();
+        for i in 0..64 {
+            v.write(i * 65536, &data(i), false).unwrap();
+        }
+        v.flush().unwrap();
+        let o = VolumeOptions {
+            size_bytes: 128 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("f", o, None).unwrap();
+        let f = pool.volume("f").unwrap();
+        let fill = vec![0x22u8; 1 << 20];
+        let mut at = 0;
+        loop {
+            match f.write(at, &fill, false) {
+                Ok(()) => at += fill.len() as u64,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("filling the pool: {e}"),
+            }
+            assert!(at < 128 << 20, "the pool never filled");
+        }
+        drop(f);
+        pool.flush().unwrap();
+
+        assert_eq!(pool.key_rotate("v").unwrap(), 1);
+        wait_volume(&pool, 60, "the rotation did not pause", paused_for_space);
+        // Paused, not "already running": a request resumes it (and the pool is still full).
+        assert_eq!(pool.key_rotate("v").unwrap(), 1);
+        wait_volume(
+            &pool,
+            60,
+            "the resumed rotation did not pause again",
+            paused_for_space,
+        );
+        check(&pool, 0..64);
+        // Closed while paused: the worker ends (close joins it).
+    }
+    let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
+    let st = pool.volumes().into_iter().find(|v| v.name == "v").unwrap();
+    assert_eq!(st.rotation.as_ref().map(|r| r.to_generation), Some(1));
+    pool.load_key("v", &kf(1)).unwrap();
+    wait_volume(
+        &pool,
+        60,
+        "the reloaded rotation did not pause",
+        paused_for_space,
+    );
+    pool.destroy_volume("f").unwrap();
+    let st = rotation_done(&pool, 60);
+    assert_eq!(st.key_generation, 1);
+    check(&pool, 0..64);
+    let v = pool.volume("v").unwrap();
+    for lba in 0..64 * 16 {
+        assert_eq!(v.debug_block_ptr(lba).unwrap().key_gen, 1, "block {lba}");
+    }
+}

@@ -324,7 +324,8 @@ impl Pool {
         self.core.key_change(name, old, new)
     }
     /// Start a key rotation: new writes use a new data key at once; old blocks are
-    /// re-encrypted in the background; the old key is destroyed when unused.
+    /// re-encrypted in the background; the old key is destroyed when unused. A paused
+    /// rotation (`Rotation::error`) is resumed instead; a running one is `Busy`.
     pub fn key_rotate(&self, name: &str) -> Result<u16> {
         self.core.key_rotate(name)
     }

@@ -8,10 +8,22 @@
 //! after a crash, loading the key resumes the rotation. When the walk ends,
 //! older data keys are removed and the table key is replaced (see
 //! `forget_old_tables`), so the old data key is gone from the devices.
+//!
+//! A batch that fails pauses the rotation: the cursor stays before that batch
+//! and `Rotation::error` says why. A full pool (`NoSpace`) is waited out: the
+//! worker stays, tries again as soon as client data fits again (and every
+//! `ROTATE_RETRY` in case the cleaner can make room), and goes on from the
+//! cursor. Any other error ends the worker; `key_rotate` on the paused
+//! rotation, or the next key load, starts it again from the cursor. One worker
+//! per volume at most (`RotationWorker`); like every background worker it is
+//! tracked in `Core::workers`, and it looks at `closing` between batches and
+//! while paused, so closing the pool waits for it briefly.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::core::Core;
@@ -23,6 +35,12 @@ use crate::{Error, Result};
 
 /// Blocks examined per batch.
 const ROTATE_BATCH_BLOCKS: u64 = 1024;
+/// A rotation paused by a full pool tries again at least this often...
+const ROTATE_RETRY: Duration = Duration::from_secs(10);
+/// ...and as soon as client data fits again, but not more often than this.
+const ROTATE_RETRY_MIN: Duration = Duration::from_secs(1);
+/// How often a paused worker looks at the pool (closing, free space, the key).
+const ROTATE_PAUSE_POLL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Rotation {
@@ -32,9 +50,34 @@ pub struct Rotation {
     pub lba: u64,
     pub blocks_done: u64,
     pub blocks_total: u64,
-    /// Why the rotation stopped, if it did (it resumes at the next key load).
+    /// Why the rotation is paused, if it is. It goes on by itself when `retrying`;
+    /// otherwise `key_rotate` (or the next key load) resumes it.
     #[serde(default)]
     pub error: Option<String>,
+    /// Paused for space: the worker tries again by itself once space is free.
+    #[serde(default)]
+    pub retrying: bool,
+}
+
+/// Whether a worker runs a volume's rotation, and a resume asked of it. Never persisted.
+#[derive(Default)]
+pub(crate) struct RotationWorker {
+    state: Mutex<WorkerState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct WorkerState {
+    running: bool,
+    /// `spawn_rotation` found the worker running: it must go on (or try again) instead of
+    /// ending.
+    resume: bool,
+}
+
+impl RotationWorker {
+    fn running(&self) -> bool {
+        self.state.lock().running
+    }
 }
 
 impl Core {
@@ -51,10 +94,21 @@ impl Core {
             .lock()
             .clone()
             .ok_or_else(|| Error::Locked(name.to_string()))?;
-        if st.rotation.lock().is_some() {
-            return Err(Error::Busy(format!(
-                "a key rotation of volume '{name}' is already running"
-            )));
+        let current = st.rotation.lock().clone();
+        if let Some(r) = current {
+            if r.error.is_none() && st.rotation_worker.running() {
+                return Err(Error::Busy(format!(
+                    "a key rotation of volume '{name}' is already running"
+                )));
+            }
+            // Paused (or its worker gone): go on from the cursor.
+            tracing::info!(
+                volume = name,
+                generation = r.to_generation,
+                "key rotation resumed on request"
+            );
+            self.spawn_rotation(st);
+            return Ok(r.to_generation);
         }
         let generation = {
             let mut keys = st.data_keys.lock();
@@ -88,38 +142,131 @@ impl Core {
         Ok(generation)
     }
 
+    /// Run the volume's rotation in a worker from its cursor: start one, or, when one runs
+    /// already (paused, or about to end), have it go on. A pause reason is cleared.
     pub(crate) fn spawn_rotation(self: &Arc<Self>, st: Arc<VolumeState>) {
+        if let Some(r) = st.rotation.lock().as_mut() {
+            r.error = None;
+            r.retrying = false;
+        }
+        {
+            let mut w = st.rotation_worker.state.lock();
+            if w.running {
+                w.resume = true;
+                st.rotation_worker.wake.notify_all();
+                return;
+            }
+            w.running = true;
+        }
         let core = self.clone();
+        let worker_st = st.clone();
         let spawned = std::thread::Builder::new()
             .name("bulwark-rotate".into())
-            .spawn(move || {
-                if let Err(e) = core.rotate_run(&st) {
-                    tracing::error!(volume = %st.name, "key rotation paused: {e}");
-                    if let Some(r) = st.rotation.lock().as_mut() {
-                        r.error = Some(e.to_string());
-                    }
+            .spawn(move || core.rotate_worker(&worker_st));
+        match spawned {
+            Ok(h) => self.track_worker(h),
+            Err(e) => {
+                st.rotation_worker.state.lock().running = false;
+                tracing::error!(volume = %st.name, "key rotation paused: cannot start its worker: {e}");
+                if let Some(r) = st.rotation.lock().as_mut() {
+                    r.error = Some(format!("cannot start the rotation worker: {e}"));
                 }
-            });
-        if let Ok(h) = spawned {
-            self.track_worker(h);
+            }
         }
     }
 
-    fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>) -> Result<()> {
+    /// The worker: runs the rotation, waits out a full pool, and ends when the rotation is
+    /// done, the pool closes, the key is unloaded, the volume is destroyed, or on any other
+    /// error (the rotation stays recorded, paused, with its reason).
+    fn rotate_worker(self: &Arc<Self>, st: &Arc<VolumeState>) {
+        let mut paused = false;
+        loop {
+            match self.rotate_run(st, &mut paused) {
+                Ok(()) => {}
+                Err(e) => {
+                    let retrying = matches!(e, Error::NoSpace);
+                    let mut changed = true;
+                    if let Some(r) = st.rotation.lock().as_mut() {
+                        let reason = e.to_string();
+                        changed = r.error.as_deref() != Some(reason.as_str());
+                        r.error = Some(reason);
+                        r.retrying = retrying;
+                    }
+                    if changed {
+                        if retrying {
+                            tracing::error!(volume = %st.name, "key rotation paused: {e}; it goes on once space is free");
+                        } else {
+                            tracing::error!(volume = %st.name, "key rotation paused: {e}");
+                        }
+                    } else {
+                        tracing::debug!(volume = %st.name, "key rotation still paused: {e}");
+                    }
+                    paused = true;
+                    if retrying && self.wait_to_retry(st) {
+                        continue;
+                    }
+                }
+            }
+            // Ending: unless a resume was asked meanwhile (decided under the worker's lock,
+            // so a `spawn_rotation` either sees this worker running and is heard, or sees
+            // it gone and starts another).
+            let mut w = st.rotation_worker.state.lock();
+            if w.resume && !self.closing.load(Ordering::Acquire) {
+                w.resume = false;
+                continue;
+            }
+            w.running = false;
+            w.resume = false;
+            return;
+        }
+    }
+
+    /// Wait while the rotation is paused for space. True to try again: a resume was asked,
+    /// client data fits again, or `ROTATE_RETRY` passed (the cleaner may have made room).
+    /// False to end: the pool closes, the key was unloaded, the volume destroyed, or the
+    /// rotation is gone.
+    fn wait_to_retry(&self, st: &VolumeState) -> bool {
+        let since = Instant::now();
+        let w = &st.rotation_worker;
+        let mut g = w.state.lock();
+        loop {
+            if g.resume {
+                g.resume = false;
+                return true;
+            }
+            if self.rotation_stopped(st) {
+                return false;
+            }
+            let waited = since.elapsed();
+            if waited >= ROTATE_RETRY
+                || (waited >= ROTATE_RETRY_MIN && self.log.data_space_available())
+            {
+                return true;
+            }
+            w.wake.wait_for(&mut g, ROTATE_PAUSE_POLL);
+        }
+    }
+
+    /// The rotation cannot go on now: the pool closes, the key is unloaded (it resumes at
+    /// the next key load), the volume is destroyed, or there is no rotation.
+    fn rotation_stopped(&self, st: &VolumeState) -> bool {
+        self.closing.load(Ordering::Acquire)
+            || st.ring.read().is_none()
+            || st.destroyed.load(Ordering::Acquire)
+            || st.rotation.lock().is_none()
+    }
+
+    /// Walk the rest of the volume from the cursor, then retire the older data keys.
+    /// `paused`: the rotation was paused; the first batch that goes through says it resumed.
+    fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>, paused: &mut bool) -> Result<()> {
         let vol = Volume::new(self.clone(), st.clone());
         let blocks = st.size / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
-            let Some(rot) = st.rotation.lock().as_mut().map(|r| {
-                r.error = None;
-                r.clone()
-            }) else {
+            let Some(rot) = st.rotation.lock().clone() else {
                 return Ok(());
             };
-            if self.closing.load(Ordering::Acquire)
-                || st.ring.read().is_none()
-                || st.destroyed.load(Ordering::Acquire)
-            {
+            if self.rotation_stopped(st) {
                 return Ok(()); // resumes on the next key load
             }
             if rot.lba >= blocks {
@@ -144,16 +291,30 @@ impl Core {
                     }
                     Ok(())
                 })?;
-            for &lba in &old {
+            // A batch that fails leaves the cursor before it: the blocks it rewrote are
+            // under the new generation and are skipped when it is tried again.
+            let mut done = 0u64;
+            let result = old.iter().try_for_each(|&lba| {
                 vol.rewrite_block(lba, &mut buf)?;
+                done += 1;
+                Ok::<(), Error>(())
+            });
+            {
+                let mut r = st.rotation.lock();
+                if let Some(r) = r.as_mut() {
+                    r.blocks_done += done;
+                    if result.is_ok() {
+                        r.lba = hi;
+                        r.error = None;
+                        r.retrying = false;
+                    }
+                }
             }
-            let mut r = st.rotation.lock();
-            if let Some(r) = r.as_mut() {
-                r.lba = hi;
-                r.blocks_done += old.len() as u64;
-            }
-            drop(r);
             self.table_dirty.store(true, Ordering::Release);
+            result?;
+            if std::mem::take(paused) {
+                tracing::info!(volume = %st.name, "key rotation resumed");
+            }
         }
         // Every block is under the new generation: drop the others.
         let to = st

@@ -119,6 +119,8 @@ pub struct VolumeState {
     pub ring: RwLock<Option<Arc<KeyRing>>>,
     /// A key rotation in progress: blocks of older generations are being re-encrypted.
     pub rotation: Mutex<Option<crate::pool::rotate::Rotation>>,
+    /// Whether a worker runs that rotation (never persisted).
+    pub(crate) rotation_worker: crate::pool::rotate::RotationWorker,
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
@@ -153,6 +155,7 @@ impl VolumeState {
             data_keys: Mutex::new(data_keys),
             ring: RwLock::new(None),
             rotation: Mutex::new(None),
+            rotation_worker: Default::default(),
             stripes: (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect(),
             used_bytes: AtomicU64::new(0),
             dirty_nodes: Default::default(),
