@@ -436,17 +436,42 @@ pub fn done_of_total(s: &ScrubStatus) -> String {
     )
 }
 
-/// The `errors:` section: each unrecoverable range as `VOLUME: bytes FIRST-LAST (kind)`.
+/// The `errors:` section: each unrecoverable range as `VOLUME: bytes FIRST-LAST (kind)`,
+/// ranges of one volume and kind that touch or overlap shown as one (the pool keeps
+/// one per block: a bad disk region would otherwise print thousands of lines).
 pub fn errors_text(errors: &[DataError]) -> String {
     if errors.is_empty() {
         return "errors: No known data errors\n".into();
     }
+    let merged = merge_ranges(errors);
     let mut out = format!(
         "errors: {} range(s) with no good copy: reads of them fail with EIO, never return wrong bytes\n\n",
-        errors.len()
+        merged.len()
     );
-    for e in errors {
+    for e in &merged {
         let _ = writeln!(out, "\t{}", error_range(e));
+    }
+    out
+}
+
+/// `errors` sorted by volume, kind and offset, with touching or overlapping ranges of
+/// the same volume and kind joined.
+fn merge_ranges(errors: &[DataError]) -> Vec<DataError> {
+    let mut sorted: Vec<&DataError> = errors.iter().collect();
+    sorted.sort_by(|a, b| (&a.volume, &a.kind, a.offset).cmp(&(&b.volume, &b.kind, b.offset)));
+    let mut out: Vec<DataError> = Vec::new();
+    for e in sorted {
+        match out.last_mut() {
+            Some(last)
+                if last.volume == e.volume
+                    && last.kind == e.kind
+                    && e.offset <= last.offset + last.length =>
+            {
+                let end = (last.offset + last.length).max(e.offset + e.length);
+                last.length = end - last.offset;
+            }
+            _ => out.push(e.clone()),
+        }
     }
     out
 }
@@ -784,5 +809,39 @@ mod tests {
             text.ends_with("\n\tv: bytes 40960-45055 (data)\n"),
             "{text}"
         );
+    }
+
+    /// A bad region is kept block by block; it is shown as one range per volume
+    /// and kind (a scrub of two bad disk halves once printed 7,941 lines).
+    #[test]
+    fn touching_error_ranges_show_as_one() {
+        let e = |volume: &str, offset: u64, length: u64, kind: &str| DataError {
+            volume: volume.into(),
+            offset,
+            length,
+            kind: kind.into(),
+            seen_epoch: 1,
+        };
+        let mut errors: Vec<DataError> = (0..1000)
+            .rev()
+            .map(|i| e("v", i * 4096, 4096, "data"))
+            .collect();
+        errors.push(e("v", 0, 8 << 20, "map"));
+        errors.push(e("v", 0, 256 << 10, "map"));
+        errors.push(e("v", 10 << 20, 4096, "data"));
+        errors.push(e("w", 4096, 4096, "data"));
+        let text = errors_text(&errors);
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('\t')).collect();
+        assert_eq!(
+            lines,
+            [
+                "\tv: bytes 0-4095999 (data)",
+                "\tv: bytes 10485760-10489855 (data)",
+                "\tv: bytes 0-8388607 (map)",
+                "\tw: bytes 4096-8191 (data)",
+            ],
+            "{text}"
+        );
+        assert!(text.starts_with("errors: 4 range(s)"), "{text}");
     }
 }
