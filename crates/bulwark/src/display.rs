@@ -280,10 +280,11 @@ pub fn status_text(report: &StatusReport) -> String {
     let _ = writeln!(out, "unrecoverable blocks: {}", p.unrecoverable_blocks);
     let _ = writeln!(
         out,
-        "space: {} used, {} free, {} total",
+        "space: {} used, {} free, {} total ({} reserved for commits and cleaning)",
         format_size(p.space.used_bytes),
         format_size(p.space.free_bytes),
         format_size(p.space.total_bytes),
+        format_size(p.space.reserved_bytes),
     );
     out.push('\n');
 
@@ -709,7 +710,8 @@ mod tests {
                 space: SpaceStatus {
                     total_bytes: 1 << 28,
                     used_bytes: 1 << 20,
-                    free_bytes: 255 << 20,
+                    free_bytes: 251 << 20,
+                    reserved_bytes: 4 << 20,
                 },
                 volumes: vec![vol("v", true, true)],
                 scrub: scrub(),
@@ -735,7 +737,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("repaired blocks: 12\n"));
-        assert!(text.contains("space: 1M used, 255M free, 256M total\n"));
+        assert!(text.contains(
+            "space: 1M used, 251M free, 256M total (4M reserved for commits and cleaning)\n"
+        ));
         assert!(text.contains("LOCKED"));
         assert!(text.ends_with("errors: No known data errors\n"));
         assert!(text.contains("  scan: none requested\n"), "{text}");

@@ -462,6 +462,9 @@ impl Core {
         let per = self.red.data_per_segment_byte();
         let total = self.log.segments() as u64 * SEGMENT_BYTES * per;
         let used = (self.log.live_bytes_total() * per).min(total);
+        // The segments client data may not take (`Log::alloc`).
+        let reserved = ((SEGMENTS_RESERVED + self.log.meta_reserve()) as u64 * SEGMENT_BYTES * per)
+            .min(total - used);
         PoolStatus {
             pool_id: wrap::to_hex(&sb.sb.pool_id),
             dir: self.dir.clone(),
@@ -478,7 +481,8 @@ impl Core {
             space: SpaceStatus {
                 total_bytes: total,
                 used_bytes: used,
-                free_bytes: total - used,
+                free_bytes: total - used - reserved,
+                reserved_bytes: reserved,
             },
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),

@@ -138,7 +138,11 @@ pub struct SpaceStatus {
     /// Usable bytes (after redundancy).
     pub total_bytes: u64,
     pub used_bytes: u64,
+    /// What client writes may still take: total less used and reserved.
     pub free_bytes: u64,
+    /// Kept back from client writes for commits (map nodes) and the cleaner.
+    #[serde(default)]
+    pub reserved_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
