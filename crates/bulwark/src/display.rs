@@ -277,7 +277,13 @@ pub fn status_text(report: &StatusReport) -> String {
     }
 
     let _ = writeln!(out, "repaired blocks: {}", p.repaired_blocks);
-    let _ = writeln!(out, "unrecoverable blocks: {}", p.unrecoverable_blocks);
+    // Counted per read (a client's, a scrub's) that found no good copy: the same bad
+    // block read four times counts four. The ranges themselves are under `errors:`.
+    let _ = writeln!(
+        out,
+        "unrecoverable reads: {} (reads that found no good copy; the ranges are under errors:)",
+        p.unrecoverable_blocks
+    );
     let _ = writeln!(
         out,
         "space: {} used, {} free, {} total ({} reserved for commits and cleaning)",
