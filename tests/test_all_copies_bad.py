@@ -77,3 +77,11 @@ def test_all_copies_bad(make_pool, tmp_path, seed, layout):
     assert "no good copy" in r.stderr, r.stderr
     errors = [{k: e[k] for k in ("volume", "offset", "length", "kind")} for e in pool.status()["errors"]]
     assert sorted(errors, key=lambda e: e["offset"]) == expected, errors
+
+    # A client that writes a lost block whole gives it good contents again: it
+    # reads back, and it is no longer listed (before, it stayed until the next scrub).
+    fixed = victims[0]
+    r = qemu_io(pool.uri("plain"), f"write -P 0x6b {fixed * BLOCK} 4k", f"read -P 0x6b {fixed * BLOCK} 4k")
+    assert r.returncode == 0 and "Input/output error" not in r.stdout + r.stderr, r.stdout + r.stderr
+    errors = [{k: e[k] for k in ("volume", "offset", "length", "kind")} for e in pool.status()["errors"]]
+    assert sorted(errors, key=lambda e: e["offset"]) == expected[1:], errors

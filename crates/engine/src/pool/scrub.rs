@@ -110,6 +110,26 @@ impl Core {
         self.table_dirty.store(true, Ordering::Release);
     }
 
+    /// Forget the data errors of blocks a client has just replaced (written, zeroed or
+    /// trimmed whole): they read back what was written now. Errors of map nodes stay:
+    /// a node's range covers more than the blocks written.
+    pub(crate) fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
+        let mut errs = self.errors.lock();
+        if errs.is_empty() {
+            return;
+        }
+        let before = errs.len();
+        errs.retain(|e| {
+            !(e.volume == volume
+                && e.kind == "data"
+                && offset <= e.offset
+                && e.offset + e.length <= offset + length)
+        });
+        if errs.len() != before {
+            self.table_dirty.store(true, Ordering::Release);
+        }
+    }
+
     fn clear_error(&self, volume: &str, offset: u64, length: u64) {
         let mut errs = self.errors.lock();
         let before = errs.len();

@@ -721,6 +721,8 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
+        self.core
+            .clear_rewritten(&self.st.name, offset, data.len() as u64);
         if fua {
             self.core.flush()?;
         }
@@ -746,6 +748,7 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
+        self.core.clear_rewritten(&self.st.name, offset, length);
         if fua {
             self.core.flush()?;
         }
