@@ -38,6 +38,16 @@ fn no_pool_given() {
 fn daemon_not_running() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
+    // An empty directory is no pool, and says so.
+    let o = bulwark(&["--pool", d, "status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!("error: no bulwark pool in {d} (create one with 'bulwark pool create {d} ...')\n")
+    );
+    let o = bulwark(&["pool", "create", d, "--devices", "1", "--device-size", "64M"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A pool whose daemon is not running.
     let o = bulwark(&["--pool", d, "status"]);
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(stderr(&o), format!("error: cannot reach the bulwark daemon for pool {d} (is 'bulwark serve {d}' running?)\n"));
