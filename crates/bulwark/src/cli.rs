@@ -261,6 +261,7 @@ pub struct WaitArgs {
 #[derive(Debug, Subcommand)]
 pub enum DeviceCommand {
     /// Put NEW (an existing file or block device, at least as large) in the place of OLD and resilver onto it.
+    /// NEW may be OLD's own path when a blank disk has taken the dead one's place.
     Replace(DeviceReplaceArgs),
     /// Stop using a device (mirror and parity layouts; never the last good copy).
     Offline(DevicePathArgs),

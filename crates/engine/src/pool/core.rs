@@ -794,12 +794,19 @@ impl Core {
             )));
         }
         let new_abs = std::fs::canonicalize(new).map_err(|e| Error::device(new, e))?;
-        if self.member_index(&new_abs).is_ok() {
-            return Err(Error::Invalid(format!(
-                "{} is already a device of this pool",
-                new.display()
-            )));
-        }
+        // NEW may be OLD's own path: a dead disk swapped for a blank one in the same
+        // slot (as `zpool replace POOL DEV`). The label check below refuses it while
+        // the old disk, still labelled, is there.
+        let in_place = match self.member_index(&new_abs) {
+            Ok(j) if j == i => true,
+            Ok(_) => {
+                return Err(Error::Invalid(format!(
+                    "{} is already a device of this pool",
+                    new.display()
+                )))
+            }
+            Err(_) => false,
+        };
         let mut dev = FileDevice::open(&new_abs)?;
         dev.claim()?;
         let (need, back_region) = {
@@ -815,6 +822,14 @@ impl Core {
             )));
         }
         if let Some(sb) = super::create::front_label(&dev) {
+            if in_place {
+                return Err(Error::Exists(format!(
+                    "device {} still carries its label of this pool: 'bulwark device online {}' \
+                     brings it up to date; to rebuild it from nothing, wipe its first MiB first",
+                    new.display(),
+                    new.display()
+                )));
+            }
             return Err(Error::Exists(format!(
                 "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
                 new.display(),
