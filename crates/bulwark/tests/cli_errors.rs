@@ -45,7 +45,15 @@ fn daemon_not_running() {
         stderr(&o),
         format!("error: no bulwark pool in {d} (create one with 'bulwark pool create {d} ...')\n")
     );
-    let o = bulwark(&["pool", "create", d, "--devices", "1", "--device-size", "64M"]);
+    let o = bulwark(&[
+        "pool",
+        "create",
+        d,
+        "--devices",
+        "1",
+        "--device-size",
+        "64M",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // A pool whose daemon is not running.
     let o = bulwark(&["--pool", d, "status"]);
