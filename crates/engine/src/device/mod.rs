@@ -163,9 +163,7 @@ impl FileDevice {
             claim: None,
         })
     }
-}
 
-impl FileDevice {
     /// Takes this process's exclusive claim on the device (`DeviceClaim`):
     /// call before using it as a member of a pool.
     pub fn claim(&mut self) -> Result<()> {

@@ -71,6 +71,9 @@ pub struct Core {
     pub table_key_next: Mutex<Option<[u8; 32]>>,
     pub scrub: Mutex<super::scrub::ScrubState>,
     pub errors: Mutex<Vec<super::scrub::DataError>>,
+    /// False while `errors` is surely empty (set under its lock by whoever adds one):
+    /// lets a client write skip that lock.
+    pub errors_listed: AtomicBool,
     pub scrub_running: AtomicBool,
     /// Scrub throttle and the rate it achieved, bytes per second.
     pub scrub_rate: AtomicU64,

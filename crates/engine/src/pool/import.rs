@@ -181,33 +181,30 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         match pos {
             Some(pos) => {
                 let mut f = found.swap_remove(pos);
-                if f.dev.size() < newest.device_bytes {
+                // A member that cannot be used as it is: its copies would be wrong or
+                // out of reach. Mirror and parity pools run without it (DEGRADED).
+                let unusable = if f.dev.size() < newest.device_bytes {
                     // Truncated, or a volume shrunk under it: its end (back labels, the
                     // last segments) is gone, and writes there would fail or grow a file.
-                    let msg = format!(
+                    Some(format!(
                         "device {} is smaller than this pool's devices ({} < {}): it was truncated or shrunk, \
                          and is not used; restore its size, or replace it with 'bulwark device replace'",
                         f.path.display(),
                         crate::size::format_size(f.dev.size()),
                         crate::size::format_size(newest.device_bytes)
-                    );
-                    if newest.layout == super::Layout::Single {
-                        return Err(Error::Invalid(msg));
-                    }
-                    tracing::warn!("{msg}");
-                    stale.push(msg);
-                    faults.push(None);
-                    members.push(Member::new(f.path, None));
-                    continue;
-                }
-                if f.sb.generation + 1 < newest.generation {
-                    let msg = format!(
+                    ))
+                } else if f.sb.generation + 1 < newest.generation {
+                    Some(format!(
                         "device {} is a stale member of this pool (generation {}, the pool is at {}): it missed writes \
                          and is not used; bring it back with 'bulwark device online' (resilver) or replace it",
                         f.path.display(),
                         f.sb.generation,
                         newest.generation
-                    );
+                    ))
+                } else {
+                    None
+                };
+                if let Some(msg) = unusable {
                     if newest.layout == super::Layout::Single {
                         return Err(Error::Invalid(msg));
                     }
@@ -324,6 +321,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         table_key_next: Mutex::new(None),
         scrub: Mutex::new(Default::default()),
         errors: Mutex::new(Vec::new()),
+        errors_listed: AtomicBool::new(false),
         scrub_running: AtomicBool::new(false),
         scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
         commit_interval: opts.commit_interval,
@@ -406,6 +404,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     core.sb.get_mut().next_volume_id = table.next_volume_id;
     *core.scrub.get_mut() = table.scrub.clone();
     *core.errors.get_mut() = table.errors.clone();
+    *core.errors_listed.get_mut() = !table.errors.is_empty();
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
     tracing::info!(

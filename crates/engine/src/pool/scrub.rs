@@ -107,37 +107,42 @@ impl Core {
             kind: kind.to_string(),
             seen_epoch: epoch,
         });
+        self.errors_listed.store(true, Ordering::Release);
         self.table_dirty.store(true, Ordering::Release);
     }
 
-    /// Forget the data errors of blocks a client has just replaced (written, zeroed or
-    /// trimmed whole): they read back what was written now. Errors of map nodes stay:
-    /// a node's range covers more than the blocks written.
+    /// Forget the data errors of blocks a client has just replaced (written or zeroed
+    /// whole): they read back what was written now. Errors of map nodes stay: a node's
+    /// range covers more than the blocks written. Called on every client write: with
+    /// no error listed, it costs one atomic load and takes no lock.
     pub(crate) fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
-        let mut errs = self.errors.lock();
-        if errs.is_empty() {
-            return;
-        }
-        let before = errs.len();
-        errs.retain(|e| {
-            !(e.volume == volume
+        self.forget_errors(|e| {
+            e.volume == volume
                 && e.kind == "data"
                 && offset <= e.offset
-                && e.offset + e.length <= offset + length)
+                && e.offset + e.length <= offset + length
         });
-        if errs.len() != before {
-            self.table_dirty.store(true, Ordering::Release);
-        }
     }
 
     fn clear_error(&self, volume: &str, offset: u64, length: u64) {
+        self.forget_errors(|e| {
+            e.volume == volume && e.offset < offset + length && offset < e.offset + e.length
+        });
+    }
+
+    /// Drops the listed errors `gone` picks; the table records it at the next commit.
+    fn forget_errors(&self, gone: impl Fn(&DataError) -> bool) {
+        if !self.errors_listed.load(Ordering::Acquire) {
+            return;
+        }
         let mut errs = self.errors.lock();
         let before = errs.len();
-        errs.retain(|e| {
-            !(e.volume == volume && e.offset < offset + length && offset < e.offset + e.length)
-        });
+        errs.retain(|e| !gone(e));
         if errs.len() != before {
             self.table_dirty.store(true, Ordering::Release);
+        }
+        if errs.is_empty() {
+            self.errors_listed.store(false, Ordering::Release);
         }
     }
 
