@@ -3,6 +3,9 @@ offline` does: a restart (clean or after kill -9) keeps the device OFFLINE
 and the pool DEGRADED, instead of quietly using a device that missed writes;
 `device online` then resilvers it and a scrub finds nothing to repair."""
 
+import os
+import subprocess
+
 import pytest
 
 from conftest import qemu_io_ok
@@ -42,3 +45,38 @@ def test_offline_survives_a_restart(make_pool, restart):
     qemu_io_ok(p.uri("v"), "read -P 1 0 4M", "read -P 2 4M 4M", "read -P 3 8M 4M")
     p.restart()
     assert p.status()["state"] == "ONLINE"
+
+
+def test_an_offline_device_alone_is_not_used_silently(make_pool):
+    """A mirror whose only reachable device is the one taken offline: that device
+    missed every write since (an offline device gets no superblocks), so the daemon
+    does not start on it quietly, rolled back; it says which device is offline, what
+    is missing, and the two ways on. With the other device back, it starts as before."""
+    p = make_pool(layout="mirror:2", devices=2, device_size="128M")
+    p.create().start()
+    p.create_volume("v", size="16M", encryption=False)
+    qemu_io_ok(p.uri("v"), "write -P 1 0 4M", "flush")
+    online, victim = p.device_paths()
+    p.cli("device", "offline", victim)
+    qemu_io_ok(p.uri("v"), "write -P 2 4M 4M", "flush")
+    p.stop()
+
+    # Out of the pool's directory: import finds a renamed device there by its label.
+    gone = str(p.tmp / "dev0-away.img")
+    os.rename(online, gone)
+    try:
+        r = subprocess.run([str(p.bin), "serve", str(p.dir)], capture_output=True, text=True,
+                           env=p._env(), stdin=subprocess.DEVNULL, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("bulwark serve ran on the offline device alone (it should refuse to start)")
+    assert r.returncode != 0, r.stdout + r.stderr
+    msg = r.stdout + r.stderr
+    assert "offline" in msg and victim in msg, msg
+    assert "pool.json" in msg, msg
+    assert "missing" in msg, msg
+
+    os.rename(gone, online)
+    p.start()
+    st = p.status()
+    assert {d["path"]: d["state"] for d in st["devices"]}[victim] == "OFFLINE", st
+    qemu_io_ok(p.uri("v"), "read -P 1 0 4M", "read -P 2 4M 4M")

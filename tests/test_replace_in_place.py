@@ -1,7 +1,8 @@
 """A dead disk swapped for a blank one in the same place is rebuilt with
 `bulwark device replace DEV DEV` (as `zpool replace POOL DEV`): the resilver
 fills it and the pool is ONLINE again. The same command on a device that still
-carries its label is refused, pointing at `device online`."""
+carries its label is refused: on an online member there is nothing to replace,
+an offline one is brought back by `device online`."""
 
 import os
 
@@ -17,7 +18,14 @@ def test_replace_a_device_in_place(make_pool):
     victim = p.device_paths()[1]
 
     r = p.cli("device", "replace", victim, victim, check=False)
-    assert r.returncode != 0 and "device online" in r.stderr, r.stderr
+    assert r.returncode != 0 and "online member of this pool" in r.stderr, r.stderr
+    assert p.status()["state"] == "ONLINE"
+
+    # Offline, it still carries its label: 'device online' brings it up to date.
+    p.cli("device", "offline", victim)
+    r = p.cli("device", "replace", victim, victim, check=False)
+    assert r.returncode != 0 and f"bulwark device online {victim}" in r.stderr, r.stderr
+    p.cli("device", "online", victim, "--wait")
     assert p.status()["state"] == "ONLINE"
 
     # The disk dies and a blank one of the same size takes its place.

@@ -162,20 +162,21 @@ pub fn rotation_progress(v: &VolumeStatus) -> Option<String> {
     Some(format!("{}%", r.lba.min(blocks) * 100 / blocks))
 }
 
-/// Why a key rotation of an unlocked volume is paused and what resumes it, if it is paused
-/// ("the pool is out of space; it goes on by itself once space is free, ...").
-pub fn rotation_pause(v: &VolumeStatus) -> Option<String> {
+/// Why a key rotation of an unlocked volume is paused and what resumes it, if it is paused:
+/// ("the pool is out of space", "it goes on by itself once space is free, ...").
+pub fn rotation_pause(v: &VolumeStatus) -> Option<(String, String)> {
     let r = v.rotation.as_ref()?;
-    let reason = r.error.as_deref()?;
-    Some(if r.retrying {
+    let reason = r.error.clone()?;
+    let hint = if r.retrying {
         format!(
-            "{reason}; it goes on by itself once space is free, or tries again at once with \
+            "it goes on by itself once space is free, or tries again at once with \
              'bulwark key rotate {}'",
             v.name
         )
     } else {
-        format!("{reason}; 'bulwark key rotate {}' resumes it", v.name)
-    })
+        format!("'bulwark key rotate {}' resumes it", v.name)
+    };
+    Some((reason, hint))
 }
 
 /// `status` lines about key rotations in progress (empty when there are none).
@@ -192,9 +193,8 @@ fn rotation_lines(volumes: &[VolumeStatus]) -> String {
         let progress = format!("{p} examined, {} block(s) re-encrypted", r.blocks_done);
         let _ = match (v.locked, rotation_pause(v)) {
             (true, _) => writeln!(out, "{head}, paused until its key is loaded: {progress}"),
-            (false, Some(pause)) => {
-                let (reason, rest) = pause.split_once("; ").unwrap_or((&pause, ""));
-                writeln!(out, "{head}, paused: {reason} ({progress}); {rest}")
+            (false, Some((reason, hint))) => {
+                writeln!(out, "{head}, paused: {reason} ({progress}); {hint}")
             }
             (false, None) => writeln!(out, "{head}, in progress: {progress}"),
         };
@@ -614,12 +614,15 @@ mod tests {
              (50% examined, 1000 block(s) re-encrypted); it goes on by itself once space is \
              free, or tries again at once with 'bulwark key rotate r'\n"
         );
-        v.rotation.as_mut().unwrap().error = Some("corrupt: key rotation: bad node".into());
+        // A reason with "; " of its own is printed whole before the progress.
+        v.rotation.as_mut().unwrap().error =
+            Some("corrupt: key rotation: bad node; run a scrub".into());
         v.rotation.as_mut().unwrap().retrying = false;
         assert_eq!(
             rotation_lines(std::slice::from_ref(&v)),
             "rotation: volume r to data key generation 2, paused: corrupt: key rotation: bad \
-             node (50% examined, 1000 block(s) re-encrypted); 'bulwark key rotate r' resumes it\n"
+             node; run a scrub (50% examined, 1000 block(s) re-encrypted); 'bulwark key rotate r' \
+             resumes it\n"
         );
         v.locked = true;
         assert_eq!(key_cells(&v), ("2, rotating 50%".into(), "3".into()));

@@ -282,10 +282,10 @@ fn watch_rotation(client: &mut Client, name: &str) -> Result<VolumeStatus> {
                 display::rotation_progress(&v).unwrap_or_default()
             )));
         }
-        if let Some(pause) = display::rotation_pause(&v) {
+        if let Some((reason, hint)) = display::rotation_pause(&v) {
             bar.finish_and_clear();
             return Err(Error::msg(format!(
-                "the key rotation of volume {name} is paused at {} and stays recorded: {pause}",
+                "the key rotation of volume {name} is paused at {} and stays recorded: {reason}; {hint}",
                 display::rotation_progress(&v).unwrap_or_default()
             )));
         }

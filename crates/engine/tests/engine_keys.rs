@@ -305,6 +305,37 @@ fn paused_for_space(v: &bulwark_engine::VolumeStatus) -> bool {
         .is_some_and(|r| r.retrying && r.error.as_deref() == Some("the pool is out of space"))
 }
 
+/// A pool with encrypted volume "v" (4 MiB written) and volume "f", which fills the rest.
+fn full_pool_beside_v(dir: &std::path::Path) -> std::sync::Arc<Pool> {
+    let pool = new_pool_sized(dir, 8 << 20, 32 << 20, Compression::Off);
+    let v = pool.volume("v").unwrap();
+    for i in 0..64 {
+        v.write(i * 65536, &data(i), false).unwrap();
+    }
+    v.flush().unwrap();
+    let o = VolumeOptions {
+        size_bytes: 128 << 20,
+        block_size: 4096,
+        compression: Compression::Off,
+        encryption: false,
+    };
+    pool.create_volume("f", o, None).unwrap();
+    let f = pool.volume("f").unwrap();
+    let fill = vec![0x22u8; 1 << 20];
+    let mut at = 0;
+    loop {
+        match f.write(at, &fill, false) {
+            Ok(()) => at += fill.len() as u64,
+            Err(Error::NoSpace) => break,
+            Err(e) => panic!("filling the pool: {e}"),
+        }
+        assert!(at < 128 << 20, "the pool never filled");
+    }
+    drop((f, v));
+    pool.flush().unwrap();
+    pool
+}
+
 /// A rotation that runs out of space pauses, with its reason, instead of stopping for good
 /// while saying it runs: `key_rotate` resumes it (it used to answer "already running"),
 /// closing the pool does not wait for space, loading the key after a reopen resumes it, and
@@ -313,33 +344,7 @@ fn paused_for_space(v: &bulwark_engine::VolumeStatus) -> bool {
 fn rotation_paused_by_a_full_pool_goes_on_when_space_is_freed() {
     let t = tempfile::tempdir().unwrap();
     {
-        let pool = new_pool_sized(t.path(), 8 << 20, 32 << 20, Compression::Off);
-        let v = pool.volume("v").unwrap();
-        for i in 0..64 {
-            v.write(i * 65536, &data(i), false).unwrap();
-        }
-        v.flush().unwrap();
-        let o = VolumeOptions {
-            size_bytes: 128 << 20,
-            block_size: 4096,
-            compression: Compression::Off,
-            encryption: false,
-        };
-        pool.create_volume("f", o, None).unwrap();
-        let f = pool.volume("f").unwrap();
-        let fill = vec![0x22u8; 1 << 20];
-        let mut at = 0;
-        loop {
-            match f.write(at, &fill, false) {
-                Ok(()) => at += fill.len() as u64,
-                Err(Error::NoSpace) => break,
-                Err(e) => panic!("filling the pool: {e}"),
-            }
-            assert!(at < 128 << 20, "the pool never filled");
-        }
-        drop(f);
-        pool.flush().unwrap();
-
+        let pool = full_pool_beside_v(t.path());
         assert_eq!(pool.key_rotate("v").unwrap(), 1);
         wait_volume(&pool, 60, "the rotation did not pause", paused_for_space);
         // Paused, not "already running": a request resumes it (and the pool is still full).
@@ -371,4 +376,26 @@ fn rotation_paused_by_a_full_pool_goes_on_when_space_is_freed() {
     for lba in 0..64 * 16 {
         assert_eq!(v.debug_block_ptr(lba).unwrap().key_gen, 1, "block {lba}");
     }
+}
+
+/// Freeing space is what resumes a rotation paused for it, and an admin frees space by
+/// destroying, locking or erasing volumes: the paused rotation must not hold its own
+/// volume open against them (they were refused with "in use" while it waited).
+#[test]
+fn a_rotation_paused_for_space_does_not_hold_its_volume() {
+    let t = tempfile::tempdir().unwrap();
+    let pool = full_pool_beside_v(t.path());
+    assert_eq!(pool.key_rotate("v").unwrap(), 1);
+    wait_volume(&pool, 60, "the rotation did not pause", paused_for_space);
+    pool.unload_key("v").unwrap();
+    pool.load_key("v", &kf(1)).unwrap();
+    wait_volume(
+        &pool,
+        60,
+        "the rotation did not pause again after the key load",
+        paused_for_space,
+    );
+    check(&pool, 0..64);
+    pool.destroy_volume("v").unwrap();
+    assert!(pool.volumes().iter().all(|v| v.name != "v"));
 }

@@ -58,6 +58,12 @@ impl Core {
         let mut write = |nodes: &[&crate::map::Node]| {
             self.write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())
         };
+        // The error list is read before any leaves: a client write that replaces a listed
+        // block whole clears its entry, and that entry may leave the durable list only with
+        // a map that holds the new block (read after, a crash could bring back the bad
+        // block with no error listed; read before, an entry outlives its block by at most
+        // one commit).
+        let errors = self.errors.lock().clone();
         for v in &volumes {
             // The leaves (nearly all dirty nodes) are copied under the map lock and written
             // without it; writers wait only for the copy and for the few nodes above.
@@ -114,7 +120,7 @@ impl Core {
             next_volume_id,
             volumes: records,
             scrub: self.scrub.lock().clone(),
-            errors: self.errors.lock().clone(),
+            errors,
         };
         // The table and the superblock that points to it must carry the same table key: a new
         // key (crypto-erase, end of a rotation) is taken here, under the commit lock, and goes

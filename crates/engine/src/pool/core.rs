@@ -43,6 +43,10 @@ pub struct Core {
     pub nonce_next: AtomicU64,
     pub nonce_limit: AtomicU64,
     pub commit_lock: Mutex<()>,
+    /// Held by each device command (offline, online, replace) from its checks to its
+    /// change of `DIR/pool.json`: two at once could both pass a check that only one may
+    /// (taking the last two copies offline), or lose one another's pool.json change.
+    pub device_lock: Mutex<()>,
     /// Commits begun and finished, for group commit: a flush that arrives while a commit
     /// runs waits for the next one; one that finds a newer commit finished returns.
     pub commits_begun: AtomicU64,
@@ -665,6 +669,7 @@ impl Core {
 
     /// Stop using a device (maintenance). Refused if no other copy would remain online.
     pub fn device_offline(&self, path: &std::path::Path) -> Result<()> {
+        let _d = self.device_lock.lock();
         self.check_redundant("take offline")?;
         let i = self.member_index(path)?;
         let m = &self.red.members[i];
@@ -691,12 +696,10 @@ impl Core {
                 path.display()
             )));
         }
+        // Remembered in pool.json first, then obeyed: a restart keeps it offline, as
+        // zpool offline does, and a failed pool.json write leaves it fully online.
+        self.remember_offline(i, true)?;
         m.offline.store(true, Ordering::Release);
-        // Remembered in pool.json: a restart keeps it offline, as zpool offline does.
-        if let Err(e) = self.remember_offline(i, true) {
-            m.offline.store(false, Ordering::Release);
-            return Err(e);
-        }
         tracing::warn!(device = %path.display(), "device taken offline: the pool is DEGRADED");
         Ok(())
     }
@@ -719,6 +722,7 @@ impl Core {
 
     /// Use an offline device again; its copies are brought up to date by a resilver.
     pub fn device_online(self: &Arc<Self>, path: &std::path::Path) -> Result<()> {
+        let _d = self.device_lock.lock();
         let i = self.member_index(path)?;
         let m = &self.red.members[i];
         if !m.present() {
@@ -787,6 +791,7 @@ impl Core {
         new: &std::path::Path,
     ) -> Result<()> {
         use crate::device::{Device, FileDevice};
+        let _d = self.device_lock.lock();
         self.check_redundant("replace")?;
         let i = self.member_index(old)?;
         if !new.exists() {
@@ -825,7 +830,22 @@ impl Core {
             )));
         }
         if let Some(sb) = super::create::front_label(&dev) {
-            if in_place {
+            let ours = {
+                let s = self.sb.lock();
+                sb.pool_id == s.sb.pool_id && sb.device_id == s.sb.member_ids[i]
+            };
+            let m = &self.red.members[i];
+            let healthy = m.dev().is_some()
+                && !m.faulted.load(Ordering::Acquire)
+                && !m.resilvering.load(Ordering::Acquire);
+            if in_place && ours && healthy {
+                return Err(Error::Exists(format!(
+                    "device {} is an online member of this pool, in use: there is nothing to replace \
+                     (a blank disk put in its place is rebuilt with this command)",
+                    new.display()
+                )));
+            }
+            if in_place && ours {
                 return Err(Error::Exists(format!(
                     "device {} still carries its label of this pool: 'bulwark device online {}' \
                      brings it up to date; to rebuild it from nothing, wipe its first MiB first",

@@ -244,6 +244,45 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
     }
     let present = members.iter().filter(|m| m.present()).count();
+    // Members 'bulwark device offline' took out (pool.json) stay out. An offline member
+    // gets no superblocks, so when the pool cannot run without it, it is not used
+    // silently: its copies are as old as its going offline, and whatever was written
+    // since is on the members that are gone. The admin decides, as with zpool.
+    let offline: Vec<bool> = (0..members.len())
+        .map(|i| conf.offline.contains(&to_hex(&newest.member_ids[i])))
+        .collect();
+    let needed = match newest.layout {
+        super::Layout::Parity { k, .. } => k as usize,
+        _ => 1,
+    };
+    let usable = members
+        .iter()
+        .zip(&offline)
+        .filter(|(m, &off)| m.present() && !off)
+        .count();
+    if usable < needed && present >= needed {
+        let held: Vec<String> = members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| offline[*i] && m.present())
+            .map(|(i, m)| {
+                format!(
+                    "{} (member {i}, id {})",
+                    m.path().display(),
+                    to_hex(&newest.member_ids[i])
+                )
+            })
+            .collect();
+        return Err(Error::Invalid(format!(
+            "the pool cannot run: the devices it could use are offline ('bulwark device offline'): {}, \
+             and the others are missing or stale{}. Bring the others back and start again; or, to run from \
+             the offline devices as they were when they went offline (what was written since is lost), \
+             remove their ids from \"offline\" in {}",
+            held.join(", "),
+            stale.iter().map(|s| format!("; {s}")).collect::<String>(),
+            dir.join(super::create::CONFIG_FILE).display()
+        )));
+    }
     if let super::Layout::Parity { k, m } = newest.layout {
         if present < k as usize {
             return Err(Error::NotFound(format!(
@@ -277,7 +316,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
 
     for (i, m) in members.iter().enumerate() {
-        if conf.offline.contains(&to_hex(&newest.member_ids[i])) {
+        if offline[i] {
             m.offline.store(true, Ordering::Release);
             tracing::warn!(
                 "device {} (member {i}) is offline, as 'bulwark device offline' left it: the pool is DEGRADED \
@@ -304,6 +343,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         nonce_next: AtomicU64::new(newest.nonce_reserved),
         nonce_limit: AtomicU64::new(newest.nonce_reserved),
         commit_lock: Mutex::new(()),
+        device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
         dirty_nodes_total: Default::default(),

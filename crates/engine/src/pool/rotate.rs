@@ -20,7 +20,7 @@
 //! while paused, so closing the pool waits for it briefly.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -159,10 +159,10 @@ impl Core {
             w.running = true;
         }
         let core = self.clone();
-        let worker_st = st.clone();
+        let (vol, sync) = (Arc::downgrade(&st), st.rotation_worker.clone());
         let spawned = std::thread::Builder::new()
             .name("bulwark-rotate".into())
-            .spawn(move || core.rotate_worker(&worker_st));
+            .spawn(move || core.rotate_worker(&vol, &sync));
         match spawned {
             Ok(h) => self.track_worker(h),
             Err(e) => {
@@ -177,40 +177,31 @@ impl Core {
 
     /// The worker: runs the rotation, waits out a full pool, and ends when the rotation is
     /// done, the pool closes, the key is unloaded, the volume is destroyed, or on any other
-    /// error (the rotation stays recorded, paused, with its reason).
-    fn rotate_worker(self: &Arc<Self>, st: &Arc<VolumeState>) {
+    /// error (the rotation stays recorded, paused, with its reason). It holds the volume
+    /// only while it tries a batch: a rotation waiting for space must not keep its volume
+    /// from being destroyed, locked or erased, which is how an admin frees space (each of
+    /// those refuses a volume something else holds open).
+    fn rotate_worker(self: &Arc<Self>, vol: &Weak<VolumeState>, sync: &RotationWorker) {
         let mut paused = false;
         loop {
-            match self.rotate_run(st, &mut paused) {
-                Ok(()) => {}
-                Err(e) => {
-                    let retrying = matches!(e, Error::NoSpace);
-                    let mut changed = true;
-                    if let Some(r) = st.rotation.lock().as_mut() {
-                        let reason = e.to_string();
-                        changed = r.error.as_deref() != Some(reason.as_str());
-                        r.error = Some(reason);
-                        r.retrying = retrying;
+            let retrying = match vol.upgrade() {
+                None => false, // destroyed
+                Some(st) => match self.rotate_run(&st, &mut paused) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        self.note_rotation_paused(&st, &e);
+                        paused = true;
+                        matches!(e, Error::NoSpace)
                     }
-                    if changed {
-                        if retrying {
-                            tracing::error!(volume = %st.name, "key rotation paused: {e}; it goes on once space is free");
-                        } else {
-                            tracing::error!(volume = %st.name, "key rotation paused: {e}");
-                        }
-                    } else {
-                        tracing::debug!(volume = %st.name, "key rotation still paused: {e}");
-                    }
-                    paused = true;
-                    if retrying && self.wait_to_retry(st) {
-                        continue;
-                    }
-                }
+                },
+            };
+            if retrying && self.wait_to_retry(sync) {
+                continue;
             }
             // Ending: unless a resume was asked meanwhile (decided under the worker's lock,
             // so a `spawn_rotation` either sees this worker running and is heard, or sees
             // it gone and starts another).
-            let mut w = st.rotation_worker.state.lock();
+            let mut w = sync.state.lock();
             if w.resume && !self.closing.load(Ordering::Acquire) {
                 w.resume = false;
                 continue;
@@ -221,20 +212,38 @@ impl Core {
         }
     }
 
-    /// Wait while the rotation is paused for space. True to try again: a resume was asked,
-    /// client data fits again, or `ROTATE_RETRY` passed (the cleaner may have made room).
-    /// False to end: the pool closes, the key was unloaded, the volume destroyed, or the
-    /// rotation is gone.
-    fn wait_to_retry(&self, st: &VolumeState) -> bool {
+    /// Records why the rotation paused (`Rotation::error`), and logs it once per reason.
+    fn note_rotation_paused(&self, st: &VolumeState, e: &Error) {
+        let retrying = matches!(e, Error::NoSpace);
+        let mut changed = true;
+        if let Some(r) = st.rotation.lock().as_mut() {
+            let reason = e.to_string();
+            changed = r.error.as_deref() != Some(reason.as_str());
+            r.error = Some(reason);
+            r.retrying = retrying;
+        }
+        if !changed {
+            tracing::debug!(volume = %st.name, "key rotation still paused: {e}");
+        } else if retrying {
+            tracing::error!(volume = %st.name, "key rotation paused: {e}; it goes on once space is free");
+        } else {
+            tracing::error!(volume = %st.name, "key rotation paused: {e}");
+        }
+    }
+
+    /// Wait while the rotation is paused for space, holding no volume. True to try again
+    /// (the next batch sees whether the key was unloaded or the volume destroyed
+    /// meanwhile): a resume was asked, client data fits again, or `ROTATE_RETRY` passed
+    /// (the cleaner may have made room). False to end: the pool closes.
+    fn wait_to_retry(&self, w: &RotationWorker) -> bool {
         let since = Instant::now();
-        let w = &st.rotation_worker;
         let mut g = w.state.lock();
         loop {
             if g.resume {
                 g.resume = false;
                 return true;
             }
-            if self.rotation_stopped(st) {
+            if self.closing.load(Ordering::Acquire) {
                 return false;
             }
             let waited = since.elapsed();

@@ -120,7 +120,7 @@ pub struct VolumeState {
     /// A key rotation in progress: blocks of older generations are being re-encrypted.
     pub rotation: Mutex<Option<crate::pool::rotate::Rotation>>,
     /// Whether a worker runs that rotation (never persisted).
-    pub(crate) rotation_worker: crate::pool::rotate::RotationWorker,
+    pub(crate) rotation_worker: Arc<crate::pool::rotate::RotationWorker>,
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
