@@ -80,3 +80,23 @@ def test_an_offline_device_alone_is_not_used_silently(make_pool):
     st = p.status()
     assert {d["path"]: d["state"] for d in st["devices"]}[victim] == "OFFLINE", st
     qemu_io_ok(p.uri("v"), "read -P 1 0 4M", "read -P 2 4M 4M")
+
+
+def test_the_last_whole_copy_stays_online_during_a_resilver(make_pool):
+    """While the other device of a mirror is being resilvered it is not a whole copy:
+    taking the one device that is whole offline is refused, as for the last copy."""
+    p = make_pool(layout="mirror:2", devices=2, device_size="256M",
+                  serve_args=["--scrub-rate", "1M"])
+    p.create().start()
+    p.create_volume("v", size="32M", encryption=False, compression="off")
+    qemu_io_ok(p.uri("v"), "write -P 1 0 16M", "flush")
+    whole, victim = p.device_paths()
+    p.cli("device", "offline", victim)
+    qemu_io_ok(p.uri("v"), "write -P 2 0 16M", "flush")
+    p.cli("device", "online", victim)  # the resilver runs at 1 MB/s: for seconds
+    st = {d["path"]: d["state"] for d in p.status()["devices"]}
+    assert st[victim] != "ONLINE", st
+
+    r = p.cli("device", "offline", whole, check=False)
+    assert r.returncode != 0 and "last online copy" in r.stderr, r.stderr
+    qemu_io_ok(p.uri("v"), "read -P 2 0 16M")

@@ -684,7 +684,13 @@ impl Core {
             .members
             .iter()
             .enumerate()
-            .filter(|(j, o)| *j != i && o.dev().is_some() && !o.faulted.load(Ordering::Relaxed))
+            // A member still being resilvered is not a whole copy yet.
+            .filter(|(j, o)| {
+                *j != i
+                    && o.dev().is_some()
+                    && !o.faulted.load(Ordering::Relaxed)
+                    && !o.resilvering.load(Ordering::Acquire)
+            })
             .count();
         let needed = match self.red.layout {
             super::Layout::Parity { k, .. } => k as usize,
