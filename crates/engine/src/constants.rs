@@ -19,8 +19,18 @@ pub const DEVICES_MAX: usize = 16;
 pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// Records inside a segment start on this alignment.
 pub const RECORD_ALIGN: u64 = 16;
-/// Segments kept back from client data so commits and the cleaner can always proceed.
+/// Segments kept back from client data and the cleaner's moves so commits can always
+/// proceed: the volume table's record (one segment per copy at most) and slack.
 pub const SEGMENTS_RESERVED: u32 = 4;
+/// The part of `SEGMENTS_RESERVED` nothing but a commit's volume table may take.
+pub const TABLE_SEGMENTS: u32 = METADATA_COPIES as u32;
+/// Segments kept from client data for the cleaner, on top of the commit's room: at least
+/// this many, and a 64th of the pool (`Log::reserve`).
+pub const CLEAN_RESERVE_MIN: u32 = 4;
+/// A writer waiting for space gets ENOSPC after this many commits in a row freed nothing,
+/// or after this long without a segment freed (`Core::wait_for_space`).
+pub const SPACE_WAIT_FUTILE: u32 = 8;
+pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 /// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).
 pub const SEGMENTS_FREE_LOW: u32 = 8;
 pub const FREE_PERCENT_LOW: u32 = 10;
@@ -66,6 +76,7 @@ pub const STRIPE_LOCKS: usize = 1024;
 pub const AEAD_TAG_BYTES: usize = 16;
 
 const _: () = assert!(SEGMENT_BYTES % RECORD_ALIGN == 0);
+const _: () = assert!(TABLE_SEGMENTS < SEGMENTS_RESERVED);
 const _: () = assert!(SEGMENT_BYTES >= 2 * (BLOCK_BYTES_MAX as u64 + AEAD_TAG_BYTES as u64));
 const _: () = assert!(DEVICE_RESERVED_FRONT > SUPERBLOCK_SLOT_OFFSETS[1] + SUPERBLOCK_BYTES as u64);
 const _: () = assert!(DEVICE_RESERVED_FRONT % SEGMENT_BYTES == 0);

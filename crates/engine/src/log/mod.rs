@@ -34,14 +34,16 @@
 //! commit call the next), so a sustained overwrite
 //! recycles a bounded set of segments instead of walking the whole device.
 
+mod victims;
+
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::constants::{
-    RECORD_ALIGN, RECYCLE_BATCH_SEGMENTS, RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED,
-    SEGMENT_BYTES,
+    CLEAN_RESERVE_MIN, MAP_DIRTY_NODES_MAX, METADATA_COPIES, RECORD_ALIGN, RECYCLE_BATCH_SEGMENTS,
+    RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED, SEGMENT_BYTES, TABLE_SEGMENTS,
 };
 use crate::{Error, Result};
 
@@ -88,9 +90,28 @@ pub enum Emptied {
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
-    /// Segments client data may not take on top of `SEGMENTS_RESERVED`: room for the next
-    /// commit's map nodes (`Core::note_dirty`).
-    meta_reserve: AtomicU32,
+    /// Map nodes dirty in memory, summed over every volume (`Core::note_dirty`): the next
+    /// commit must find room for them (`commit_need`).
+    dirty_nodes: AtomicUsize,
+    /// Records placed by client writes and the cleaner whose map leaf is not yet counted in
+    /// `dirty_nodes` (each may dirty one more leaf): counted when placed, settled by the
+    /// placer once the map points at them (`Pending`).
+    pending_nodes: AtomicUsize,
+    /// Bytes one map node takes in the log (its footprint under the layout, aligned).
+    node_bytes: AtomicU32,
+    /// Segments kept from client data, on top of the commit's room, for the cleaner.
+    clean_reserve: u32,
+    /// Segments to rewrite every volume's whole map once (`set_map_nodes`), also kept for
+    /// the cleaner: a pass that moves records scattered over a map dirties most of it.
+    map_reserve: AtomicU32,
+    /// Footprint bytes placed per stream since start (write amplification).
+    written: [AtomicU64; 4],
+    /// Segments freed since start (by commits and recycling): writers waiting for space
+    /// see progress here.
+    freed_total: AtomicU64,
+    /// Bytes placed in the whole log when each segment was last opened (0: before this
+    /// process): the cleaner's measure of a segment's age.
+    stamp: Vec<AtomicU64>,
     /// Client-data segments whose live count fell to zero since the last `zero_sealed`.
     emptied: AtomicU32,
     /// Whether each segment was last opened for client data (`Stream::Data`).
@@ -106,6 +127,44 @@ pub struct Log {
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
+}
+
+/// Footprint bytes placed in the log since start, by what placed them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    pub data: u64,
+    pub clean: u64,
+    pub meta: u64,
+}
+
+impl Written {
+    /// Bytes written to the log per byte of client data (1.0 before any client write).
+    pub fn amplification(&self) -> f64 {
+        if self.data == 0 {
+            return 1.0;
+        }
+        (self.data + self.clean + self.meta) as f64 / self.data as f64
+    }
+}
+
+/// Records placed by `Log::alloc_run` whose map leaf is not yet counted as dirty; settles
+/// them when dropped (after the placer's `Core::note_dirty`, or on its error path).
+pub struct Pending<'a> {
+    log: &'a Log,
+    n: usize,
+}
+
+impl Pending<'_> {
+    /// `n` more records were placed under this guard.
+    pub fn add(&mut self, n: usize) {
+        self.n += n;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.log.pending_nodes.fetch_sub(self.n, Ordering::Relaxed);
+    }
 }
 
 pub fn segment_of(addr: u64) -> u32 {
@@ -135,7 +194,14 @@ impl Log {
             segments,
             live,
             emptied: AtomicU32::new(0),
-            meta_reserve: AtomicU32::new(0),
+            dirty_nodes: AtomicUsize::new(0),
+            pending_nodes: AtomicUsize::new(0),
+            node_bytes: AtomicU32::new(4096),
+            clean_reserve: CLEAN_RESERVE_MIN.max(segments / 64),
+            map_reserve: AtomicU32::new(0),
+            written: Default::default(),
+            freed_total: AtomicU64::new(0),
+            stamp: (0..segments).map(|_| AtomicU64::new(0)).collect(),
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             epoch: AtomicU64::new(0),
             born: (0..segments).map(|_| AtomicU64::new(u64::MAX)).collect(),
@@ -183,8 +249,7 @@ impl Log {
             .sum()
     }
 
-    /// Allocate `len` bytes at the head of `stream`. Client data (`Stream::Data`) may not
-    /// take the last `SEGMENTS_RESERVED` free segments: those keep commits and the cleaner going.
+    /// Allocate `len` bytes at the head of `stream` (see `alloc_run`).
     pub fn alloc(&self, stream: Stream, len: usize) -> Result<u64> {
         assert!(
             len > 0 && len as u64 <= SEGMENT_BYTES,
@@ -196,15 +261,33 @@ impl Log {
     /// Allocate consecutive records of `lens` bytes at the head of `stream`, as many as fit in
     /// one segment (at least one). Returns the first address and how many were placed; record
     /// `i` starts `RECORD_ALIGN`-aligned right after record `i-1`.
+    ///
+    /// Client data and the cleaner's moves may not eat into the room the next commit needs
+    /// (`reserve`): each record they place may dirty one map leaf, so it is counted in
+    /// `pending_nodes` here, before the check of the next record, and its placer settles it
+    /// (`Pending`) once `dirty_nodes` counts the leaf. The check runs on every call, not only
+    /// when a head opens: records added to an open head raise what the commit needs too.
     pub fn alloc_run(&self, stream: Stream, lens: &[usize]) -> Result<(u64, usize)> {
         assert!(!lens.is_empty());
         let aligned = |l: usize| (l as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+        let counted = matches!(stream, Stream::Data | Stream::Clean);
         let mut g = self.inner.lock();
         let h = stream as usize;
         let room = g.heads[h]
             .map(|(_, off)| SEGMENT_BYTES - off as u64)
             .unwrap_or(0);
-        if room < lens[0] as u64 {
+        let opens = room < lens[0] as u64;
+        if counted {
+            // At most this call's records (bounded by what fits in a segment).
+            let extra = lens
+                .len()
+                .min(SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
+            let free_after = g.free.len() as u32 - u32::from(opens && !g.free.is_empty());
+            if opens && g.free.is_empty() || free_after < self.reserve(stream, extra) {
+                return Err(Error::NoSpace);
+            }
+        }
+        if opens {
             if let Some((seg, _)) = g.heads[h].take() {
                 g.state[seg as usize] = SegState::Sealed;
                 // Emptied while it was still the head (trimmed, or its writes failed).
@@ -215,26 +298,23 @@ impl Log {
                     g.recyclable.push(seg);
                 }
             }
-            let reserve = if stream == Stream::Data {
-                SEGMENTS_RESERVED + self.meta_reserve()
-            } else {
-                0
-            };
-            if g.free.len() as u32 <= reserve {
-                return Err(Error::NoSpace);
-            }
             let seg = match g.recent.pop() {
                 Some(s) => {
                     let was_free = g.free.remove(&s);
                     debug_assert!(was_free, "segment {s} in `recent` but not free");
                     s
                 }
-                None => g.free.pop_first().expect("checked non-empty"),
+                None => match g.free.pop_first() {
+                    Some(s) => s,
+                    // Metadata may take the very last segment; past it the pool is full.
+                    None => return Err(Error::NoSpace),
+                },
             };
             g.state[seg as usize] = SegState::Open;
             g.high_water = g.high_water.max(seg + 1);
             g.heads[h] = Some((seg, 0));
             self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
+            self.stamp[seg as usize].store(self.written_total(), Ordering::Relaxed);
             // SeqCst pairs with `begin_snapshot`: a commit whose snapshot could see records
             // placed here either bumped the epoch before this load, or bumps it later.
             self.born[seg as usize].store(self.epoch.load(Ordering::SeqCst), Ordering::Relaxed);
@@ -251,28 +331,161 @@ impl Log {
             bytes += l as u64;
             n += 1;
         }
+        assert!(
+            n > 0,
+            "a record of {} bytes does not fit a segment",
+            lens[0]
+        );
         g.heads[h] = Some((seg, end.min(SEGMENT_BYTES) as u32));
+        if counted {
+            self.pending_nodes.fetch_add(n, Ordering::Relaxed);
+        }
+        self.written[h].fetch_add(end - off as u64, Ordering::Relaxed);
         self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
         Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
     }
 
-    /// Whether client data can be allocated without waiting for the cleaner.
-    pub fn data_space_available(&self) -> bool {
-        let g = self.inner.lock();
-        if let Some((_, off)) = g.heads[Stream::Data as usize] {
-            if (SEGMENT_BYTES - off as u64) >= (128 << 10) + 64 {
-                return true;
-            }
+    /// Segments `stream` may not take: for client data the commit's room (`commit_need`,
+    /// counting `extra` more nodes), `SEGMENTS_RESERVED` (the volume table and slack) and the
+    /// cleaner's room; for the cleaner the same less its own room; metadata (the commit
+    /// itself) may take every segment.
+    pub fn reserve(&self, stream: Stream, extra: usize) -> u32 {
+        let commit = SEGMENTS_RESERVED + self.commit_need(extra);
+        match stream {
+            Stream::Data => commit + self.clean_reserve_segments(),
+            Stream::Clean => commit,
+            Stream::Meta | Stream::Meta2 => 0,
         }
-        g.free.len() as u32 > SEGMENTS_RESERVED + self.meta_reserve()
     }
 
-    pub fn set_meta_reserve(&self, segments: u32) {
-        self.meta_reserve.store(segments, Ordering::Relaxed);
+    /// Segments the next commit writes for the dirty map nodes, with `extra` more (the volume
+    /// table's record comes out of `SEGMENTS_RESERVED`).
+    pub fn commit_need(&self, extra: usize) -> u32 {
+        let nodes = self.dirty_nodes.load(Ordering::Relaxed)
+            + self.pending_nodes.load(Ordering::Relaxed)
+            + extra;
+        if nodes == 0 {
+            return 0;
+        }
+        // Records never straddle segments: each new segment holds at least this much (what
+        // the head had left goes first, so it needs no segment of its own).
+        let node = self.node_bytes.load(Ordering::Relaxed) as u64;
+        let per_copy = (nodes as u64 * node).div_ceil(SEGMENT_BYTES - node);
+        (per_copy * METADATA_COPIES as u64).min(u32::MAX as u64) as u32
     }
 
-    pub fn meta_reserve(&self) -> u32 {
-        self.meta_reserve.load(Ordering::Relaxed)
+    /// Whether client data of `records` records can be placed without waiting for a commit
+    /// or the cleaner.
+    pub fn data_space_available(&self, records: usize) -> bool {
+        self.space_available(Stream::Data, records)
+    }
+
+    /// Whether `records` records of `stream` can be placed (or, for `Stream::Clean`, map
+    /// leaves dirtied) without waiting for a commit or the cleaner.
+    pub fn space_available(&self, stream: Stream, records: usize) -> bool {
+        let g = self.inner.lock();
+        g.free.len() as u32 > self.reserve(stream, records.max(1))
+    }
+
+    /// Whether background rewrites (key rotation) may go on: free segments exceed what
+    /// client data may not take by a 64th of the pool (at least 2). Below that they
+    /// pause, so client writes keep the pool's last free space and the cleaner is not
+    /// driven by work nobody waits for.
+    pub fn background_space_available(&self) -> bool {
+        let g = self.inner.lock();
+        g.free.len() as u32 > self.reserve(Stream::Data, 1) + (self.segments / 64).max(2)
+    }
+
+    /// Room in the next commit for `nodes` map nodes that a change dirties without placing
+    /// a record (a trim, zeroes, the cleaner's touch of a node in a victim): counted pending
+    /// like placed records. Freeing space may use the room kept for the cleaner and all of
+    /// `SEGMENTS_RESERVED` but the volume table's segments: never the commit's.
+    pub fn hold_nodes(&self, nodes: usize) -> Result<Pending<'_>> {
+        let g = self.inner.lock();
+        if (g.free.len() as u32) < TABLE_SEGMENTS + self.commit_need(nodes) {
+            return Err(Error::NoSpace);
+        }
+        self.pending_nodes.fetch_add(nodes, Ordering::Relaxed);
+        Ok(Pending {
+            log: self,
+            n: nodes,
+        })
+    }
+
+    /// The log footprint of one map node (set once the layout is known).
+    pub fn set_node_bytes(&self, bytes: u32) {
+        self.node_bytes.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// The pool-wide count of dirty map nodes (`Core::note_dirty`).
+    pub fn set_dirty_nodes(&self, nodes: usize) {
+        self.dirty_nodes.store(nodes, Ordering::Relaxed);
+    }
+
+    /// Past this many dirty nodes a commit runs: `MAP_DIRTY_NODES_MAX`, and on a small pool
+    /// no more than an eighth of it for one commit's map nodes (all copies), so the room kept
+    /// for a commit never crowds out client data.
+    pub fn dirty_nodes_cap(&self) -> usize {
+        let per_node = self.node_bytes.load(Ordering::Relaxed) as u64 * METADATA_COPIES as u64;
+        let cap = self.segments as u64 * SEGMENT_BYTES / 8 / per_node.max(1);
+        (cap as usize).clamp(256, MAP_DIRTY_NODES_MAX)
+    }
+
+    /// Segments kept from client data for the cleaner: a 64th of the pool (at least
+    /// `CLEAN_RESERVE_MIN`) for the records it moves, and room to rewrite every map once.
+    pub fn clean_reserve_segments(&self) -> u32 {
+        self.clean_reserve + self.map_reserve.load(Ordering::Relaxed)
+    }
+
+    /// About `nodes` map nodes exist over all volumes: keep room for the cleaner to rewrite
+    /// them all (at the current estimate of a node's size, every copy). Without it a pass
+    /// on a nearly full pool is cut short after a few victims, and a few victims' records,
+    /// scattered over the map, cost more map nodes to commit than the victims give back.
+    pub fn set_map_nodes(&self, nodes: u64) {
+        let bytes = nodes * self.node_bytes.load(Ordering::Relaxed) as u64 * METADATA_COPIES as u64;
+        let segs = bytes
+            .div_ceil(SEGMENT_BYTES)
+            .min((self.segments / 4) as u64);
+        self.map_reserve.store(segs as u32, Ordering::Relaxed);
+    }
+
+    /// Segments kept back from client writes (the commit's room and the cleaner's), now.
+    pub fn reserved_segments(&self) -> u32 {
+        self.reserve(Stream::Data, 0)
+    }
+
+    /// Records placed but not yet settled (see `alloc_run`): a guard that settles them.
+    pub fn pending(&self) -> Pending<'_> {
+        Pending { log: self, n: 0 }
+    }
+
+    fn written_total(&self) -> u64 {
+        self.written.iter().map(|w| w.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Footprint bytes placed since start: client data, the cleaner's moves, metadata.
+    pub fn written(&self) -> Written {
+        let w = |s: Stream| self.written[s as usize].load(Ordering::Relaxed);
+        Written {
+            data: w(Stream::Data),
+            clean: w(Stream::Clean),
+            meta: w(Stream::Meta) + w(Stream::Meta2),
+        }
+    }
+
+    /// Segments freed since start.
+    pub fn freed_total(&self) -> u64 {
+        self.freed_total.load(Ordering::Acquire)
+    }
+
+    /// Bytes in segments that are neither free nor open and hold no live record: what
+    /// commits and the cleaner could still give back.
+    pub fn dead_bytes(&self) -> u64 {
+        let g = self.inner.lock();
+        (0..self.segments)
+            .filter(|&s| g.state[s as usize] == SegState::Sealed && s >= self.reuse_floor)
+            .map(|s| SEGMENT_BYTES - self.live[s as usize].load(Ordering::Relaxed) as u64)
+            .sum()
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.
@@ -367,6 +580,7 @@ impl Log {
         }
         drop(g);
         if freed > 0 {
+            self.freed_total.fetch_add(freed as u64, Ordering::AcqRel);
             self.space.notify_all();
         }
         freed
@@ -403,6 +617,7 @@ impl Log {
             return;
         }
         let mut g = self.inner.lock();
+        let mut freed = 0;
         for &s in segs {
             if g.state[s as usize] == SegState::Sealed
                 && self.live[s as usize].load(Ordering::Acquire) == 0
@@ -410,23 +625,42 @@ impl Log {
                 g.state[s as usize] = SegState::Free;
                 g.free.insert(s);
                 g.recent.push(s);
+                freed += 1;
             }
         }
         drop(g);
+        self.freed_total.fetch_add(freed, Ordering::AcqRel);
         self.space.notify_all();
     }
 
-    /// Sealed segments worth cleaning, emptiest first: at most `max`, each under `live_max_bytes` live.
-    pub fn victims(&self, max: usize, live_max_bytes: u32) -> Vec<u32> {
-        let g = self.inner.lock();
-        let mut v: Vec<(u32, u32)> = (self.reuse_floor..self.segments)
-            .filter(|&s| g.state[s as usize] == SegState::Sealed)
-            .map(|s| (self.live[s as usize].load(Ordering::Relaxed), s))
-            .filter(|&(l, _)| l > 0 && l < live_max_bytes)
-            .collect();
-        v.sort_unstable();
-        v.truncate(max);
-        v.into_iter().map(|(_, s)| s).collect()
+    /// Sealed segments worth cleaning, best first (`victims::pick`: cost-benefit of their
+    /// live bytes and age), whose live bytes together fit in `budget_bytes`, at most `max`.
+    pub fn victims(&self, max: usize, budget_bytes: u64) -> Vec<u32> {
+        let now = self.written_total();
+        let candidates: Vec<victims::Candidate> = {
+            let g = self.inner.lock();
+            (self.reuse_floor..self.segments)
+                .filter(|&s| g.state[s as usize] == SegState::Sealed)
+                .map(|s| victims::Candidate {
+                    seg: s,
+                    live: self.live[s as usize].load(Ordering::Relaxed),
+                    age: now.saturating_sub(self.stamp[s as usize].load(Ordering::Relaxed)),
+                })
+                .filter(|c| c.live > 0)
+                .collect()
+        };
+        victims::pick(candidates, max, budget_bytes)
+    }
+
+    /// Whether any sealed segment holds dead bytes worth cleaning.
+    pub fn any_victim(&self) -> bool {
+        !self.victims(1, SEGMENT_BYTES).is_empty()
+    }
+
+    /// Free segments in excess of what the cleaner may not take: its budget, in segments.
+    pub fn clean_budget(&self) -> u32 {
+        self.free_segments()
+            .saturating_sub(self.reserve(Stream::Clean, 0))
     }
 
     pub fn live_of(&self, seg: u32) -> u32 {
@@ -440,7 +674,7 @@ mod tests {
 
     #[test]
     fn segments_free_only_after_release() {
-        let log = Log::new(vec![0; 8], 0, true);
+        let log = Log::new(vec![0; 64], 0, true);
         let a = log.alloc(Stream::Data, 4096).unwrap();
         let b = log.alloc(Stream::Data, 4112).unwrap();
         assert_eq!(segment_of(a), segment_of(b));
@@ -669,10 +903,47 @@ mod tests {
 
     #[test]
     fn data_cannot_take_reserved_segments() {
-        let log = Log::new(vec![0; SEGMENTS_RESERVED as usize + 1], 0, true);
+        // One segment more than client data may not take when it places a record.
+        let reserved = Log::new(vec![0; 64], 0, true).reserve(Stream::Data, 1);
+        assert!(reserved >= SEGMENTS_RESERVED + CLEAN_RESERVE_MIN);
+        let log = Log::new(vec![0; reserved as usize + 1], 0, true);
         log.alloc(Stream::Data, SEGMENT_BYTES as usize).unwrap();
         assert!(matches!(log.alloc(Stream::Data, 4096), Err(Error::NoSpace)));
+        // The cleaner may take its room; metadata everything.
+        log.alloc(Stream::Clean, SEGMENT_BYTES as usize).unwrap();
         assert!(log.alloc(Stream::Meta, 4096).is_ok());
+    }
+
+    /// Records placed raise what the next commit needs before their leaves are dirty: client
+    /// data stops short of the commit's room even while its head segment has space.
+    #[test]
+    fn placed_records_count_toward_the_commit_room_until_settled() {
+        let segs = 64u32;
+        let log = Log::new(vec![0; segs as usize], 0, true);
+        log.set_node_bytes(4096);
+        let base = log.reserve(Stream::Data, 0);
+        let mut pending = log.pending();
+        // 4 KiB nodes: 256 leaves fill a segment per copy.
+        let mut placed = 0usize;
+        loop {
+            match log.alloc_run(Stream::Data, &[16; 256]) {
+                Ok((_, n)) => {
+                    pending.add(n);
+                    placed += n;
+                }
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(placed < 1 << 20, "never refused");
+        }
+        // Each record may dirty a leaf: the commit then needs room for all of them, and
+        // client data stopped before taking it.
+        let need = log.reserve(Stream::Data, 0);
+        assert!(need > base, "{need} > {base}");
+        assert!(log.free_segments() >= log.commit_need(0) + SEGMENTS_RESERVED);
+        drop(pending);
+        assert_eq!(log.reserve(Stream::Data, 0), base, "settled");
+        assert!(log.alloc_run(Stream::Data, &[16; 256]).is_ok());
     }
 
     #[test]

@@ -1,49 +1,127 @@
 //! Cleaner: reclaim segments whose records are mostly dead.
 //!
-//! A pass picks the emptiest sealed segments (victims), walks every volume's
-//! map once, and moves the live records it finds in them:
-//! - data blocks are copied verbatim (stored bytes, verified by checksum — no
-//!   key needed, so locked volumes are cleaned too; the nonce and checksum
-//!   stay, only the address changes) and swapped into the map only if the map
-//!   still points at the old copy (a client write in between wins);
+//! A pass asks the log for victims (`log::victims`: cost-benefit of live bytes and age)
+//! whose live bytes fit the room the cleaner may use (`Log::clean_budget`), walks every
+//! volume's map over them, and moves the live records it finds:
+//! - data blocks are copied verbatim (stored bytes, verified by checksum — no key needed,
+//!   so locked volumes are cleaned too; the nonce and checksum stay, only the address
+//!   changes: relocation never encrypts) and swapped into the map only if the map still
+//!   points at the old copy (a client write in between wins);
 //! - map nodes in a victim are marked dirty, so the next commit rewrites them;
 //! - the volume table is rewritten by every commit anyway.
 //!
 //! After the commit that follows, the victims hold nothing live and are freed.
+//!
+//! Invariants:
+//! - The cleaner never takes the room the next commit needs: every record it moves and
+//!   every node it dirties is counted against it first (`Log::alloc_run`, `Log::hold_nodes`);
+//!   when room runs out the pass stops early, and what it moved is kept. A pass never fails
+//!   for space, and so never poisons the pool.
+//! - No map lock is held across a disk read: the walk runs a chunk of the map at a time
+//!   from cached nodes only, loads what was missing with the lock released, and tries the
+//!   chunk again; a block is read from disk between two short lookups.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::core::Core;
-use crate::constants::{CLEAN_BATCH_SEGMENTS, SEGMENT_BYTES};
+use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, SEGMENT_BYTES};
 use crate::log::{segment_of, Stream};
-use crate::map::{Blkptr, Visit};
+use crate::map::{Blkptr, Node, NodeStore, Visit};
+use crate::volume::VolumeState;
 use crate::{Error, Result};
 
+/// Logical blocks per walk under one hold of a map lock: the span of one level-1 node.
+const WALK_CHUNK_BLOCKS: u64 = 1 << (2 * MAP_FANOUT_SHIFT);
+/// Tries of a chunk from the cache before it is walked with disk reads under the lock (a
+/// cache too small for one chunk's path must not stop the cleaner).
+const WALK_CACHED_TRIES: usize = 4;
+
+/// A node store that answers only from the cache: a node not there is noted, for loading
+/// after the map lock is released, and reported as unreadable to the walk.
+struct CachedOnly {
+    misses: RefCell<Vec<(u8, u64, Blkptr)>>,
+}
+
+impl NodeStore for CachedOnly {
+    fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node> {
+        self.misses.borrow_mut().push((level, index, *ptr));
+        Err(Error::Corrupt("node not cached".into()))
+    }
+}
+
+/// Why a pass stopped moving records.
+enum Stop {
+    /// The room the cleaner may use ran out: commit, then go on.
+    Room,
+}
+
 impl Core {
-    /// One cleaning pass; returns the number of victim segments processed.
+    /// One cleaning pass; returns how many records it moved or marked for rewriting
+    /// (0: nothing worth cleaning, or no room to clean in).
     pub fn clean(&self) -> Result<usize> {
         let _c = self.commit_lock.lock();
-        let victims = self
-            .log
-            .victims(CLEAN_BATCH_SEGMENTS, (SEGMENT_BYTES * 15 / 16) as u32);
+        let budget = self.log.clean_budget() as u64 * SEGMENT_BYTES;
+        let victims = self.log.victims(CLEAN_BATCH_SEGMENTS, budget);
+        tracing::debug!(
+            free = self.log.free_segments(),
+            budget_segments = budget / SEGMENT_BYTES,
+            victims = victims.len(),
+            "cleaning pass"
+        );
         if victims.is_empty() {
             return Ok(0);
         }
         let set: HashSet<u32> = victims.iter().copied().collect();
-        let in_victim = |p: &Blkptr| p.addrs().iter().any(|&a| set.contains(&segment_of(a)));
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
-        let mut stored = Vec::new();
+        let mut done = 0;
         for v in volumes {
+            match self.clean_volume(&v, &set, &mut done) {
+                Ok(()) => {}
+                Err(Error::NoSpace) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if done > 0 {
+            self.table_dirty.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
+
+    /// Move volume `v`'s live records out of the segments in `victims`, a chunk of its map
+    /// at a time. `NoSpace`: the cleaner's room ran out (not an error of the pool).
+    fn clean_volume(
+        &self,
+        v: &Arc<VolumeState>,
+        victims: &HashSet<u32>,
+        done: &mut usize,
+    ) -> Result<()> {
+        let in_victim = |p: &Blkptr| p.addrs().iter().any(|&a| victims.contains(&segment_of(a)));
+        let blocks = v.size / v.block_size as u64;
+        let tree_id = v.tree.lock().id;
+        let mut stored = Vec::new();
+        let mut lo = 0;
+        while lo < blocks {
+            let hi = (lo + WALK_CHUNK_BLOCKS).min(blocks);
             let mut moves: Vec<(u64, Blkptr)> = Vec::new();
-            {
-                let mut tree = v.tree.lock();
+            let mut tries = 0;
+            loop {
+                moves.clear();
+                let cached = CachedOnly {
+                    misses: RefCell::new(Vec::new()),
+                };
+                let disk_ok = tries >= WALK_CACHED_TRIES;
+                let store: &dyn NodeStore = if disk_ok { self } else { &cached };
                 let mut touch: Vec<(u8, u64)> = Vec::new();
-                tree.walk(self, &self.cache, 0, u64::MAX, &mut |visit| {
+                let mut tree = v.tree.lock();
+                tree.walk(store, &self.cache, lo, hi, &mut |visit| {
                     match visit {
-                        Visit::Unreadable { error, .. } => {
+                        Visit::Unreadable { error, .. } if disk_ok => {
                             return Err(Error::Corrupt(format!("cleaner: {error}")))
                         }
+                        Visit::Unreadable { .. } => {}
                         Visit::Data { lba, ptr } if in_victim(ptr) => moves.push((lba, *ptr)),
                         Visit::Node { level, index, ptr } if in_victim(ptr) => {
                             touch.push((level, index))
@@ -52,53 +130,105 @@ impl Core {
                     }
                     Ok(())
                 })?;
-                for (level, index) in touch {
-                    tree.touch(self, &self.cache, level, index)?;
+                let misses = cached.misses.into_inner();
+                if misses.is_empty() {
+                    // Upper nodes are visited by every chunk below them: touch each once.
+                    touch.retain(|&(level, index)| {
+                        level == 0 || {
+                            let first = index << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                            first >= lo
+                        }
+                    });
+                    // One node at a time, each within the commit's room: a victim full of
+                    // map nodes is cleaned as far as the room goes, not refused whole.
+                    for &(level, index) in &touch {
+                        let _held = match self.log.hold_nodes(1) {
+                            Ok(held) => held,
+                            Err(e) => {
+                                self.note_dirty(v, tree.dirty_nodes());
+                                return Err(e);
+                            }
+                        };
+                        tree.touch(self, &self.cache, level, index)?;
+                        self.note_dirty(v, tree.dirty_nodes());
+                        *done += 1;
+                    }
+                    break;
                 }
-                self.note_dirty(&v, tree.dirty_nodes());
+                drop(tree);
+                // Load what the walk missed without the map lock, then walk the chunk again.
+                for (level, index, ptr) in misses {
+                    if let Ok(node) = self.load_node(&ptr, level, index) {
+                        self.cache.insert((tree_id, level, index), Arc::new(node));
+                    }
+                }
+                tries += 1;
             }
             for (lba, old) in moves {
-                {
-                    // Like a client read: a block replaced since the walk may lie in a
-                    // segment a writer has recycled (`Core::recycle_if_due`) and rewritten.
-                    let _gate = self.reuse_gate.read();
-                    if v.tree.lock().lookup(self, &self.cache, lba)? != old {
-                        continue;
-                    }
-                    match self.red.read_verified(
-                        old.addrs(),
-                        old.len as usize,
-                        &old.checksum,
-                        &mut stored,
-                    ) {
-                        Ok(()) => {}
-                        Err(Error::Unrecoverable(e)) => {
-                            tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                let addr = self.alloc_record(Stream::Clean, stored.len())?;
-                let new = Blkptr {
-                    addr: [addr, old.addr[1]],
-                    ..old
-                };
-                if let Err(e) = self.red.write(addr, &stored) {
-                    self.release_record(addr, old.len as usize);
-                    return Err(e);
-                }
-                let mut tree = v.tree.lock();
-                if tree.lookup(self, &self.cache, lba)? == old {
-                    tree.set(self, &self.cache, lba, new)?;
-                    self.note_dirty(&v, tree.dirty_nodes());
-                    self.free_ptr(&old);
-                } else {
-                    self.release_record(addr, old.len as usize);
+                match self.move_record(v, lba, old, &mut stored)? {
+                    Ok(true) => *done += 1,
+                    Ok(false) => {}
+                    Err(Stop::Room) => return Err(Error::NoSpace),
                 }
             }
+            lo = hi;
         }
-        self.table_dirty.store(true, Ordering::Release);
-        Ok(victims.len())
+        Ok(())
+    }
+
+    /// Move one data record of `v` (block `lba`, pointer `old`) to the cleaner's head.
+    /// `Ok(false)`: a client replaced it meanwhile, or no copy verifies (left where it is).
+    fn move_record(
+        &self,
+        v: &VolumeState,
+        lba: u64,
+        old: Blkptr,
+        stored: &mut Vec<u8>,
+    ) -> Result<std::result::Result<bool, Stop>> {
+        {
+            // Like a client read: a block replaced since the walk may lie in a segment a
+            // writer has recycled (`Core::recycle_if_due`) and rewritten.
+            let _gate = self.reuse_gate.read();
+            if v.tree.lock().lookup(self, &self.cache, lba)? != old {
+                return Ok(Ok(false));
+            }
+            match self
+                .red
+                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
+            {
+                Ok(()) => {}
+                Err(Error::Unrecoverable(e)) => {
+                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                    return Ok(Ok(false));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let addr = match self.alloc_record(Stream::Clean, stored.len()) {
+            Ok(a) => a,
+            Err(Error::NoSpace) => return Ok(Err(Stop::Room)),
+            Err(e) => return Err(e),
+        };
+        // The record counts toward the commit's room until its leaf is counted dirty.
+        let mut pending = self.log.pending();
+        pending.add(1);
+        let new = Blkptr {
+            addr: [addr, old.addr[1]],
+            ..old
+        };
+        if let Err(e) = self.red.write(addr, stored) {
+            self.release_record(addr, old.len as usize);
+            return Err(e);
+        }
+        let mut tree = v.tree.lock();
+        if tree.lookup(self, &self.cache, lba)? == old {
+            tree.set(self, &self.cache, lba, new)?;
+            self.note_dirty(v, tree.dirty_nodes());
+            self.free_ptr(&old);
+            Ok(Ok(true))
+        } else {
+            self.release_record(addr, old.len as usize);
+            Ok(Ok(false))
+        }
     }
 }

@@ -55,8 +55,17 @@ impl Core {
         let started = std::time::Instant::now();
         let mut nodes_written = 0;
         let mut locked = std::time::Duration::ZERO;
+        // What this commit's nodes took in the log, for the estimate of the next one's room.
+        let mut node_bytes = (0u64, 0u64);
         let mut write = |nodes: &[&crate::map::Node]| {
-            self.write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())
+            let ptrs =
+                self.write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())?;
+            node_bytes.0 += ptrs.len() as u64;
+            node_bytes.1 += ptrs
+                .iter()
+                .map(|p| self.red.footprint(p.len as usize) as u64)
+                .sum::<u64>();
+            Ok(ptrs)
         };
         // The error list is read before any leaves: a client write that replaces a listed
         // block whole clears its entry, and that entry may leave the durable list only with
@@ -114,6 +123,8 @@ impl Core {
         // Every pointer this commit stores has been read: segments opened from now on are
         // the next commit's.
         drop(snapshot);
+        self.estimate_node_bytes(node_bytes.0, node_bytes.1);
+        self.note_map_size();
         let next_volume_id = self.sb.lock().next_volume_id;
         let table = TableRecord {
             format: 1,
@@ -168,6 +179,21 @@ impl Core {
             "committed"
         );
         Ok(())
+    }
+
+    /// The room kept for a commit counts each dirty node at twice the average a node took in
+    /// the last commit that wrote any, plus 512 bytes, never more than a whole node: sparse
+    /// leaves (a thin volume's) compress to a few hundred bytes, and counting them whole
+    /// would keep back from a nearly full pool many times what its commits write. A leaf
+    /// grows by one pointer per write, so a commit's nodes are rarely much larger than the
+    /// last's; if they are, `SEGMENTS_RESERVED` absorbs it.
+    fn estimate_node_bytes(&self, nodes: u64, bytes: u64) {
+        if nodes == 0 {
+            return;
+        }
+        let full = self.node_record_bytes() as u64;
+        let estimate = (bytes.div_ceil(nodes) * 2 + 512).min(full);
+        self.log.set_node_bytes(estimate as u32);
     }
 
     /// Write `sb` (with each member's own identity) to its slots on every device, then flush.

@@ -68,6 +68,11 @@ pub struct Core {
     pub accounting_complete: bool,
     pub(crate) wake: (Mutex<bool>, Condvar),
     pub(crate) space_wait: Mutex<()>,
+    /// A writer waits for space (`wait_for_space`): the maintenance thread cleans.
+    pub(crate) space_wanted: AtomicBool,
+    /// Rounds of the maintenance thread that committed and cleaned for space: a writer that
+    /// sees several pass with no segment freed stops waiting.
+    pub(crate) clean_rounds: AtomicU64,
     /// The fault-injection layer of each member (None for a missing device).
     pub faults: RwLock<Vec<Option<Arc<FaultyDevice>>>>,
     pub allow_faults: bool,
@@ -104,9 +109,10 @@ impl Core {
     }
 
     /// Record volume `st`'s dirty node count (after every change to its tree: client
-    /// writes, the cleaner, commits, destroy) and keep back from client data the segments a
-    /// commit of every volume's dirty nodes needs, so a full pool can always commit. O(1): the
-    /// pool-wide total moves by this volume's change. Returns the pool-wide total.
+    /// writes, the cleaner, commits, destroy); the log keeps back from client data and the
+    /// cleaner the segments a commit of every volume's dirty nodes needs (`Log::reserve`), so
+    /// a full pool can always commit. O(1): the pool-wide total moves by this volume's
+    /// change. Returns the pool-wide total.
     pub fn note_dirty(&self, st: &crate::volume::VolumeState, dirty: usize) -> usize {
         let prev = st.dirty_nodes.swap(dirty, Ordering::Relaxed);
         if prev == dirty {
@@ -121,18 +127,7 @@ impl Core {
                 .fetch_sub(prev - dirty, Ordering::Relaxed)
                 - (prev - dirty)
         };
-        let record = self
-            .red
-            .footprint(crate::map::NODE_BYTES)
-            .div_ceil(RECORD_ALIGN as usize)
-            * RECORD_ALIGN as usize;
-        // Per metadata copy: the nodes, a partly used head segment, and the volume table.
-        let per_copy = (nodes * record).div_ceil(SEGMENT_BYTES as usize) as u32 + 2;
-        self.log.set_meta_reserve(if nodes == 0 {
-            0
-        } else {
-            per_copy * METADATA_COPIES as u32
-        });
+        self.log.set_dirty_nodes(nodes);
         nodes
     }
 
@@ -162,6 +157,33 @@ impl Core {
     pub fn wake_maintenance(&self) {
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
+    }
+
+    /// Tell the log about how many map nodes the volumes have (`Log::set_map_nodes`): per
+    /// volume, a leaf per 64 blocks of its size, but no more leaves than it has records
+    /// (a thin volume's map is as sparse as its data), and the nodes above them.
+    pub fn note_map_size(&self) {
+        let nodes: u64 = self
+            .volumes
+            .read()
+            .values()
+            .map(|v| {
+                let blocks = v.size / v.block_size as u64;
+                let records = v.used_bytes.load(Ordering::Relaxed) / 4096 + 1;
+                let leaves = blocks.div_ceil(MAP_FANOUT as u64).min(records);
+                leaves + leaves / 63 + v.tree.lock().depth as u64
+            })
+            .sum();
+        self.log.set_map_nodes(nodes);
+    }
+
+    /// The log footprint of one map node record under this layout (lz4 never grows it).
+    pub fn node_record_bytes(&self) -> u32 {
+        (self
+            .red
+            .footprint(crate::map::NODE_BYTES)
+            .div_ceil(RECORD_ALIGN as usize)
+            * RECORD_ALIGN as usize) as u32
     }
 
     /// Space in the log for a record of `len` stored bytes (its footprint under the layout).
@@ -470,8 +492,10 @@ impl Core {
         let total = self.log.segments() as u64 * SEGMENT_BYTES * per;
         let used = (self.log.live_bytes_total() * per).min(total);
         // The segments client data may not take (`Log::alloc`).
-        let reserved = ((SEGMENTS_RESERVED + self.log.meta_reserve()) as u64 * SEGMENT_BYTES * per)
-            .min(total - used);
+        let reserved =
+            (self.log.reserved_segments() as u64 * SEGMENT_BYTES * per).min(total - used);
+        let provisioned: u64 = self.volumes.read().values().map(|v| v.size).sum();
+        let written = self.log.written();
         PoolStatus {
             pool_id: wrap::to_hex(&sb.sb.pool_id),
             dir: self.dir.clone(),
@@ -490,6 +514,16 @@ impl Core {
                 used_bytes: used,
                 free_bytes: total - used - reserved,
                 reserved_bytes: reserved,
+                usable_bytes: total
+                    - ((SEGMENTS_RESERVED + self.log.clean_reserve_segments()) as u64
+                        * SEGMENT_BYTES
+                        * per)
+                        .min(total),
+                provisioned_bytes: provisioned,
+                data_written_bytes: written.data * per,
+                clean_written_bytes: written.clean * per,
+                meta_written_bytes: written.meta * per,
+                write_amplification: written.amplification(),
             },
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),
@@ -509,45 +543,62 @@ impl Core {
         self.commit()
     }
 
-    /// Wait until client data can be allocated, asking the maintenance thread to commit and clean.
-    /// Answers `NoSpace` at once when nothing could be reclaimed, and after two commits that
-    /// left no more free segments than before (on a full pool a commit frees only the segments
-    /// its own metadata replaced, about as many as it takes).
-    pub fn wait_for_space(&self) -> Result<()> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    /// Wait until `records` records of client data can be placed, asking the maintenance
+    /// thread to commit and clean: back-pressure, never a failure, while space can still be
+    /// reclaimed. Answers `NoSpace` when nothing can be: no sealed segment holds dead bytes
+    /// worth cleaning, no commit would free a segment or hand back its room (the pool's live
+    /// data fills it), or the maintenance thread's rounds of committing and cleaning have
+    /// freed nothing `SPACE_WAIT_FUTILE` times in a row, or after `SPACE_WAIT_MAX` without
+    /// any progress.
+    pub fn wait_for_space(&self, records: usize) -> Result<()> {
+        self.wait_for(Stream::Data, records)
+    }
+
+    /// Room in the next commit for `nodes` map nodes dirtied without placing a record
+    /// (`Log::hold_nodes`), waiting for a commit when the pool is short of it.
+    pub fn hold_nodes(&self, nodes: usize) -> Result<crate::log::Pending<'_>> {
+        loop {
+            match self.log.hold_nodes(nodes) {
+                Err(Error::NoSpace) => self.wait_for(Stream::Clean, nodes)?,
+                other => return other,
+            }
+        }
+    }
+
+    fn wait_for(&self, stream: Stream, records: usize) -> Result<()> {
+        let mut deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
+        let mut freed = self.log.freed_total();
         let mut futile = 0;
-        let mut best_free = self.log.free_segments();
-        while !self.log.data_space_available() {
+        while !self.log.space_available(stream, records) {
             self.check_poisoned()?;
             if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
                 return Err(Error::NoSpace);
             }
-            let done_before = self.commits_done.load(Ordering::Acquire);
+            let rounds_before = self.clean_rounds.load(Ordering::Acquire);
+            self.space_wanted.store(true, Ordering::Release);
             self.wake_maintenance();
             let mut g = self.space_wait.lock();
-            self.log.space.wait_for(&mut g, Duration::from_millis(200));
+            self.log.space.wait_for(&mut g, Duration::from_millis(100));
             drop(g);
-            if self.log.data_space_available() {
+            if self.log.space_available(stream, records) {
                 break;
             }
-            let free = self.log.free_segments();
-            if free > best_free {
-                best_free = free;
+            let now_freed = self.log.freed_total();
+            if now_freed > freed {
+                freed = now_freed;
                 futile = 0;
-            } else if self.commits_done.load(Ordering::Acquire) > done_before {
+                deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
+            } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
                 futile += 1;
-                if futile >= 2 {
+                if futile >= SPACE_WAIT_FUTILE {
                     return Err(Error::NoSpace);
                 }
             }
-            // A full pool answers at once: nothing a commit would free, nothing worth cleaning.
-            // (A commit of dirty map nodes also hands back the room kept for it.)
-            let reclaimable = self.log.meta_reserve() > 0
+            // A full pool answers at once: nothing a commit would free or hand back (its
+            // room for map nodes), nothing worth cleaning.
+            let reclaimable = self.log.commit_need(0) > 0
                 || !self.log.zero_sealed().is_empty()
-                || !self
-                    .log
-                    .victims(1, (SEGMENT_BYTES * 15 / 16) as u32)
-                    .is_empty();
+                || self.log.any_victim();
             if !reclaimable {
                 return Err(Error::NoSpace);
             }
@@ -555,10 +606,12 @@ impl Core {
         Ok(())
     }
 
+    /// Whether the cleaner should run: free segments are low, or a writer waits for space.
     fn low_on_space(&self) -> bool {
         let free = self.log.free_segments();
-        let low = SEGMENTS_FREE_LOW.max(self.log.segments() * FREE_PERCENT_LOW / 100);
-        free < low
+        let low = SEGMENTS_FREE_LOW.max(self.log.segments() * FREE_PERCENT_LOW / 100)
+            + self.log.reserved_segments();
+        free < low || self.space_wanted.load(Ordering::Acquire)
     }
 
     pub fn any_dirty(&self) -> bool {
@@ -596,10 +649,11 @@ impl Core {
                 }
             }
             if self.low_on_space() && self.accounting_complete {
+                self.space_wanted.store(false, Ordering::Release);
                 match self.clean() {
                     Ok(0) => {}
                     Ok(n) => {
-                        tracing::debug!(segments = n, "cleaned");
+                        tracing::debug!(records = n, "cleaned");
                         if let Err(e) = self.commit() {
                             tracing::error!("commit after cleaning failed: {e}");
                         }
@@ -608,6 +662,7 @@ impl Core {
                     }
                     Err(e) => tracing::error!("cleaning failed: {e}"),
                 }
+                self.clean_rounds.fetch_add(1, Ordering::AcqRel);
             }
         }
     }

@@ -356,6 +356,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         accounting_complete: true,
         wake: (Mutex::new(false), Condvar::new()),
         space_wait: Mutex::new(()),
+        space_wanted: AtomicBool::new(false),
+        clean_rounds: AtomicU64::new(0),
         faults: RwLock::new(faults),
         allow_faults: opts.allow_fault_injection,
         table_key_next: Mutex::new(None),
@@ -436,6 +438,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     core.log = Log::new(live, newest.high_water, complete);
+    core.log.set_node_bytes(core.node_record_bytes());
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
         core.log.mark_data(seg as u32);
     }

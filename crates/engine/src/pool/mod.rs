@@ -143,6 +143,24 @@ pub struct SpaceStatus {
     /// Kept back from client writes for commits (map nodes) and the cleaner.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// What live data may fill: total less the segments always kept for commits and the
+    /// cleaner. Overwrites never fail for space while used stays within it.
+    #[serde(default)]
+    pub usable_bytes: u64,
+    /// Sum of the volumes' sizes: above `usable_bytes` the pool is overcommitted (thin).
+    #[serde(default)]
+    pub provisioned_bytes: u64,
+    /// Bytes written since the daemon started: client data, blocks the cleaner moved, and
+    /// metadata (map nodes, volume table), each counted once per copy's worth of space.
+    #[serde(default)]
+    pub data_written_bytes: u64,
+    #[serde(default)]
+    pub clean_written_bytes: u64,
+    #[serde(default)]
+    pub meta_written_bytes: u64,
+    /// (data + clean + meta) / data written since start; 1.0 before any client write.
+    #[serde(default)]
+    pub write_amplification: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

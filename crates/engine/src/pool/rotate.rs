@@ -248,7 +248,7 @@ impl Core {
             }
             let waited = since.elapsed();
             if waited >= ROTATE_RETRY
-                || (waited >= ROTATE_RETRY_MIN && self.log.data_space_available())
+                || (waited >= ROTATE_RETRY_MIN && self.log.background_space_available())
             {
                 return true;
             }
@@ -304,6 +304,10 @@ impl Core {
             // under the new generation and are skipped when it is tried again.
             let mut done = 0u64;
             let result = old.iter().try_for_each(|&lba| {
+                // Background work leaves the pool's last free space to client writes.
+                if !self.log.background_space_available() {
+                    return Err(Error::NoSpace);
+                }
                 vol.rewrite_block(lba, &mut buf)?;
                 done += 1;
                 Ok::<(), Error>(())

@@ -539,6 +539,9 @@ impl Volume {
             });
         }
         let contiguous = !matches!(self.core.red.layout, crate::pool::Layout::Parity { .. });
+        // Records placed count toward the next commit's room until the map points at them
+        // and `note_dirty` has counted their leaves (`Log::alloc_run`).
+        let mut pending = self.core.log.pending();
         let mut placed = 0;
         let fail = |recs: &[Rec], placed: usize| {
             for r in &recs[..placed] {
@@ -553,7 +556,7 @@ impl Volume {
                     match self.core.log.alloc_run(Stream::Data, &lens) {
                         Ok(x) => break x,
                         Err(Error::NoSpace) => {
-                            if let Err(e) = self.core.wait_for_space() {
+                            if let Err(e) = self.core.wait_for_space(lens.len()) {
                                 fail(&recs, placed);
                                 return Err(e);
                             }
@@ -569,7 +572,7 @@ impl Volume {
                     {
                         Ok(a) => break (a, 1),
                         Err(Error::NoSpace) => {
-                            if let Err(e) = self.core.wait_for_space() {
+                            if let Err(e) = self.core.wait_for_space(1) {
                                 fail(&recs, placed);
                                 return Err(e);
                             }
@@ -578,6 +581,7 @@ impl Volume {
                     }
                 }
             };
+            pending.add(count);
             let base = rest[0].at;
             let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
             for r in &mut recs[placed..placed + count] {
@@ -590,6 +594,17 @@ impl Volume {
             placed += count;
         }
         let mut freed = Vec::with_capacity(recs.len() + holes.len());
+        // Blocks of zeros become holes: their leaves need room in the next commit too.
+        let held = match holes.len() {
+            0 => None,
+            n => match self.core.hold_nodes(n) {
+                Ok(held) => Some(held),
+                Err(e) => {
+                    fail(&recs, recs.len());
+                    return Err(e);
+                }
+            },
+        };
         let dirty_total = {
             let mut tree = self.st.tree.lock();
             for (i, r) in recs.iter().enumerate() {
@@ -615,6 +630,7 @@ impl Volume {
             }
             self.core.note_dirty(&self.st, tree.dirty_nodes())
         };
+        drop((pending, held));
         for (new_len, old) in &freed {
             self.core.free_ptr(old);
             self.st
@@ -624,7 +640,7 @@ impl Volume {
                 .used_bytes
                 .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
-        if dirty_total > MAP_DIRTY_NODES_MAX {
+        if dirty_total > self.core.log.dirty_nodes_cap() {
             self.core.wake_maintenance();
         }
         self.core.recycle_if_due();
@@ -632,6 +648,8 @@ impl Volume {
     }
 
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
+        // The leaf this dirties needs room in the next commit.
+        let held = self.core.hold_nodes(1)?;
         let (old, dirty_total) = {
             let mut tree = self.st.tree.lock();
             let old = match tree.set(&*self.core, &self.core.cache, lba, ptr) {
@@ -645,13 +663,14 @@ impl Volume {
             self.core.free_ptr(&old);
             (old, self.core.note_dirty(&self.st, tree.dirty_nodes()))
         };
+        drop(held);
         self.st
             .used_bytes
             .fetch_add(ptr.len as u64, Ordering::Relaxed);
         self.st
             .used_bytes
             .fetch_sub(old.len as u64, Ordering::Relaxed);
-        if dirty_total > MAP_DIRTY_NODES_MAX {
+        if dirty_total > self.core.log.dirty_nodes_cap() {
             self.core.wake_maintenance();
         }
         Ok(())
