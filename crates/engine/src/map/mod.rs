@@ -173,14 +173,23 @@ impl std::ops::Deref for NodeRef<'_> {
     }
 }
 
-/// Levels needed to address `blocks` logical blocks.
+/// Levels needed to address `blocks` logical blocks (at least 1; at most
+/// `MAP_DEPTH_MAX` for any u64). Total: a count read from disk cannot make it loop.
 pub fn depth_for(blocks: u64) -> u8 {
     let mut d = 1u8;
-    while (blocks - 1) >> (MAP_FANOUT_SHIFT * d as u32) > 0 {
+    while blocks
+        .saturating_sub(1)
+        .checked_shr(MAP_FANOUT_SHIFT * d as u32)
+        .unwrap_or(0)
+        > 0
+    {
         d += 1;
     }
     d
 }
+
+/// The deepest tree any u64 count of blocks needs (64^11 > 2^64).
+pub const MAP_DEPTH_MAX: u8 = 11;
 
 fn slot(lba: u64, level: u8) -> usize {
     ((lba >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1)
@@ -651,6 +660,9 @@ mod tests {
         assert_eq!(depth_for(65), 2);
         assert_eq!(depth_for(4096), 2);
         assert_eq!(depth_for(1 << 28), 5);
+        // Counts no volume has (from damaged records) still give a depth, without looping.
+        assert_eq!(depth_for(0), 1);
+        assert_eq!(depth_for(u64::MAX), MAP_DEPTH_MAX);
     }
 
     #[test]

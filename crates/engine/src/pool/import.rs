@@ -392,6 +392,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
     for rec in &table.volumes {
+        let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
         let blocks = rec.size_bytes / rec.block_size as u64;
         let tree = Tree::new(rec.id, depth_for(blocks), root);
@@ -416,12 +417,6 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::error!(volume = rec.name, "cannot walk the block map ({e}); space will not be reclaimed until this is repaired");
             complete = false;
         }
-        let opts = crate::volume::VolumeOptions {
-            size_bytes: rec.size_bytes,
-            block_size: rec.block_size,
-            compression: rec.compression,
-            encryption: rec.encryption,
-        };
         let st = VolumeState::new(
             rec.id,
             rec.uuid,

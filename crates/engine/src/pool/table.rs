@@ -49,6 +49,29 @@ pub struct VolumeRecord {
     pub rotation: Option<super::rotate::Rotation>,
 }
 
+impl VolumeRecord {
+    /// The record's geometry as the options it was created with, refused as `Corrupt` when
+    /// no `volume create` could have made it: block size a power of two from
+    /// `BLOCK_BYTES_MIN` to `BLOCK_BYTES_MAX`, size from one block to `VOLUME_BYTES_MAX`
+    /// and a whole number of blocks. Bytes from disk: a block size of 0 would divide by
+    /// zero and a size of 0 would give no tree depth.
+    pub fn options(&self) -> Result<crate::volume::VolumeOptions> {
+        let opts = crate::volume::VolumeOptions {
+            size_bytes: self.size_bytes,
+            block_size: self.block_size,
+            compression: self.compression,
+            encryption: self.encryption,
+        };
+        opts.validate().map_err(|e| {
+            Error::Corrupt(format!(
+                "volume table: the record of volume '{}' (id {}) is damaged: {e}",
+                self.name, self.id
+            ))
+        })?;
+        Ok(opts)
+    }
+}
+
 pub fn ptr_to_hex(p: &Blkptr) -> String {
     let mut b = [0u8; BLKPTR_BYTES];
     p.encode(&mut b);
