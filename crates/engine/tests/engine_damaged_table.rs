@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bulwark_engine::codec::checksum;
 use bulwark_engine::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
+use bulwark_engine::keys::SlotKind;
 use bulwark_engine::map::{Blkptr, ADDR_NONE};
 use bulwark_engine::pool::superblock::Superblock;
 use bulwark_engine::pool::table::TableRecord;
@@ -23,6 +24,10 @@ use zeroize::Zeroizing;
 
 fn kf(b: u8) -> Secret {
     Secret::KeyFile(Zeroizing::new([b; 32]))
+}
+
+fn pp(s: &str) -> Secret {
+    Secret::Passphrase(Zeroizing::new(s.as_bytes().to_vec()))
 }
 
 /// A one-device `single` pool with an encrypted volume "v" (key `kf(1)`) and a plain
@@ -192,6 +197,58 @@ fn an_unchanged_rewritten_table_imports() {
     edit_table(&dev, |_| {});
     let pool = Pool::open(t.path(), OpenOptions::default()).unwrap();
     let mut b = vec![0u8; 4096];
+    pool.volume("p").unwrap().read(0, &mut b).unwrap();
+    assert_eq!(b, [7u8; 4096]);
+}
+
+/// Argon2 costs read from a key slot are bounded before use: a memory cost of 4 TiB used
+/// to abort the process (allocation failure) on `key load`, a time cost of 2^32 passes to
+/// hang it. Such a slot is refused with a message naming it and the limit, the other
+/// slots still open, and the pool goes on serving.
+#[test]
+fn a_key_slot_with_absurd_argon2_costs_is_refused_and_the_pool_stays_up() {
+    let t = tempfile::tempdir().unwrap();
+    let dev = new_pool(t.path());
+    let bad = [
+        (u32::MAX, 3, 1, "memory cost 4294967295 KiB"),
+        (65536, u32::MAX, 1, "time cost 4294967295 passes"),
+        (65536, 3, 1 << 20, "parallelism 1048576 lanes"),
+    ];
+    edit_table(&dev, |table| {
+        let v = table.volumes.iter_mut().find(|v| v.name == "v").unwrap();
+        let good = v.slots[0].clone();
+        for (m_kib, t, p, _) in bad {
+            let mut s = good.clone();
+            s.kind = SlotKind::Passphrase { m_kib, t, p };
+            v.slots.push(s);
+        }
+    });
+    let dir = t.path().to_path_buf();
+    let pool = within_a_minute("open", move || {
+        Pool::open(&dir, OpenOptions::default()).unwrap()
+    });
+    let p2 = pool.clone();
+    let e = within_a_minute("key load", move || p2.load_key("v", &pp("anything")));
+    let e = match e {
+        Err(e @ Error::Corrupt(_)) => e.to_string(),
+        other => panic!("key load with damaged slots: expected Corrupt, got {other:?}"),
+    };
+    assert!(
+        e.contains("key slot 1 of volume 'v'") && e.contains(bad[0].3) && e.contains("limit"),
+        "{e}"
+    );
+    // Key remove skips the damaged slots too: the passphrase opens none of them.
+    let p2 = pool.clone();
+    let removed = within_a_minute("key remove", move || p2.key_remove("v", &pp("anything")));
+    assert!(
+        matches!(removed, Err(Error::WrongKey(_))),
+        "key remove: {removed:?}"
+    );
+    // The pool stays up: the good slot opens, data reads back, the other volume too.
+    pool.load_key("v", &kf(1)).unwrap();
+    let mut b = vec![0u8; 4096];
+    pool.volume("v").unwrap().read(0, &mut b).unwrap();
+    assert_eq!(b, [7u8; 4096]);
     pool.volume("p").unwrap().read(0, &mut b).unwrap();
     assert_eq!(b, [7u8; 4096]);
 }
