@@ -400,8 +400,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let walked = tree.walk(&core, &core.cache, 0, u64::MAX, &mut |v| {
             match v {
                 Visit::Unreadable { error, .. } => return Err(Error::Corrupt(error.to_string())),
-                Visit::Node { ptr, .. } => count(ptr, &mut live),
+                Visit::Node { ptr, .. } => {
+                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                    count(ptr, &mut live)
+                }
                 Visit::Data { ptr, .. } => {
+                    // A pointer past the pool would be counted nowhere, or overflow a
+                    // segment's count: the walk stops, and nothing is reclaimed.
+                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
                     count(ptr, &mut live);
                     for &a in ptr.addrs() {
                         if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
