@@ -44,6 +44,16 @@ pub const BLOCK_BYTES_DEFAULT: u32 = 4096;
 /// Largest volume (2^60 bytes keeps every offset arithmetic inside u64).
 pub const VOLUME_BYTES_MAX: u64 = 1 << 60;
 
+/// Longest record a block pointer may describe: its footprint fits one segment, and a
+/// parity stripe has fewer than `DEVICES_MAX` data shards. Bytes from disk: a longer
+/// `len` is refused before any buffer is sized by it.
+pub const RECORD_BYTES_MAX: u64 = SEGMENT_BYTES * DEVICES_MAX as u64;
+/// Pool addresses are below this: segment numbers are u32.
+pub const POOL_ADDRESS_END: u64 = (u32::MAX as u64 + 1) * SEGMENT_BYTES;
+/// Largest decompressed metadata record whose length is not known before reading it
+/// (the volume table: about 1 KiB per volume).
+pub const META_RAW_BYTES_MAX: usize = 64 << 20;
+
 /// Block-map radix tree: 64 pointers per node.
 pub const MAP_FANOUT_SHIFT: u32 = 6;
 pub const MAP_FANOUT: usize = 1 << MAP_FANOUT_SHIFT;

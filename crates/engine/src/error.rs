@@ -63,6 +63,15 @@ impl Error {
         }
     }
 
+    /// A `Corrupt` error with where it was found put in front (`what: message`); any
+    /// other error as it is.
+    pub(crate) fn within(self, what: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
+            e => e,
+        }
+    }
+
     pub(crate) fn device(path: &std::path::Path, source: std::io::Error) -> Self {
         Error::Device {
             path: path.to_path_buf(),

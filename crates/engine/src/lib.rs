@@ -14,6 +14,8 @@ pub mod codec;
 pub mod constants;
 pub mod device;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fuzz;
 pub mod keys;
 pub mod log;
 pub mod map;

@@ -568,4 +568,41 @@ mod tests {
             }
         }
     }
+
+    /// `decode` of a data block gives `Ok` or `Corrupt` for any stored bytes and any
+    /// flags (the first two bytes of a case), into a block-sized buffer it never grows.
+    #[test]
+    fn decode_never_panics() {
+        let [c, _] = ciphers();
+        let plain: Vec<u8> = (0..4096u32).map(|i| (i / 7) as u8).collect();
+        let aad = block_aad(&[1; 16], 9);
+        let mut valid = Vec::new();
+        for (comp, cipher) in [
+            (Compression::Lz4, Some(&c)),
+            (Compression::Off, Some(&c)),
+            (Compression::Lz4, None),
+            (Compression::Off, None),
+        ] {
+            let mut out = Vec::new();
+            let flags = encode(&plain, comp, cipher, &aad, 5, &mut out).unwrap();
+            let mut v = flags.to_le_bytes().to_vec();
+            v.extend_from_slice(&out);
+            valid.push(v);
+        }
+        crate::fuzz::never_panics("codec::decode", &valid, 5000, None, &|b| {
+            if b.len() < 2 {
+                return;
+            }
+            let flags = u16::from_le_bytes([b[0], b[1]]);
+            let mut out = vec![0u8; 4096];
+            for cipher in [Some(&c), None] {
+                let mut stored = b[2..].to_vec();
+                match decode(&mut stored, flags, cipher, &aad, 5, &mut out) {
+                    Ok(()) | Err(Error::Corrupt(_)) => {}
+                    Err(e) => panic!("not a Corrupt error: {e}"),
+                }
+                assert_eq!(out.len(), 4096);
+            }
+        });
+    }
 }

@@ -19,6 +19,39 @@ pub const ARGON2_M_KIB: u32 = 64 * 1024;
 pub const ARGON2_T: u32 = 3;
 pub const ARGON2_P: u32 = 1;
 
+/// The most a slot read from disk may ask of Argon2id (cost is used as found, so
+/// without a bound a damaged slot could make `key load` allocate terabytes, which
+/// aborts the daemon, or run for days). Bulwark creates slots at `ARGON2_M_KIB`,
+/// `ARGON2_T`, `ARGON2_P`; the bounds leave 16×, 5× and 16× headroom (LUKS2 caps
+/// memory at 4 GiB, cryptsetup's default at 1 GiB). Worst case here: 1 GiB for
+/// 16 passes, seconds, not hours.
+pub const ARGON2_M_KIB_MAX: u32 = 1 << 20;
+pub const ARGON2_T_MAX: u32 = 16;
+pub const ARGON2_P_MAX: u32 = 16;
+
+/// Refuses Argon2 costs above the bounds, before anything is allocated.
+pub fn check_cost(kind: &SlotKind) -> Result<()> {
+    let SlotKind::Passphrase { m_kib, t, p } = *kind else {
+        return Ok(());
+    };
+    let over = |what: &str, got: u32, max: u32, unit: &str| {
+        Err(Error::Corrupt(format!(
+            "Argon2 {what} {got}{unit} is above the limit of {max}{unit}: the slot is damaged \
+             (bulwark makes slots with memory {ARGON2_M_KIB} KiB, {ARGON2_T} passes, {ARGON2_P} lane)"
+        )))
+    };
+    if m_kib > ARGON2_M_KIB_MAX {
+        return over("memory cost", m_kib, ARGON2_M_KIB_MAX, " KiB");
+    }
+    if t > ARGON2_T_MAX {
+        return over("time cost", t, ARGON2_T_MAX, " passes");
+    }
+    if p > ARGON2_P_MAX {
+        return over("parallelism", p, ARGON2_P_MAX, " lanes");
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SlotKind {
@@ -53,6 +86,7 @@ fn kek(secret: &Secret, kind: &SlotKind, salt: &[u8; 32]) -> Result<Zeroizing<[u
     let mut out = Zeroizing::new([0u8; 32]);
     match (secret, kind) {
         (Secret::Passphrase(p), SlotKind::Passphrase { m_kib, t, p: par }) => {
+            check_cost(kind)?;
             let params = argon2::Params::new(*m_kib, *t, *par, Some(32)).map_err(|e| {
                 Error::Corrupt(format!("key slot has invalid Argon2 parameters: {e}"))
             })?;
@@ -231,5 +265,53 @@ mod tests {
         )
         .unwrap()
         .is_none());
+    }
+
+    /// Costs above the bounds are refused before Argon2 runs (a memory cost of 4 TiB
+    /// aborted the process, 2^32 passes hung it), each with its own message; costs at
+    /// the bounds are accepted (checked without hashing: 1 GiB × 16 passes is slow).
+    #[test]
+    fn argon2_costs_out_of_bounds_are_refused() {
+        let dk = new_data_key();
+        let uuid = [3u8; 16];
+        let pp = Secret::Passphrase(Zeroizing::new(b"x".to_vec()));
+        let mut slot = wrap(&dk, &Secret::KeyFile(Zeroizing::new([1; 32])), &uuid).unwrap();
+        for (m_kib, t, p, says) in [
+            (
+                u32::MAX,
+                3,
+                1,
+                "memory cost 4294967295 KiB is above the limit of 1048576 KiB",
+            ),
+            (ARGON2_M_KIB_MAX + 1, 3, 1, "memory cost"),
+            (
+                65536,
+                u32::MAX,
+                1,
+                "time cost 4294967295 passes is above the limit of 16",
+            ),
+            (65536, ARGON2_T_MAX + 1, 1, "time cost"),
+            (65536, 3, u32::MAX, "parallelism 4294967295 lanes"),
+            (65536, 3, ARGON2_P_MAX + 1, "parallelism"),
+        ] {
+            slot.kind = SlotKind::Passphrase { m_kib, t, p };
+            match unwrap(&slot, &pp, &uuid) {
+                Err(Error::Corrupt(m)) => assert!(m.contains(says), "{m}"),
+                other => panic!("({m_kib}, {t}, {p}): {:?}", other.map(|k| k.is_some())),
+            }
+        }
+        let at_bounds = SlotKind::Passphrase {
+            m_kib: ARGON2_M_KIB_MAX,
+            t: ARGON2_T_MAX,
+            p: ARGON2_P_MAX,
+        };
+        check_cost(&at_bounds).unwrap();
+        // Too small for Argon2 (memory below 8 KiB per lane): a typed error too.
+        slot.kind = SlotKind::Passphrase {
+            m_kib: 0,
+            t: 0,
+            p: 0,
+        };
+        assert!(matches!(unwrap(&slot, &pp, &uuid), Err(Error::Corrupt(_))));
     }
 }

@@ -17,13 +17,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::codec::Checksum;
-use crate::constants::{MAP_FANOUT, MAP_FANOUT_SHIFT};
+use crate::codec::{Checksum, FLAG_ENCRYPTED, FLAG_LZ4};
+use crate::constants::{
+    MAP_FANOUT, MAP_FANOUT_SHIFT, POOL_ADDRESS_END, RECORD_ALIGN, RECORD_BYTES_MAX,
+};
 use crate::{Error, Result};
 
 pub const BLKPTR_BYTES: usize = 64;
 pub const NODE_HEADER_BYTES: usize = 16;
 pub const NODE_BYTES: usize = NODE_HEADER_BYTES + MAP_FANOUT * BLKPTR_BYTES;
+/// A node's stored bytes at most: lz4's bound on `NODE_BYTES` (a node lz4 does not
+/// shrink is stored raw, shorter still).
+pub const NODE_STORED_BYTES_MAX: usize = lz4_flex::block::get_maximum_output_size(NODE_BYTES);
 const NODE_MAGIC: &[u8; 4] = b"BWMN";
 /// `addr[1]` when a record has no second copy.
 pub const ADDR_NONE: u64 = u64::MAX;
@@ -76,17 +81,63 @@ impl Blkptr {
         out[32..64].copy_from_slice(&self.checksum);
     }
 
-    pub fn decode(b: &[u8]) -> Blkptr {
+    /// Decode a pointer read from disk, refusing what no writer stores: unknown flag
+    /// bits, a length over `RECORD_BYTES_MAX`, a missing first copy, an address past the
+    /// pool address space or off `RECORD_ALIGN`. A hole (`len` 0) is taken as it is.
+    /// Whether the copies lie inside this pool's segments is for
+    /// `Redundancy::check_record`, which knows the layout.
+    pub fn decode(b: &[u8]) -> Result<Blkptr> {
+        if b.len() != BLKPTR_BYTES {
+            return Err(Error::Corrupt(format!(
+                "block pointer of {} bytes, expected {BLKPTR_BYTES}",
+                b.len()
+            )));
+        }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        Blkptr {
+        let p = Blkptr {
             addr: [u64_at(0), u64_at(8)],
             nonce: u64_at(16),
             len: u32::from_le_bytes(b[24..28].try_into().unwrap()),
             flags: u16::from_le_bytes(b[28..30].try_into().unwrap()),
             key_gen: u16::from_le_bytes(b[30..32].try_into().unwrap()),
             checksum: b[32..64].try_into().unwrap(),
+        };
+        if p.is_hole() {
+            return Ok(p);
         }
+        let bad = |why: String| Err(Error::Corrupt(format!("block pointer {why}")));
+        if p.flags & !(FLAG_LZ4 | FLAG_ENCRYPTED) != 0 {
+            return bad(format!("has unknown flags {:#06x}", p.flags));
+        }
+        if p.len as u64 > RECORD_BYTES_MAX {
+            return bad(format!(
+                "has length {}, above the limit of {RECORD_BYTES_MAX}",
+                p.len
+            ));
+        }
+        if p.addr[0] == ADDR_NONE {
+            return bad("has no first copy".into());
+        }
+        for &a in p.addrs() {
+            if a >= POOL_ADDRESS_END || a % RECORD_ALIGN != 0 {
+                return bad(format!("has address {a}, not a record address"));
+            }
+        }
+        Ok(p)
     }
+}
+
+/// Refuses a pointer to a map node that no commit writes: encrypted, or longer than a
+/// node's largest encoding (so a node read never allocates more than that).
+pub fn check_node_ptr(p: &Blkptr) -> Result<()> {
+    if p.flags & FLAG_ENCRYPTED != 0 || p.len as usize > NODE_STORED_BYTES_MAX {
+        return Err(Error::Corrupt(format!(
+            "map node pointer has flags {:#06x} and length {} (a node is never encrypted and \
+             at most {NODE_STORED_BYTES_MAX} bytes stored)",
+            p.flags, p.len
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Clone)]
@@ -137,7 +188,11 @@ impl Node {
         let mut n = Node::empty(level, index);
         for (i, p) in n.ptrs.iter_mut().enumerate() {
             let at = NODE_HEADER_BYTES + i * BLKPTR_BYTES;
-            *p = Blkptr::decode(&b[at..at + BLKPTR_BYTES]);
+            let within = || format!("map node ({level}, {index}) slot {i}");
+            *p = Blkptr::decode(&b[at..at + BLKPTR_BYTES]).map_err(|e| e.within(within()))?;
+            if level > 0 && !p.is_hole() {
+                check_node_ptr(p).map_err(|e| e.within(within()))?;
+            }
         }
         Ok(n)
     }
@@ -173,14 +228,23 @@ impl std::ops::Deref for NodeRef<'_> {
     }
 }
 
-/// Levels needed to address `blocks` logical blocks.
+/// Levels needed to address `blocks` logical blocks (at least 1; at most
+/// `MAP_DEPTH_MAX` for any u64). Total: a count read from disk cannot make it loop.
 pub fn depth_for(blocks: u64) -> u8 {
     let mut d = 1u8;
-    while (blocks - 1) >> (MAP_FANOUT_SHIFT * d as u32) > 0 {
+    while blocks
+        .saturating_sub(1)
+        .checked_shr(MAP_FANOUT_SHIFT * d as u32)
+        .unwrap_or(0)
+        > 0
+    {
         d += 1;
     }
     d
 }
+
+/// The deepest tree any u64 count of blocks needs (64^11 > 2^64).
+pub const MAP_DEPTH_MAX: u8 = 11;
 
 fn slot(lba: u64, level: u8) -> usize {
     ((lba >> (MAP_FANOUT_SHIFT * level as u32)) as usize) & (MAP_FANOUT - 1)
@@ -635,7 +699,7 @@ mod tests {
 
     fn data(n: u64) -> Blkptr {
         Blkptr {
-            addr: [n, ADDR_NONE],
+            addr: [n * RECORD_ALIGN, ADDR_NONE],
             nonce: n,
             len: 4096,
             flags: 0,
@@ -651,6 +715,9 @@ mod tests {
         assert_eq!(depth_for(65), 2);
         assert_eq!(depth_for(4096), 2);
         assert_eq!(depth_for(1 << 28), 5);
+        // Counts no volume has (from damaged records) still give a depth, without looping.
+        assert_eq!(depth_for(0), 1);
+        assert_eq!(depth_for(u64::MAX), MAP_DEPTH_MAX);
     }
 
     #[test]
@@ -671,7 +738,7 @@ mod tests {
                     Ok(nodes
                         .iter()
                         .map(|n| {
-                            next += 1;
+                            next += 16;
                             store.0.borrow_mut().insert(next, n.encode());
                             Blkptr {
                                 addr: [next, ADDR_NONE],
@@ -750,7 +817,7 @@ mod tests {
             Ok(nodes
                 .iter()
                 .map(|n| {
-                    *next += 1;
+                    *next += 16;
                     store.0.borrow_mut().insert(*next, n.encode());
                     Blkptr {
                         addr: [*next, ADDR_NONE],
@@ -853,5 +920,79 @@ mod tests {
         assert!(Node::decode(&b, 1, 8).is_err());
         assert!(Node::decode(&b, 0, 7).is_err());
         assert!(Node::decode(&b[..100], 1, 7).is_err());
+    }
+
+    /// `Blkptr::decode` and `Node::decode` give `Ok` or `Corrupt` for any bytes, and what
+    /// they accept is inside the bounds (length, address, flags; node pointers short and
+    /// unencrypted), so nothing is sized by a damaged pointer.
+    #[test]
+    fn decoders_never_panic_and_bound_what_they_accept() {
+        let mut leaf = Node::empty(0, 5);
+        let mut inner = Node::empty(1, 0);
+        for i in 0..MAP_FANOUT {
+            if i % 3 != 0 {
+                leaf.ptrs[i] = Blkptr {
+                    flags: (i % 4) as u16,
+                    ..data(i as u64 * 4096)
+                };
+            }
+            if i % 5 == 0 {
+                inner.ptrs[i] = Blkptr {
+                    addr: [i as u64 * 8192, (i as u64 + 100) * 8192],
+                    len: 700 + i as u32,
+                    flags: FLAG_LZ4,
+                    ..Blkptr::HOLE
+                };
+            }
+        }
+        let nodes = vec![leaf.encode(), inner.encode(), Node::empty(2, 0).encode()];
+        let check = |p: &Blkptr| {
+            if !p.is_hole() {
+                assert!(p.len as u64 <= RECORD_BYTES_MAX);
+                assert!(p.addrs().iter().all(|&a| a < POOL_ADDRESS_END));
+                assert_eq!(p.flags & !(FLAG_LZ4 | FLAG_ENCRYPTED), 0);
+            }
+        };
+        crate::fuzz::never_panics("Node::decode", &nodes, 3000, None, &|b| {
+            for (level, index) in [(0, 5), (1, 0), (2, 0)] {
+                if let Ok(n) = Node::decode(b, level, index) {
+                    for p in &n.ptrs {
+                        check(p);
+                        if level > 0 && !p.is_hole() {
+                            check_node_ptr(p).unwrap();
+                        }
+                    }
+                }
+            }
+        });
+        let ptrs: Vec<Vec<u8>> = leaf.ptrs[..8]
+            .iter()
+            .chain(&inner.ptrs[..6])
+            .map(|p| {
+                let mut b = vec![0u8; BLKPTR_BYTES];
+                p.encode(&mut b);
+                b
+            })
+            .collect();
+        crate::fuzz::never_panics(
+            "Blkptr::decode",
+            &ptrs,
+            50_000,
+            None,
+            &|b| match Blkptr::decode(b) {
+                Ok(p) => {
+                    check(&p);
+                    let mut again = [0u8; BLKPTR_BYTES];
+                    p.encode(&mut again);
+                    assert_eq!(
+                        &again[..],
+                        b,
+                        "an accepted pointer encodes back to its bytes"
+                    );
+                }
+                Err(Error::Corrupt(_)) => {}
+                Err(e) => panic!("not a Corrupt error: {e}"),
+            },
+        );
     }
 }

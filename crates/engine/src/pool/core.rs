@@ -95,6 +95,7 @@ pub struct Core {
 
 impl NodeStore for Core {
     fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node> {
+        crate::map::check_node_ptr(ptr)?;
         let raw = self.read_meta(ptr, crate::map::NODE_BYTES)?;
         Node::decode(&raw, level, index)
     }
@@ -316,7 +317,9 @@ impl Core {
         Ok(recs.into_iter().map(|r| r.1).collect())
     }
 
-    /// Read a metadata record back, verified, decompressed to `raw_len` bytes (0: any length up to 64 MiB).
+    /// Read a metadata record back, verified, decompressed to `raw_len` bytes (0: any length
+    /// up to `META_RAW_BYTES_MAX`; longer is `Corrupt`). The stored length is bounded by
+    /// `Redundancy::check_record` before the read buffer is sized.
     pub fn read_meta(&self, ptr: &Blkptr, raw_len: usize) -> Result<Vec<u8>> {
         let mut stored = Vec::new();
         self.red
@@ -325,7 +328,7 @@ impl Core {
             return Ok(stored);
         }
         if raw_len == 0 {
-            return lz4_flex::block::decompress(&stored, 64 << 20)
+            return lz4_flex::block::decompress(&stored, META_RAW_BYTES_MAX)
                 .map_err(|e| Error::Corrupt(format!("metadata lz4: {e}")));
         }
         let mut out = vec![0u8; raw_len];

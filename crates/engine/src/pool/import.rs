@@ -394,6 +394,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
     for rec in &table.volumes {
+        let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
         let blocks = rec.size_bytes / rec.block_size as u64;
         let tree = Tree::new(rec.id, depth_for(blocks), root);
@@ -401,8 +402,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let walked = tree.walk(&core, &core.cache, 0, u64::MAX, &mut |v| {
             match v {
                 Visit::Unreadable { error, .. } => return Err(Error::Corrupt(error.to_string())),
-                Visit::Node { ptr, .. } => count(ptr, &mut live),
+                Visit::Node { ptr, .. } => {
+                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                    count(ptr, &mut live)
+                }
                 Visit::Data { ptr, .. } => {
+                    // A pointer past the pool would be counted nowhere, or overflow a
+                    // segment's count: the walk stops, and nothing is reclaimed.
+                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
                     count(ptr, &mut live);
                     for &a in ptr.addrs() {
                         if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
@@ -418,12 +425,6 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::error!(volume = rec.name, "cannot walk the block map ({e}); space will not be reclaimed until this is repaired");
             complete = false;
         }
-        let opts = crate::volume::VolumeOptions {
-            size_bytes: rec.size_bytes,
-            block_size: rec.block_size,
-            compression: rec.compression,
-            encryption: rec.encryption,
-        };
         let st = VolumeState::new(
             rec.id,
             rec.uuid,

@@ -74,12 +74,36 @@ impl Core {
         slots: &[KeySlot],
         secret: &Secret,
     ) -> Result<(usize, Zeroizing<[u8; 32]>)> {
+        let mut damaged = None;
         for (i, slot) in slots.iter().enumerate() {
-            if let Some(vmk) = wrap::unwrap(slot, secret, &st.uuid)? {
-                return Ok((i, vmk));
+            match Self::try_slot(st, i, slot, secret) {
+                Ok(Some(vmk)) => return Ok((i, vmk)),
+                Ok(None) => {}
+                Err(e @ Error::Corrupt(_)) => {
+                    damaged.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
             }
         }
-        Err(Error::WrongKey(st.name.clone()))
+        Err(damaged.unwrap_or_else(|| Error::WrongKey(st.name.clone())))
+    }
+
+    /// `wrap::unwrap` of slot `i`, its errors naming the slot. A damaged slot (Argon2
+    /// cost out of bounds, bad hex) is refused, not used: the caller goes on to the next
+    /// slot, and reports the damage only if no slot opens.
+    fn try_slot(
+        st: &VolumeState,
+        i: usize,
+        slot: &KeySlot,
+        secret: &Secret,
+    ) -> Result<Option<Zeroizing<[u8; 32]>>> {
+        wrap::unwrap(slot, secret, &st.uuid).map_err(|e| match e {
+            Error::Corrupt(m) => {
+                tracing::warn!(volume = st.name, slot = i, "key slot refused: {m}");
+                Error::Corrupt(format!("key slot {i} of volume '{}': {m}", st.name))
+            }
+            e => e,
+        })
     }
 
     /// A copy of the volume's slots; an error once they were erased.
@@ -99,8 +123,11 @@ impl Core {
     fn slots_opened_by(st: &VolumeState, slots: &[KeySlot], secret: &Secret) -> Result<Vec<usize>> {
         let mut opened = Vec::new();
         for (i, slot) in slots.iter().enumerate() {
-            if wrap::unwrap(slot, secret, &st.uuid)?.is_some() {
-                opened.push(i);
+            match Self::try_slot(st, i, slot, secret) {
+                Ok(Some(_)) => opened.push(i),
+                // A damaged slot opens with no secret (logged by `try_slot`).
+                Ok(None) | Err(Error::Corrupt(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(opened)
@@ -137,7 +164,7 @@ impl Core {
         }
         let (_, vmk) = self
             .open_slot(&st, secret)
-            .inspect_err(|_| tracing::warn!(volume = name, "key load refused: wrong key"))?;
+            .inspect_err(|e| tracing::warn!(volume = name, "key load refused: {e}"))?;
         let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock())?;
         *st.ring.write() = Some(Arc::new(ring));
         *st.vmk.lock() = Some(vmk);

@@ -8,7 +8,10 @@
 //! complete) is used. The layout is drawn in docs/format.md.
 
 use crate::codec::checksum;
-use crate::constants::{DEVICES_MAX, SUPERBLOCK_BYTES, SUPERBLOCK_SLOT_OFFSETS};
+use crate::constants::{
+    DEVICES_MAX, DEVICE_RESERVED_BACK, DEVICE_RESERVED_FRONT, SEGMENT_BYTES, SUPERBLOCK_BYTES,
+    SUPERBLOCK_SLOT_OFFSETS,
+};
 use crate::map::{Blkptr, BLKPTR_BYTES};
 use crate::pool::Layout;
 use crate::{Error, Result};
@@ -106,6 +109,46 @@ impl Superblock {
                 "superblock has {member_count} members"
             )));
         }
+        let member_index = u32_at(48);
+        if member_index >= member_count {
+            return Err(Error::Corrupt(format!(
+                "superblock says it is member {member_index} of {member_count}"
+            )));
+        }
+        let members_wanted = match layout {
+            Layout::Single => member_count,
+            Layout::Mirror(n) => n as u32,
+            Layout::Parity { k, m } => k as u32 + m as u32,
+        };
+        if members_wanted != member_count {
+            return Err(Error::Corrupt(format!(
+                "superblock has {member_count} members for a layout of {members_wanted}"
+            )));
+        }
+        // The segments fit the device bytes the pool uses, and the high-water mark the
+        // segments: every offset computed from them stays inside the device.
+        let device_bytes = u64_at(64);
+        let segments_per_device = u64_at(72);
+        let high_water = u32_at(88);
+        let used = segments_per_device
+            .checked_mul(SEGMENT_BYTES)
+            .and_then(|s| s.checked_add(DEVICE_RESERVED_FRONT + DEVICE_RESERVED_BACK));
+        if segments_per_device == 0 || used.is_none_or(|u| u > device_bytes) {
+            return Err(Error::Corrupt(format!(
+                "superblock has {segments_per_device} segments per device in {device_bytes} bytes"
+            )));
+        }
+        let segments = match layout {
+            Layout::Single => segments_per_device.saturating_mul(member_count as u64),
+            _ => segments_per_device,
+        };
+        if high_water as u64 > segments {
+            return Err(Error::Corrupt(format!(
+                "superblock high-water segment {high_water} is past the pool's {segments} segments"
+            )));
+        }
+        let root =
+            Blkptr::decode(&b[96..96 + BLKPTR_BYTES]).map_err(|e| e.within("superblock root"))?;
         let member_ids = (0..member_count as usize)
             .map(|i| b[160 + 16 * i..176 + 16 * i].try_into().unwrap())
             .collect();
@@ -113,14 +156,14 @@ impl Superblock {
             layout,
             pool_id: b[16..32].try_into().unwrap(),
             device_id: b[32..48].try_into().unwrap(),
-            member_index: u32_at(48),
+            member_index,
             member_count,
             generation: u64_at(56),
-            device_bytes: u64_at(64),
-            segments_per_device: u64_at(72),
+            device_bytes,
+            segments_per_device,
             nonce_reserved: u64_at(80),
-            high_water: u32_at(88),
-            root: Blkptr::decode(&b[96..96 + BLKPTR_BYTES]),
+            high_water,
+            root,
             member_ids,
             table_key: b[TABLE_KEY_AT..TABLE_KEY_AT + 32].try_into().unwrap(),
         }))
@@ -157,7 +200,7 @@ mod tests {
             nonce_reserved: 1 << 24,
             high_water: 12,
             root: Blkptr {
-                addr: [5, 6],
+                addr: [5 << 4, 6 << 4],
                 nonce: 0,
                 len: 99,
                 flags: 1,
@@ -174,5 +217,65 @@ mod tests {
         assert!(Superblock::decode(&[0u8; SUPERBLOCK_BYTES])
             .unwrap()
             .is_none());
+    }
+
+    /// Any bytes give `Ok(None)`, `Ok(Some)` or `Corrupt`, also with the checksum made
+    /// right after the mutation (half the cases), which takes mutants past it to the
+    /// fields. What decodes is consistent (member index, layout against member count,
+    /// segments inside the device bytes, high water inside the segments, a bounded root)
+    /// and encodes back to the same bytes.
+    #[test]
+    fn decode_never_panics_and_accepts_only_consistent_superblocks() {
+        let base = |layout, count: u32, spd: u64| Superblock {
+            layout,
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: count - 1,
+            member_count: count,
+            generation: 9,
+            device_bytes: (spd + 2) << 20,
+            segments_per_device: spd,
+            nonce_reserved: 1 << 24,
+            high_water: 3,
+            root: Blkptr {
+                addr: [3 << 20, 4 << 20],
+                nonce: 0,
+                len: 1000,
+                flags: 1,
+                key_gen: 0,
+                checksum: [9; 32],
+            },
+            member_ids: (0..count).map(|i| [i as u8; 16]).collect(),
+            table_key: [7; 32],
+        };
+        let valid = vec![
+            base(Layout::Single, 1, 60).encode(),
+            base(Layout::Single, 3, 12).encode(),
+            base(Layout::Mirror(2), 2, 1000).encode(),
+            base(Layout::Parity { k: 4, m: 2 }, 6, 40).encode(),
+        ];
+        let fix = |b: &mut Vec<u8>| {
+            if b.len() == SUPERBLOCK_BYTES {
+                let sum = checksum(&b[..CHECKSUM_AT]);
+                b[CHECKSUM_AT..].copy_from_slice(&sum);
+            }
+        };
+        crate::fuzz::never_panics("Superblock::decode", &valid, 20_000, Some(&fix), &|b| {
+            match Superblock::decode(b) {
+                Ok(Some(sb)) => {
+                    assert!(sb.member_index < sb.member_count);
+                    assert_eq!(sb.member_ids.len(), sb.member_count as usize);
+                    let used = DEVICE_RESERVED_FRONT
+                        + sb.segments_per_device * SEGMENT_BYTES
+                        + DEVICE_RESERVED_BACK;
+                    assert!(used <= sb.device_bytes);
+                    assert!(sb.root.len as u64 <= crate::constants::RECORD_BYTES_MAX);
+                    // Bytes the encoder does not write (padding) may differ.
+                    assert_eq!(Superblock::decode(&sb.encode()).unwrap().unwrap(), sb);
+                }
+                Ok(None) | Err(Error::Corrupt(_)) => {}
+                Err(e) => panic!("not a Corrupt error: {e}"),
+            }
+        });
     }
 }

@@ -172,6 +172,30 @@ impl Redundancy {
         }
     }
 
+    /// Refuses a record that cannot be in this pool: each copy inside the pool's segments,
+    /// its footprint inside one segment (records never straddle one). Every read by pointer
+    /// starts here, so a pointer from disk with an address past the pool or a length past
+    /// its segment is a `Corrupt` error before any buffer is sized by it.
+    pub fn check_record(&self, addrs: &[u64], len: usize) -> Result<()> {
+        let footprint = self.footprint(len) as u64;
+        for &addr in addrs {
+            self.check_range(addr, footprint)?;
+        }
+        Ok(())
+    }
+
+    /// `check_record` for `bytes` of segment space at `addr`.
+    fn check_range(&self, addr: u64, bytes: u64) -> Result<()> {
+        let seg = addr / SEGMENT_BYTES;
+        if seg >= self.segments() || addr % SEGMENT_BYTES + bytes > SEGMENT_BYTES {
+            return Err(Error::Corrupt(format!(
+                "record of {bytes} bytes at pool address {addr} is outside the pool's {} segments",
+                self.segments()
+            )));
+        }
+        Ok(())
+    }
+
     fn places(&self, addr: u64) -> Places {
         let seg = addr / SEGMENT_BYTES;
         let off = addr % SEGMENT_BYTES;
@@ -245,6 +269,7 @@ impl Redundancy {
         sum: &Checksum,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        self.check_record(addrs, len)?;
         if let Layout::Parity { k, m } = self.layout {
             return self.parity_read(k as usize, m as usize, addrs, len, sum, out);
         }
@@ -300,6 +325,7 @@ impl Redundancy {
     /// single layouts only). `out` grows when shorter, and never shrinks: runs of every
     /// length reuse it without zero-filling.
     pub fn read_run(&self, addr: u64, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.check_range(addr, len as u64)?;
         if out.len() < len {
             out.resize(len, 0);
         }
@@ -310,6 +336,7 @@ impl Redundancy {
     /// Read the raw bytes at `addr` into `bufs`, one after another (one `preadv`), from
     /// the first available copy, unverified, like `read_run`.
     pub fn read_run_scattered(&self, addr: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        self.check_range(addr, bufs.iter().map(|b| b.len() as u64).sum())?;
         self.read_first_copy(addr, |dev, off| dev.read_scattered_at(bufs, off))
     }
 
@@ -345,6 +372,14 @@ impl Redundancy {
         sum: &Checksum,
         buf: &mut Vec<u8>,
     ) -> ScrubOutcome {
+        if let Err(e) = self.check_record(addrs, len) {
+            tracing::warn!("scrub: {e}");
+            return ScrubOutcome {
+                bad_copies: addrs.len(),
+                repaired: 0,
+                unrecoverable: true,
+            };
+        }
         if let Layout::Parity { k, m } = self.layout {
             return self.parity_scrub(k as usize, m as usize, addrs, len, sum);
         }
