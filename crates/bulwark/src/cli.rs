@@ -225,6 +225,31 @@ pub struct ServeArgs {
     /// server is full [default: 1024].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_connections: Option<u32>,
+
+    /// TCP connections not yet authenticated (TLS not finished), from all
+    /// addresses together; past this, new TCP connections are closed at once.
+    /// Counted apart from --max-connections: strangers never take the place of
+    /// authenticated clients or of the unix socket [default: 128].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_startups: Option<u32>,
+
+    /// The same per client address; each connection refused for it slows the
+    /// address further (back-off, kept across reconnects) [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_startups_per_address: Option<u32>,
+
+    /// Seconds a TCP connection may take, from its greeting, to finish TLS;
+    /// then it is dropped and counted as a failure of its address (1 to 60)
+    /// [default: 10].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub tls_timeout: Option<u64>,
+
+    /// Seconds the rest of an NBD request (header and write payload) may take
+    /// to arrive once it has begun; then the connection is closed. Idle
+    /// connections may wait between requests as long as they like
+    /// [default: 60].
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub payload_timeout: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -1037,6 +1062,34 @@ mod tests {
         assert_eq!(a.nbd_threads, Some(8));
         assert!(parse(&["serve", "/p", "--nbd-threads", "0"]).is_err());
         assert!(parse(&["serve", "/p", "--nbd-threads", "257"]).is_err());
+        let Command::Serve(a) = parse(&[
+            "serve",
+            "/p",
+            "--max-startups",
+            "64",
+            "--max-startups-per-address",
+            "4",
+            "--tls-timeout",
+            "2",
+            "--payload-timeout",
+            "3",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                a.max_startups,
+                a.max_startups_per_address,
+                a.tls_timeout,
+                a.payload_timeout
+            ),
+            (Some(64), Some(4), Some(2), Some(3))
+        );
+        assert!(parse(&["serve", "/p", "--tls-timeout", "0"]).is_err());
+        assert!(parse(&["serve", "/p", "--payload-timeout", "0"]).is_err());
     }
 
     #[test]

@@ -183,6 +183,22 @@ async fn serve_pool(
             max_connections: args
                 .max_connections
                 .map_or(nbd::ServerConfig::default().max_connections, |n| n as usize),
+            max_startups: args
+                .max_startups
+                .map_or(nbd::ServerConfig::default().max_startups, |n| n as usize),
+            max_startups_per_address: args
+                .max_startups_per_address
+                .map_or(nbd::ServerConfig::default().max_startups_per_address, |n| {
+                    n as usize
+                }),
+            tls_timeout: args.tls_timeout.map_or(
+                nbd::ServerConfig::default().tls_timeout,
+                std::time::Duration::from_secs,
+            ),
+            payload_timeout: args.payload_timeout.map_or(
+                nbd::ServerConfig::default().payload_timeout,
+                std::time::Duration::from_secs,
+            ),
             ..nbd::ServerConfig::default()
         },
     );

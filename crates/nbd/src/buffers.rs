@@ -125,6 +125,36 @@ impl BufPool {
     }
 }
 
+impl Shelf {
+    /// Frees every kept buffer.
+    fn clear(&self) {
+        let bufs = {
+            let mut held = self.lock();
+            held.bytes = 0;
+            std::mem::take(&mut held.bufs)
+        };
+        // Freed outside the lock.
+        drop(bufs);
+    }
+}
+
+/// Gives memory back to the system once connections have closed: with no
+/// connection left in the transmission phase (`idle`), the shelf is emptied
+/// too; then the allocator returns its free pages (glibc keeps freed
+/// memory in per-thread arenas otherwise: 16 connections' replies, once
+/// freed, stayed in the daemon's RSS as 436 MiB). Blocking (the trim walks
+/// every arena): call it off the async runtime.
+pub(crate) fn give_back(idle: bool) {
+    if idle {
+        PROCESS.clear();
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,7 +71,7 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, warn};
@@ -145,10 +145,59 @@ impl Socket for std::net::TcpStream {
     }
 }
 
-/// How many bytes a read could return right now without blocking.
+/// What a read could return right now without blocking, and waiting for
+/// it with a time limit.
 pub(crate) trait Pending {
     /// Bytes queued on the socket (0 when the kernel will not say).
     fn pending(&self) -> usize;
+    /// Reads what the socket holds now, without waiting (`WouldBlock` when
+    /// it holds nothing).
+    fn read_now(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize>;
+    /// Waits until a read would not block, for at most `timeout`; false if
+    /// the time passed first.
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool>;
+}
+
+/// `recvmsg` with `MSG_DONTWAIT`: one call that never waits, whatever the
+/// descriptor's blocking mode.
+fn recv_now(fd: std::os::unix::io::RawFd, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSliceMut is ABI-compatible with iovec; recvmsg writes through it
+    // within each slice's length.
+    msg.msg_iov = bufs.as_mut_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: msg points at `bufs`, which outlives the call; `fd` is a socket we own.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `poll` for input (or hang-up) on one descriptor, for at most `timeout`.
+fn poll_readable(fd: std::os::unix::io::RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one valid pollfd; `fd` is a socket we own.
+    match unsafe { libc::poll(&mut pfd, 1, ms) } {
+        n if n > 0 => Ok(true),
+        0 => Ok(false),
+        _ => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                // Looked at again by the caller's loop.
+                Ok(true)
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// `FIONREAD` on a socket descriptor.
@@ -167,11 +216,23 @@ impl Pending for std::os::unix::net::UnixStream {
     fn pending(&self) -> usize {
         queued_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
     }
+    fn read_now(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        recv_now(std::os::unix::io::AsRawFd::as_raw_fd(self), bufs)
+    }
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        poll_readable(std::os::unix::io::AsRawFd::as_raw_fd(self), timeout)
+    }
 }
 
 impl Pending for std::net::TcpStream {
     fn pending(&self) -> usize {
         queued_bytes(std::os::unix::io::AsRawFd::as_raw_fd(self))
+    }
+    fn read_now(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        recv_now(std::os::unix::io::AsRawFd::as_raw_fd(self), bufs)
+    }
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        poll_readable(std::os::unix::io::AsRawFd::as_raw_fd(self), timeout)
     }
 }
 
@@ -797,10 +858,46 @@ struct RequestReader<S> {
     /// The last payload was long: read ahead one header only, so the next long
     /// payload is not pulled into `buf` (and copied out of it).
     long: bool,
+    /// How long the rest of a request may take to arrive once it has begun
+    /// (`ServerConfig::payload_timeout`).
+    timeout: Duration,
+    /// When the request being read must be whole: set when it first has to
+    /// be waited for, cleared before the next header.
+    deadline: Option<Instant>,
 }
 
-impl<S: Read> RequestReader<S> {
-    fn new(sock: S, capacity: usize) -> Self {
+/// Reads into `bufs`: as long as it takes without a `deadline` (between
+/// requests, where an idle client may stay), else until `deadline`, then
+/// fails with `TimedOut`.
+fn read_by<S: Read + Pending>(
+    sock: &mut S,
+    bufs: &mut [IoSliceMut<'_>],
+    deadline: Option<Instant>,
+    timeout: Duration,
+) -> io::Result<usize> {
+    let Some(deadline) = deadline else {
+        return sock.read_vectored(bufs);
+    };
+    loop {
+        match sock.read_now(bufs) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !sock.wait_readable(left)? {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the rest of a request did not arrive within {}s (serve --payload-timeout)",
+                    timeout.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+impl<S: Read + Pending> RequestReader<S> {
+    fn new(sock: S, capacity: usize, timeout: Duration) -> Self {
         debug_assert!(capacity >= Request::LEN);
         Self {
             sock,
@@ -808,11 +905,24 @@ impl<S: Read> RequestReader<S> {
             pos: 0,
             end: 0,
             long: false,
+            timeout,
+            deadline: None,
         }
     }
 
-    /// Reads the next request header.
+    /// The deadline of the request being read, starting it now if unset.
+    fn deadline(&mut self) -> Instant {
+        let timeout = self.timeout;
+        *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + timeout)
+    }
+
+    /// Reads the next request header. Waits as long as it takes for its
+    /// first byte; the rest of the request, payload included, must follow
+    /// within `timeout`.
     fn header(&mut self, out: &mut [u8; Request::LEN]) -> io::Result<()> {
+        self.deadline = None;
         self.fill_header()?;
         out.copy_from_slice(&self.buf[self.pos..self.pos + Request::LEN]);
         self.pos += Request::LEN;
@@ -832,7 +942,11 @@ impl<S: Read> RequestReader<S> {
             } else {
                 self.buf.len()
             };
-            match self.sock.read(&mut self.buf[self.end..limit]) {
+            // Nothing of the next request yet: an idle client may wait.
+            let deadline = (self.end > 0).then(|| self.deadline());
+            let timeout = self.timeout;
+            let into = &mut [IoSliceMut::new(&mut self.buf[self.end..limit])];
+            match read_by(&mut self.sock, into, deadline, timeout) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => self.end += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -863,12 +977,13 @@ impl<S: Read> RequestReader<S> {
         } else {
             self.buf.len()
         };
+        let deadline = Some(self.deadline());
         while at < len {
             let mut parts = [
                 IoSliceMut::new(&mut data[at..]),
                 IoSliceMut::new(&mut self.buf[..ahead]),
             ];
-            match self.sock.read_vectored(&mut parts) {
+            match read_by(&mut self.sock, &mut parts, deadline, self.timeout) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     let into_data = n.min(len - at);
@@ -881,9 +996,7 @@ impl<S: Read> RequestReader<S> {
         }
         Ok(())
     }
-}
 
-impl<S: Read + Pending> RequestReader<S> {
     /// Whether the next request, header and payload, can be read whole without
     /// waiting, and its data (`data_bytes`) is at most `payload_room` bytes. May read the next
     /// header into the buffer (only when the socket already holds it).
@@ -939,12 +1052,14 @@ pub(crate) async fn run<S: Socket>(
             pool: BufPool::default(),
         },
         reading: Mutex::new(Reading {
-            rd: RequestReader::new(rd, READ_BUFFER_BYTES),
+            rd: RequestReader::new(rd, READ_BUFFER_BYTES, limits.payload_timeout),
             end: None,
         }),
         replies: Combiner::new(wr),
         reply_bytes: AtomicUsize::new(0),
-        reply_bytes_max: (INFLIGHT_BYTES_PER_CONN_MAX.max(limits.request_bytes_max)) as usize,
+        // Not raised to `request_bytes_max`: a thread queues its replies
+        // before it looks at the bound, so a larger request still goes out.
+        reply_bytes_max: INFLIGHT_BYTES_PER_CONN_MAX as usize,
         reply_waiters: AtomicUsize::new(0),
         room: Mutex::new(()),
         room_freed: Condvar::new(),
@@ -1007,6 +1122,34 @@ mod tests {
         calls: usize,
     }
 
+    /// A client that sent `data` and then nothing more, without closing.
+    struct Stalled(Trickle);
+
+    impl Read for Stalled {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.read_vectored(&mut [IoSliceMut::new(buf)])
+        }
+        fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+            if self.0.at == self.0.data.len() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.0.read_vectored(bufs)
+        }
+    }
+
+    impl Pending for Stalled {
+        fn pending(&self) -> usize {
+            self.0.pending()
+        }
+        fn read_now(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+            self.read_vectored(bufs)
+        }
+        fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+            std::thread::sleep(timeout);
+            Ok(self.0.pending() > 0)
+        }
+    }
+
     impl Read for Trickle {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             self.read_vectored(&mut [IoSliceMut::new(buf)])
@@ -1030,6 +1173,12 @@ mod tests {
     impl Pending for Trickle {
         fn pending(&self) -> usize {
             self.data.len() - self.at
+        }
+        fn read_now(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+            self.read_vectored(bufs)
+        }
+        fn wait_readable(&self, _: Duration) -> io::Result<bool> {
+            Ok(true)
         }
     }
 
@@ -1068,6 +1217,7 @@ mod tests {
                         calls: 0,
                     },
                     4096,
+                    Duration::from_secs(60),
                 );
                 let mut h = [0u8; Request::LEN];
                 let mut data = Vec::new();
@@ -1105,6 +1255,7 @@ mod tests {
                 calls: 0,
             },
             4096,
+            Duration::from_secs(60),
         );
         assert!(!rd.ready(1 << 20).unwrap());
         let mut h = [0u8; Request::LEN];
@@ -1138,6 +1289,7 @@ mod tests {
                         calls: 0,
                     },
                     capacity,
+                    Duration::from_secs(60),
                 );
                 let mut data = vec![0xEE; 300000];
                 for (header, payload) in &expected {
@@ -1167,12 +1319,55 @@ mod tests {
                 calls: 0,
             },
             4096,
+            Duration::from_secs(60),
         );
         let mut h = [0u8; Request::LEN];
         rd.header(&mut h).unwrap();
         let mut data = Vec::new();
         let e = rd.payload(&mut data, 65536).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    /// A request whose payload (or the rest of whose header) stops coming
+    /// fails with `TimedOut` once the timeout has passed, not before; an
+    /// idle client between requests is waited for.
+    #[test]
+    fn request_reader_times_out_a_stalled_request() {
+        let timeout = Duration::from_millis(50);
+        let stalled = |data: Vec<u8>| {
+            RequestReader::new(
+                Stalled(Trickle {
+                    data,
+                    at: 0,
+                    chunk: 1000,
+                    calls: 1,
+                }),
+                4096,
+                timeout,
+            )
+        };
+        let mut stream = vec![9u8; Request::LEN];
+        stream.extend_from_slice(&[1u8; 5000]);
+        let mut rd = stalled(stream);
+        let mut h = [0u8; Request::LEN];
+        rd.header(&mut h).unwrap();
+        let mut data = Vec::new();
+        let started = Instant::now();
+        let e = rd.payload(&mut data, 65536).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(started.elapsed() >= timeout);
+        assert!(e.to_string().contains("--payload-timeout"), "{e}");
+
+        // Half a header, then nothing.
+        let mut rd = stalled(vec![9u8; Request::LEN / 2]);
+        let e = rd.header(&mut h).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+
+        // Nothing at all: the blocking read is asked (no deadline), and the
+        // stand-in socket says it would block.
+        let mut rd = stalled(Vec::new());
+        let e = rd.header(&mut h).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
     }
 
     /// Threads pushing at once, in rounds: after every round (once all

@@ -69,11 +69,17 @@ pub const BATCH_PAYLOAD_BYTES: usize = 1 << 20;
 /// long exits.
 pub const WORKER_IDLE: Duration = Duration::from_secs(2);
 
-/// Payload bytes (write data received, read data not yet sent) one
-/// connection may hold at once, on top of the request-count bound. Raised
-/// to `max_request_bytes` if that is larger, so any single legal request
-/// can always proceed.
-pub const INFLIGHT_BYTES_PER_CONN_MAX: u32 = 128 << 20;
+/// Payload bytes one connection may hold waiting for the client to read
+/// them (replies queued for the socket), and on the async (TLS) path also
+/// those of the requests it runs (write data received, read data not yet
+/// sent), on top of the request-count bound. A single request larger than
+/// this still proceeds, alone. Past it the connection is not read from
+/// until the client reads. 4 MiB keeps four 1 MiB requests (one per
+/// thread) or 64 requests of 64 KiB in flight, which is what keeps the
+/// threads busy; more only queues replies the client is not reading. (It
+/// was 128 MiB: 16 connections that never read their replies grew the
+/// daemon by 2 GiB.)
+pub const INFLIGHT_BYTES_PER_CONN_MAX: u32 = 4 << 20;
 
 /// Option payloads above this close the connection (the largest legal
 /// option, a meta-context query list, is far smaller in practice).
@@ -84,6 +90,34 @@ pub const STRING_BYTES_MAX: usize = 4096;
 
 /// Whole option-haggling phase must finish within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default for `ServerConfig::tls_timeout`: a connection on the TLS
+/// listener that has not finished its TLS handshake this long after it was
+/// greeted is dropped (and counted as a failure of its address). A real
+/// client needs a few round trips; 10 s allows for a slow link.
+pub const TLS_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// Default for `ServerConfig::max_startups`: TCP connections not yet
+/// authenticated (before TLS finished; on a plaintext listener, until the
+/// handshake ends), from all addresses together. Past it, new TCP
+/// connections are closed at once. Authenticated connections and the
+/// owner's unix socket are counted apart (`max_connections`), so strangers
+/// waiting never keep them out (as sshd's `MaxStartups`).
+pub const STARTUPS_DEFAULT: usize = 128;
+/// Default for `ServerConfig::max_startups_per_address`: the same, per
+/// client address. Each connection refused for it counts as a failure of
+/// the address (`ratelimit.rs`), so an address that floods is slowed, and
+/// stays slowed when it reconnects.
+pub const STARTUPS_PER_ADDRESS_DEFAULT: usize = 16;
+/// `max_startups` (and per address) is clamped to at most this.
+pub const STARTUPS_LIMIT: usize = 1 << 16;
+
+/// Default for `ServerConfig::payload_timeout`: in the transmission phase,
+/// once a request has begun to arrive, the rest of it (header and write
+/// payload) must arrive within this, or the connection is closed. A client
+/// may stay idle between requests as long as it likes. 60 s lets a 32 MiB
+/// write through a link of 1 MB/s.
+pub const PAYLOAD_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
 /// Once a connection stops reading requests (disconnect, EOF, shutdown),
 /// each write of the remaining replies must complete within this, or the
@@ -136,4 +170,6 @@ const _: () = assert!(REQUEST_BYTES_MIN.is_power_of_two());
 const _: () = assert!(INFLIGHT_PER_CONN_DEFAULT <= INFLIGHT_PER_CONN_LIMIT);
 // Permits are acquired with `acquire_many(n: u32)`.
 const _: () = assert!(INFLIGHT_PER_CONN_LIMIT <= u32::MAX as usize);
+const _: () = assert!(STARTUPS_PER_ADDRESS_DEFAULT <= STARTUPS_DEFAULT);
+const _: () = assert!(STARTUPS_DEFAULT <= STARTUPS_LIMIT);
 const _: () = assert!(STRING_BYTES_MAX <= OPTION_BYTES_MAX as usize);

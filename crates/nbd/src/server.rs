@@ -26,6 +26,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -36,8 +37,10 @@ use crate::backend::{Client, Event, Exports, Identity};
 use crate::handshake::{self, Context, HandshakeError, Negotiated, Outcome, Summary, Tls};
 use crate::limits::{
     ACCEPT_BACKOFF, CONNECTIONS_DEFAULT, CONNECTIONS_LIMIT, HANDSHAKE_TIMEOUT,
-    INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT, REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT,
-    REQUEST_BYTES_MIN, WORKERS_PER_CONN_DEFAULT, WORKERS_PER_CONN_LIMIT,
+    INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT, PAYLOAD_TIMEOUT_DEFAULT,
+    REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, STARTUPS_DEFAULT,
+    STARTUPS_LIMIT, STARTUPS_PER_ADDRESS_DEFAULT, TLS_TIMEOUT_DEFAULT, WORKERS_PER_CONN_DEFAULT,
+    WORKERS_PER_CONN_LIMIT,
 };
 use crate::ratelimit::{Key, Limiter};
 use crate::tls::TlsConfig;
@@ -60,8 +63,25 @@ pub struct ServerConfig {
     /// Connections served at once, in any phase. Each holds threads (two
     /// while idle on a plain socket, up to `max_workers_per_conn` while
     /// busy) and descriptors; past this, new clients are told the server
-    /// is full (`NBD_REP_ERR_POLICY` with a message) and closed.
+    /// is full (`NBD_REP_ERR_POLICY` with a message) and closed. TCP
+    /// connections that have not authenticated yet are not counted here
+    /// but in `max_startups`, so they never take an authenticated client's
+    /// place.
     pub max_connections: usize,
+    /// TCP connections not yet authenticated (TLS not finished; on a
+    /// plaintext listener, handshake not finished), all addresses together;
+    /// past it new TCP connections are closed at once.
+    pub max_startups: usize,
+    /// The same, per client address. A connection refused for either
+    /// counts as a failure of its address (back-off, `ratelimit.rs`).
+    pub max_startups_per_address: usize,
+    /// A TLS-listener connection that has not finished TLS this long after
+    /// its greeting is dropped, and counted as a failure of its address.
+    pub tls_timeout: Duration,
+    /// Once a request has begun to arrive, the rest (header and write
+    /// payload) must arrive within this or the connection is closed. Idle
+    /// connections may wait between requests without limit.
+    pub payload_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +91,10 @@ impl Default for ServerConfig {
             max_inflight_per_conn: INFLIGHT_PER_CONN_DEFAULT,
             max_workers_per_conn: WORKERS_PER_CONN_DEFAULT,
             max_connections: CONNECTIONS_DEFAULT,
+            max_startups: STARTUPS_DEFAULT,
+            max_startups_per_address: STARTUPS_PER_ADDRESS_DEFAULT,
+            tls_timeout: TLS_TIMEOUT_DEFAULT,
+            payload_timeout: PAYLOAD_TIMEOUT_DEFAULT,
         }
     }
 }
@@ -82,6 +106,10 @@ pub(crate) struct Limits {
     pub inflight_max: usize,
     pub workers_max: usize,
     pub connections_max: usize,
+    pub startups_max: usize,
+    pub startups_per_address_max: usize,
+    pub tls_timeout: Duration,
+    pub payload_timeout: Duration,
 }
 
 impl Limits {
@@ -95,6 +123,15 @@ impl Limits {
                 .clamp(1, INFLIGHT_PER_CONN_LIMIT),
             workers_max: config.max_workers_per_conn.clamp(1, WORKERS_PER_CONN_LIMIT),
             connections_max: config.max_connections.clamp(1, CONNECTIONS_LIMIT),
+            startups_max: config.max_startups.clamp(1, STARTUPS_LIMIT),
+            startups_per_address_max: config
+                .max_startups_per_address
+                .clamp(1, STARTUPS_LIMIT)
+                .min(config.max_startups.clamp(1, STARTUPS_LIMIT)),
+            tls_timeout: config
+                .tls_timeout
+                .clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT),
+            payload_timeout: config.payload_timeout.max(Duration::from_millis(100)),
         }
     }
 }
@@ -112,6 +149,63 @@ pub struct Server {
     limiter: Limiter,
     /// Refusals because the server was full, for the log.
     full: Mutex<Refused>,
+    /// TCP connections not yet authenticated, in all and per address.
+    startups: Mutex<Startups>,
+    /// Refusals because too many were not yet authenticated, for the log.
+    crowded: Mutex<Refused>,
+}
+
+/// TCP connections that have not authenticated yet (`max_startups`).
+#[derive(Default)]
+struct Startups {
+    total: usize,
+    /// Only addresses with at least one; so at most `startups_max` entries.
+    by_address: HashMap<std::net::IpAddr, usize>,
+}
+
+/// Why a new TCP connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Crowded {
+    Address,
+    Total,
+}
+
+impl Startups {
+    /// Counts one more connection from `ip`, unless that passes a bound.
+    fn admit(&mut self, ip: std::net::IpAddr, limits: &Limits) -> Result<(), Crowded> {
+        let mine = self.by_address.get(&ip).copied().unwrap_or(0);
+        if mine >= limits.startups_per_address_max {
+            return Err(Crowded::Address);
+        }
+        if self.total >= limits.startups_max {
+            return Err(Crowded::Total);
+        }
+        self.total += 1;
+        *self.by_address.entry(ip).or_insert(0) += 1;
+        Ok(())
+    }
+
+    fn release(&mut self, ip: std::net::IpAddr) {
+        self.total -= 1;
+        match self.by_address.get_mut(&ip) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.by_address.remove(&ip);
+            }
+        }
+    }
+}
+
+/// Counts one TCP connection as not yet authenticated while alive.
+struct StartupGuard {
+    server: Arc<Server>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for StartupGuard {
+    fn drop(&mut self) {
+        self.server.startups_lock().release(self.ip);
+    }
 }
 
 #[derive(Default)]
@@ -202,18 +296,38 @@ trait Listen {
     ) -> impl Future<Output = io::Result<(Self::Stream, String, Option<std::net::IpAddr>)>> + Send;
 }
 
-impl Listen for UnixListener {
+/// The owner's Unix socket: only this process's user and root may connect,
+/// whatever the socket file's mode (as on the control socket). Others are
+/// closed at once, before a byte is exchanged.
+struct OwnerListener(UnixListener);
+
+impl Listen for OwnerListener {
     type Stream = UnixStream;
     async fn accept_one(&self) -> io::Result<(UnixStream, String, Option<std::net::IpAddr>)> {
-        let (stream, _) = self.accept().await?;
-        let peer = match stream.peer_cred() {
-            Ok(cred) => match cred.pid() {
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        loop {
+            let (stream, _) = self.0.accept().await?;
+            let cred = match stream.peer_cred() {
+                Ok(cred) => cred,
+                Err(e) => {
+                    warn!("refused an NBD connection on the unix socket: cannot read peer credentials: {e}");
+                    continue;
+                }
+            };
+            if cred.uid() != euid && cred.uid() != 0 {
+                warn!(
+                    uid = cred.uid(),
+                    "refused an NBD connection on the unix socket from another user"
+                );
+                continue;
+            }
+            let peer = match cred.pid() {
                 Some(pid) => format!("unix pid={pid} uid={}", cred.uid()),
                 None => format!("unix uid={}", cred.uid()),
-            },
-            Err(_) => "unix".to_owned(),
-        };
-        Ok((stream, peer, None))
+            };
+            return Ok((stream, peer, None));
+        }
     }
 }
 
@@ -248,13 +362,17 @@ impl Server {
             next_id: AtomicU64::new(1),
             limiter: Limiter::default(),
             full: Mutex::new(Refused::default()),
+            startups: Mutex::new(Startups::default()),
+            crowded: Mutex::new(Refused::default()),
         })
     }
 
     /// Serves connections from a Unix socket until [`shutdown`](Self::shutdown).
-    /// Its clients are [`Identity::Owner`]: whoever can open the socket.
+    /// Its clients are [`Identity::Owner`]: this process's user or root (the
+    /// peer's uid is checked; others are closed at once).
     pub async fn serve_unix(self: Arc<Self>, listener: UnixListener) -> io::Result<()> {
-        self.accept_loop(listener, Transport::Owner).await
+        self.accept_loop(OwnerListener(listener), Transport::Owner)
+            .await
     }
 
     /// Serves plaintext NBD on a TCP socket until [`shutdown`](Self::shutdown).
@@ -388,6 +506,57 @@ impl Server {
         (!self.is_shutting_down()).then_some(guard)
     }
 
+    fn startups_lock(&self) -> MutexGuard<'_, Startups> {
+        // Each update is whole under the lock.
+        self.startups.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a new TCP connection from `ip` as not yet authenticated, or
+    /// refuses it: too many from its address or in all are. A refusal
+    /// counts as a failure of the address, so one that floods waits longer
+    /// at each later attempt, reconnecting or not.
+    fn admit_startup(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<StartupGuard> {
+        let admitted = self.startups_lock().admit(ip, &self.limits);
+        match admitted {
+            Ok(()) => Some(StartupGuard {
+                server: Arc::clone(self),
+                ip,
+            }),
+            Err(why) => {
+                self.limiter.fail(&[Key::Addr(ip)]);
+                self.note_refused_crowded(why);
+                None
+            }
+        }
+    }
+
+    /// Logs refusals of unauthenticated connections, at most once per
+    /// `FULL_WARN_EVERY`, with how many there were.
+    fn note_refused_crowded(&self, why: Crowded) {
+        let mut c = self.crowded.lock().unwrap_or_else(PoisonError::into_inner);
+        c.refused += 1;
+        let now = std::time::Instant::now();
+        if c.warned
+            .is_none_or(|at| now.duration_since(at) >= FULL_WARN_EVERY)
+        {
+            let (what, max, flag) = match why {
+                Crowded::Address => (
+                    "from one address",
+                    self.limits.startups_per_address_max,
+                    "--max-startups-per-address",
+                ),
+                Crowded::Total => ("in all", self.limits.startups_max, "--max-startups"),
+            };
+            warn!(
+                "too many unauthenticated NBD connections {what}: closed {} new connection(s) \
+                 since the last warning (at most {max} at once: serve {flag})",
+                c.refused
+            );
+            c.refused = 0;
+            c.warned = Some(now);
+        }
+    }
+
     /// Logs refusals for a full server, at most once per `FULL_WARN_EVERY`
     /// with how many there were, so a flood of clients cannot flood the log.
     fn note_refused_full(&self, max: usize) {
@@ -507,6 +676,15 @@ impl Server {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let shutdown = self.shutdown.subscribe();
+        // A TCP connection is a stranger until it authenticates: counted
+        // apart, within its own bounds.
+        let mut startup = match client.ip {
+            Some(ip) => match self.admit_startup(ip) {
+                Some(guard) => Some(guard),
+                None => return,
+            },
+            None => None,
+        };
         // A TCP address that has been failing waits before it is answered.
         if let Some(ip) = client.ip {
             let Some(delay) = self.limiter.reserve(&[Key::Addr(ip)]) else {
@@ -524,19 +702,30 @@ impl Server {
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-        let mut client = Arc::new(client);
-        let no_zeroes = match step(&shutdown, deadline, handshake::greet(&mut stream)).await {
-            Some(Ok(no_zeroes)) => no_zeroes,
-            Some(Err(e)) => return handshake_ended(Err(e)),
-            None => return,
-        };
+        let greeted = tokio::time::Instant::now();
+        let deadline = greeted + HANDSHAKE_TIMEOUT;
         let tls = match transport {
             Transport::Owner | Transport::Plain => None,
             Transport::Tls(tls) => Some(tls),
         };
+        // Where TLS is required, it must be done within `tls_timeout` of the
+        // greeting: the client's flags, STARTTLS and the TLS handshake.
+        let tls_deadline = match tls {
+            Some(_) => deadline.min(greeted + self.limits.tls_timeout),
+            None => deadline,
+        };
+        let mut client = Arc::new(client);
+        let greet = step(&shutdown, tls_deadline, handshake::greet(&mut stream)).await;
+        let no_zeroes = match greet {
+            Some(Ok(no_zeroes)) => no_zeroes,
+            Some(Err(e)) => return handshake_ended(Err(e)),
+            None if tls.is_some() && !self.is_shutting_down() => {
+                return self.tls_too_slow(&client).await
+            }
+            None => return,
+        };
         let Some(tls) = tls else {
-            let cx = self.context(&shutdown, &client, Tls::Unavailable);
+            let cx = self.context(&shutdown, &client, Tls::Unavailable, startup.is_some());
             let mut summary = Summary {
                 refused_without_tls: 0,
             };
@@ -547,23 +736,27 @@ impl Server {
             )
             .await;
             if let Some(export) = handshake_result(r) {
+                drop(startup.take());
                 self.serve(stream, export, &client, shutdown).await;
             }
             return;
         };
 
         // TLS required: STARTTLS, the TLS handshake, then options again.
-        let cx = self.context(&shutdown, &client, Tls::Required);
+        let cx = self.context(&shutdown, &client, Tls::Required, startup.is_some());
         let mut summary = Summary {
             refused_without_tls: 0,
         };
         let r = step(
             &shutdown,
-            deadline,
+            tls_deadline,
             handshake::options(&mut stream, &cx, no_zeroes, &mut summary),
         )
         .await;
         let started = matches!(r, Some(Ok(Outcome::StartTls)));
+        if r.is_none() && !self.is_shutting_down() {
+            return self.tls_too_slow(&client).await;
+        }
         if !started {
             let plaintext = summary.refused_without_tls > 0
                 || matches!(r, Some(Err(HandshakeError::ExportNameBeforeTls)));
@@ -574,7 +767,7 @@ impl Server {
             handshake_result(r);
             return;
         }
-        let accepted = step(&shutdown, deadline, tls.accept(stream)).await;
+        let accepted = step(&shutdown, tls_deadline, tls.accept(stream)).await;
         let (mut stream, identity) = match accepted {
             Some(Ok(done)) => done,
             Some(Err(reason)) => {
@@ -583,11 +776,14 @@ impl Server {
                     .await;
                 return;
             }
-            None => return,
+            None if self.is_shutting_down() => return,
+            None => return self.tls_too_slow(&client).await,
         };
+        // Authenticated: no longer a stranger.
+        drop(startup.take());
         Arc::make_mut(&mut client).identity = identity;
         info!(client = %client.identity.name(), "TLS established");
-        let cx = self.context(&shutdown, &client, Tls::Active);
+        let cx = self.context(&shutdown, &client, Tls::Active, false);
         let r = step(
             &shutdown,
             deadline,
@@ -599,15 +795,21 @@ impl Server {
         }
     }
 
+    /// The handshake's context. `startup`: this connection is not yet
+    /// authenticated (counted in `startups`, not against `max_connections`).
     fn context<'a>(
         &'a self,
         shutdown: &'a watch::Receiver<bool>,
         client: &'a Arc<Client>,
         tls: Tls,
+        startup: bool,
     ) -> Context<'a> {
-        // This connection is counted already.
-        let full = (self.connections() > self.limits.connections_max)
-            .then_some(self.limits.connections_max);
+        // Strangers still in their handshake do not take the places of
+        // those who have authenticated: only the others count.
+        let strangers = self.startups_lock().total;
+        let others = self.connections().saturating_sub(strangers);
+        let counted = if startup { others + 1 } else { others };
+        let full = (counted > self.limits.connections_max).then_some(self.limits.connections_max);
         if let Some(max) = full {
             self.note_refused_full(max);
         }
@@ -620,6 +822,18 @@ impl Server {
             tls,
             full,
         }
+    }
+
+    /// A connection did not finish TLS within `tls_timeout`: dropped, and
+    /// counted against its address like a failed handshake.
+    async fn tls_too_slow(&self, client: &Arc<Client>) {
+        let secs = self.limits.tls_timeout.as_secs_f64();
+        info!("TLS not finished within {secs}s: connection dropped");
+        self.fail_address(
+            client,
+            &format!("TLS not finished within {secs}s (serve --tls-timeout)"),
+        )
+        .await;
     }
 
     /// Counts a failure against the client's address and reports it.
@@ -703,6 +917,10 @@ impl Server {
         };
         // Every request has finished: the export is no longer in use.
         drop(attached);
+        // Its buffers are free: give the memory back (all of the kept
+        // buffers too, once no connection is being served).
+        let idle = self.attached_map().is_empty();
+        tokio::task::spawn_blocking(move || crate::buffers::give_back(idle));
         info!("connection closed: {end}");
         self.event(
             client,
@@ -825,6 +1043,10 @@ mod tests {
             max_inflight_per_conn: 0,
             max_workers_per_conn: 0,
             max_connections: 0,
+            max_startups: 0,
+            max_startups_per_address: 0,
+            tls_timeout: Duration::ZERO,
+            payload_timeout: Duration::ZERO,
         });
         assert_eq!(
             (l.request_bytes_max, l.inflight_max, l.connections_max),
@@ -835,6 +1057,10 @@ mod tests {
             max_inflight_per_conn: usize::MAX,
             max_workers_per_conn: usize::MAX,
             max_connections: usize::MAX,
+            max_startups: usize::MAX,
+            max_startups_per_address: usize::MAX,
+            tls_timeout: Duration::MAX,
+            payload_timeout: Duration::MAX,
         });
         assert_eq!(
             (l.request_bytes_max, l.inflight_max, l.connections_max),
@@ -844,10 +1070,42 @@ mod tests {
                 CONNECTIONS_LIMIT
             )
         );
+        assert_eq!(
+            (l.startups_max, l.startups_per_address_max, l.tls_timeout),
+            (STARTUPS_LIMIT, STARTUPS_LIMIT, HANDSHAKE_TIMEOUT)
+        );
         let d = ServerConfig::default();
         assert_eq!(
             (d.max_request_bytes, d.max_inflight_per_conn),
             (32 << 20, 64)
         );
+    }
+
+    /// Unauthenticated connections are bounded per address and in all; a
+    /// released one makes room again, and an address's entry goes when its
+    /// last one does.
+    #[test]
+    fn startups_are_bounded_per_address_and_in_all() {
+        let limits = Limits::new(&ServerConfig {
+            max_startups: 3,
+            max_startups_per_address: 2,
+            ..ServerConfig::default()
+        });
+        let a: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+        let c: std::net::IpAddr = "10.0.0.3".parse().unwrap();
+        let mut s = Startups::default();
+        assert_eq!(s.admit(a, &limits), Ok(()));
+        assert_eq!(s.admit(a, &limits), Ok(()));
+        assert_eq!(s.admit(a, &limits), Err(Crowded::Address));
+        assert_eq!(s.admit(b, &limits), Ok(()));
+        assert_eq!(s.admit(c, &limits), Err(Crowded::Total));
+        s.release(a);
+        assert_eq!(s.admit(c, &limits), Ok(()));
+        s.release(a);
+        s.release(b);
+        s.release(c);
+        assert_eq!(s.total, 0);
+        assert!(s.by_address.is_empty());
     }
 }

@@ -97,14 +97,33 @@ fn existing(dir: &Path, name: &str) -> Result<PathBuf, TlsError> {
     Ok(path)
 }
 
-/// Refuses a secret file (server key, PSK file) that other users can read
-/// or write, as bulwark does for volume keys.
+/// Refuses a secret file (server key, PSK file) that is not a regular
+/// file, belongs to another user than this process's (or root), or that
+/// other users can read or write, as bulwark does for volume keys.
 fn private(path: &Path) -> Result<(), TlsError> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = std::fs::metadata(path).map_err(|source| TlsError::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    if !meta.is_file() {
+        return Err(TlsError::File {
+            path: path.to_path_buf(),
+            message: "holds a secret but is not a regular file".to_owned(),
+        });
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(TlsError::File {
+            path: path.to_path_buf(),
+            message: format!(
+                "holds a secret but is owned by uid {}, not by this user (uid {euid}) or root \
+                 (chown {euid})",
+                meta.uid()
+            ),
+        });
+    }
     let mode = meta.permissions().mode();
     if mode & 0o077 != 0 {
         return Err(TlsError::File {

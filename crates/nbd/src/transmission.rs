@@ -29,7 +29,9 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, error, warn};
 
@@ -563,8 +565,29 @@ async fn read_payload<R: AsyncRead + Unpin>(
     Ok(())
 }
 
+/// Runs `f` (a read of part of a request) unless `deadline` passes first:
+/// then `TimedOut` (`ServerConfig::payload_timeout`).
+async fn within<F: Future<Output = io::Result<T>>, T>(
+    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
+    f: F,
+) -> io::Result<T> {
+    match tokio::time::timeout_at(deadline, f).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the rest of a request did not arrive within {}s (serve --payload-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )),
+    }
+}
+
 struct Reader<'a, R> {
     rd: &'a mut BufReader<R>,
+    /// How long the rest of a request may take once it has begun.
+    timeout: std::time::Duration,
     shared: &'a Arc<Shared>,
     tx: &'a mpsc::Sender<Outgoing>,
     inflight: &'a Arc<Semaphore>,
@@ -595,7 +618,20 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
             // buffered, so this cannot wait.
             self.rd.read_exact(&mut header).await.map_err(io_end)?;
         } else {
-            interruptible(self.rd.read_exact(&mut header), self.shutdown, self.tx)
+            // An idle client may wait as long as it likes for its next
+            // request; once a byte of it has come, the rest must follow
+            // within the timeout.
+            let first = async { self.rd.fill_buf().await.map(|b| b.len()) };
+            if interruptible(first, self.shutdown, self.tx)
+                .await?
+                .map_err(io_end)?
+                == 0
+            {
+                return Err(End::Eof);
+            }
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let rest = within(deadline, self.timeout, self.rd.read_exact(&mut header));
+            interruptible(rest, self.shutdown, self.tx)
                 .await?
                 .map_err(io_end)?;
         }
@@ -614,8 +650,12 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
             .map_err(|_| End::Shutdown)?,
         };
         permits.push(permit);
+        // A request larger than the whole budget takes all of it, and so
+        // runs alone.
         let bytes = match req.kind {
-            CMD_READ | CMD_WRITE if req.length <= ex.request_bytes_max => req.length,
+            CMD_READ | CMD_WRITE if req.length <= ex.request_bytes_max => {
+                req.length.min(INFLIGHT_BYTES_PER_CONN_MAX)
+            }
             _ => 0,
         };
         if bytes > 0 {
@@ -634,8 +674,12 @@ impl<R: AsyncRead + Unpin> Reader<'_, R> {
         let mut data = Vec::new();
         if payload && req.length > 0 {
             data = self.shared.pool.take(req.length as usize);
+            // Timed from here, not from the header: waiting above for the
+            // client to read its replies is not the client crawling.
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let payload = read_payload(self.rd, &mut data, req.length as usize);
             interruptible(
-                read_payload(self.rd, &mut data, req.length as usize),
+                within(deadline, self.timeout, payload),
                 self.shutdown,
                 self.tx,
             )
@@ -729,7 +773,7 @@ where
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(READ_BUFFER_BYTES, rd);
     let inflight_max = limits.inflight_max;
-    let budget_bytes = INFLIGHT_BYTES_PER_CONN_MAX.max(export.request_bytes_max);
+    let budget_bytes = INFLIGHT_BYTES_PER_CONN_MAX;
     let shared = Arc::new(Shared {
         export,
         pool: BufPool::default(),
@@ -743,6 +787,7 @@ where
 
     let end = Reader {
         rd: &mut rd,
+        timeout: limits.payload_timeout,
         shared: &shared,
         tx: &tx,
         inflight: &inflight,

@@ -28,13 +28,38 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Reads a secret file after checking, on the opened file itself (so the
+/// checks and the read see the same file): it is a regular file (a symlink
+/// is followed, and its target must pass), owned by the user this process
+/// runs as or by root, and neither readable nor writable by anyone else.
+/// Another user's file, even mode 0600, is refused: whoever owns it can
+/// change it, or read it back.
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path)
-        .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
+    // O_NONBLOCK: a FIFO put in the file's place does not hang the open; it
+    // is then refused as not a regular file.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
     if !meta.is_file() {
         return Err(Error::Invalid(format!(
-            "{} is not a regular file",
+            "{} is not a regular file; a secret must be read from a regular file",
+            path.display()
+        )));
+    }
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(Error::Invalid(format!(
+            "{} is owned by uid {}, not by this user (uid {euid}) or root; a secret file \
+             must belong to the user that reads it: chown {euid} {}",
+            path.display(),
+            meta.uid(),
             path.display()
         )));
     }
@@ -46,9 +71,9 @@ fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
             path.display()
         )));
     }
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
-    Ok(Zeroizing::new(bytes))
+    let mut bytes = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
+    file.read_to_end(&mut bytes).map_err(cannot)?;
+    Ok(bytes)
 }
 
 impl Secret {
@@ -99,5 +124,37 @@ mod tests {
         std::fs::write(&p, b"pass phrase\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
         assert!(Secret::from_passphrase_file(&p).is_err());
+    }
+
+    #[test]
+    fn another_users_file_is_refused() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: only root can give a file to another user");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        std::fs::write(&p, [7u8; 32]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::chown(&p, Some(65534), None).unwrap();
+        let e = Secret::from_key_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("owned by uid 65534") && e.contains("chown 0"),
+            "{e}"
+        );
+        std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        assert!(Secret::from_key_file(&p).is_ok());
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_hanging() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k");
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = Secret::from_key_file(&p).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -67,7 +67,22 @@ impl PoolConfig {
         let p = dir.join(CONFIG_FILE);
         let tmp = dir.join(".pool.json.tmp");
         let text = serde_json::to_vec_pretty(self).expect("config serialises");
-        fs::write(&tmp, text).map_err(|e| Error::device(&tmp, e))?;
+        // Mode 0600: the file names the pool's devices and layout, which is
+        // nobody else's business (the directory is 0700 too: `create`).
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            // A leftover temporary file keeps its old mode through `open`.
+            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+            f.write_all(&text)
+        };
+        write().map_err(|e| Error::device(&tmp, e))?;
         fs::File::open(&tmp)
             .and_then(|f| f.sync_all())
             .map_err(|e| Error::device(&tmp, e))?;
@@ -161,6 +176,13 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
             "{} already holds a bulwark pool",
             dir.display()
         )));
+    }
+    // The pool directory holds the grants, the audit log and the sockets:
+    // only its owner may list or enter it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::device(dir, e))?;
     }
     let result = create_in(dir, layout, spec);
     if result.is_err() && made_dir {
