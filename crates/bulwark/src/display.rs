@@ -721,6 +721,7 @@ mod tests {
                     used_bytes: 1 << 20,
                     free_bytes: 251 << 20,
                     reserved_bytes: 4 << 20,
+                    ..Default::default()
                 },
                 volumes: vec![vol("v", true, true)],
                 scrub: scrub(),

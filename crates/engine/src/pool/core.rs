@@ -220,6 +220,12 @@ impl Core {
         if p.is_hole() {
             return;
         }
+        // A pointer read from a damaged map may lie outside the pool: there is nothing of
+        // ours to release (indexing the segment table with it would panic).
+        if let Err(e) = self.red.check_record(p.addrs(), p.len as usize) {
+            tracing::error!("not releasing a block pointer outside the pool: {e}");
+            return;
+        }
         for &a in p.addrs() {
             self.release_record(a, p.len as usize);
         }
