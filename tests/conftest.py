@@ -98,6 +98,21 @@ def run(cmd, *, check=True, timeout=CLI_TIMEOUT_S, input=None, **kw) -> subproce
     return r
 
 
+def run_fio(cmd, out: Path, check=True, timeout=300):
+    """Run fio (`cmd` ends with --output-format=json --output=OUT); return the
+    process and the parsed report (None if fio wrote none). With check=True,
+    fail the test showing the command, its output and the report."""
+    r = run(cmd, check=False, timeout=timeout, cwd=out.parent)
+    try:
+        report = json.loads(out.read_text())
+    except (OSError, ValueError):
+        report = None
+    if check:
+        assert r.returncode == 0, f"fio failed (exit {r.returncode}): {' '.join(map(str, cmd))}\n" \
+                                  f"{r.stdout}{r.stderr}\n{out.read_text() if out.exists() else ''}"
+    return r, report
+
+
 def run_helper(script: str, *args, check=True, timeout=CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run tests/helpers/<script> under the libnbd-capable Python."""
     return run([nbd_python(), HELPERS / script, *args], check=check, timeout=timeout)

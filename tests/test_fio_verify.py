@@ -3,11 +3,10 @@ writes at queue depth 32, each job verifying what it wrote with crc32c; a
 verify-only pass after a restart finds every block intact; and the same pass
 does fail once a region is overwritten, so the verification is real."""
 
-import json
 
 import pytest
 
-from conftest import LONG_TEST_TIMEOUT_S, MiB, qemu_io_ok, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, run_fio, qemu_io_ok, require_tools, run
 
 pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)  # waits of up to 300 s each
 
@@ -20,15 +19,7 @@ def fio(uri, out, *extra, check=True):
            f"--size={JOB_BYTES}", f"--offset_increment={JOB_BYTES}",
            "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0",
            "--output-format=json", f"--output={out}", *extra]
-    r = run(cmd, check=False, timeout=300, cwd=out.parent)
-    try:
-        report = json.loads(out.read_text())
-    except (OSError, ValueError):
-        report = None
-    if check:
-        assert r.returncode == 0, f"fio failed (exit {r.returncode}): {' '.join(map(str, cmd))}\n" \
-                                  f"{r.stdout}{r.stderr}\n{out.read_text() if out.exists() else ''}"
-    return r, report
+    return run_fio(cmd, out, check=check, timeout=300)
 
 
 def test_fio_verify(pool, tmp_path):

@@ -11,11 +11,10 @@ restart every block verifies again. Before the fix the daemon logged
 every later write got EIO, for single, mirror:2 and parity:2+1 alike.
 """
 
-import json
 
 import pytest
 
-from conftest import LONG_TEST_TIMEOUT_S, MiB, require_tools, run
+from conftest import LONG_TEST_TIMEOUT_S, MiB, run_fio, require_tools, run
 
 pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)
 
@@ -33,15 +32,7 @@ def fio(uri, out, bs, size, *extra, check=True):
            "--loops=2", "--randseed=1818", "--refill_buffers", "--end_fsync=1",
            "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--verify_state_save=0",
            "--output-format=json", f"--output={out}", *extra]
-    r = run(cmd, check=False, timeout=600, cwd=out.parent)
-    try:
-        report = json.loads(out.read_text())
-    except (OSError, ValueError):
-        report = None
-    if check:
-        assert r.returncode == 0, f"fio failed (exit {r.returncode}): {' '.join(map(str, cmd))}\n" \
-                                  f"{r.stdout}{r.stderr}\n{out.read_text() if out.exists() else ''}"
-    return r, report
+    return run_fio(cmd, out, check=check, timeout=600)
 
 
 def assert_healthy(pool, what):

@@ -374,12 +374,6 @@ impl Log {
         (per_copy * METADATA_COPIES as u64).min(u32::MAX as u64) as u32
     }
 
-    /// Whether client data of `records` records can be placed without waiting for a commit
-    /// or the cleaner.
-    pub fn data_space_available(&self, records: usize) -> bool {
-        self.space_available(Stream::Data, records)
-    }
-
     /// Whether `records` records of `stream` can be placed (or, for `Stream::Clean`, map
     /// leaves dirtied) without waiting for a commit or the cleaner.
     pub fn space_available(&self, stream: Stream, records: usize) -> bool {
@@ -476,16 +470,6 @@ impl Log {
     /// Segments freed since start.
     pub fn freed_total(&self) -> u64 {
         self.freed_total.load(Ordering::Acquire)
-    }
-
-    /// Bytes in segments that are neither free nor open and hold no live record: what
-    /// commits and the cleaner could still give back.
-    pub fn dead_bytes(&self) -> u64 {
-        let g = self.inner.lock();
-        (0..self.segments)
-            .filter(|&s| g.state[s as usize] == SegState::Sealed && s >= self.reuse_floor)
-            .map(|s| SEGMENT_BYTES - self.live[s as usize].load(Ordering::Relaxed) as u64)
-            .sum()
     }
 
     /// A record at `addr` of `len` bytes is no longer referenced by the in-memory state.

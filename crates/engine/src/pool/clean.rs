@@ -52,12 +52,6 @@ impl NodeStore for CachedOnly {
     }
 }
 
-/// Why a pass stopped moving records.
-enum Stop {
-    /// The room the cleaner may use ran out: commit, then go on.
-    Room,
-}
-
 impl Core {
     /// One cleaning pass; returns how many records it moved or marked for rewriting
     /// (0: nothing worth cleaning, or no room to clean in).
@@ -165,10 +159,8 @@ impl Core {
                 tries += 1;
             }
             for (lba, old) in moves {
-                match self.move_record(v, lba, old, &mut stored)? {
-                    Ok(true) => *done += 1,
-                    Ok(false) => {}
-                    Err(Stop::Room) => return Err(Error::NoSpace),
+                if self.move_record(v, lba, old, &mut stored)? {
+                    *done += 1;
                 }
             }
             lo = hi;
@@ -177,20 +169,21 @@ impl Core {
     }
 
     /// Move one data record of `v` (block `lba`, pointer `old`) to the cleaner's head.
-    /// `Ok(false)`: a client replaced it meanwhile, or no copy verifies (left where it is).
+    /// `Ok(false)`: a client replaced it meanwhile, or no copy verifies (left where it is);
+    /// `NoSpace`: the cleaner's room ran out.
     fn move_record(
         &self,
         v: &VolumeState,
         lba: u64,
         old: Blkptr,
         stored: &mut Vec<u8>,
-    ) -> Result<std::result::Result<bool, Stop>> {
+    ) -> Result<bool> {
         {
             // Like a client read: a block replaced since the walk may lie in a segment a
             // writer has recycled (`Core::recycle_if_due`) and rewritten.
             let _gate = self.reuse_gate.read();
             if v.tree.lock().lookup(self, &self.cache, lba)? != old {
-                return Ok(Ok(false));
+                return Ok(false);
             }
             match self
                 .red
@@ -199,16 +192,12 @@ impl Core {
                 Ok(()) => {}
                 Err(Error::Unrecoverable(e)) => {
                     tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                    return Ok(Ok(false));
+                    return Ok(false);
                 }
                 Err(e) => return Err(e),
             }
         }
-        let addr = match self.alloc_record(Stream::Clean, stored.len()) {
-            Ok(a) => a,
-            Err(Error::NoSpace) => return Ok(Err(Stop::Room)),
-            Err(e) => return Err(e),
-        };
+        let addr = self.alloc_record(Stream::Clean, stored.len())?;
         // The record counts toward the commit's room until its leaf is counted dirty.
         let mut pending = self.log.pending();
         pending.add(1);
@@ -225,10 +214,10 @@ impl Core {
             tree.set(self, &self.cache, lba, new)?;
             self.note_dirty(v, tree.dirty_nodes());
             self.free_ptr(&old);
-            Ok(Ok(true))
+            Ok(true)
         } else {
             self.release_record(addr, old.len as usize);
-            Ok(Ok(false))
+            Ok(false)
         }
     }
 }
