@@ -10,12 +10,14 @@
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
+pub mod checksum;
 pub mod codec;
 pub mod constants;
 pub mod device;
 pub mod error;
 #[cfg(test)]
 pub(crate) mod fuzz;
+pub mod hex;
 pub mod keys;
 pub mod log;
 pub mod map;
@@ -24,9 +26,10 @@ pub mod redundancy;
 pub mod size;
 pub mod volume;
 
+pub use codec::Compression;
 pub use error::{Error, Result};
 pub use keys::Secret;
 pub use pool::{
     DeviceSpec, DeviceStatus, Layout, OpenOptions, Pool, PoolStatus, SpaceStatus, VolumeStatus,
 };
-pub use volume::{Compression, Extent, Volume, VolumeOptions};
+pub use volume::{Extent, Volume, VolumeOptions};

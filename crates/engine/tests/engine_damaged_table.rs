@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use bulwark_engine::codec::checksum;
+use bulwark_engine::checksum::checksum;
 use bulwark_engine::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use bulwark_engine::keys::SlotKind;
 use bulwark_engine::map::{Blkptr, ADDR_NONE};

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 mod aead;
 pub use aead::{AeadBackend, BlockCipher};
 
-use crate::volume::Compression;
+use serde::{Deserialize, Serialize};
+
 use crate::{Error, Result};
 
 /// Stored bytes are lz4-compressed.
@@ -24,33 +25,31 @@ pub const FLAG_LZ4: u16 = 1 << 0;
 /// Stored bytes are AES-256-GCM ciphertext followed by the tag.
 pub const FLAG_ENCRYPTED: u16 = 1 << 1;
 
-pub type Checksum = [u8; 32];
-
-/// blake3-256 of stored bytes.
-pub fn checksum(stored: &[u8]) -> Checksum {
-    *blake3::hash(stored).as_bytes()
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Compression {
+    Off,
+    Lz4,
 }
 
-/// Second half of a checksum field that holds an xxh3-128 (first half)
-/// rather than a blake3-256. A blake3 output ends so only with probability
-/// 2^-128.
-const XXH3_TAG: [u8; 16] = *b"xxh3-128/bulwark";
-
-/// Checksum of a data block of an encrypted volume (AEAD ciphertext and
-/// tag): xxh3-128, little-endian, then [`XXH3_TAG`].
-pub fn checksum_sealed(stored: &[u8]) -> Checksum {
-    let mut sum = [0u8; 32];
-    sum[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(stored).to_le_bytes());
-    sum[16..].copy_from_slice(&XXH3_TAG);
-    sum
+impl std::str::FromStr for Compression {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Compression::Off),
+            "lz4" => Ok(Compression::Lz4),
+            _ => Err(Error::Invalid(format!(
+                "invalid compression '{s}': expected off or lz4"
+            ))),
+        }
+    }
 }
 
-/// Whether `stored` matches `sum`, of either kind.
-pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
-    if sum[16..] == XXH3_TAG {
-        checksum_sealed(stored) == *sum
-    } else {
-        checksum(stored) == *sum
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compression::Off => "off",
+            Compression::Lz4 => "lz4",
+        })
     }
 }
 
@@ -372,28 +371,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn both_checksum_kinds_verify_and_catch_a_flipped_bit() {
-        let mut block = vec![0u8; 4096];
-        for (i, b) in block.iter_mut().enumerate() {
-            *b = (i * 131 % 251) as u8;
-        }
-        for sum in [checksum(&block), checksum_sealed(&block)] {
-            assert!(verify(&sum, &block));
-            for bit in [0, 7, 4096 * 8 - 1, 12345] {
-                let mut bad = block.clone();
-                bad[bit / 8] ^= 1 << (bit % 8);
-                assert!(!verify(&sum, &bad), "bit {bit} not caught");
-            }
-            // A block of another length, or an empty one.
-            assert!(!verify(&sum, &block[..4095]));
-            assert!(!verify(&sum, &[]));
-        }
-        // The kinds are told apart by the field, not guessed.
-        assert_ne!(checksum(&block), checksum_sealed(&block));
-        assert_eq!(checksum_sealed(&block)[16..], XXH3_TAG);
     }
 
     #[test]

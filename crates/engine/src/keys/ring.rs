@@ -11,8 +11,9 @@ use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::wrap::{from_hex, hex12, random_bytes, to_hex};
+use super::wrap::random_bytes;
 use crate::codec::BlockCipher;
+use crate::hex::{from_hex, hex12, to_hex};
 use crate::{Error, Result};
 
 /// One data key, wrapped by the VMK. Holds nothing secret.

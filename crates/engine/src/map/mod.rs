@@ -17,7 +17,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::codec::{Checksum, FLAG_ENCRYPTED, FLAG_LZ4};
+use crate::checksum::Checksum;
+use crate::codec::{FLAG_ENCRYPTED, FLAG_LZ4};
 use crate::constants::{
     MAP_FANOUT, MAP_FANOUT_SHIFT, POOL_ADDRESS_END, RECORD_ALIGN, RECORD_BYTES_MAX,
 };

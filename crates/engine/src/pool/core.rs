@@ -16,14 +16,16 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::superblock::Superblock;
 use super::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
-use crate::codec::{self, checksum};
+use crate::checksum::checksum;
+use crate::codec;
+use crate::codec::Compression;
 use crate::constants::*;
 use crate::device::fault::{Fault, FaultyDevice};
 use crate::keys::{wrap, Secret};
 use crate::log::{Emptied, Log, Stream};
 use crate::map::{Blkptr, Node, NodeCache, NodeStore, Tree, ADDR_NONE};
 use crate::redundancy::Redundancy;
-use crate::volume::{Compression, Volume, VolumeOptions, VolumeState};
+use crate::volume::{Volume, VolumeOptions, VolumeState};
 use crate::{Error, Result};
 
 pub(crate) struct SbState {
@@ -274,7 +276,9 @@ impl Core {
     /// Store many metadata records (the map nodes of one level) end to end: one device write
     /// per copy and run instead of one per node. Parity stripes are per record: one by one.
     pub fn write_meta_batch(&self, raws: &[Vec<u8>]) -> Result<Vec<Blkptr>> {
-        if matches!(self.red.layout, super::Layout::Parity { .. }) || METADATA_COPIES != 2 {
+        if matches!(self.red.layout, crate::redundancy::Layout::Parity { .. })
+            || METADATA_COPIES != 2
+        {
             return raws.iter().map(|r| self.write_meta(r)).collect();
         }
         let mut buf = Vec::new();
@@ -489,9 +493,9 @@ impl Core {
         let state = if usable == devices.len() && devices.iter().all(|d| d.state == "ONLINE") {
             "ONLINE"
         } else if match self.red.layout {
-            super::Layout::Single => usable == devices.len(),
-            super::Layout::Mirror(_) => usable > 0,
-            super::Layout::Parity { k, .. } => usable >= k as usize,
+            crate::redundancy::Layout::Single => usable == devices.len(),
+            crate::redundancy::Layout::Mirror(_) => usable > 0,
+            crate::redundancy::Layout::Parity { k, .. } => usable >= k as usize,
         } {
             "DEGRADED"
         } else {
@@ -506,7 +510,7 @@ impl Core {
         let provisioned: u64 = self.volumes.read().values().map(|v| v.size).sum();
         let written = self.log.written();
         PoolStatus {
-            pool_id: wrap::to_hex(&sb.sb.pool_id),
+            pool_id: crate::hex::to_hex(&sb.sb.pool_id),
             dir: self.dir.clone(),
             state: if self.poisoned.load(Ordering::Relaxed) {
                 "FAULTED".into()
@@ -723,7 +727,7 @@ impl Core {
 
 impl Core {
     fn check_redundant(&self, verb: &str) -> Result<()> {
-        if self.red.layout == super::Layout::Single {
+        if self.red.layout == crate::redundancy::Layout::Single {
             return Err(Error::Invalid(format!(
                 "cannot {verb} a device of a single-layout pool: there is no other copy of its data"
             )));
@@ -757,7 +761,7 @@ impl Core {
             })
             .count();
         let needed = match self.red.layout {
-            super::Layout::Parity { k, .. } => k as usize,
+            crate::redundancy::Layout::Parity { k, .. } => k as usize,
             _ => 1,
         };
         if others < needed {
@@ -776,7 +780,7 @@ impl Core {
 
     /// Adds member `i` to (or removes it from) the offline set in `DIR/pool.json`.
     fn remember_offline(&self, i: usize, offline: bool) -> Result<()> {
-        let id = wrap::to_hex(&self.sb.lock().sb.member_ids[i]);
+        let id = crate::hex::to_hex(&self.sb.lock().sb.member_ids[i]);
         let mut conf = super::create::PoolConfig::read(&self.dir)?;
         let had = conf.offline.contains(&id);
         if had == offline {
@@ -926,7 +930,7 @@ impl Core {
             return Err(Error::Exists(format!(
                 "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
                 new.display(),
-                wrap::to_hex(&sb.pool_id)
+                crate::hex::to_hex(&sb.pool_id)
             )));
         }
         let faulty = Arc::new(FaultyDevice::new(Box::new(dev), back_region));

@@ -126,7 +126,7 @@ fn labelled_files(dir: &Path) -> Option<String> {
         };
         if let Some(sb) = front_label(&d) {
             names.push(e.file_name().to_string_lossy().into_owned());
-            pool = Some(wrap::to_hex(&sb.pool_id));
+            pool = Some(crate::hex::to_hex(&sb.pool_id));
         }
     }
     names.sort();
@@ -280,7 +280,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                         return Err(Error::Exists(format!(
                             "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
                             p.display(),
-                            wrap::to_hex(&sb.pool_id)
+                            crate::hex::to_hex(&sb.pool_id)
                         )));
                     }
                     let stored = abs
@@ -338,7 +338,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         }
         PoolConfig {
             format: 1,
-            pool_id: wrap::to_hex(&pool_id),
+            pool_id: crate::hex::to_hex(&pool_id),
             layout: layout.to_string(),
             devices: devices.iter().map(|(p, _)| p.clone()).collect(),
             offline: Vec::new(),

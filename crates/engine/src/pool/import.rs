@@ -24,7 +24,7 @@ use super::OpenOptions;
 use crate::constants::*;
 use crate::device::fault::FaultyDevice;
 use crate::device::{Device, FileDevice};
-use crate::keys::wrap::to_hex;
+use crate::hex::to_hex;
 use crate::log::{segment_of, Log};
 use crate::map::{depth_for, new_cache, Blkptr, Tree, Visit};
 use crate::redundancy::{Member, Redundancy};
@@ -205,7 +205,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     None
                 };
                 if let Some(msg) = unusable {
-                    if newest.layout == super::Layout::Single {
+                    if newest.layout == crate::redundancy::Layout::Single {
                         return Err(Error::Invalid(msg));
                     }
                     tracing::warn!("{msg}");
@@ -227,7 +227,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     .get(i)
                     .cloned()
                     .unwrap_or_else(|| PathBuf::from(format!("<member {i}>")));
-                if newest.layout == super::Layout::Single {
+                if newest.layout == crate::redundancy::Layout::Single {
                     return Err(Error::NotFound(format!(
                         "device {} (member {i} of {}) is missing; a single-layout pool cannot run without it",
                         guess.display(),
@@ -252,7 +252,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         .map(|i| conf.offline.contains(&to_hex(&newest.member_ids[i])))
         .collect();
     let needed = match newest.layout {
-        super::Layout::Parity { k, .. } => k as usize,
+        crate::redundancy::Layout::Parity { k, .. } => k as usize,
         _ => 1,
     };
     let usable = members
@@ -283,7 +283,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             dir.join(super::create::CONFIG_FILE).display()
         )));
     }
-    if let super::Layout::Parity { k, m } = newest.layout {
+    if let crate::redundancy::Layout::Parity { k, m } = newest.layout {
         if present < k as usize {
             return Err(Error::NotFound(format!(
                 "{} of the {} devices of this parity:{k}+{m} pool are missing or stale; at most {m} may be{}",
@@ -379,7 +379,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut complete = true;
     let layout = newest.layout;
     let core_footprint = |len: usize| match layout {
-        super::Layout::Parity { k, .. } => crate::redundancy::shard_bytes(len, k as usize),
+        crate::redundancy::Layout::Parity { k, .. } => {
+            crate::redundancy::shard_bytes(len, k as usize)
+        }
         _ => len,
     };
     let count = |p: &Blkptr, live: &mut Vec<u32>| {

@@ -7,13 +7,13 @@
 //! write fails its checksum and the other slot (one generation older, still
 //! complete) is used. The layout is drawn in docs/format.md.
 
-use crate::codec::checksum;
+use crate::checksum::checksum;
 use crate::constants::{
     DEVICES_MAX, DEVICE_RESERVED_BACK, DEVICE_RESERVED_FRONT, SEGMENT_BYTES, SUPERBLOCK_BYTES,
     SUPERBLOCK_SLOT_OFFSETS,
 };
 use crate::map::{Blkptr, BLKPTR_BYTES};
-use crate::pool::Layout;
+use crate::redundancy::Layout;
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"BWSUPER1";

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 
 const TABLE_AAD: &[u8] = b"bulwark volume table v1";
 
-use crate::keys::wrap::{hex16, KeySlot};
+use crate::codec::Compression;
+use crate::hex::hex16;
+use crate::keys::wrap::KeySlot;
 use crate::map::{Blkptr, BLKPTR_BYTES};
-use crate::volume::Compression;
 use crate::{Error, Result};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -90,11 +91,11 @@ impl VolumeRecord {
 pub fn ptr_to_hex(p: &Blkptr) -> String {
     let mut b = [0u8; BLKPTR_BYTES];
     p.encode(&mut b);
-    crate::keys::wrap::to_hex(&b)
+    crate::hex::to_hex(&b)
 }
 
 pub fn ptr_from_hex(s: &str) -> Result<Blkptr> {
-    let b = crate::keys::wrap::from_hex(s).filter(|b| b.len() == BLKPTR_BYTES);
+    let b = crate::hex::from_hex(s).filter(|b| b.len() == BLKPTR_BYTES);
     let b =
         b.ok_or_else(|| Error::Corrupt("volume table holds a malformed root pointer".into()))?;
     Blkptr::decode(&b).map_err(|e| e.within("volume table root"))

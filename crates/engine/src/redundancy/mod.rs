@@ -18,13 +18,14 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+mod layout;
 mod parity;
+pub use layout::Layout;
 pub use parity::shard_bytes;
 
-use crate::codec::{verify, Checksum};
+use crate::checksum::{verify, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use crate::device::Device;
-use crate::pool::Layout;
 use crate::{Error, Result};
 
 /// One member device and its error counters (READ/WRITE/CKSUM, as zpool status shows them).

@@ -16,7 +16,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Redundancy, ScrubOutcome};
-use crate::codec::{verify, Checksum};
+use crate::checksum::{verify, Checksum};
 use crate::constants::{DEVICE_RESERVED_FRONT, RECORD_ALIGN, SEGMENT_BYTES};
 use crate::{Error, Result};
 
@@ -359,7 +359,7 @@ mod tests {
     fn stripe_rebuilds_from_any_k_and_finds_a_corrupt_shard() {
         let (k, m) = (4, 2);
         let data: Vec<u8> = (0..4112u32).map(|i| (i * 7 % 256) as u8).collect();
-        let sum = crate::codec::checksum(&data);
+        let sum = crate::checksum::checksum(&data);
         let sb = shard_bytes(data.len(), k);
         let shards = Redundancy::encode_stripe(k, m, sb, &data).unwrap();
         let mut st = Stripe {

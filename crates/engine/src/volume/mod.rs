@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
 
 use zeroize::Zeroizing;
 
@@ -27,33 +26,7 @@ use crate::map::{Blkptr, Tree, Visit, ADDR_NONE};
 use crate::pool::{Core, VolumeStatus};
 use crate::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Compression {
-    Off,
-    Lz4,
-}
-
-impl std::str::FromStr for Compression {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(Compression::Off),
-            "lz4" => Ok(Compression::Lz4),
-            _ => Err(crate::Error::Invalid(format!(
-                "invalid compression '{s}': expected off or lz4"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for Compression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Compression::Off => "off",
-            Compression::Lz4 => "lz4",
-        })
-    }
-}
+pub use crate::codec::Compression;
 
 #[derive(Debug, Clone)]
 pub struct VolumeOptions {
@@ -343,7 +316,10 @@ impl Volume {
             .tree
             .lock()
             .lookup_run(&*self.core, &self.core.cache, first, &mut ptrs)?;
-        let contiguous = !matches!(self.core.red.layout, crate::pool::Layout::Parity { .. });
+        let contiguous = !matches!(
+            self.core.red.layout,
+            crate::redundancy::Layout::Parity { .. }
+        );
         let mut i = 0;
         while i < n {
             let p = ptrs[i];
@@ -384,7 +360,7 @@ impl Volume {
                 if raw {
                     let at = (q.addr[0] - start) as usize;
                     let rec = &mut stored[at..at + q.len as usize];
-                    if codec::verify(&q.checksum, rec) {
+                    if crate::checksum::verify(&q.checksum, rec) {
                         self.decode_into(first + k as u64, q, rec, dst)?;
                         continue;
                     }
@@ -518,9 +494,9 @@ impl Volume {
                 at,
             )?;
             let checksum = if ring.is_some() {
-                codec::checksum_sealed(&stored[at..at + len])
+                crate::checksum::checksum_sealed(&stored[at..at + len])
             } else {
-                codec::checksum(&stored[at..at + len])
+                crate::checksum::checksum(&stored[at..at + len])
             };
             end = (at + len).div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize;
             // Alignment padding goes to disk: zeros, not stale bytes.
@@ -538,7 +514,10 @@ impl Volume {
                 },
             });
         }
-        let contiguous = !matches!(self.core.red.layout, crate::pool::Layout::Parity { .. });
+        let contiguous = !matches!(
+            self.core.red.layout,
+            crate::redundancy::Layout::Parity { .. }
+        );
         // Records placed count toward the next commit's room until the map points at them
         // and `note_dirty` has counted their leaves (`Log::alloc_run`).
         let mut pending = self.core.log.pending();

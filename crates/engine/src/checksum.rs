@@ -1,0 +1,60 @@
+//! Checksums of stored bytes: the lowest layer, below redundancy (which verifies
+//! copies with them) and the map (whose pointers carry them). Unkeyed: they catch
+//! media errors, not an attacker who can write the devices.
+
+pub type Checksum = [u8; 32];
+
+/// blake3-256 of stored bytes.
+pub fn checksum(stored: &[u8]) -> Checksum {
+    *blake3::hash(stored).as_bytes()
+}
+
+/// Second half of a checksum field that holds an xxh3-128 (first half)
+/// rather than a blake3-256. A blake3 output ends so only with probability
+/// 2^-128.
+const XXH3_TAG: [u8; 16] = *b"xxh3-128/bulwark";
+
+/// Checksum of a data block of an encrypted volume (AEAD ciphertext and
+/// tag): xxh3-128, little-endian, then [`XXH3_TAG`].
+pub fn checksum_sealed(stored: &[u8]) -> Checksum {
+    let mut sum = [0u8; 32];
+    sum[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(stored).to_le_bytes());
+    sum[16..].copy_from_slice(&XXH3_TAG);
+    sum
+}
+
+/// Whether `stored` matches `sum`, of either kind.
+pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
+    if sum[16..] == XXH3_TAG {
+        checksum_sealed(stored) == *sum
+    } else {
+        checksum(stored) == *sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_checksum_kinds_verify_and_catch_a_flipped_bit() {
+        let mut block = vec![0u8; 4096];
+        for (i, b) in block.iter_mut().enumerate() {
+            *b = (i * 131 % 251) as u8;
+        }
+        for sum in [checksum(&block), checksum_sealed(&block)] {
+            assert!(verify(&sum, &block));
+            for bit in [0, 7, 4096 * 8 - 1, 12345] {
+                let mut bad = block.clone();
+                bad[bit / 8] ^= 1 << (bit % 8);
+                assert!(!verify(&sum, &bad), "bit {bit} not caught");
+            }
+            // A block of another length, or an empty one.
+            assert!(!verify(&sum, &block[..4095]));
+            assert!(!verify(&sum, &[]));
+        }
+        // The kinds are told apart by the field, not guessed.
+        assert_ne!(checksum(&block), checksum_sealed(&block));
+        assert_eq!(checksum_sealed(&block)[16..], XXH3_TAG);
+    }
+}
