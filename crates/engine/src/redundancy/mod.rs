@@ -20,11 +20,13 @@ use parking_lot::RwLock;
 
 mod layout;
 mod parity;
+mod placement;
 pub use layout::Layout;
 pub use parity::shard_bytes;
+use placement::Placement;
 
 use crate::checksum::{verify, Checksum};
-use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
+use crate::constants::SEGMENT_BYTES;
 use crate::device::Device;
 use crate::{Error, Result};
 
@@ -115,6 +117,9 @@ pub struct ScrubOutcome {
 
 pub struct Redundancy {
     pub layout: Layout,
+    /// The layout's placement: where a record's copies or shards go (one implementation
+    /// per layout, as OpenZFS has one ops table per vdev type).
+    placement: Box<dyn Placement>,
     pub members: Vec<Member>,
     /// Data segments on each device (all members use the same count).
     pub segments_per_device: u64,
@@ -123,7 +128,7 @@ pub struct Redundancy {
 }
 
 /// Up to this many places per record (mirror:8).
-type Places = smallvec_lite::Places;
+pub(crate) type Places = smallvec_lite::Places;
 
 mod smallvec_lite {
     /// A fixed-capacity list of (member, device offset) places; avoids an allocation per I/O.
@@ -142,6 +147,7 @@ impl Redundancy {
     pub fn new(layout: Layout, members: Vec<Member>, segments_per_device: u64) -> Redundancy {
         Redundancy {
             layout,
+            placement: placement::for_layout(layout),
             members,
             segments_per_device,
             repaired_blocks: AtomicU64::new(0),
@@ -151,32 +157,24 @@ impl Redundancy {
 
     /// Segments of the pool's log address space.
     pub fn segments(&self) -> u64 {
-        match self.layout {
-            Layout::Single => self.segments_per_device * self.members.len() as u64,
-            Layout::Mirror(_) | Layout::Parity { .. } => self.segments_per_device,
-        }
+        self.placement
+            .segments(self.segments_per_device, self.members.len())
     }
 
     /// Bytes of each device's segment space a record of `len` bytes takes.
     pub fn footprint(&self, len: usize) -> usize {
-        match self.layout {
-            Layout::Parity { k, .. } => shard_bytes(len, k as usize),
-            _ => len,
-        }
+        self.placement.footprint(len)
     }
 
     /// Whether records can be written end to end in one device write per copy (a run):
     /// parity stripes each record over its own shards, so it writes one record at a time.
     pub fn runs_end_to_end(&self) -> bool {
-        !matches!(self.layout, Layout::Parity { .. })
+        self.placement.runs_end_to_end()
     }
 
     /// Usable bytes per byte of segment space (K for parity, 1 otherwise).
     pub fn data_per_segment_byte(&self) -> u64 {
-        match self.layout {
-            Layout::Parity { k, .. } => k as u64,
-            _ => 1,
-        }
+        self.placement.data_per_segment_byte()
     }
 
     /// Refuses a record that cannot be in this pool: each copy inside the pool's segments,
@@ -203,48 +201,17 @@ impl Redundancy {
         Ok(())
     }
 
-    fn places(&self, addr: u64) -> Places {
-        let seg = addr / SEGMENT_BYTES;
-        let off = addr % SEGMENT_BYTES;
-        let mut p = Places {
-            len: 0,
-            items: [(0, 0); 8],
-        };
-        match self.layout {
-            Layout::Single => {
-                let d = (seg / self.segments_per_device) as usize;
-                p.items[0] = (
-                    d,
-                    DEVICE_RESERVED_FRONT + (seg % self.segments_per_device) * SEGMENT_BYTES + off,
-                );
-                p.len = 1;
-            }
-            Layout::Parity { .. } => unreachable!("parity records are placed by shard_place"),
-            Layout::Mirror(_) => {
-                // Start reads on a different member per segment to spread load.
-                let n = self.members.len();
-                let first = (seg as usize) % n;
-                for i in 0..n {
-                    p.items[i] = (
-                        (first + i) % n,
-                        DEVICE_RESERVED_FRONT + seg * SEGMENT_BYTES + off,
-                    );
-                }
-                p.len = n;
-            }
-        }
-        p
-    }
-
     /// Write a whole record to every copy. Succeeds if at least one copy was written;
     /// a failed copy marks its device FAULTED and counts a WRITE error.
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        if let Layout::Parity { k, m } = self.layout {
-            return self.parity_write(k as usize, m as usize, addr, data);
-        }
+        self.placement.write(self, addr, data)
+    }
+
+    /// `write` for layouts that keep whole copies (`places`).
+    pub(super) fn write_copies(&self, places: Places, data: &[u8]) -> Result<()> {
         let mut written = 0;
         let mut last_err = None;
-        for (m, off) in self.places(addr).iter() {
+        for (m, off) in places.iter() {
             let member = &self.members[m];
             let Some(dev) = member.writable() else {
                 continue;
@@ -277,14 +244,22 @@ impl Redundancy {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         self.check_record(addrs, len)?;
-        if let Layout::Parity { k, m } = self.layout {
-            return self.parity_read(k as usize, m as usize, addrs, len, sum, out);
-        }
+        self.placement.read_verified(self, addrs, len, sum, out)
+    }
+
+    /// `read_verified` for layouts that keep whole copies.
+    pub(super) fn read_copies(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         out.resize(len, 0);
         let mut bad: [(usize, u64); 16] = [(0, 0); 16];
         let mut nbad = 0;
         for &addr in addrs {
-            for (m, off) in self.places(addr).iter() {
+            for (m, off) in self.copies(addr)?.iter() {
                 let member = &self.members[m];
                 let Some(dev) = member.dev() else { continue };
                 if let Err(e) = dev.read_at(out, off) {
@@ -355,7 +330,7 @@ impl Redundancy {
         mut read: impl FnMut(&dyn Device, u64) -> std::io::Result<()>,
     ) -> Result<()> {
         let mut last = None;
-        for (m, off) in self.places(addr).iter() {
+        for (m, off) in self.copies(addr)?.iter() {
             let member = &self.members[m];
             let Some(dev) = member.dev() else { continue };
             match read(&*dev, off) {
@@ -387,14 +362,25 @@ impl Redundancy {
                 unrecoverable: true,
             };
         }
-        if let Layout::Parity { k, m } = self.layout {
-            return self.parity_scrub(k as usize, m as usize, addrs, len, sum);
-        }
+        self.placement.scrub(self, addrs, len, sum, buf)
+    }
+
+    /// `scrub` for layouts that keep whole copies.
+    pub(super) fn scrub_copies(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &Checksum,
+        buf: &mut Vec<u8>,
+    ) -> ScrubOutcome {
         buf.resize(len, 0);
         let mut good: Option<Vec<u8>> = None;
         let mut bad: Vec<(usize, u64)> = Vec::new();
         for &addr in addrs {
-            for (m, off) in self.places(addr).iter() {
+            let Ok(places) = self.copies(addr) else {
+                continue;
+            };
+            for (m, off) in places.iter() {
                 let member = &self.members[m];
                 let Some(dev) = member.dev() else { continue };
                 if let Err(e) = dev.read_at(buf, off) {
@@ -444,6 +430,17 @@ impl Redundancy {
             repaired,
             unrecoverable: false,
         }
+    }
+
+    /// The places of the whole copies of the record at `addr` (not for striped layouts,
+    /// which read and write records whole through their `Placement`).
+    fn copies(&self, addr: u64) -> Result<Places> {
+        self.placement.copies(self, addr).ok_or_else(|| {
+            Error::Invalid(format!(
+                "layout {} stripes records: no whole copy to read at pool address {addr}",
+                self.layout
+            ))
+        })
     }
 
     /// Make all completed writes durable on every available device.
