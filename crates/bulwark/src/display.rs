@@ -567,6 +567,7 @@ fn date(unix: u64) -> String {
 mod tests {
     use super::*;
     use crate::control::DaemonInfo;
+    use bulwark_engine::pool::scrub::DataErrorKind;
     use bulwark_engine::{DeviceStatus, PoolStatus, SpaceStatus};
 
     fn vol(name: &str, encryption: bool, locked: bool) -> VolumeStatus {
@@ -811,7 +812,7 @@ mod tests {
             volume: "v".into(),
             offset: 40960,
             length: 4096,
-            kind: "data".into(),
+            kind: DataErrorKind::Data,
             seen_epoch: 1,
         };
         let text = errors_text(&[e]);
@@ -829,21 +830,21 @@ mod tests {
     /// and kind (a scrub of two bad disk halves once printed 7,941 lines).
     #[test]
     fn touching_error_ranges_show_as_one() {
-        let e = |volume: &str, offset: u64, length: u64, kind: &str| DataError {
+        let e = |volume: &str, offset: u64, length: u64, kind: DataErrorKind| DataError {
             volume: volume.into(),
             offset,
             length,
-            kind: kind.into(),
+            kind,
             seen_epoch: 1,
         };
         let mut errors: Vec<DataError> = (0..1000)
             .rev()
-            .map(|i| e("v", i * 4096, 4096, "data"))
+            .map(|i| e("v", i * 4096, 4096, DataErrorKind::Data))
             .collect();
-        errors.push(e("v", 0, 8 << 20, "map"));
-        errors.push(e("v", 0, 256 << 10, "map"));
-        errors.push(e("v", 10 << 20, 4096, "data"));
-        errors.push(e("w", 4096, 4096, "data"));
+        errors.push(e("v", 0, 8 << 20, DataErrorKind::Map));
+        errors.push(e("v", 0, 256 << 10, DataErrorKind::Map));
+        errors.push(e("v", 10 << 20, 4096, DataErrorKind::Data));
+        errors.push(e("w", 4096, 4096, DataErrorKind::Data));
         let text = errors_text(&errors);
         let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('\t')).collect();
         assert_eq!(

@@ -20,6 +20,7 @@ use crate::constants::*;
 use crate::device::fault::{Fault, FaultyDevice};
 use crate::keys::{wrap, Secret};
 use crate::map::{Blkptr, Tree};
+use crate::redundancy::DeviceState;
 use crate::store::{Control, Store};
 use crate::volume::{Volume, VolumeOptions, VolumeState};
 use crate::{Error, Result};
@@ -241,25 +242,32 @@ impl Core {
 
     pub fn status(&self) -> PoolStatus {
         let sb = self.sb.lock();
+        let states: Vec<DeviceState> = self.store.red.members.iter().map(|m| m.state()).collect();
         let devices: Vec<DeviceStatus> = self
             .store
             .red
             .members
             .iter()
-            .map(|m| DeviceStatus {
+            .zip(&states)
+            .map(|(m, state)| DeviceStatus {
                 path: m.path(),
-                state: m.state().to_string(),
+                state: state.as_str().to_string(),
                 read_errors: m.read_errors.load(Ordering::Relaxed),
                 write_errors: m.write_errors.load(Ordering::Relaxed),
                 cksum_errors: m.cksum_errors.load(Ordering::Relaxed),
                 size_bytes: sb.sb.device_bytes,
             })
             .collect();
-        let usable = devices
+        let usable = states
             .iter()
-            .filter(|d| !matches!(d.state.as_str(), "UNAVAIL" | "FAULTED" | "OFFLINE"))
+            .filter(|s| {
+                !matches!(
+                    s,
+                    DeviceState::Unavail | DeviceState::Faulted | DeviceState::Offline
+                )
+            })
             .count();
-        let state = if usable == devices.len() && devices.iter().all(|d| d.state == "ONLINE") {
+        let state = if states.iter().all(|s| *s == DeviceState::Online) {
             "ONLINE"
         } else if usable >= self.store.red.layout.members_needed(devices.len()) {
             "DEGRADED"
@@ -511,7 +519,7 @@ impl Core {
         m.faulted.store(false, Ordering::Release);
         m.offline.store(false, Ordering::Release);
         tracing::info!(device = %path.display(), "device online: resilvering");
-        self.scrub_begin("resilver", Some(m.path()))
+        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(m.path()))
     }
 
     /// Open the device at `path` again for member `i`: its label must name this pool and
@@ -659,7 +667,7 @@ impl Core {
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
         tracing::info!(old = %old.display(), new = %new_abs.display(), "device replaced: resilvering");
-        self.scrub_begin("resilver", Some(new_abs))
+        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(new_abs))
     }
 }
 
@@ -687,7 +695,13 @@ impl Control for Core {
         Core::flush(self)
     }
     fn record_error(&self, volume: &str, offset: u64, length: u64) {
-        Core::record_error(self, volume, offset, length, "data")
+        Core::record_error(
+            self,
+            volume,
+            offset,
+            length,
+            super::scrub::DataErrorKind::Data,
+        )
     }
     fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
         Core::clear_rewritten(self, volume, offset, length)

@@ -161,7 +161,7 @@ impl Pool {
         {
             // A resilver interrupted by a restart: its device's copies are still known stale.
             let s = pool.core.scrub.lock();
-            if s.state == "scanning" && s.kind == "resilver" {
+            if s.state == scrub::ScrubPhase::Scanning && s.kind == scrub::ScanKind::Resilver {
                 if let Some(dev) = &s.device {
                     for m in &pool.core.store.red.members {
                         if &m.path() == dev {
@@ -172,7 +172,7 @@ impl Pool {
                 }
             }
         }
-        if pool.core.scrub.lock().state == "scanning" {
+        if pool.core.scrub.lock().state == scrub::ScrubPhase::Scanning {
             tracing::info!("resuming the scrub that was running when the pool was last closed");
             pool.core.spawn_scrub();
         }

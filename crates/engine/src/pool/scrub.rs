@@ -29,10 +29,77 @@ const SCRUB_BATCH_BLOCKS: u64 = 4096;
 /// Default throttle.
 pub const SCRUB_RATE_DEFAULT: u64 = 256 << 20;
 
+/// Where a scrub stands (persisted in the volume table by these lowercase names; tables
+/// written before these were an enum may hold "" for `None`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ScrubPhase {
+    #[default]
+    #[serde(alias = "")]
+    None,
+    Scanning,
+    Paused,
+    Finished,
+    Canceled,
+    /// A resilver asked a running pass to stop at its next batch and start again.
+    Restarting,
+}
+
+impl ScrubPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScrubPhase::None => "none",
+            ScrubPhase::Scanning => "scanning",
+            ScrubPhase::Paused => "paused",
+            ScrubPhase::Finished => "finished",
+            ScrubPhase::Canceled => "canceled",
+            ScrubPhase::Restarting => "restarting",
+        }
+    }
+}
+
+/// What a scan is for: a scrub, or a resilver (a scrub started to rebuild one device's
+/// copies).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanKind {
+    #[default]
+    #[serde(alias = "")]
+    Scrub,
+    Resilver,
+}
+
+impl ScanKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScanKind::Scrub => "scrub",
+            ScanKind::Resilver => "resilver",
+        }
+    }
+}
+
+/// What an unreadable range held.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum DataErrorKind {
+    /// Client data blocks.
+    Data,
+    /// A map node: every block it covers.
+    Map,
+}
+
+impl std::fmt::Display for DataErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataErrorKind::Data => "data",
+            DataErrorKind::Map => "map",
+        })
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ScrubState {
-    /// none, scanning, paused, finished, canceled
-    pub state: String,
+    pub state: ScrubPhase,
     pub started_unix: u64,
     pub finished_unix: u64,
     /// Cursor: next volume id and logical block to scrub.
@@ -44,9 +111,8 @@ pub struct ScrubState {
     pub unrecoverable: u64,
     /// Scrub number; an error entry seen by an older scrub and not again is dropped at the end.
     pub epoch: u64,
-    /// "scrub", or "resilver" (a scrub started to rebuild one device's copies).
     #[serde(default)]
-    pub kind: String,
+    pub kind: ScanKind,
     /// The device being resilvered.
     #[serde(default)]
     pub device: Option<std::path::PathBuf>,
@@ -58,8 +124,7 @@ pub struct DataError {
     pub volume: String,
     pub offset: u64,
     pub length: u64,
-    /// "data" or "map"
-    pub kind: String,
+    pub kind: DataErrorKind,
     #[serde(default)]
     pub seen_epoch: u64,
 }
@@ -90,7 +155,7 @@ fn now_unix() -> u64 {
 
 impl Core {
     /// Note an unrecoverable range (from a client read or a scrub).
-    pub fn record_error(&self, volume: &str, offset: u64, length: u64, kind: &str) {
+    pub fn record_error(&self, volume: &str, offset: u64, length: u64, kind: DataErrorKind) {
         let epoch = self.scrub.lock().epoch;
         let mut errs = self.errors.lock();
         if let Some(e) = errs
@@ -104,7 +169,7 @@ impl Core {
             volume: volume.to_string(),
             offset,
             length,
-            kind: kind.to_string(),
+            kind,
             seen_epoch: epoch,
         });
         self.errors_listed.store(true, Ordering::Release);
@@ -118,7 +183,7 @@ impl Core {
     pub(crate) fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
         self.forget_errors(|e| {
             e.volume == volume
-                && e.kind == "data"
+                && e.kind == DataErrorKind::Data
                 && offset <= e.offset
                 && e.offset + e.length <= offset + length
         });
@@ -149,20 +214,12 @@ impl Core {
     pub fn scrub_status(&self) -> ScrubStatus {
         let s = self.scrub.lock().clone();
         let rate = self.scrub_rate_seen.load(Ordering::Relaxed);
-        let eta = (s.state == "scanning" && rate > 0)
+        let eta = (s.state == ScrubPhase::Scanning && rate > 0)
             .then(|| s.bytes_total.saturating_sub(s.bytes_done) / rate);
         ScrubStatus {
-            kind: if s.kind.is_empty() {
-                "scrub".into()
-            } else {
-                s.kind.clone()
-            },
+            kind: s.kind.as_str().into(),
             device: s.device.clone(),
-            state: if s.state.is_empty() {
-                "none".into()
-            } else {
-                s.state
-            },
+            state: s.state.as_str().into(),
             bytes_done: s.bytes_done,
             bytes_total: s.bytes_total,
             rate_bytes_per_sec: rate,
@@ -180,31 +237,31 @@ impl Core {
 
     /// Begin a scrub (or resume a paused one).
     pub fn scrub_start(self: &Arc<Self>) -> Result<()> {
-        self.scrub_begin("scrub", None)
+        self.scrub_begin(ScanKind::Scrub, None)
     }
 
     /// Start a scrub of `kind`; a resilver restarts any scrub from the beginning.
     pub(crate) fn scrub_begin(
         self: &Arc<Self>,
-        kind: &str,
+        kind: ScanKind,
         device: Option<std::path::PathBuf>,
     ) -> Result<()> {
-        if kind == "resilver" {
+        if kind == ScanKind::Resilver {
             // Let a running pass stop at its next batch; the new one starts from the top.
-            self.scrub.lock().state = "restarting".into();
+            self.scrub.lock().state = ScrubPhase::Restarting;
             while self.scrub_running.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
         {
             let mut s = self.scrub.lock();
-            match s.state.as_str() {
-                "scanning" if self.scrub_running.load(Ordering::Acquire) => {
+            match s.state {
+                ScrubPhase::Scanning if self.scrub_running.load(Ordering::Acquire) => {
                     return Err(Error::Busy(
                         "a scrub is already running; see 'bulwark scrub status'".into(),
                     ))
                 }
-                "paused" | "scanning" => {}
+                ScrubPhase::Paused | ScrubPhase::Scanning => {}
                 _ => {
                     let total = self
                         .volumes
@@ -213,17 +270,17 @@ impl Core {
                         .map(|v| v.used_bytes.load(Ordering::Relaxed))
                         .sum();
                     *s = ScrubState {
-                        state: "scanning".into(),
+                        state: ScrubPhase::Scanning,
                         started_unix: now_unix(),
                         bytes_total: total,
                         epoch: s.epoch + 1,
-                        kind: kind.to_string(),
+                        kind,
                         device: device.clone(),
                         ..Default::default()
                     };
                 }
             }
-            s.state = "scanning".into();
+            s.state = ScrubPhase::Scanning;
         }
         // Durable before the command returns: a crash in the scan's first seconds
         // resumes it on restart instead of forgetting it was asked for.
@@ -235,10 +292,10 @@ impl Core {
 
     pub fn scrub_pause(&self) -> Result<()> {
         let mut s = self.scrub.lock();
-        if s.state != "scanning" {
+        if s.state != ScrubPhase::Scanning {
             return Err(Error::Invalid("no scrub is running".into()));
         }
-        s.state = "paused".into();
+        s.state = ScrubPhase::Paused;
         drop(s);
         self.table_dirty.store(true, Ordering::Release);
         self.commit()
@@ -246,10 +303,10 @@ impl Core {
 
     pub fn scrub_cancel(&self) -> Result<()> {
         let mut s = self.scrub.lock();
-        if s.state != "scanning" && s.state != "paused" {
+        if s.state != ScrubPhase::Scanning && s.state != ScrubPhase::Paused {
             return Err(Error::Invalid("no scrub is running".into()));
         }
-        s.state = "canceled".into();
+        s.state = ScrubPhase::Canceled;
         s.finished_unix = now_unix();
         drop(s);
         self.table_dirty.store(true, Ordering::Release);
@@ -270,7 +327,7 @@ impl Core {
                 core.scrub_running.store(false, Ordering::Release);
                 // A scrub started while this one was finishing found us running and left the
                 // work to us: take it, unless another thread already did.
-                let rearmed = core.scrub.lock().state == "scanning"
+                let rearmed = core.scrub.lock().state == ScrubPhase::Scanning
                     && !core.store.closing.load(Ordering::Acquire);
                 if !rearmed || core.scrub_running.swap(true, Ordering::AcqRel) {
                     return;
@@ -283,7 +340,8 @@ impl Core {
     }
 
     fn keep_going(&self) -> bool {
-        !self.store.closing.load(Ordering::Acquire) && self.scrub.lock().state == "scanning"
+        !self.store.closing.load(Ordering::Acquire)
+            && self.scrub.lock().state == ScrubPhase::Scanning
     }
 
     fn scrub_run(&self) -> Result<()> {
@@ -349,7 +407,7 @@ impl Core {
                                         &v.name,
                                         off,
                                         len.min(v.size - off.min(v.size)),
-                                        "map",
+                                        DataErrorKind::Map,
                                     );
                                 }
                             }
@@ -360,7 +418,7 @@ impl Core {
                                     &v.name,
                                     off,
                                     (span * bs).min(v.size - off.min(v.size)),
-                                    "map",
+                                    DataErrorKind::Map,
                                 );
                             }
                         }
@@ -381,7 +439,7 @@ impl Core {
                     );
                     batch_bytes += ptr.len as u64;
                     if o.unrecoverable {
-                        self.record_error(&v.name, l * bs, bs, "data");
+                        self.record_error(&v.name, l * bs, bs, DataErrorKind::Data);
                     } else {
                         self.clear_error(&v.name, l * bs, bs);
                     }
@@ -405,13 +463,13 @@ impl Core {
             s.lba = 0;
         }
         let mut s = self.scrub.lock();
-        if s.state == "scanning" {
-            if s.kind == "resilver" {
+        if s.state == ScrubPhase::Scanning {
+            if s.kind == ScanKind::Resilver {
                 for m in &self.store.red.members {
                     m.resilvering.store(false, Ordering::Release);
                 }
             }
-            s.state = "finished".into();
+            s.state = ScrubPhase::Finished;
             s.finished_unix = now_unix();
             s.bytes_done = s.bytes_done.max(s.bytes_total);
             let epoch = s.epoch;

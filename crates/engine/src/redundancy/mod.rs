@@ -90,19 +90,45 @@ impl Member {
             self.cksum_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> DeviceState {
         if self.offline.load(Ordering::Relaxed) {
             // Taken offline on purpose (and maybe not even opened since).
-            "OFFLINE"
+            DeviceState::Offline
         } else if !self.present() {
-            "UNAVAIL"
+            DeviceState::Unavail
         } else if self.faulted.load(Ordering::Relaxed) {
-            "FAULTED"
+            DeviceState::Faulted
         } else if self.resilvering.load(Ordering::Relaxed) {
-            "RESILVERING"
+            DeviceState::Resilvering
         } else {
             // As zpool: repaired read and checksum errors show in the counters, not the state.
-            "ONLINE"
+            DeviceState::Online
+        }
+    }
+}
+
+/// A member's state, as `zpool status` names them (the names are what `status` shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceState {
+    Online,
+    /// Taken offline by the administrator.
+    Offline,
+    /// Missing: not found at import, or removed.
+    Unavail,
+    /// A write or flush to it failed.
+    Faulted,
+    /// Its copies are being rebuilt.
+    Resilvering,
+}
+
+impl DeviceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceState::Online => "ONLINE",
+            DeviceState::Offline => "OFFLINE",
+            DeviceState::Unavail => "UNAVAIL",
+            DeviceState::Faulted => "FAULTED",
+            DeviceState::Resilvering => "RESILVERING",
         }
     }
 }
