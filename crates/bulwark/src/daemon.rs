@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulwark_engine::{Compression, OpenOptions, Pool, Secret, VolumeOptions, VolumeStatus};
+use bulwark_engine::{Compression, OpenOptions, Pool, VolumeOptions, VolumeStatus};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -33,9 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::access::AccessControl;
 use crate::cli::ServeArgs;
-use crate::control::{
-    self, DaemonInfo, KeyStatus, Request, Response, SecretRef, StatusReport, VolumeEntry,
-};
+use crate::control::{self, DaemonInfo, KeyStatus, Request, Response, StatusReport, VolumeEntry};
 use crate::error::{Error, Result};
 use crate::export::PoolExports;
 use crate::grant;
@@ -458,7 +456,7 @@ impl Daemon {
                 let created = {
                     let name = name.clone();
                     blocking(move || {
-                        let secret = secret.as_ref().map(load_secret).transpose()?;
+                        let secret = secret.as_ref().map(keys::load_secret).transpose()?;
                         pool.create_volume(&name, opts, secret.as_ref())
                             .map_err(|e| e.to_string())?;
                         drop(secret);
@@ -477,7 +475,7 @@ impl Daemon {
             }
             Request::KeyLoad { name, secret } => {
                 blocking(move || {
-                    let secret = load_secret(&secret)?;
+                    let secret = keys::load_secret(&secret)?;
                     pool.load_key(&name, &secret)
                         .map_err(|e| keys::explain(&pool, &name, e))
                     // `secret` is dropped (and zeroized) here, before the answer goes out.
@@ -560,22 +558,6 @@ impl Daemon {
             }
         }
     }
-}
-
-/// Read a secret the request names. The path must be absolute (the CLI
-/// canonicalizes it); the file's contents are never logged.
-pub(crate) fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
-    let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
-        SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
-        SecretRef::KeyFile(p) => (p, Secret::from_key_file),
-    };
-    if !path.is_absolute() {
-        return Err(format!(
-            "secret file path {} is not absolute",
-            path.display()
-        ));
-    }
-    from_file(path).map_err(|e| e.to_string())
 }
 
 fn to_value<T: serde::Serialize>(v: &T) -> std::result::Result<Value, String> {

@@ -10,17 +10,19 @@
 //! erase` destroys data on purpose, so without `--yes` it asks for the
 //! volume's name at a terminal (and refuses when there is none).
 //!
-//! Daemon side ([`handle`]): read each secret file with `Secret::from_*_file`
-//! (which refuses files other users can access), make the engine call, and
-//! drop the secret, zeroized, before answering. Each request is audited by
-//! `grant::Audited` (the secrets' kinds, never their paths or bytes).
+//! Daemon side ([`handle`]): read each secret file with [`load_secret`]
+//! (`Secret::from_*_file`, which refuses files other users can access; the
+//! daemon reads the secrets of `volume create` and `key load` with it too),
+//! make the engine call, and drop the secret, zeroized, before answering.
+//! Each request is audited by `grant::Audited` (the secrets' kinds, never
+//! their paths or bytes).
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use bulwark_engine::pool::keys::SlotInfo;
-use bulwark_engine::{Pool, VolumeStatus};
+use bulwark_engine::{Pool, Secret, VolumeStatus};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
@@ -30,7 +32,6 @@ use crate::cli::{
 };
 use crate::client::{self, print, secret_ref, Client};
 use crate::control::{Request, SecretRef, VolumeEntry};
-use crate::daemon::load_secret;
 use crate::display;
 use crate::error::{Error, Result};
 
@@ -86,6 +87,22 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
         }
         other => Err(format!("internal error: {other:?} is not a key request")),
     }
+}
+
+/// Read a secret the request names. The path must be absolute (the CLI
+/// canonicalizes it); the file's contents are never logged.
+pub fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
+    let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
+        SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
+        SecretRef::KeyFile(p) => (p, Secret::from_key_file),
+    };
+    if !path.is_absolute() {
+        return Err(format!(
+            "secret file path {} is not absolute",
+            path.display()
+        ));
+    }
+    from_file(path).map_err(|e| e.to_string())
 }
 
 /// The engine's error as the user should read it: a volume whose keys were
