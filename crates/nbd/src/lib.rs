@@ -28,6 +28,12 @@
 //! - `workers.rs`: per-connection blocking threads that run backend calls
 //!   (async path).
 //!
+//! Module order, bottom-up: `limits`, `backend` → `proto`, `buffers`,
+//! `ratelimit`, `workers`, `tls` → `handshake` → `request` →
+//! `transmission`, `direct` → `server`. A module uses only modules before
+//! it: the table in `crates/bulwark/tests/layers.rs` makes
+//! `cargo test -p bulwark` fail on any other import.
+//!
 //! Invariants:
 //! - Bytes from a client are input: any sequence of them yields a reply or
 //!   a closed connection, never a panic, unbounded allocation or a stall of
