@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bulwark_engine::{Compression, OpenOptions, Pool, VolumeOptions, VolumeStatus};
+use bulwark_nbd as nbd;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -42,7 +43,6 @@ use crate::export::PoolExports;
 use crate::grant;
 use crate::keys;
 use crate::maintenance;
-use crate::nbd;
 
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
 /// connections that are closing to be counted out before it refuses.

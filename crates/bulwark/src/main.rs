@@ -23,8 +23,6 @@ mod grant;
 mod keys;
 mod maintenance;
 
-use bulwark_nbd as nbd;
-
 use std::io::IsTerminal;
 use std::process::ExitCode;
 

@@ -24,8 +24,9 @@ struct Table {
     src: &'static str,
     /// The crate root's file stem (`lib` or `main`); the root may use every module.
     root: &'static str,
-    /// Names in the crate root that are not modules but may be used from
-    /// anywhere (an external crate under a short name), with why.
+    /// Names in the crate root that are not modules but that any module may
+    /// use (`crate::Error` re-exported from a module, an external crate
+    /// under a short name), each with why; a use of any other root name fails.
     root_items: &'static [(&'static str, &'static str)],
     /// Bottom-up: each module and the modules it uses, all of them listed above it.
     layers: &'static [(&'static str, &'static [&'static str])],
@@ -94,10 +95,7 @@ const NBD: Table = Table {
 const BULWARK: Table = Table {
     src: "src",
     root: "main",
-    root_items: &[(
-        "nbd",
-        "the bulwark-nbd crate under a short name (`use bulwark_nbd as nbd`)",
-    )],
+    root_items: &[],
     layers: &[
         // The binary's error type.
         ("error", &[]),
@@ -112,7 +110,7 @@ const BULWARK: Table = Table {
         // Talking to the daemon; the plain commands.
         ("client", &["cli", "control", "display", "error"]),
         // Volumes as NBD exports.
-        ("export", &["access", "nbd"]),
+        ("export", &["access"]),
         // Commands with both sides: the CLI half and the daemon's `handle`.
         ("grant", &["access", "cli", "client", "control", "error"]),
         ("keys", &["cli", "client", "control", "display", "error"]),
@@ -133,7 +131,6 @@ const BULWARK: Table = Table {
                 "grant",
                 "keys",
                 "maintenance",
-                "nbd",
             ],
         ),
     ],
