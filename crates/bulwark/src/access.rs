@@ -189,6 +189,10 @@ impl Grants {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let out = change(&mut next)?;
+        if next == *self.table.read().unwrap_or_else(PoisonError::into_inner) {
+            // Nothing changed (a grant removed that was not there): nothing to write.
+            return Ok(out);
+        }
         let file = GrantsFile {
             version: 1,
             grants: next
@@ -217,12 +221,9 @@ impl Grants {
         self.change(|t| Ok(t.insert((client.to_owned(), volume.to_owned()), access)))
     }
 
-    /// Removes a grant; an absent one is an error.
-    pub fn remove(&self, client: &str, volume: &str) -> Result<Access, String> {
-        self.change(|t| {
-            t.remove(&(client.to_owned(), volume.to_owned()))
-                .ok_or_else(|| format!("no grant for {client} on volume {volume}"))
-        })
+    /// Removes a grant; returns the access it had, `None` when there was none.
+    pub fn remove(&self, client: &str, volume: &str) -> Result<Option<Access>, String> {
+        self.change(|t| Ok(t.remove(&(client.to_owned(), volume.to_owned()))))
     }
 
     /// Removes every grant on `volume` (it was destroyed); returns them.
@@ -456,8 +457,8 @@ mod tests {
         assert_eq!(mode, 0o600);
         let again = Grants::load(dir.path()).unwrap();
         assert_eq!(again.list(), g.list());
-        assert!(g.remove("cn:a", "x").is_err());
-        assert_eq!(g.remove("cn:a", "v").unwrap(), Access::ReadOnly);
+        assert_eq!(g.remove("cn:a", "x").unwrap(), None);
+        assert_eq!(g.remove("cn:a", "v").unwrap(), Some(Access::ReadOnly));
         assert_eq!(g.remove_volume("w").unwrap().len(), 1);
         let again = Grants::load(dir.path()).unwrap();
         assert_eq!(again.list().len(), 1);

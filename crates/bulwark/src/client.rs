@@ -90,7 +90,8 @@ impl Client {
         }
         match Response::from_line(answer.trim_end()).map_err(Error::msg)? {
             Response::Ok(v) => Ok(v),
-            Response::Err(e) => Err(Error::msg(e)),
+            // The kind is for scripts on the socket; a person reads the message.
+            Response::Err { message, .. } => Err(Error::msg(message)),
         }
     }
 

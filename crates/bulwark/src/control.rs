@@ -30,7 +30,11 @@
 //! {"op":"grant_remove","client":"cn:alice","volume":"v"}  {"op":"grant_list"}
 //! ```
 //!
-//! and answered by `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`.
+//! and answered by `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":"message","kind":"not_found"}`: the message is for
+//! people, the [`ErrorKind`] for scripts (`not_found`, `exists`, `busy`,
+//! `invalid`, `locked`, `wrong_key`, `no_space`, `io`, ...; each engine
+//! error maps to one, see `From<bulwark_engine::Error>`).
 //! Device paths are absolute (the CLI makes them so); `fault_set` adds to the
 //! faults already armed on the device, replacing one of the same mode.
 //!
@@ -165,11 +169,117 @@ pub enum SecretRef {
     KeyFile(PathBuf),
 }
 
-/// One answer line. `Ok` carries the request's result (`null` when there is none).
+/// What kind of failure an error answer reports, for scripts (the message
+/// says the same for people). On the wire in snake case: `not_found`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is malformed, or asks for what cannot be (a bad size,
+    /// name or option; a state it does not apply to).
+    Invalid,
+    /// No such volume, device, grant.
+    NotFound,
+    /// A volume of that name exists already.
+    Exists,
+    /// The volume's key is not loaded.
+    Locked,
+    /// The secret opens no key slot of the volume.
+    WrongKey,
+    /// In use: NBD clients attached, a scrub reading it, another change
+    /// under way. Trying again later may work.
+    Busy,
+    /// The pool is out of space.
+    NoSpace,
+    /// No copy of a block verified: its data is lost.
+    Unrecoverable,
+    /// Bytes on a device are not what bulwark wrote.
+    Corrupt,
+    /// A device or file failed (a secret file that cannot be read, too).
+    Io,
+    /// A write or flush failed earlier; restart the daemon.
+    Poisoned,
+    /// The daemon is shutting down.
+    Unavailable,
+    /// A bug: an engine panic, a result that would not encode.
+    Internal,
+}
+
+/// A request's failure, as the daemon answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ControlError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ControlError {
+        ControlError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ControlError {
+        ControlError::new(ErrorKind::Invalid, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ControlError {
+        ControlError::new(ErrorKind::Internal, message)
+    }
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The engine's error with its message unchanged and its variant as the kind.
+impl From<bulwark_engine::Error> for ControlError {
+    fn from(e: bulwark_engine::Error) -> ControlError {
+        use bulwark_engine::Error as E;
+        let kind = match &e {
+            E::Invalid(_) | E::OutOfRange { .. } => ErrorKind::Invalid,
+            E::NotFound(_) => ErrorKind::NotFound,
+            E::Exists(_) => ErrorKind::Exists,
+            E::Locked(_) => ErrorKind::Locked,
+            E::WrongKey(_) => ErrorKind::WrongKey,
+            E::Busy(_) => ErrorKind::Busy,
+            E::NoSpace => ErrorKind::NoSpace,
+            E::Unrecoverable(_) => ErrorKind::Unrecoverable,
+            E::Corrupt(_) => ErrorKind::Corrupt,
+            E::Device { .. } | E::Io(_) => ErrorKind::Io,
+            E::Poisoned => ErrorKind::Poisoned,
+        };
+        ControlError::new(kind, e.to_string())
+    }
+}
+
+/// A request's result, encoded for its answer.
+pub fn to_value<T: Serialize>(v: &T) -> Result<Value, ControlError> {
+    serde_json::to_value(v).map_err(|e| {
+        ControlError::internal(format!("internal error: cannot encode the result: {e}"))
+    })
+}
+
+/// One answer line. `Ok` carries the request's result (`null` when there is
+/// none); `Err` the message and, from a daemon that sends one, the kind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Response {
     Ok(Value),
-    Err(String),
+    Err {
+        message: String,
+        kind: Option<ErrorKind>,
+    },
+}
+
+impl From<ControlError> for Response {
+    fn from(e: ControlError) -> Response {
+        Response::Err {
+            message: e.message,
+            kind: Some(e.kind),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,6 +289,10 @@ struct ResponseWire {
     result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// An `ErrorKind`; read as a plain value, so that a kind this CLI does
+    /// not know leaves the message readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<Value>,
 }
 
 impl Response {
@@ -189,26 +303,32 @@ impl Response {
                 ok: true,
                 result: Some(v.clone()),
                 error: None,
+                kind: None,
             },
-            Response::Err(e) => ResponseWire {
+            Response::Err { message, kind } => ResponseWire {
                 ok: false,
                 result: None,
-                error: Some(e.clone()),
+                error: Some(message.clone()),
+                kind: kind.map(|k| serde_json::to_value(k).expect("kinds serialize")),
             },
         };
         serde_json::to_string(&wire).expect("a response always serializes")
     }
 
+    /// Reads an answer line. An error without a kind (a daemon from before
+    /// kinds, or one this CLI does not know) is still an error with its message.
     pub fn from_line(line: &str) -> Result<Response, String> {
         let wire: ResponseWire = serde_json::from_str(line)
             .map_err(|e| format!("malformed response from the daemon: {e}"))?;
         Ok(if wire.ok {
             Response::Ok(wire.result.unwrap_or(Value::Null))
         } else {
-            Response::Err(
-                wire.error
+            Response::Err {
+                message: wire
+                    .error
                     .unwrap_or_else(|| "the daemon reported an unnamed error".into()),
-            )
+                kind: wire.kind.and_then(|k| serde_json::from_value(k).ok()),
+            }
         })
     }
 }
@@ -368,9 +488,48 @@ mod tests {
         let ok = Response::Ok(Value::Null);
         assert_eq!(ok.to_line(), r#"{"ok":true,"result":null}"#);
         assert_eq!(Response::from_line(&ok.to_line()).unwrap(), ok);
-        let err = Response::Err("no such volume".into());
-        assert_eq!(err.to_line(), r#"{"ok":false,"error":"no such volume"}"#);
+        let err = Response::from(ControlError::new(ErrorKind::NotFound, "no such volume"));
+        assert_eq!(
+            err.to_line(),
+            r#"{"ok":false,"error":"no such volume","kind":"not_found"}"#
+        );
         assert_eq!(Response::from_line(&err.to_line()).unwrap(), err);
         assert!(Response::from_line("garbage").is_err());
+        // A daemon that sends no kind, or one unknown here: the message still comes through.
+        for line in [
+            r#"{"ok":false,"error":"no such volume"}"#,
+            r#"{"ok":false,"error":"no such volume","kind":"from_the_future"}"#,
+        ] {
+            assert_eq!(
+                Response::from_line(line).unwrap(),
+                Response::Err {
+                    message: "no such volume".into(),
+                    kind: None
+                }
+            );
+        }
+    }
+
+    /// Each engine error keeps its message and gets the kind scripts match on.
+    #[test]
+    fn engine_errors_carry_their_kind() {
+        use bulwark_engine::Error as E;
+        let cases = [
+            (E::NotFound("no volume named v".into()), "not_found"),
+            (E::Busy("volume v is being scrubbed".into()), "busy"),
+            (E::Exists("volume v exists".into()), "exists"),
+            (E::Invalid("bad size".into()), "invalid"),
+            (E::Locked("v".into()), "locked"),
+            (E::WrongKey("v".into()), "wrong_key"),
+            (E::NoSpace, "no_space"),
+            (E::Io(std::io::Error::other("disk")), "io"),
+            (E::Poisoned, "poisoned"),
+        ];
+        for (e, kind) in cases {
+            let message = e.to_string();
+            let c = ControlError::from(e);
+            assert_eq!(c.message, message);
+            assert_eq!(serde_json::to_value(c.kind).unwrap(), kind);
+        }
     }
 }

@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulwark_engine::{Compression, OpenOptions, Pool, Secret, VolumeOptions, VolumeStatus};
+use bulwark_engine::{Compression, OpenOptions, Pool, VolumeOptions, VolumeStatus};
+use bulwark_nbd as nbd;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -34,14 +35,14 @@ use tracing::{debug, error, info, warn};
 use crate::access::AccessControl;
 use crate::cli::ServeArgs;
 use crate::control::{
-    self, DaemonInfo, KeyStatus, Request, Response, SecretRef, StatusReport, VolumeEntry,
+    self, to_value, ControlError, DaemonInfo, KeyStatus, Request, Response, StatusReport,
+    VolumeEntry,
 };
 use crate::error::{Error, Result};
 use crate::export::PoolExports;
 use crate::grant;
 use crate::keys;
 use crate::maintenance;
-use crate::nbd;
 
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
 /// connections that are closing to be counted out before it refuses.
@@ -131,14 +132,14 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
     };
     let pool = {
         let dir = dir.clone();
-        blocking(move || Pool::open(&dir, opts).map_err(|e| e.to_string()))
+        blocking(move || Ok(Pool::open(&dir, opts)?))
             .await
-            .map_err(Error::msg)?
+            .map_err(|e| Error::msg(e.message))?
     };
 
     let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp).await;
 
-    let closed = blocking(move || pool.close().map_err(|e| e.to_string())).await;
+    let closed = blocking(move || Ok(pool.close()?)).await;
     match (served, closed) {
         (Ok(()), Ok(())) => {
             info!("pool closed");
@@ -360,10 +361,10 @@ impl Daemon {
             }
             let too_long = line.len() > control::REQUEST_BYTES_MAX;
             let response = if too_long {
-                Response::Err(format!(
+                Response::from(ControlError::invalid(format!(
                     "request longer than {} bytes",
                     control::REQUEST_BYTES_MAX
-                ))
+                )))
             } else if line.iter().all(|b| b.is_ascii_whitespace()) {
                 continue;
             } else {
@@ -376,10 +377,12 @@ impl Daemon {
                         }
                         match result {
                             Ok(v) => Response::Ok(v),
-                            Err(e) => Response::Err(e),
+                            Err(e) => Response::from(e),
                         }
                     }
-                    Err(e) => Response::Err(format!("malformed request: {e}")),
+                    Err(e) => {
+                        Response::from(ControlError::invalid(format!("malformed request: {e}")))
+                    }
                 }
             };
             let mut out = response.to_line();
@@ -390,11 +393,14 @@ impl Daemon {
         }
     }
 
-    async fn handle(&self, request: Request) -> std::result::Result<Value, String> {
+    async fn handle(&self, request: Request) -> std::result::Result<Value, ControlError> {
         // The engine logs what each request changes; nothing to add here.
         let closing = self.closing.read().await;
         if *closing {
-            return Err("the daemon is shutting down".into());
+            return Err(ControlError::new(
+                control::ErrorKind::Unavailable,
+                "the daemon is shutting down",
+            ));
         }
         let pool = self.pool.clone();
         match request {
@@ -437,15 +443,17 @@ impl Daemon {
             } => {
                 let compression: Compression = compression
                     .parse()
-                    .map_err(|e: bulwark_engine::Error| e.to_string())?;
+                    .map_err(|e: bulwark_engine::Error| ControlError::from(e))?;
                 match (encryption, &secret) {
                     (true, None) => {
-                        return Err(
-                            "an encrypted volume needs a passphrase file or a key file".into()
-                        )
+                        return Err(ControlError::invalid(
+                            "an encrypted volume needs a passphrase file or a key file",
+                        ))
                     }
                     (false, Some(_)) => {
-                        return Err("a key was given for a volume without encryption".into())
+                        return Err(ControlError::invalid(
+                            "a key was given for a volume without encryption",
+                        ))
                     }
                     _ => {}
                 }
@@ -458,26 +466,26 @@ impl Daemon {
                 let created = {
                     let name = name.clone();
                     blocking(move || {
-                        let secret = secret.as_ref().map(load_secret).transpose()?;
-                        pool.create_volume(&name, opts, secret.as_ref())
-                            .map_err(|e| e.to_string())?;
+                        let secret = secret.as_ref().map(keys::load_secret).transpose()?;
+                        pool.create_volume(&name, opts, secret.as_ref())?;
                         drop(secret);
                         Ok(pool.volumes().into_iter().find(|v| v.name == name))
                     })
                     .await?
                 };
-                let created = created
-                    .ok_or_else(|| format!("volume {name} was created but is not listed"))?;
+                let created = created.ok_or_else(|| {
+                    ControlError::internal(format!("volume {name} was created but is not listed"))
+                })?;
                 to_value(&self.entry(created))
             }
             Request::VolumeDestroy { name } => {
                 self.refuse_if_attached(&name).await?;
-                blocking(move || pool.destroy_volume(&name).map_err(|e| e.to_string())).await?;
+                blocking(move || Ok(pool.destroy_volume(&name)?)).await?;
                 Ok(Value::Null)
             }
             Request::KeyLoad { name, secret } => {
                 blocking(move || {
-                    let secret = load_secret(&secret)?;
+                    let secret = keys::load_secret(&secret)?;
                     pool.load_key(&name, &secret)
                         .map_err(|e| keys::explain(&pool, &name, e))
                     // `secret` is dropped (and zeroized) here, before the answer goes out.
@@ -487,7 +495,7 @@ impl Daemon {
             }
             Request::KeyUnload { name } => {
                 self.refuse_if_attached(&name).await?;
-                blocking(move || pool.unload_key(&name).map_err(|e| e.to_string())).await?;
+                blocking(move || Ok(pool.unload_key(&name)?)).await?;
                 Ok(Value::Null)
             }
             request @ (Request::ScrubStart
@@ -548,13 +556,16 @@ impl Daemon {
     /// disconnected (NBD_CMD_DISC carries no reply, so it may exit and its
     /// owner go on before the server has finished the connection) is given
     /// `DETACH_GRACE` to be counted out.
-    async fn refuse_if_attached(&self, name: &str) -> std::result::Result<(), String> {
+    async fn refuse_if_attached(&self, name: &str) -> std::result::Result<(), ControlError> {
         let deadline = Instant::now() + DETACH_GRACE;
         loop {
             match self.server.attached(name) {
                 0 => return Ok(()),
                 n if Instant::now() >= deadline => {
-                    return Err(format!("volume {name} is in use by {n} NBD connection(s)"))
+                    return Err(ControlError::new(
+                        control::ErrorKind::Busy,
+                        format!("volume {name} is in use by {n} NBD connection(s)"),
+                    ))
                 }
                 _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
@@ -562,31 +573,11 @@ impl Daemon {
     }
 }
 
-/// Read a secret the request names. The path must be absolute (the CLI
-/// canonicalizes it); the file's contents are never logged.
-pub(crate) fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, String> {
-    let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
-        SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
-        SecretRef::KeyFile(p) => (p, Secret::from_key_file),
-    };
-    if !path.is_absolute() {
-        return Err(format!(
-            "secret file path {} is not absolute",
-            path.display()
-        ));
-    }
-    from_file(path).map_err(|e| e.to_string())
-}
-
-fn to_value<T: serde::Serialize>(v: &T) -> std::result::Result<Value, String> {
-    serde_json::to_value(v).map_err(|e| format!("internal error: cannot encode the result: {e}"))
-}
-
 /// Run blocking engine work off the async threads; a panic becomes an error message.
-fn blocking<T, F>(f: F) -> impl Future<Output = std::result::Result<T, String>>
+fn blocking<T, F>(f: F) -> impl Future<Output = std::result::Result<T, ControlError>>
 where
     T: Send + 'static,
-    F: FnOnce() -> std::result::Result<T, String> + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, ControlError> + Send + 'static,
 {
     let task = tokio::task::spawn_blocking(f);
     async move {
@@ -600,9 +591,11 @@ where
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 error!("engine call panicked: {what}");
-                Err(format!("internal error in the engine: {what}"))
+                Err(ControlError::internal(format!(
+                    "internal error in the engine: {what}"
+                )))
             }
-            Err(e) => Err(format!("internal error: {e}")),
+            Err(e) => Err(ControlError::internal(format!("internal error: {e}"))),
         }
     }
 }

@@ -18,7 +18,7 @@ use bulwark_engine::{Pool, Volume};
 use serde_json::json;
 
 use crate::access::{Access, AccessControl, Record};
-use crate::nbd::{Backend, Client, Errno, Event, Exports, Extent, Identity};
+use bulwark_nbd::{Backend, Client, Errno, Event, Exports, Extent, Identity, Server};
 
 pub struct VolumeBackend {
     volume: Arc<Volume>,
@@ -142,7 +142,7 @@ pub fn access_of(access: &AccessControl, client: &Client, name: &str) -> Option<
 /// Closes the NBD connections the grants no longer allow: those whose
 /// client has lost every grant to their volume, and read-write ones whose
 /// client may now only read. Returns their ids (`Server::wait_detached`).
-pub fn close_ungranted(server: &crate::nbd::Server, access: &AccessControl) -> Vec<u64> {
+pub fn close_ungranted(server: &Server, access: &AccessControl) -> Vec<u64> {
     server.revoke(
         |volume, client, read_only| match access_of(access, client, volume) {
             None => false,

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::access::{normalize_client, Access, AccessControl, Grant};
 use crate::cli::{GrantAddArgs, GrantRemoveArgs, ListArgs};
 use crate::client::{print, Client};
-use crate::control::{Request, SecretRef};
+use crate::control::{ControlError, ErrorKind, Request, SecretRef};
 use crate::error::Result;
 
 // ---- CLI ---------------------------------------------------------------
@@ -138,7 +138,7 @@ pub fn handle(
     pool: &Arc<Pool>,
     access: &AccessControl,
     request: Request,
-) -> std::result::Result<Value, String> {
+) -> std::result::Result<Value, ControlError> {
     match request {
         Request::GrantAdd {
             client,
@@ -147,11 +147,17 @@ pub fn handle(
         } => {
             let detail = json!({ "client": client, "access": level.as_str() });
             let result = (|| {
-                let client = normalize_client(&client)?;
+                let client = normalize_client(&client).map_err(ControlError::invalid)?;
                 if !pool.volumes().iter().any(|v| v.name == volume) {
-                    return Err(format!("no volume named {volume}"));
+                    return Err(ControlError::new(
+                        ErrorKind::NotFound,
+                        format!("no volume named {volume}"),
+                    ));
                 }
-                access.grants.add(&client, &volume, level)?;
+                access
+                    .grants
+                    .add(&client, &volume, level)
+                    .map_err(|e| ControlError::new(ErrorKind::Io, e))?;
                 Ok(Grant {
                     client,
                     volume: volume.clone(),
@@ -161,7 +167,7 @@ pub fn handle(
             access.control(
                 "grant_add",
                 Some(&volume),
-                result.as_ref().map(|_| ()).map_err(String::as_str),
+                result.as_ref().map(|_| ()).map_err(|e| e.message.as_str()),
                 detail,
             );
             let grant = result?;
@@ -169,12 +175,20 @@ pub fn handle(
         }
         Request::GrantRemove { client, volume } => {
             let detail = json!({ "client": client });
-            let result =
-                normalize_client(&client).and_then(|client| access.grants.remove(&client, &volume));
+            let result = normalize_client(&client)
+                .map_err(ControlError::invalid)
+                .and_then(|client| match access.grants.remove(&client, &volume) {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err(ControlError::new(
+                        ErrorKind::NotFound,
+                        format!("no grant for {client} on volume {volume}"),
+                    )),
+                    Err(e) => Err(ControlError::new(ErrorKind::Io, e)),
+                });
             access.control(
                 "grant_remove",
                 Some(&volume),
-                result.as_ref().map(|_| ()).map_err(String::as_str),
+                result.as_ref().map(|_| ()).map_err(|e| e.message.as_str()),
                 detail,
             );
             result?;
@@ -183,7 +197,9 @@ pub fn handle(
         Request::GrantList => {
             Ok(serde_json::to_value(access.grants.list()).expect("grants serialize"))
         }
-        other => Err(format!("not a grant request: {other:?}")),
+        other => Err(ControlError::internal(format!(
+            "not a grant request: {other:?}"
+        ))),
     }
 }
 
@@ -293,11 +309,11 @@ impl Audited {
     pub async fn record(
         self,
         access: &Arc<AccessControl>,
-        result: &std::result::Result<Value, String>,
+        result: &std::result::Result<Value, ControlError>,
     ) {
         let access = Arc::clone(access);
         let ok = result.is_ok();
-        let error = result.as_ref().err().cloned();
+        let error = result.as_ref().err().map(|e| e.message.clone());
         let mut detail = self.detail;
         if let (Some(field), Ok(value)) = (self.result_as, result) {
             let mut map = match detail {

@@ -10,17 +10,19 @@
 //! erase` destroys data on purpose, so without `--yes` it asks for the
 //! volume's name at a terminal (and refuses when there is none).
 //!
-//! Daemon side ([`handle`]): read each secret file with `Secret::from_*_file`
-//! (which refuses files other users can access), make the engine call, and
-//! drop the secret, zeroized, before answering. Each request is audited by
-//! `grant::Audited` (the secrets' kinds, never their paths or bytes).
+//! Daemon side ([`handle`]): read each secret file with [`load_secret`]
+//! (`Secret::from_*_file`, which refuses files other users can access; the
+//! daemon reads the secrets of `volume create` and `key load` with it too),
+//! make the engine call, and drop the secret, zeroized, before answering.
+//! Each request is audited by `grant::Audited` (the secrets' kinds, never
+//! their paths or bytes).
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use bulwark_engine::pool::keys::SlotInfo;
-use bulwark_engine::{Pool, VolumeStatus};
+use bulwark_engine::{Pool, Secret, VolumeStatus};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 
@@ -29,8 +31,7 @@ use crate::cli::{
     VolumeDestroyArgs,
 };
 use crate::client::{self, print, secret_ref, Client};
-use crate::control::{Request, SecretRef, VolumeEntry};
-use crate::daemon::load_secret;
+use crate::control::{to_value, ControlError, ErrorKind, Request, SecretRef, VolumeEntry};
 use crate::display;
 use crate::error::{Error, Result};
 
@@ -42,7 +43,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Answer one key request other than load and unload (blocking: run it off
 /// the async threads). The caller refuses `key_erase` while the volume is attached.
-pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, String> {
+pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, ControlError> {
     match request {
         Request::KeyAdd { name, secret } => {
             let secret = load_secret(&secret)?;
@@ -70,9 +71,8 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
             Ok(Value::from(slot))
         }
         Request::KeyList { name } => {
-            let slots = pool.key_list(&name).map_err(|e| e.to_string())?;
-            serde_json::to_value(slots)
-                .map_err(|e| format!("internal error: cannot encode the result: {e}"))
+            let slots = pool.key_list(&name)?;
+            to_value(&slots)
         }
         Request::KeyRotate { name } => {
             let generation = pool
@@ -81,23 +81,45 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
             Ok(Value::from(generation))
         }
         Request::KeyErase { name } => {
-            pool.key_erase(&name).map_err(|e| e.to_string())?;
+            pool.key_erase(&name)?;
             Ok(Value::Null)
         }
-        other => Err(format!("internal error: {other:?} is not a key request")),
+        other => Err(ControlError::internal(format!(
+            "internal error: {other:?} is not a key request"
+        ))),
     }
 }
 
+/// Read a secret the request names. The path must be absolute (the CLI
+/// canonicalizes it); the file's contents are never logged.
+pub fn load_secret(secret: &SecretRef) -> std::result::Result<Secret, ControlError> {
+    let (path, from_file): (&Path, fn(&Path) -> bulwark_engine::Result<Secret>) = match secret {
+        SecretRef::PassphraseFile(p) => (p, Secret::from_passphrase_file),
+        SecretRef::KeyFile(p) => (p, Secret::from_key_file),
+    };
+    if !path.is_absolute() {
+        return Err(ControlError::invalid(format!(
+            "secret file path {} is not absolute",
+            path.display()
+        )));
+    }
+    Ok(from_file(path)?)
+}
+
 /// The engine's error as the user should read it: a volume whose keys were
-/// erased is not a "wrong key" case; say what happened instead.
-pub fn explain(pool: &Pool, name: &str, e: bulwark_engine::Error) -> String {
+/// erased is not a "wrong key" case; say what happened instead (the kind
+/// stays `wrong_key`: no secret opens it).
+pub fn explain(pool: &Pool, name: &str, e: bulwark_engine::Error) -> ControlError {
     match e {
-        bulwark_engine::Error::WrongKey(_) if erased(pool, name) => format!(
-            "the keys of volume '{name}' were erased (crypto-erase): no passphrase or key \
-             file opens it any more and its data is unrecoverable; \
-             'bulwark volume destroy {name}' frees its space"
+        bulwark_engine::Error::WrongKey(_) if erased(pool, name) => ControlError::new(
+            ErrorKind::WrongKey,
+            format!(
+                "the keys of volume '{name}' were erased (crypto-erase): no passphrase or key \
+                 file opens it any more and its data is unrecoverable; \
+                 'bulwark volume destroy {name}' frees its space"
+            ),
         ),
-        e => e.to_string(),
+        e => ControlError::from(e),
     }
 }
 

@@ -5,6 +5,10 @@
 //! socket), `control` (the protocol), `export` (volumes as NBD backends),
 //! `display` (tables) and `bench` (fio over NBD). Errors end as one
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
+//!
+//! Module order, bottom-up: `error`, `access` → `cli`, `control` →
+//! `display` → `client` → `export`, `grant`, `keys`, `maintenance`, `bench`
+//! → `daemon`. A module uses only modules before it (`tests/layers.rs`).
 
 mod access;
 mod bench;
@@ -18,8 +22,6 @@ mod export;
 mod grant;
 mod keys;
 mod maintenance;
-
-use bulwark_nbd as nbd;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

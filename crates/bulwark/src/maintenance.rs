@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::cli::{DeviceCommand, FaultCommand, ScrubArgs, ScrubCommand};
 use crate::client::{print, Client};
-use crate::control::{FaultEntry, FaultSpec, Request, ScrubReport};
+use crate::control::{to_value, ControlError, FaultEntry, FaultSpec, Request, ScrubReport};
 use crate::display;
 use crate::error::{Error, Result};
 
@@ -38,43 +38,42 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 static FAULTS_LOCK: Mutex<()> = Mutex::new(());
 
 /// Answer one scrub, device or fault request (blocking: run it off the async threads).
-pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, String> {
-    let engine = |e: bulwark_engine::Error| e.to_string();
+pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, ControlError> {
     match request {
         Request::ScrubStart => {
-            pool.scrub_start().map_err(engine)?;
+            pool.scrub_start()?;
             to_value(&report(pool))
         }
         Request::ScrubResume => {
             let s = pool.scrub_status();
             if s.state != "paused" {
-                return Err(format!(
+                return Err(ControlError::invalid(format!(
                     "no paused scrub to resume (the last {} is {}); 'bulwark scrub start' starts one",
                     s.kind, s.state
-                ));
+                )));
             }
-            pool.scrub_start().map_err(engine)?;
+            pool.scrub_start()?;
             to_value(&report(pool))
         }
         Request::ScrubPause => {
-            pool.scrub_pause().map_err(engine)?;
+            pool.scrub_pause()?;
             to_value(&report(pool))
         }
         Request::ScrubCancel => {
-            pool.scrub_cancel().map_err(engine)?;
+            pool.scrub_cancel()?;
             to_value(&report(pool))
         }
         Request::ScrubStatus => to_value(&report(pool)),
         Request::DeviceOffline { path } => {
-            pool.device_offline(&path).map_err(engine)?;
+            pool.device_offline(&path)?;
             Ok(Value::String(pool.status().state))
         }
         Request::DeviceOnline { path } => {
-            pool.device_online(&path).map_err(engine)?;
+            pool.device_online(&path)?;
             to_value(&report(pool))
         }
         Request::DeviceReplace { old, new } => {
-            pool.device_replace(&old, &new).map_err(engine)?;
+            pool.device_replace(&old, &new)?;
             to_value(&report(pool))
         }
         Request::FaultSet { device, fault } => {
@@ -82,7 +81,7 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
             let mut faults = faults_of(pool, &device);
             faults.retain(|f| f.mode != fault.mode);
             faults.push(Fault::from(fault));
-            pool.set_faults(&device, faults.clone()).map_err(engine)?;
+            pool.set_faults(&device, faults.clone())?;
             to_value(&faults)
         }
         Request::FaultClear { device } => {
@@ -91,11 +90,11 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
             match device {
                 Some(device) => {
                     cleared += faults_of(pool, &device).len();
-                    pool.set_faults(&device, Vec::new()).map_err(engine)?;
+                    pool.set_faults(&device, Vec::new())?;
                 }
                 None => {
                     for entry in armed_faults(pool) {
-                        pool.set_faults(&entry.device, Vec::new()).map_err(engine)?;
+                        pool.set_faults(&entry.device, Vec::new())?;
                         cleared += entry.faults.len();
                     }
                 }
@@ -103,9 +102,9 @@ pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, Strin
             Ok(Value::from(cleared))
         }
         Request::FaultList => to_value(&armed_faults(pool)),
-        other => Err(format!(
+        other => Err(ControlError::internal(format!(
             "internal error: {other:?} is not a maintenance request"
-        )),
+        ))),
     }
 }
 
@@ -141,10 +140,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
             (std::fs::canonicalize(a), std::fs::canonicalize(b)),
             (Ok(x), Ok(y)) if x == y
         )
-}
-
-fn to_value<T: serde::Serialize>(v: &T) -> std::result::Result<Value, String> {
-    serde_json::to_value(v).map_err(|e| format!("internal error: cannot encode the result: {e}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 //! The daemon's life as a user and a supervisor see it: start, answer the CLI
-//! and raw control-protocol lines, refuse to destroy or lock an attached
+//! and raw control-protocol lines (errors with a kind a script can match:
+//! `not_found` apart from `busy`), refuse to destroy or lock an attached
 //! volume, stop cleanly on SIGTERM (exit 0, sockets gone), and start again
 //! over the stale sockets a `kill -9` leaves behind.
 //!
@@ -152,14 +153,12 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
-#[test]
-fn serve_lifecycle() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pool = tmp.path().join("pool");
-    let p = pool.as_path();
+/// A one-device pool of 64 MiB in `tmp/pool`.
+fn create_pool(tmp: &Path) -> PathBuf {
+    let pool = tmp.join("pool");
     let out = Command::new(env!("CARGO_BIN_EXE_bulwark"))
         .args(["pool", "create"])
-        .arg(p)
+        .arg(&pool)
         .args([
             "--layout",
             "single",
@@ -175,6 +174,30 @@ fn serve_lifecycle() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    pool
+}
+
+/// Waits until the daemon counts `n` NBD connections to `volume`.
+fn wait_attached(pool: &Path, volume: &str, n: u64) -> serde_json::Value {
+    // The server counts a connection once it has sent the handshake's reply.
+    let deadline = Instant::now() + START_TIMEOUT;
+    let status = loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&ok(pool, &["status", "--json"])).unwrap();
+        if status["daemon"]["attached"][volume] == n || Instant::now() > deadline {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status["daemon"]["attached"][volume], n, "{status}");
+    status
+}
+
+#[test]
+fn serve_lifecycle() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = create_pool(tmp.path());
+    let p = pool.as_path();
 
     let mut daemon = start(p, 1);
     let nbd_sock = pool.join("nbd.sock");
@@ -217,17 +240,7 @@ fn serve_lifecycle() {
 
     // Attached volumes can be neither destroyed nor locked.
     let conn = attach(&nbd_sock, "v");
-    // The server counts the connection once it has sent the handshake's reply.
-    let deadline = Instant::now() + START_TIMEOUT;
-    let status = loop {
-        let status: serde_json::Value =
-            serde_json::from_str(&ok(p, &["status", "--json"])).unwrap();
-        if status["daemon"]["attached"]["v"] == 1 || Instant::now() > deadline {
-            break status;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status["daemon"]["attached"]["v"], 1, "{status}");
+    let status = wait_attached(p, "v", 1);
     assert_eq!(status["state"], "ONLINE");
     let err = refused(p, &["volume", "destroy", "v"]);
     assert_eq!(err, "error: volume v is in use by 1 NBD connection(s)\n");
@@ -285,7 +298,7 @@ fn serve_lifecycle() {
     let a = control_line(&mut conn, r#"{"op":"volume_destroy","name":"nosuch"}"#);
     assert_eq!(
         a,
-        serde_json::json!({"ok": false, "error": "volume 'nosuch' does not exist"})
+        serde_json::json!({"ok": false, "error": "volume 'nosuch' does not exist", "kind": "not_found"})
     );
     drop(conn);
 
@@ -319,4 +332,71 @@ fn serve_lifecycle() {
         "exit after SIGINT:\n{}",
         daemon.log_text()
     );
+}
+
+/// Scripts on the control socket tell failures apart by `kind`, not by
+/// parsing messages: a volume that does not exist is `not_found`, one held
+/// by an NBD client `busy`; the CLI still prints the same message line.
+#[test]
+fn control_errors_carry_a_kind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = create_pool(tmp.path());
+    let p = pool.as_path();
+    let mut daemon = start(p, 1);
+    ok(
+        p,
+        &[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "8M",
+            "--encryption",
+            "off",
+        ],
+    );
+    let conn_nbd = attach(&pool.join("nbd.sock"), "v");
+    wait_attached(p, "v", 1);
+
+    let stream = UnixStream::connect(pool.join("control.sock")).unwrap();
+    let mut conn = (BufReader::new(stream.try_clone().unwrap()), stream);
+    let mut answer = |line: &str| {
+        let a = control_line(&mut conn, line);
+        assert_eq!(a["ok"], false, "{line}: {a}");
+        (
+            a["kind"].as_str().unwrap().to_owned(),
+            a["error"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (kind, missing) = answer(r#"{"op":"volume_destroy","name":"nosuch"}"#);
+    assert_eq!(kind, "not_found");
+    let (kind, in_use) = answer(r#"{"op":"volume_destroy","name":"v"}"#);
+    assert_eq!(kind, "busy");
+    assert_eq!(
+        answer(r#"{"op":"key_unload","name":"v"}"#).0,
+        "busy",
+        "key unload of an attached volume"
+    );
+    assert_eq!(
+        answer(r#"{"op":"volume_create","name":"v","size_bytes":8388608,"block_size":4096,"compression":"off","encryption":false,"secret":null}"#).0,
+        "exists"
+    );
+    assert_eq!(answer(r#"{"op":"no_such_op"}"#).0, "invalid");
+    assert_eq!(
+        answer(r#"{"op":"grant_remove","client":"cn:nobody","volume":"v"}"#).0,
+        "not_found"
+    );
+
+    // The CLI's line is the message, unchanged.
+    assert_eq!(
+        refused(p, &["volume", "destroy", "nosuch"]),
+        format!("error: {missing}\n")
+    );
+    assert_eq!(
+        refused(p, &["volume", "destroy", "v"]),
+        format!("error: {in_use}\n")
+    );
+    drop(conn_nbd);
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait().success(), "{}", daemon.log_text());
 }

@@ -21,8 +21,8 @@
 //! and written from two threads at once).
 //!
 //! Invariants (the same as `transmission.rs`, kept differently):
-//! - Requests are parsed and validated with the same functions
-//!   (`parse_request`, `validate`, `execute`).
+//! - Requests are parsed, validated and run with the same functions
+//!   (`request.rs`: `parse_request`, `validate`, `execute`).
 //! - At most `threads_max` batches run at once, each of at most
 //!   `batch_max` requests (so at most `inflight_max` requests run at once)
 //!   and of at most `max(request_bytes_max, BATCH_PAYLOAD_BYTES)` payload
@@ -79,13 +79,12 @@ use tracing::{debug, warn};
 use crate::buffers::BufPool;
 use crate::handshake::Negotiated;
 use crate::limits::{
-    BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, HANDOFF_BATCH_NS,
+    Limits, BATCH_PAYLOAD_BYTES, BATCH_REQUESTS_MAX, DRAIN_WRITE_TIMEOUT, HANDOFF_BATCH_NS,
     INFLIGHT_BYTES_PER_CONN_MAX, KEPT_BATCH_STALL, READ_BUFFER_BYTES, WATCHDOG_IDLE_TICKS,
     WATCHDOG_TICK,
 };
 use crate::proto::{Request, CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE};
-use crate::server::Limits;
-use crate::transmission::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
+use crate::request::{execute, parse_request, rejected, validate, End, Outgoing, Shared};
 
 /// A blocking socket the threads can share: one handle reads, one writes,
 /// one is kept to shut the connection down from outside.

@@ -34,11 +34,9 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use crate::backend::{Backend, Client, Event, Exports};
-use crate::limits::{OPTION_BYTES_MAX, RATE_DELAY_MAX, STRING_BYTES_MAX};
+use crate::limits::{Limits, OPTION_BYTES_MAX, RATE_DELAY_MAX, STRING_BYTES_MAX};
 use crate::proto::*;
 use crate::ratelimit::{Key, Limiter};
-use crate::server::Limits;
-use crate::transmission::transmission_flags;
 
 /// Metadata context id handed out for `base:allocation`.
 pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
@@ -452,6 +450,25 @@ impl Haggle<'_> {
             block_preferred: o.block_preferred,
         }
     }
+}
+
+/// Transmission flags advertised for an export. Read-only exports do not
+/// advertise trim, write-zeroes or fast-zero (writes there get `EPERM`);
+/// `SEND_DF` needs structured replies, and we never fragment reads anyway.
+pub(crate) fn transmission_flags(read_only: bool, multi_conn: bool, structured: bool) -> u16 {
+    let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA;
+    if read_only {
+        flags |= FLAG_READ_ONLY;
+    } else {
+        flags |= FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+    }
+    if structured {
+        flags |= FLAG_SEND_DF;
+    }
+    if multi_conn {
+        flags |= FLAG_CAN_MULTI_CONN;
+    }
+    flags
 }
 
 /// Sends the greeting and reads the client's flags; returns whether the

@@ -15,8 +15,9 @@
 //!   [`Identity`], [`Event`], [`Extent`], [`errno`] values.
 //! - `proto.rs`: wire constants and a pure, panic-free codec ([`proto`]).
 //! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`.
-//! - `transmission.rs`: request validation, execution, reply building; the
-//!   async reader/writer used for TLS streams.
+//! - `request.rs`: request parsing, validation, execution and reply
+//!   building, shared by both transmission paths.
+//! - `transmission.rs`: the async reader/writer used for TLS streams.
 //! - `direct.rs`: the threaded transmission phase on plain sockets.
 //! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
 //! - `limits.rs`: every bound on what a client can make us hold or wait on.
@@ -26,6 +27,12 @@
 //! - `buffers.rs`: per-connection payload buffer reuse.
 //! - `workers.rs`: per-connection blocking threads that run backend calls
 //!   (async path).
+//!
+//! Module order, bottom-up: `limits`, `backend` → `proto`, `buffers`,
+//! `ratelimit`, `workers`, `tls` → `handshake` → `request` →
+//! `transmission`, `direct` → `server`. A module uses only modules before
+//! it: the table in `crates/bulwark/tests/layers.rs` makes
+//! `cargo test -p bulwark` fail on any other import.
 //!
 //! Invariants:
 //! - Bytes from a client are input: any sequence of them yields a reply or
@@ -56,11 +63,13 @@ mod handshake;
 pub mod limits;
 pub mod proto;
 mod ratelimit;
+mod request;
 mod server;
 pub mod tls;
 mod transmission;
 mod workers;
 
 pub use backend::{errno, Backend, Client, Errno, Event, Exports, Extent, Identity};
-pub use server::{Server, ServerConfig};
+pub use limits::ServerConfig;
+pub use server::Server;
 pub use tls::{TlsConfig, TlsError, TlsMode};

@@ -163,6 +163,96 @@ pub const RATE_KEYS_MAX: usize = 16 << 10;
 /// Back-off after a transient `accept` error (e.g. out of descriptors).
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Tunables for a `Server`. Out-of-range values are clamped (see
+/// `limits.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Largest READ/WRITE payload, advertised as the maximum block size.
+    /// Larger reads fail with `EINVAL`; larger writes close the connection.
+    pub max_request_bytes: u32,
+    /// Requests one connection may have in flight at once.
+    pub max_inflight_per_conn: usize,
+    /// Blocking threads per connection that run backend calls (started on
+    /// demand; never more than `max_inflight_per_conn`). On a plain socket
+    /// these threads also read requests and write replies (`direct.rs`), so
+    /// this also bounds the requests one connection has in service.
+    pub max_workers_per_conn: usize,
+    /// Connections served at once, in any phase. Each holds threads (two
+    /// while idle on a plain socket, up to `max_workers_per_conn` while
+    /// busy) and descriptors; past this, new clients are told the server
+    /// is full (`NBD_REP_ERR_POLICY` with a message) and closed. TCP
+    /// connections that have not authenticated yet are not counted here
+    /// but in `max_startups`, so they never take an authenticated client's
+    /// place.
+    pub max_connections: usize,
+    /// TCP connections not yet authenticated (TLS not finished; on a
+    /// plaintext listener, handshake not finished), all addresses together;
+    /// past it new TCP connections are closed at once.
+    pub max_startups: usize,
+    /// The same, per client address. A connection refused for either
+    /// counts as a failure of its address (back-off, `ratelimit.rs`).
+    pub max_startups_per_address: usize,
+    /// A TLS-listener connection that has not finished TLS this long after
+    /// its greeting is dropped, and counted as a failure of its address.
+    pub tls_timeout: Duration,
+    /// Once a request has begun to arrive, the rest (header and write
+    /// payload) must arrive within this or the connection is closed. Idle
+    /// connections may wait between requests without limit.
+    pub payload_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_request_bytes: REQUEST_BYTES_DEFAULT,
+            max_inflight_per_conn: INFLIGHT_PER_CONN_DEFAULT,
+            max_workers_per_conn: WORKERS_PER_CONN_DEFAULT,
+            max_connections: CONNECTIONS_DEFAULT,
+            max_startups: STARTUPS_DEFAULT,
+            max_startups_per_address: STARTUPS_PER_ADDRESS_DEFAULT,
+            tls_timeout: TLS_TIMEOUT_DEFAULT,
+            payload_timeout: PAYLOAD_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// `ServerConfig` after clamping.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub request_bytes_max: u32,
+    pub inflight_max: usize,
+    pub workers_max: usize,
+    pub connections_max: usize,
+    pub startups_max: usize,
+    pub startups_per_address_max: usize,
+    pub tls_timeout: Duration,
+    pub payload_timeout: Duration,
+}
+
+impl Limits {
+    pub(crate) fn new(config: &ServerConfig) -> Self {
+        Self {
+            request_bytes_max: config
+                .max_request_bytes
+                .clamp(REQUEST_BYTES_MIN, REQUEST_BYTES_LIMIT),
+            inflight_max: config
+                .max_inflight_per_conn
+                .clamp(1, INFLIGHT_PER_CONN_LIMIT),
+            workers_max: config.max_workers_per_conn.clamp(1, WORKERS_PER_CONN_LIMIT),
+            connections_max: config.max_connections.clamp(1, CONNECTIONS_LIMIT),
+            startups_max: config.max_startups.clamp(1, STARTUPS_LIMIT),
+            startups_per_address_max: config
+                .max_startups_per_address
+                .clamp(1, STARTUPS_LIMIT)
+                .min(config.max_startups.clamp(1, STARTUPS_LIMIT)),
+            tls_timeout: config
+                .tls_timeout
+                .clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT),
+            payload_timeout: config.payload_timeout.max(Duration::from_millis(100)),
+        }
+    }
+}
+
 const _: () = assert!(REQUEST_BYTES_MIN <= REQUEST_BYTES_DEFAULT);
 const _: () = assert!(REQUEST_BYTES_DEFAULT <= REQUEST_BYTES_LIMIT);
 const _: () = assert!((REQUEST_BYTES_LIMIT as u64) < (1u64 << 32) - 8);
@@ -173,3 +263,53 @@ const _: () = assert!(INFLIGHT_PER_CONN_LIMIT <= u32::MAX as usize);
 const _: () = assert!(STARTUPS_PER_ADDRESS_DEFAULT <= STARTUPS_DEFAULT);
 const _: () = assert!(STARTUPS_DEFAULT <= STARTUPS_LIMIT);
 const _: () = assert!(STRING_BYTES_MAX <= OPTION_BYTES_MAX as usize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_clamped() {
+        let l = Limits::new(&ServerConfig {
+            max_request_bytes: 0,
+            max_inflight_per_conn: 0,
+            max_workers_per_conn: 0,
+            max_connections: 0,
+            max_startups: 0,
+            max_startups_per_address: 0,
+            tls_timeout: Duration::ZERO,
+            payload_timeout: Duration::ZERO,
+        });
+        assert_eq!(
+            (l.request_bytes_max, l.inflight_max, l.connections_max),
+            (REQUEST_BYTES_MIN, 1, 1)
+        );
+        let l = Limits::new(&ServerConfig {
+            max_request_bytes: u32::MAX,
+            max_inflight_per_conn: usize::MAX,
+            max_workers_per_conn: usize::MAX,
+            max_connections: usize::MAX,
+            max_startups: usize::MAX,
+            max_startups_per_address: usize::MAX,
+            tls_timeout: Duration::MAX,
+            payload_timeout: Duration::MAX,
+        });
+        assert_eq!(
+            (l.request_bytes_max, l.inflight_max, l.connections_max),
+            (
+                REQUEST_BYTES_LIMIT,
+                INFLIGHT_PER_CONN_LIMIT,
+                CONNECTIONS_LIMIT
+            )
+        );
+        assert_eq!(
+            (l.startups_max, l.startups_per_address_max, l.tls_timeout),
+            (STARTUPS_LIMIT, STARTUPS_LIMIT, HANDSHAKE_TIMEOUT)
+        );
+        let d = ServerConfig::default();
+        assert_eq!(
+            (d.max_request_bytes, d.max_inflight_per_conn),
+            (32 << 20, 64)
+        );
+    }
+}

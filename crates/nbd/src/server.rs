@@ -26,7 +26,6 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -35,106 +34,11 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::backend::{Client, Event, Exports, Identity};
 use crate::handshake::{self, Context, HandshakeError, Negotiated, Outcome, Summary, Tls};
-use crate::limits::{
-    ACCEPT_BACKOFF, CONNECTIONS_DEFAULT, CONNECTIONS_LIMIT, HANDSHAKE_TIMEOUT,
-    INFLIGHT_PER_CONN_DEFAULT, INFLIGHT_PER_CONN_LIMIT, PAYLOAD_TIMEOUT_DEFAULT,
-    REQUEST_BYTES_DEFAULT, REQUEST_BYTES_LIMIT, REQUEST_BYTES_MIN, STARTUPS_DEFAULT,
-    STARTUPS_LIMIT, STARTUPS_PER_ADDRESS_DEFAULT, TLS_TIMEOUT_DEFAULT, WORKERS_PER_CONN_DEFAULT,
-    WORKERS_PER_CONN_LIMIT,
-};
+use crate::limits::{Limits, ServerConfig, ACCEPT_BACKOFF, HANDSHAKE_TIMEOUT};
 use crate::ratelimit::{Key, Limiter};
+use crate::request::End;
 use crate::tls::TlsConfig;
 use crate::{direct, transmission};
-
-/// Tunables for a [`Server`]. Out-of-range values are clamped (see
-/// `limits.rs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerConfig {
-    /// Largest READ/WRITE payload, advertised as the maximum block size.
-    /// Larger reads fail with `EINVAL`; larger writes close the connection.
-    pub max_request_bytes: u32,
-    /// Requests one connection may have in flight at once.
-    pub max_inflight_per_conn: usize,
-    /// Blocking threads per connection that run backend calls (started on
-    /// demand; never more than `max_inflight_per_conn`). On a plain socket
-    /// these threads also read requests and write replies (`direct.rs`), so
-    /// this also bounds the requests one connection has in service.
-    pub max_workers_per_conn: usize,
-    /// Connections served at once, in any phase. Each holds threads (two
-    /// while idle on a plain socket, up to `max_workers_per_conn` while
-    /// busy) and descriptors; past this, new clients are told the server
-    /// is full (`NBD_REP_ERR_POLICY` with a message) and closed. TCP
-    /// connections that have not authenticated yet are not counted here
-    /// but in `max_startups`, so they never take an authenticated client's
-    /// place.
-    pub max_connections: usize,
-    /// TCP connections not yet authenticated (TLS not finished; on a
-    /// plaintext listener, handshake not finished), all addresses together;
-    /// past it new TCP connections are closed at once.
-    pub max_startups: usize,
-    /// The same, per client address. A connection refused for either
-    /// counts as a failure of its address (back-off, `ratelimit.rs`).
-    pub max_startups_per_address: usize,
-    /// A TLS-listener connection that has not finished TLS this long after
-    /// its greeting is dropped, and counted as a failure of its address.
-    pub tls_timeout: Duration,
-    /// Once a request has begun to arrive, the rest (header and write
-    /// payload) must arrive within this or the connection is closed. Idle
-    /// connections may wait between requests without limit.
-    pub payload_timeout: Duration,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            max_request_bytes: REQUEST_BYTES_DEFAULT,
-            max_inflight_per_conn: INFLIGHT_PER_CONN_DEFAULT,
-            max_workers_per_conn: WORKERS_PER_CONN_DEFAULT,
-            max_connections: CONNECTIONS_DEFAULT,
-            max_startups: STARTUPS_DEFAULT,
-            max_startups_per_address: STARTUPS_PER_ADDRESS_DEFAULT,
-            tls_timeout: TLS_TIMEOUT_DEFAULT,
-            payload_timeout: PAYLOAD_TIMEOUT_DEFAULT,
-        }
-    }
-}
-
-/// `ServerConfig` after clamping.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub request_bytes_max: u32,
-    pub inflight_max: usize,
-    pub workers_max: usize,
-    pub connections_max: usize,
-    pub startups_max: usize,
-    pub startups_per_address_max: usize,
-    pub tls_timeout: Duration,
-    pub payload_timeout: Duration,
-}
-
-impl Limits {
-    fn new(config: &ServerConfig) -> Self {
-        Self {
-            request_bytes_max: config
-                .max_request_bytes
-                .clamp(REQUEST_BYTES_MIN, REQUEST_BYTES_LIMIT),
-            inflight_max: config
-                .max_inflight_per_conn
-                .clamp(1, INFLIGHT_PER_CONN_LIMIT),
-            workers_max: config.max_workers_per_conn.clamp(1, WORKERS_PER_CONN_LIMIT),
-            connections_max: config.max_connections.clamp(1, CONNECTIONS_LIMIT),
-            startups_max: config.max_startups.clamp(1, STARTUPS_LIMIT),
-            startups_per_address_max: config
-                .max_startups_per_address
-                .clamp(1, STARTUPS_LIMIT)
-                .min(config.max_startups.clamp(1, STARTUPS_LIMIT)),
-            tls_timeout: config
-                .tls_timeout
-                .clamp(Duration::from_millis(100), HANDSHAKE_TIMEOUT),
-            payload_timeout: config.payload_timeout.max(Duration::from_millis(100)),
-        }
-    }
-}
 
 /// An NBD server over a set of exports.
 pub struct Server {
@@ -912,7 +816,7 @@ impl Server {
             }
         };
         let end = match end {
-            transmission::End::Shutdown if attached.revoked() => "access revoked".to_owned(),
+            End::Shutdown if attached.revoked() => "access revoked".to_owned(),
             end => end.to_string(),
         };
         // Every request has finished: the export is no longer in use.
@@ -941,7 +845,7 @@ async fn transmit<S>(
     export: Negotiated,
     limits: &Limits,
     shutdown: watch::Receiver<bool>,
-) -> transmission::End
+) -> End
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -949,14 +853,14 @@ where
     let stream = match stream.downcast::<UnixStream>() {
         Ok(unix) => match unix.into_std() {
             Ok(s) => return direct::run(s, export, limits, shutdown).await,
-            Err(e) => return transmission::End::Io(e),
+            Err(e) => return End::Io(e),
         },
         Err(other) => other,
     };
     let stream = match stream.downcast::<TcpStream>() {
         Ok(tcp) => match tcp.into_std() {
             Ok(s) => return direct::run(s, export, limits, shutdown).await,
-            Err(e) => return transmission::End::Io(e),
+            Err(e) => return End::Io(e),
         },
         Err(other) => other,
     };
@@ -1035,51 +939,6 @@ fn handshake_result(r: Option<Result<Outcome, HandshakeError>>) -> Option<Negoti
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn config_is_clamped() {
-        let l = Limits::new(&ServerConfig {
-            max_request_bytes: 0,
-            max_inflight_per_conn: 0,
-            max_workers_per_conn: 0,
-            max_connections: 0,
-            max_startups: 0,
-            max_startups_per_address: 0,
-            tls_timeout: Duration::ZERO,
-            payload_timeout: Duration::ZERO,
-        });
-        assert_eq!(
-            (l.request_bytes_max, l.inflight_max, l.connections_max),
-            (REQUEST_BYTES_MIN, 1, 1)
-        );
-        let l = Limits::new(&ServerConfig {
-            max_request_bytes: u32::MAX,
-            max_inflight_per_conn: usize::MAX,
-            max_workers_per_conn: usize::MAX,
-            max_connections: usize::MAX,
-            max_startups: usize::MAX,
-            max_startups_per_address: usize::MAX,
-            tls_timeout: Duration::MAX,
-            payload_timeout: Duration::MAX,
-        });
-        assert_eq!(
-            (l.request_bytes_max, l.inflight_max, l.connections_max),
-            (
-                REQUEST_BYTES_LIMIT,
-                INFLIGHT_PER_CONN_LIMIT,
-                CONNECTIONS_LIMIT
-            )
-        );
-        assert_eq!(
-            (l.startups_max, l.startups_per_address_max, l.tls_timeout),
-            (STARTUPS_LIMIT, STARTUPS_LIMIT, HANDSHAKE_TIMEOUT)
-        );
-        let d = ServerConfig::default();
-        assert_eq!(
-            (d.max_request_bytes, d.max_inflight_per_conn),
-            (32 << 20, 64)
-        );
-    }
 
     /// Unauthenticated connections are bounded per address and in all; a
     /// released one makes room again, and an address's entry goes when its

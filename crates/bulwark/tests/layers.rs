@@ -1,0 +1,596 @@
+//! Layers you can see: each top-level module of a crate may use only the
+//! modules its row in that crate's table names, and every row names only
+//! rows above it (the tables list modules bottom-up), so the modules form a
+//! DAG in the order written here. A new import between modules fails this
+//! test until the table says it is meant; so does a module missing from its
+//! table, a row for a module that is gone, and a row that allows more than
+//! the module uses (the tables are the module graph, not an upper bound).
+//!
+//! What counts as a use, read from the source text (comments and string
+//! literals left out): `crate::X` anywhere (in `use` lists too:
+//! `use crate::{X, Y::Z}`), and `super::…` paths that climb out of their
+//! module to the crate root. Code under `#[cfg(test)]` counts like any other.
+//!
+//! This is a test, not a lint: it runs with `cargo test -p bulwark` and says
+//! which line broke which rule.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// One crate's table.
+struct Table {
+    /// The crate's source folder, relative to this crate's manifest.
+    src: &'static str,
+    /// The crate root's file stem (`lib` or `main`); the root may use every module.
+    root: &'static str,
+    /// Names in the crate root that are not modules but that any module may
+    /// use (`crate::Error` re-exported from a module, an external crate
+    /// under a short name), each with why; a use of any other root name fails.
+    root_items: &'static [(&'static str, &'static str)],
+    /// Bottom-up: each module and the modules it uses, all of them listed above it.
+    layers: &'static [(&'static str, &'static [&'static str])],
+}
+
+/// `bulwark-nbd`: knows NBD, nothing of volumes.
+const NBD: Table = Table {
+    src: "../nbd/src",
+    root: "lib",
+    root_items: &[],
+    layers: &[
+        // Bounds and knobs: what a client may make the server hold or wait on.
+        ("limits", &[]),
+        // What the server calls: `Backend`, `Exports`, `Identity`, errno values.
+        ("backend", &[]),
+        // The wire: constants and a pure codec.
+        ("proto", &["limits"]),
+        // Parts the phases share.
+        ("buffers", &["limits"]),
+        ("ratelimit", &["limits"]),
+        ("workers", &["limits"]),
+        ("tls", &["backend"]),
+        // Option haggling; its outcome, `Negotiated`, is what the phases below serve.
+        ("handshake", &["backend", "limits", "proto", "ratelimit"]),
+        // One request: parse, validate, run, reply; both transmission paths use it.
+        (
+            "request",
+            &["backend", "buffers", "handshake", "limits", "proto"],
+        ),
+        // The two transmission paths: async (TLS streams) and threaded (plain sockets).
+        (
+            "transmission",
+            &[
+                "buffers",
+                "handshake",
+                "limits",
+                "proto",
+                "request",
+                "workers",
+            ],
+        ),
+        (
+            "direct",
+            &["buffers", "handshake", "limits", "proto", "request"],
+        ),
+        // Accepts, runs each connection through the phases, tracks them.
+        (
+            "server",
+            &[
+                "backend",
+                "buffers",
+                "direct",
+                "handshake",
+                "limits",
+                "proto",
+                "ratelimit",
+                "request",
+                "tls",
+                "transmission",
+            ],
+        ),
+    ],
+};
+
+/// `bulwark`, the binary: the CLI and the daemon.
+const BULWARK: Table = Table {
+    src: "src",
+    root: "main",
+    root_items: &[],
+    layers: &[
+        // The binary's error type.
+        ("error", &[]),
+        // Grants and the audit log (files in the pool directory).
+        ("access", &[]),
+        // Arguments.
+        ("cli", &["error"]),
+        // The control protocol, both sides' vocabulary.
+        ("control", &["access"]),
+        // Text for people.
+        ("display", &["control"]),
+        // Talking to the daemon; the plain commands.
+        ("client", &["cli", "control", "display", "error"]),
+        // Volumes as NBD exports.
+        ("export", &["access"]),
+        // Commands with both sides: the CLI half and the daemon's `handle`.
+        ("grant", &["access", "cli", "client", "control", "error"]),
+        ("keys", &["cli", "client", "control", "display", "error"]),
+        (
+            "maintenance",
+            &["cli", "client", "control", "display", "error"],
+        ),
+        ("bench", &["cli", "client", "control", "error"]),
+        // The daemon: serves the pool, dispatches control requests to the handlers above.
+        (
+            "daemon",
+            &[
+                "access",
+                "cli",
+                "control",
+                "error",
+                "export",
+                "grant",
+                "keys",
+                "maintenance",
+            ],
+        ),
+    ],
+};
+
+// ---------------------------------------------------------------------------
+// The engine's table goes here.
+//
+// `bulwark-engine` (crates/engine/src) is being restructured for issue 18
+// (checksums below `redundancy` and `map`, `Compression` into `codec`,
+// `Layout` into `redundancy`, ...), and today its modules import each other
+// in circles, so no honest table can be written yet. Once they form a DAG,
+// add `const ENGINE: Table = Table { src: "../engine/src", root: "lib", ... }`
+// and a test `engine_modules_keep_their_layers`, and take "engine" out of
+// `NOT_YET_TABLED`.
+// ---------------------------------------------------------------------------
+
+/// Crates under `crates/` without a table yet, each with why. Every other
+/// crate must have one (`every_crate_has_a_table`), so none is left out
+/// unnoticed.
+const NOT_YET_TABLED: &[(&str, &str)] = &[(
+    "engine",
+    "being restructured (issue 18); its modules still import each other in circles",
+)];
+
+#[test]
+fn nbd_modules_keep_their_layers() {
+    check(&NBD);
+}
+
+#[test]
+fn bulwark_modules_keep_their_layers() {
+    check(&BULWARK);
+}
+
+#[test]
+fn every_crate_has_a_table() {
+    let tabled = ["nbd", "bulwark"];
+    let crates = manifest_dir().join("..");
+    let mut missing = Vec::new();
+    for entry in fs::read_dir(&crates).expect("read crates/") {
+        let entry = entry.expect("read crates/");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !entry.path().join("Cargo.toml").is_file() {
+            continue;
+        }
+        if !tabled.contains(&name.as_str()) && !NOT_YET_TABLED.iter().any(|(n, _)| *n == name) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "crates without a layer table in {}: {missing:?}",
+        file!()
+    );
+}
+
+/// The extractor itself, on text that holds every form it must read and
+/// some it must not.
+#[test]
+fn references_are_read_from_code_only() {
+    let text = r##"
+//! crate::doc_comment is prose
+use crate::a::{self, X};
+use crate::{b, c::{D, E as F}};
+use super::g; // in a top-level file, super is the crate root
+/* crate::block_comment */
+fn f() -> crate::h::T {
+    let s = "crate::in_a_string";
+    let r = r#"crate::in_a_raw_string"#;
+    let c = '"'; let _: &'static str = "x";
+    crate::i::call();
+    $crate::j::k!();
+}
+pub(crate) fn visible() {}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use super::super::l;
+    mod deeper { use super::super::super::m; }
+}
+"##;
+    let found: Vec<String> = references(text, 1)
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(found, ["a", "b", "c", "g", "h", "i", "j", "l", "m"]);
+}
+
+// ---------------------------------------------------------------------------
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A path as the workspace names it (`crates/nbd/src/server.rs`).
+fn shown(path: &Path) -> String {
+    let workspace = manifest_dir().join("../..");
+    match (fs::canonicalize(path), fs::canonicalize(workspace)) {
+        (Ok(p), Ok(w)) => p.strip_prefix(&w).unwrap_or(&p).display().to_string(),
+        _ => path.display().to_string(),
+    }
+}
+
+fn check(table: &Table) {
+    let src = manifest_dir().join(table.src);
+    let modules = top_level_modules(&src, table.root);
+    let mut problems = Vec::new();
+
+    // The table itself: bottom-up, each module once, using only modules above it.
+    let mut above: BTreeSet<&str> = BTreeSet::new();
+    for (module, uses) in table.layers {
+        if !above.insert(module) {
+            problems.push(format!("`{module}` has two rows"));
+        }
+        for used in *uses {
+            let item = table.root_items.iter().any(|(n, _)| n == used);
+            if !item && (!above.contains(used) || used == module) {
+                problems.push(format!(
+                    "`{module}` may use `{used}`, which is not a row above it: \
+                     rows must be bottom-up, so that no circle can be allowed"
+                ));
+            }
+        }
+    }
+    let tabled: BTreeSet<&str> = table.layers.iter().map(|(m, _)| *m).collect();
+    for module in modules.keys() {
+        if !tabled.contains(module.as_str()) {
+            problems.push(format!(
+                "module `{module}` ({}) has no row in the table: add it where it belongs",
+                shown(&modules[module][0])
+            ));
+        }
+    }
+    for module in &tabled {
+        if !modules.contains_key(*module) {
+            problems.push(format!(
+                "the table has a row for `{module}`, but {} has no such module",
+                shown(&src)
+            ));
+        }
+    }
+
+    // The code against the table.
+    let root_file = src.join(format!("{}.rs", table.root));
+    let mut used_by: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (module, uses) in table.layers {
+        let Some(files) = modules.get(*module) else {
+            continue;
+        };
+        for file in files {
+            let text = fs::read_to_string(file)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+            for (line, name) in references(&text, depth_of(&src, file)) {
+                let at = format!("{}:{line}", shown(file));
+                if name == *module {
+                    continue;
+                }
+                if !tabled.contains(name.as_str())
+                    && !table.root_items.iter().any(|(n, _)| *n == name)
+                {
+                    problems.push(format!(
+                        "{at}: `{module}` uses `crate::{name}`, which is no module in the table \
+                         nor a root item it allows"
+                    ));
+                } else if !uses.contains(&name.as_str()) {
+                    problems.push(format!(
+                        "{at}: `{module}` uses `{name}`, which its row does not allow \
+                         (it may use {uses:?}); move what it needs below it, or change \
+                         the table if the new edge is meant"
+                    ));
+                }
+                used_by.entry(module).or_default().insert(name);
+            }
+        }
+        for allowed in *uses {
+            if !used_by.get(module).is_some_and(|u| u.contains(*allowed)) {
+                problems.push(format!(
+                    "`{module}` may use `{allowed}` but does not: take it out of its row"
+                ));
+            }
+        }
+    }
+    // The root declares the modules; what else it uses must still be a module or a root item.
+    let text = fs::read_to_string(&root_file)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", root_file.display()));
+    for (line, name) in references(&text, 0) {
+        if !tabled.contains(name.as_str()) && !table.root_items.iter().any(|(n, _)| *n == name) {
+            problems.push(format!(
+                "{}:{line}: the crate root uses `crate::{name}`, which is no module in the table",
+                shown(&root_file)
+            ));
+        }
+    }
+
+    assert!(
+        problems.is_empty(),
+        "the modules of {} break their layers ({}):\n  {}",
+        shown(&src),
+        file!(),
+        problems.join("\n  ")
+    );
+}
+
+/// Top-level modules of the crate in `src`: `x.rs` and the folder `x/`, each
+/// with every `.rs` file under it; the crate root itself is left out.
+fn top_level_modules(src: &Path, root: &str) -> BTreeMap<String, Vec<PathBuf>> {
+    let mut modules: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in fs::read_dir(src).unwrap_or_else(|e| panic!("cannot read {}: {e}", src.display()))
+    {
+        let path = entry.expect("read source folder").path();
+        if path.is_dir() {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let files = modules.entry(name).or_default();
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if name != root {
+                modules.entry(name).or_default().push(path);
+            }
+        }
+    }
+    for files in modules.values_mut() {
+        files.sort();
+    }
+    modules
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+    {
+        let path = entry.expect("read source folder").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// How deep below the crate root the file's own module is: `src/x.rs` and
+/// `src/x/mod.rs` are 1, `src/x/y.rs` is 2.
+fn depth_of(src: &Path, file: &Path) -> usize {
+    let rel = file.strip_prefix(src).expect("file under src");
+    let parts = rel.components().count();
+    if rel.file_name().is_some_and(|n| n == "mod.rs") {
+        parts - 1
+    } else {
+        parts
+    }
+}
+
+/// The top-level modules a file's code names, with the line of each
+/// mention: `crate::X` (and `$crate::X`), `use crate::{X, …}`, and `super`
+/// chains that climb to the crate root. `depth` is the file's own module
+/// depth (`depth_of`); inline `mod x { … }` blocks add to it.
+fn references(text: &str, depth: usize) -> Vec<(usize, String)> {
+    let code = code_only(text);
+    let bytes = code.as_bytes();
+    let mut out = Vec::new();
+    // Open braces, and for each whether it opened an inline module.
+    let mut braces: Vec<bool> = Vec::new();
+    let mut pending_mod = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c == b'{' {
+            braces.push(pending_mod);
+            pending_mod = false;
+            i += 1;
+            continue;
+        }
+        if c == b'}' {
+            braces.pop();
+            i += 1;
+            continue;
+        }
+        if c == b';' {
+            pending_mod = false;
+        }
+        if !is_ident(c) || (i > 0 && is_ident(bytes[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let word_end = (i..bytes.len())
+            .find(|&j| !is_ident(bytes[j]))
+            .unwrap_or(bytes.len());
+        let word = &code[i..word_end];
+        match word {
+            "mod" => pending_mod = true,
+            "crate" if code[word_end..].starts_with("::") => {
+                let line = line_of(&code, i);
+                for name in first_segments(&code[word_end + 2..]) {
+                    out.push((line, name));
+                }
+            }
+            "super" if code[word_end..].starts_with("::") => {
+                // Count the chain; it names the root when it climbs as high as we are deep.
+                let here = depth + braces.iter().filter(|m| **m).count();
+                let mut supers = 1;
+                let mut rest = word_end + 2;
+                while code[rest..].starts_with("super::") {
+                    supers += 1;
+                    rest += "super::".len();
+                }
+                if supers >= here {
+                    let line = line_of(&code, i);
+                    for name in first_segments(&code[rest..]) {
+                        out.push((line, name));
+                    }
+                }
+                i = rest;
+                continue;
+            }
+            _ => {}
+        }
+        i = word_end;
+    }
+    out
+}
+
+/// The first path segment after `crate::`: one name, or each item of a `{…}` group.
+fn first_segments(after: &str) -> Vec<String> {
+    let after = after.trim_start();
+    if let Some(group) = after.strip_prefix('{') {
+        let mut names = Vec::new();
+        let mut depth = 0;
+        let mut item = String::new();
+        for c in group.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    names.extend(leading_ident(&item));
+                    item.clear();
+                    continue;
+                }
+                _ => {}
+            }
+            if depth == 0 {
+                item.push(c);
+            }
+        }
+        names.extend(leading_ident(&item));
+        names.retain(|n| n != "self");
+        names
+    } else {
+        leading_ident(after).into_iter().collect()
+    }
+}
+
+fn leading_ident(s: &str) -> Option<String> {
+    let s = s.trim_start();
+    let end = s.find(|c: char| !is_ident(c as u8)).unwrap_or(s.len());
+    (end > 0).then(|| s[..end].to_string())
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+fn line_of(code: &str, at: usize) -> usize {
+    code[..at].bytes().filter(|b| *b == b'\n').count() + 1
+}
+
+/// The text with comments, string and char literals blanked out (newlines
+/// kept, so line numbers stay right).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        let after_ident = i > 0 && is_ident(b[i - 1]);
+        let literal = if rest.starts_with(b"//") {
+            Some(rest.iter().position(|c| *c == b'\n').unwrap_or(rest.len()))
+        } else if rest.starts_with(b"/*") {
+            Some(block_comment_len(rest))
+        } else if rest[0] == b'"' {
+            let mut j = 1;
+            while j < rest.len() && rest[j] != b'"' {
+                j += if rest[j] == b'\\' { 2 } else { 1 };
+            }
+            Some((j + 1).min(rest.len()))
+        } else if rest[0] == b'\'' {
+            char_literal_len(&text[i..])
+        } else if after_ident {
+            None
+        } else {
+            raw_string_len(rest)
+        };
+        match literal {
+            Some(len) => {
+                out.extend(
+                    rest[..len]
+                        .iter()
+                        .map(|c| if *c == b'\n' { b'\n' } else { b' ' }),
+                );
+                i += len;
+            }
+            None => {
+                out.push(rest[0]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("blanking keeps UTF-8 whole")
+}
+
+/// Length of a block comment at the start of `s` (they nest in Rust).
+fn block_comment_len(s: &[u8]) -> usize {
+    let (mut depth, mut j) = (0usize, 0);
+    while j < s.len() {
+        if s[j..].starts_with(b"/*") {
+            depth += 1;
+            j += 2;
+        } else if s[j..].starts_with(b"*/") {
+            depth -= 1;
+            j += 2;
+            if depth == 0 {
+                break;
+            }
+        } else {
+            j += 1;
+        }
+    }
+    j
+}
+
+/// Length of a char literal (`'x'`, `'\n'`, `'\u{..}'`) at the start of `s`,
+/// or `None` for a lifetime (`'a`).
+fn char_literal_len(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    if b.get(1) == Some(&b'\\') {
+        return b.get(3..)?.iter().position(|c| *c == b'\'').map(|p| p + 4);
+    }
+    let c = s[1..].chars().next()?;
+    let end = 1 + c.len_utf8();
+    (b.get(end) == Some(&b'\'')).then_some(end + 1)
+}
+
+/// Length of a raw string literal (`r"…"`, `r#"…"#`, `br#"…"#`) at the start of `s`.
+fn raw_string_len(s: &[u8]) -> Option<usize> {
+    let start = if s.starts_with(b"br") {
+        2
+    } else if s.starts_with(b"r") {
+        1
+    } else {
+        return None;
+    };
+    let hashes = s[start..].iter().take_while(|c| **c == b'#').count();
+    if s.get(start + hashes) != Some(&b'"') {
+        return None;
+    }
+    let mut close = vec![b'"'];
+    close.extend(std::iter::repeat_n(b'#', hashes));
+    let body = start + hashes + 1;
+    s[body..]
+        .windows(close.len())
+        .position(|w| w == close.as_slice())
+        .map(|p| body + p + close.len())
+}
