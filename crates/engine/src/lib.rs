@@ -1,11 +1,15 @@
 //! bulwark engine: encrypted, checksummed, copy-on-write volumes on a pool of devices.
 //!
-//! Layers, bottom up (each module knows only the ones below it):
-//! `device` (files and block devices by offset) → `redundancy` (single, mirror;
-//! verified reads with repair) → `log` (segments, append, space accounting,
-//! cleaning) → `codec` (lz4, AES-256-GCM, blake3) → `map` (copy-on-write radix
-//! tree of block pointers) → `volume` (byte-addressed reads and writes) →
-//! `pool` (labels, superblocks, commit, import, the volume table).
+//! Layers, bottom up (each module knows only the ones below it; the table in
+//! `crates/bulwark/tests/layers.rs` checks it): leaves (`error`, `constants`,
+//! `checksum`, `hex`, `size`) → `device` (files and block devices by offset) →
+//! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
+//! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
+//! AES-256-GCM) → `keys` (key slots, data key rings) → `map` (copy-on-write radix
+//! tree of block pointers) → `store` (the data plane: one put path, one release
+//! point, nonces, back-pressure) → `volume` (byte-addressed reads and writes,
+//! through the store only) → `pool` (the control plane: labels, superblocks,
+//! commit, import, the volume table, scrub, rotation, devices).
 //!
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
