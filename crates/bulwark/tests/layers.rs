@@ -172,7 +172,15 @@ const ENGINE: Table = Table {
         // Byte-addressed reads and writes of one volume, through the store only.
         (
             "volume",
-            &["checksum", "codec", "constants", "keys", "log", "map", "store"],
+            &[
+                "checksum",
+                "codec",
+                "constants",
+                "keys",
+                "log",
+                "map",
+                "store",
+            ],
         ),
         // The control plane: volumes, devices, commits, import, scrub, rotation.
         (

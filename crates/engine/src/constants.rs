@@ -28,7 +28,7 @@ pub const TABLE_SEGMENTS: u32 = METADATA_COPIES as u32;
 /// this many, and a 64th of the pool (`Log::reserve`).
 pub const CLEAN_RESERVE_MIN: u32 = 4;
 /// A writer waiting for space gets ENOSPC after this many commits in a row freed nothing,
-/// or after this long without a segment freed (`Core::wait_for_space`).
+/// or after this long without a segment freed (`Store::wait_for`).
 pub const SPACE_WAIT_FUTILE: u32 = 8;
 pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 /// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).

@@ -18,7 +18,7 @@
 //! emptied before the next one takes its own, was never referenced by any
 //! commit: it needs no commit to be reused. Such a segment is *recyclable*:
 //! the writer that empties it frees it after waiting out the reads that may
-//! still hold a pointer into it (`Core::recycle_if_due`). An overwrite that comes
+//! still hold a pointer into it (`Store::recycle_if_due`). An overwrite that comes
 //! back within one commit interval thus lands in pages it dirtied itself,
 //! which the page cache absorbs, instead of in fresh space that the next
 //! commit must write out. The commit epoch (`epoch`, odd while a commit takes
@@ -83,14 +83,14 @@ pub enum Emptied {
     Nothing,
     /// Enough committed client-data segments emptied: a commit would free them.
     Commit,
-    /// Enough recyclable segments: `Core::recycle_if_due` frees them without a commit.
+    /// Enough recyclable segments: `Store::recycle_if_due` frees them without a commit.
     Recycle,
 }
 
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
-    /// Map nodes dirty in memory, summed over every volume (`Core::note_dirty`): the next
+    /// Map nodes dirty in memory, summed over every volume (`Store::note_dirty`): the next
     /// commit must find room for them (`commit_need`).
     dirty_nodes: AtomicUsize,
     /// Records placed by client writes and the cleaner whose map leaf is not yet counted in
@@ -148,7 +148,7 @@ impl Written {
 }
 
 /// Records placed by `Log::alloc_run` whose map leaf is not yet counted as dirty; settles
-/// them when dropped (after the placer's `Core::note_dirty`, or on its error path).
+/// them when dropped (after the placer's `Store::note_dirty`, or on its error path).
 pub struct Pending<'a> {
     log: &'a Log,
     n: usize,
@@ -411,7 +411,7 @@ impl Log {
         self.node_bytes.store(bytes.max(1), Ordering::Relaxed);
     }
 
-    /// The pool-wide count of dirty map nodes (`Core::note_dirty`).
+    /// The pool-wide count of dirty map nodes (`Store::note_dirty`).
     pub fn set_dirty_nodes(&self, nodes: usize) {
         self.dirty_nodes.store(nodes, Ordering::Relaxed);
     }
@@ -543,7 +543,7 @@ impl Log {
     /// Free the segments `take_recyclable` returned with `epoch`, unless a commit has begun
     /// since (it frees them itself: they are still sealed and empty when it collects).
     /// The caller has waited out every read that looked up a pointer into them
-    /// (`Core::recycle_if_due`). Returns how many were freed.
+    /// (`Store::recycle_if_due`). Returns how many were freed.
     pub fn recycle(&self, segs: &[u32], epoch: u64) -> usize {
         let mut g = self.inner.lock();
         if self.epoch.load(Ordering::SeqCst) != epoch {

@@ -183,7 +183,7 @@ impl Core {
     ) -> Result<bool> {
         {
             // Like a client read: a block replaced since the walk may lie in a segment a
-            // writer has recycled (`Core::recycle_if_due`) and rewritten.
+            // writer has recycled (`Store::recycle_if_due`) and rewritten.
             let _gate = self.store.reuse_gate.read();
             if v.tree.lock().lookup(&*self.store, &self.store.cache, lba)? != old {
                 return Ok(false);

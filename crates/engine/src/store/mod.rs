@@ -281,6 +281,15 @@ impl Store {
                     r.ptr.addr[copy] = addr + (r.at - base) as u64;
                 }
                 placed += count;
+                // Cheap invariant, in release too: the log handed out a run that lies inside
+                // one segment of this pool (a record never straddles segments).
+                assert!(
+                    self.red
+                        .check_record(&[addr], self.red.footprint(end - base))
+                        .is_ok(),
+                    "the log placed a run of {} bytes at {addr} outside one segment",
+                    end - base
+                );
                 self.red.write(addr, &buf[base..end])?;
             }
             Ok(())

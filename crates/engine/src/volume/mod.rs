@@ -122,7 +122,7 @@ pub struct VolumeState {
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
-    /// The tree's dirty node count as of its last change (`Core::note_dirty`).
+    /// The tree's dirty node count as of its last change (`Store::note_dirty`).
     pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
     /// Whether this volume's recent writes compressed (lz4 sampling).
