@@ -53,6 +53,23 @@ impl std::fmt::Display for Compression {
     }
 }
 
+/// Whether a record's flags fit its volume's policy: every data record of an encrypted
+/// volume is sealed, and no record of a plain volume is. The flags come from a block
+/// pointer on disk, which anyone who can write the devices can forge together with an
+/// unkeyed checksum: a record that claims to be plaintext in an encrypted volume is refused,
+/// never returned as data (it would be bytes an attacker chose).
+pub fn check_policy(encrypted_volume: bool, flags: u16) -> Result<()> {
+    match (encrypted_volume, flags & FLAG_ENCRYPTED != 0) {
+        (true, false) => Err(Error::Corrupt(
+            "a block of an encrypted volume is stored unencrypted; refused (it was not written by this volume)".into(),
+        )),
+        (false, true) => Err(Error::Corrupt(
+            "a block of an unencrypted volume claims to be encrypted; refused".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// AES-256-GCM tag length.
 pub const TAG_BYTES: usize = crate::constants::AEAD_TAG_BYTES;
 

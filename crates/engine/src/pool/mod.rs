@@ -9,6 +9,8 @@ mod clean;
 mod commit;
 mod core;
 mod create;
+#[cfg(test)]
+mod hostile;
 mod import;
 pub mod keys;
 pub mod rotate;

@@ -431,13 +431,19 @@ impl Core {
                     if v.tree.lock().lookup(&*self.store, &self.store.cache, l)? != ptr {
                         continue;
                     }
-                    let o = self.store.red.scrub(
+                    let mut o = self.store.red.scrub(
                         ptr.addrs(),
                         ptr.len as usize,
                         &ptr.checksum,
                         &mut buf,
                     );
                     batch_bytes += ptr.len as u64;
+                    // A record whose flags break the volume's policy (plaintext in an
+                    // encrypted volume) is not this volume's data, however well it checksums.
+                    if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {
+                        tracing::error!(volume = %v.name, lba = l, "scrub: {e}");
+                        o.unrecoverable = true;
+                    }
                     if o.unrecoverable {
                         self.record_error(&v.name, l * bs, bs, DataErrorKind::Data);
                     } else {

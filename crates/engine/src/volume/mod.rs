@@ -319,6 +319,12 @@ impl Volume {
     }
 
     fn decode_into(&self, lba: u64, ptr: &Blkptr, stored: &mut [u8], out: &mut [u8]) -> Result<()> {
+        if let Err(e) = codec::check_policy(self.st.encryption, ptr.flags) {
+            let bs = self.st.block_size as u64;
+            tracing::error!(volume = %self.st.name, lba, "{e}");
+            self.control.record_error(&self.st.name, lba * bs, bs);
+            return Err(e);
+        }
         let ring = self.ring()?;
         let cipher = match ring.as_deref() {
             Some(r) => Some(r.get(ptr.key_gen).ok_or_else(|| {
