@@ -254,7 +254,10 @@ impl Run {
         eprintln!("NoSpace at {line} (KiB)");
         self.stats.nospace.push(line);
         if st.state != "ONLINE" {
-            self.fail(format!("{what} answered NoSpace and left the pool {}", st.state));
+            self.fail(format!(
+                "{what} answered NoSpace and left the pool {}",
+                st.state
+            ));
         }
         self.nospace_pending = self.strict;
     }
@@ -339,7 +342,11 @@ impl Run {
             .collect();
         let mut buf = vec![0u8; (n * CELL) as usize];
         for (i, &t) in tags.iter().enumerate() {
-            fill_cell(t, c0 + i as u64, &mut buf[i * CELL as usize..(i + 1) * CELL as usize]);
+            fill_cell(
+                t,
+                c0 + i as u64,
+                &mut buf[i * CELL as usize..(i + 1) * CELL as usize],
+            );
         }
         let r = self.vols[vi].v().write(c0 * CELL, &buf, fua);
         self.stats.writes += 1;
@@ -377,7 +384,10 @@ impl Run {
                     for i in 0..n {
                         let now = &self.vols[vi].cells[(c0 + i) as usize].cur;
                         if !before[i as usize].contains(&now[0]) {
-                            self.fail(format!("{what} answered NoSpace but changed cell {}", c0 + i));
+                            self.fail(format!(
+                                "{what} answered NoSpace but changed cell {}",
+                                c0 + i
+                            ));
                         }
                     }
                 }
@@ -490,7 +500,10 @@ impl Run {
             self.fail(format!("destroy of {name}: {e:?}"));
         }
         // Destroy commits: everything completed is durable, the volume gone.
-        self.vols[vi].cells.iter_mut().for_each(|c| *c = Cell::zero());
+        self.vols[vi]
+            .cells
+            .iter_mut()
+            .for_each(|c| *c = Cell::zero());
         self.model_flushed();
         let opts = self.vols[vi].opts.clone();
         let key = self.vols[vi].key;
@@ -690,7 +703,11 @@ fn run_seed(seed: u64, ops: u64) {
         data = (usable0 - map_reserve) * fill_pct / 100 - map;
     }
     // Shares: a plain volume, an encrypted lz4 one, an lz4 one with 16 KiB blocks.
-    let shares = [run.rng.range(20, 40), run.rng.range(20, 40), run.rng.range(20, 40)];
+    let shares = [
+        run.rng.range(20, 40),
+        run.rng.range(20, 40),
+        run.rng.range(20, 40),
+    ];
     let total: u64 = shares.iter().sum();
     let specs: [(&str, u32, Compression, bool); 3] = [
         ("plain", 4096, Compression::Off, false),
@@ -748,7 +765,11 @@ fn run_seed(seed: u64, ops: u64) {
         eprintln!(
             "seed {seed:#x}: {} operations answered NoSpace{}; checking the pool after a crash",
             run.stats.nospace.len(),
-            if run.op < ops { ", mix ended early" } else { "" }
+            if run.op < ops {
+                ", mix ended early"
+            } else {
+                ""
+            }
         );
         run.crash();
     }

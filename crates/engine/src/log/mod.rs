@@ -56,6 +56,9 @@ pub enum Stream {
     Meta2 = 3,
 }
 
+/// How many streams (`Stream`), each with a head segment open.
+const STREAMS: usize = 4;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SegState {
     Free,
@@ -105,7 +108,7 @@ pub struct Log {
     /// the cleaner: a pass that moves records scattered over a map dirties most of it.
     map_reserve: AtomicU32,
     /// Footprint bytes placed per stream since start (write amplification).
-    written: [AtomicU64; 4],
+    written: [AtomicU64; STREAMS],
     /// Segments freed since start (by commits and recycling): writers waiting for space
     /// see progress here.
     freed_total: AtomicU64,
@@ -396,7 +399,7 @@ impl Log {
     /// `SEGMENTS_RESERVED` but the volume table's segments: never the commit's.
     pub fn hold_nodes(&self, nodes: usize) -> Result<Pending<'_>> {
         let g = self.inner.lock();
-        if (g.free.len() as u32) < TABLE_SEGMENTS + self.commit_need(nodes) {
+        if !self.nodes_fit(g.free.len(), nodes) {
             return Err(Error::NoSpace);
         }
         self.pending_nodes.fetch_add(nodes, Ordering::Relaxed);
@@ -404,6 +407,16 @@ impl Log {
             log: self,
             n: nodes,
         })
+    }
+
+    /// Whether `hold_nodes(nodes)` would succeed now.
+    pub fn can_hold_nodes(&self, nodes: usize) -> bool {
+        let free = self.inner.lock().free.len();
+        self.nodes_fit(free, nodes)
+    }
+
+    fn nodes_fit(&self, free: usize, nodes: usize) -> bool {
+        free as u32 >= TABLE_SEGMENTS + self.commit_need(nodes)
     }
 
     /// The log footprint of one map node (set once the layout is known).
@@ -436,11 +449,23 @@ impl Log {
     /// on a nearly full pool is cut short after a few victims, and a few victims' records,
     /// scattered over the map, cost more map nodes to commit than the victims give back.
     pub fn set_map_nodes(&self, nodes: u64) {
-        let bytes = nodes * self.node_bytes.load(Ordering::Relaxed) as u64 * METADATA_COPIES as u64;
-        let segs = bytes
-            .div_ceil(SEGMENT_BYTES)
-            .min((self.segments / 4) as u64);
+        // Rounded per copy, as `commit_need` counts: records never straddle segments.
+        let node = self.node_bytes.load(Ordering::Relaxed) as u64;
+        let per_copy = (nodes * node).div_ceil(SEGMENT_BYTES - node);
+        let segs = (per_copy * METADATA_COPIES as u64).min((self.segments / 4) as u64);
         self.map_reserve.store(segs as u32, Ordering::Relaxed);
+    }
+
+    /// Footprint bytes client data can keep live at most, in the long run: every segment
+    /// but those kept back from it (the commit's smallest room, the cleaner's), one open head
+    /// per stream, and in each the part the cleaner leaves dead (`victims::LIVE_MAX`: a
+    /// segment fuller than that is never cleaned). Writes near this fill wait on the cleaner.
+    pub fn usable_bytes(&self) -> u64 {
+        let kept = SEGMENTS_RESERVED as u64
+            + METADATA_COPIES as u64
+            + self.clean_reserve_segments() as u64
+            + STREAMS as u64;
+        (self.segments as u64).saturating_sub(kept) * victims::LIVE_MAX as u64
     }
 
     /// Segments kept back from client writes (the commit's room and the cleaner's), now.
@@ -645,6 +670,14 @@ impl Log {
     pub fn clean_budget(&self) -> u32 {
         self.free_segments()
             .saturating_sub(self.reserve(Stream::Clean, 0))
+    }
+
+    /// The part of `clean_budget` the victims' live records may fill: the rest is for the
+    /// map nodes their moves dirty (room to rewrite every map once, `set_map_nodes`), which
+    /// cost as much as the records moved when each 4 KiB record lies under its own leaf.
+    pub fn clean_budget_for_records(&self) -> u32 {
+        self.clean_budget()
+            .saturating_sub(self.map_reserve.load(Ordering::Relaxed))
     }
 
     pub fn live_of(&self, seg: u32) -> u32 {

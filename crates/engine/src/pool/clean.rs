@@ -22,7 +22,7 @@
 //!   chunk again; a block is read from disk between two short lookups.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -40,6 +40,14 @@ const WALK_CHUNK_BLOCKS: u64 = 1 << (2 * MAP_FANOUT_SHIFT);
 /// cache too small for one chunk's path must not stop the cleaner).
 const WALK_CACHED_TRIES: usize = 4;
 
+/// A data record to move: its victim's rank in the pass (best first), its volume, its block.
+struct Move {
+    rank: usize,
+    volume: usize,
+    lba: u64,
+    ptr: Blkptr,
+}
+
 /// A node store that answers only from the cache: a node not there is noted, for loading
 /// after the map lock is released, and reported as unreadable to the walk.
 struct CachedOnly {
@@ -56,9 +64,14 @@ impl NodeStore for CachedOnly {
 impl Core {
     /// One cleaning pass; returns how many records it moved or marked for rewriting
     /// (0: nothing worth cleaning, or no room to clean in).
+    ///
+    /// Every map is walked first (map nodes in victims are marked for rewriting as the walk
+    /// finds them), then the data records are moved victim by victim, best victim first: a
+    /// pass cut short by the cleaner's room has still emptied its first victims, which the
+    /// next commit frees, instead of leaving every victim partly full.
     pub fn clean(&self) -> Result<usize> {
         let _c = self.commit_lock.lock();
-        let budget = self.store.log.clean_budget() as u64 * SEGMENT_BYTES;
+        let budget = self.store.log.clean_budget_for_records() as u64 * SEGMENT_BYTES;
         let victims = self.store.log.victims(CLEAN_BATCH_SEGMENTS, budget);
         tracing::debug!(
             free = self.store.log.free_segments(),
@@ -69,12 +82,23 @@ impl Core {
         if victims.is_empty() {
             return Ok(0);
         }
-        let set: HashSet<u32> = victims.iter().copied().collect();
+        let rank: HashMap<u32, usize> = victims.iter().enumerate().map(|(i, &s)| (s, i)).collect();
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut done = 0;
-        for v in volumes {
-            match self.clean_volume(&v, &set, &mut done) {
+        let mut moves: Vec<Move> = Vec::new();
+        for (vi, v) in volumes.iter().enumerate() {
+            match self.find_moves(v, vi, &rank, &mut moves, &mut done) {
                 Ok(()) => {}
+                Err(Error::NoSpace) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        moves.sort_unstable_by_key(|m| (m.rank, m.volume, m.lba));
+        let mut stored = Vec::new();
+        for m in moves {
+            match self.move_record(&volumes[m.volume], m.lba, m.ptr, &mut stored) {
+                Ok(true) => done += 1,
+                Ok(false) => {}
                 Err(Error::NoSpace) => break,
                 Err(e) => return Err(e),
             }
@@ -85,25 +109,32 @@ impl Core {
         Ok(done)
     }
 
-    /// Move volume `v`'s live records out of the segments in `victims`, a chunk of its map
-    /// at a time. `NoSpace`: the cleaner's room ran out (not an error of the pool).
-    fn clean_volume(
+    /// Walk volume `v` (number `vi` of the pass) a chunk of its map at a time: mark its map
+    /// nodes in a victim for rewriting, and note its data records in a victim in `moves`.
+    /// `NoSpace`: the commit's room for marked nodes ran out (not an error of the pool).
+    fn find_moves(
         &self,
         v: &Arc<VolumeState>,
-        victims: &HashSet<u32>,
+        vi: usize,
+        rank: &HashMap<u32, usize>,
+        moves: &mut Vec<Move>,
         done: &mut usize,
     ) -> Result<()> {
-        let in_victim = |p: &Blkptr| p.addrs().iter().any(|&a| victims.contains(&segment_of(a)));
+        let rank_of = |p: &Blkptr| {
+            p.addrs()
+                .iter()
+                .filter_map(|&a| rank.get(&segment_of(a)).copied())
+                .min()
+        };
         let blocks = v.size / v.block_size as u64;
         let tree_id = v.tree.lock().id;
-        let mut stored = Vec::new();
         let mut lo = 0;
         while lo < blocks {
             let hi = (lo + WALK_CHUNK_BLOCKS).min(blocks);
-            let mut moves: Vec<(u64, Blkptr)> = Vec::new();
+            let found = moves.len();
             let mut tries = 0;
             loop {
-                moves.clear();
+                moves.truncate(found);
                 let cached = CachedOnly {
                     misses: RefCell::new(Vec::new()),
                 };
@@ -117,8 +148,17 @@ impl Core {
                             return Err(Error::Corrupt(format!("cleaner: {error}")))
                         }
                         Visit::Unreadable { .. } => {}
-                        Visit::Data { lba, ptr } if in_victim(ptr) => moves.push((lba, *ptr)),
-                        Visit::Node { level, index, ptr } if in_victim(ptr) => {
+                        Visit::Data { lba, ptr } => {
+                            if let Some(rank) = rank_of(ptr) {
+                                moves.push(Move {
+                                    rank,
+                                    volume: vi,
+                                    lba,
+                                    ptr: *ptr,
+                                });
+                            }
+                        }
+                        Visit::Node { level, index, ptr } if rank_of(ptr).is_some() => {
                             touch.push((level, index))
                         }
                         _ => {}
@@ -160,11 +200,6 @@ impl Core {
                     }
                 }
                 tries += 1;
-            }
-            for (lba, old) in moves {
-                if self.move_record(v, lba, old, &mut stored)? {
-                    *done += 1;
-                }
             }
             lo = hi;
         }

@@ -300,11 +300,7 @@ impl Core {
                 used_bytes: used,
                 free_bytes: total - used - reserved,
                 reserved_bytes: reserved,
-                usable_bytes: total
-                    - ((SEGMENTS_RESERVED + self.store.log.clean_reserve_segments()) as u64
-                        * SEGMENT_BYTES
-                        * per)
-                        .min(total),
+                usable_bytes: (self.store.log.usable_bytes() * per).min(total),
                 provisioned_bytes: provisioned,
                 data_written_bytes: written.data * per,
                 clean_written_bytes: written.clean * per,

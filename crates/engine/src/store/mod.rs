@@ -423,7 +423,9 @@ impl Store {
     pub fn hold_nodes(&self, nodes: usize) -> Result<Pending<'_>> {
         loop {
             match self.log.hold_nodes(nodes) {
-                Err(Error::NoSpace) => self.wait_for(Stream::Clean, nodes)?,
+                // Wait for exactly what `hold_nodes` checks (a stricter wait would give up
+                // while the hold could already succeed).
+                Err(Error::NoSpace) => self.wait_until(|| self.log.can_hold_nodes(nodes))?,
                 other => return other,
             }
         }
@@ -437,10 +439,15 @@ impl Store {
     /// freed nothing `SPACE_WAIT_FUTILE` times in a row, or after `SPACE_WAIT_MAX` without
     /// any progress.
     fn wait_for(&self, stream: Stream, records: usize) -> Result<()> {
+        self.wait_until(|| self.log.space_available(stream, records))
+    }
+
+    /// `wait_for` until `ready`.
+    fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let mut deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
         let mut freed = self.log.freed_total();
         let mut futile = 0;
-        while !self.log.space_available(stream, records) {
+        while !ready() {
             self.check_poisoned()?;
             if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
                 return Err(Error::NoSpace);
@@ -451,7 +458,7 @@ impl Store {
             let mut g = self.space_wait.lock();
             self.log.space.wait_for(&mut g, Duration::from_millis(100));
             drop(g);
-            if self.log.space_available(stream, records) {
+            if ready() {
                 break;
             }
             let now_freed = self.log.freed_total();
