@@ -7,6 +7,8 @@ use zeroize::Zeroizing;
 
 use crate::{Error, Result};
 
+pub mod epoch;
+pub mod pool_key;
 pub mod ring;
 pub mod wrap;
 pub use wrap::{KeySlot, SlotKind};
@@ -28,19 +30,22 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// The longest secret file read: a passphrase of 64 KiB is more than anyone types.
+const SECRET_FILE_BYTES_MAX: u64 = 64 << 10;
+
 /// Reads a secret file after checking, on the opened file itself (so the
 /// checks and the read see the same file): it is a regular file (a symlink
 /// is followed, and its target must pass), owned by the user this process
 /// runs as or by root, and neither readable nor writable by anyone else.
 /// Another user's file, even mode 0600, is refused: whoever owns it can
 /// change it, or read it back.
-fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+pub(crate) fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
     // O_NONBLOCK: a FIFO put in the file's place does not hang the open; it
     // is then refused as not a regular file.
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
@@ -71,8 +76,24 @@ fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
             path.display()
         )));
     }
+    // A secret is a passphrase or a key: its size is bounded, whatever the file claims.
+    if meta.len() > SECRET_FILE_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "{} holds {} bytes; a secret file holds at most {SECRET_FILE_BYTES_MAX}",
+            path.display(),
+            meta.len()
+        )));
+    }
     let mut bytes = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
-    file.read_to_end(&mut bytes).map_err(cannot)?;
+    file.take(SECRET_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > SECRET_FILE_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "{} grew past {SECRET_FILE_BYTES_MAX} bytes while it was read",
+            path.display()
+        )));
+    }
     Ok(bytes)
 }
 
@@ -124,6 +145,18 @@ mod tests {
         std::fs::write(&p, b"pass phrase\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
         assert!(Secret::from_passphrase_file(&p).is_err());
+    }
+
+    /// A huge file given as a passphrase is refused by its size, not read into memory.
+    #[test]
+    fn an_oversized_secret_file_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("big");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(8 << 30).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = Secret::from_passphrase_file(&p).unwrap_err().to_string();
+        assert!(e.contains("at most 65536"), "{e}");
     }
 
     #[test]
