@@ -97,6 +97,22 @@ pub(crate) fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     Ok(bytes)
 }
 
+/// A secret file that must hold exactly 32 bytes (a key file, the pool key); `what` names
+/// it and `hint` says what it should hold, in the error.
+pub(crate) fn read_key32(path: &Path, what: &str, hint: &str) -> Result<Zeroizing<[u8; 32]>> {
+    let bytes = read_secret_file(path)?;
+    if bytes.len() != 32 {
+        return Err(Error::Invalid(format!(
+            "{what} {} holds {} bytes; {hint}",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    let mut key = Zeroizing::new([0u8; 32]);
+    key.copy_from_slice(&bytes);
+    Ok(key)
+}
+
 impl Secret {
     pub fn from_passphrase_file(path: &Path) -> Result<Secret> {
         let mut bytes = read_secret_file(path)?;
@@ -113,17 +129,12 @@ impl Secret {
     }
 
     pub fn from_key_file(path: &Path) -> Result<Secret> {
-        let bytes = read_secret_file(path)?;
-        if bytes.len() != 32 {
-            return Err(Error::Invalid(format!(
-                "key file {} holds {} bytes; a key file must hold exactly 32 random bytes (e.g. head -c 32 /dev/urandom > key)",
-                path.display(),
-                bytes.len()
-            )));
-        }
-        let mut key = Zeroizing::new([0u8; 32]);
-        key.copy_from_slice(&bytes);
-        Ok(Secret::KeyFile(key))
+        read_key32(
+            path,
+            "key file",
+            "a key file must hold exactly 32 random bytes (e.g. head -c 32 /dev/urandom > key)",
+        )
+        .map(Secret::KeyFile)
     }
 }
 

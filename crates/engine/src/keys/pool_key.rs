@@ -66,17 +66,7 @@ impl PoolKey {
     /// Read the pool key at `path`: a private regular file of this user or root (as every
     /// secret file), exactly 32 bytes.
     pub fn load(path: &Path) -> Result<PoolKey> {
-        let bytes = super::read_secret_file(path)?;
-        if bytes.len() != 32 {
-            return Err(Error::Invalid(format!(
-                "pool key {} holds {} bytes, not 32: it is not a pool key",
-                path.display(),
-                bytes.len()
-            )));
-        }
-        let mut key = Zeroizing::new([0u8; 32]);
-        key.copy_from_slice(&bytes);
-        Ok(PoolKey(key))
+        super::read_key32(path, "pool key", "it is not a pool key (32 random bytes)").map(PoolKey)
     }
 
     /// The base of pool-metadata and unencrypted-lineage epochs (`epoch::EpochWriter`).
