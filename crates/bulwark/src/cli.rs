@@ -212,6 +212,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_fault_injection: bool,
 
+    /// Take the devices even if they are older than the generation this host last
+    /// committed (DIR/pool.anchor): you restored them from an older copy on purpose, and
+    /// every write since that copy is lost.
+    #[arg(long)]
+    pub accept_rollback: bool,
+
     /// Scrub and resilver throttle, bytes per second (e.g. 100M) [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = parse_rate_arg)]
     pub scrub_rate: Option<u64>,

@@ -73,6 +73,12 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         opts.allow_fault_injection = true;
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
+    if args.accept_rollback {
+        opts.accept_rollback = true;
+        warn!(
+            "--accept-rollback: devices older than this host's last commit are taken as they are"
+        );
+    }
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -159,7 +159,23 @@ impl Core {
             if next.saturating_add(NONCE_RESERVE_STEP / 2) > st.sb.nonce_reserved {
                 st.sb.nonce_reserved = next.saturating_add(NONCE_RESERVE_STEP);
             }
+            // The host learns the generation before any device holds it (`anchor`): a crash
+            // in between leaves the devices at the committed one or at this one.
+            let next = (st.sb.generation, super::anchor::digest(&st.sb));
+            let mut anchor = self.anchor.lock();
+            let announce = super::anchor::Anchor {
+                seq: anchor.seq + 1,
+                next,
+                ..anchor.clone()
+            };
+            super::anchor::write(&self.dir, &announce)?;
             self.write_superblocks(&st.sb, st.back_region)?;
+            *anchor = super::anchor::Anchor {
+                committed: next,
+                next: (0, [0; 32]),
+                ..announce
+            };
+            drop(anchor);
             self.store.set_nonce_limit(st.sb.nonce_reserved);
             (old, st.sb.generation)
         };

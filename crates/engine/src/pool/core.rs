@@ -38,6 +38,9 @@ pub struct Core {
     pub store: Arc<Store>,
     pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
     pub(crate) sb: Mutex<SbState>,
+    /// What `DIR/pool.anchor` should say next: the generation last committed (the next
+    /// commit writes it together with the generation it is about to write).
+    pub(crate) anchor: Mutex<super::anchor::Anchor>,
     pub commit_lock: Mutex<()>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may

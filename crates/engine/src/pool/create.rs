@@ -310,6 +310,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         let member_ids: Vec<[u8; 16]> =
             devices.iter().map(|_| wrap::random_bytes::<16>()).collect();
         let zero = vec![0u8; SUPERBLOCK_BYTES];
+        let mut first: Option<Superblock> = None;
         for (i, (_, d)) in devices.iter().enumerate() {
             let sb = Superblock {
                 layout,
@@ -335,6 +336,19 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                     .map_err(|e| Error::device(d.path(), e))?;
             }
             d.flush().map_err(|e| Error::device(d.path(), e))?;
+            first.get_or_insert(sb);
+        }
+        // The host's record of the generation the devices are at (`anchor`).
+        if let Some(sb) = first {
+            super::anchor::write(
+                dir,
+                &super::anchor::Anchor {
+                    seq: 1,
+                    pool_id,
+                    committed: (sb.generation, super::anchor::digest(&sb)),
+                    next: (0, [0; 32]),
+                },
+            )?;
         }
         PoolConfig {
             format: 1,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::anchor::{self, Anchor};
 use super::core::{Core, SbState};
 use super::create::PoolConfig;
 use super::superblock::Superblock;
@@ -92,6 +93,70 @@ fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superbl
         }
     }
     best
+}
+
+/// Whether the devices' newest superblock is one this host committed or was committing
+/// (`anchor`); returns the anchor the next commit starts from. Devices older than the
+/// host's last commit were rolled back (restored from an older copy): refused unless
+/// `accept_rollback`. Any other generation or digest was never written by this host.
+fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Result<Anchor> {
+    let at = (newest.generation, anchor::digest(newest));
+    let start = |seq: u64| Anchor {
+        seq,
+        pool_id: newest.pool_id,
+        committed: at,
+        next: (0, [0; 32]),
+    };
+    let Some(a) = anchor::read(dir)? else {
+        // Pools made before anchors existed: trust the devices once, and anchor them now.
+        tracing::warn!(
+            generation = newest.generation,
+            "no {} in the pool directory: trusting the devices at generation {}; the import \
+             writes one",
+            anchor::FILE_NAME,
+            newest.generation
+        );
+        return Ok(start(0));
+    };
+    if a.pool_id != newest.pool_id {
+        return Err(Error::Invalid(format!(
+            "{} belongs to pool {}, not to pool {} on these devices; move it away if the \
+             directory now holds another pool",
+            anchor::path(dir).display(),
+            to_hex(&a.pool_id),
+            to_hex(&newest.pool_id)
+        )));
+    }
+    if a.allows(&at) {
+        return Ok(start(a.seq));
+    }
+    let last = a.committed.0.max(a.next.0);
+    let what = if at.0 < a.committed.0 {
+        format!(
+            "the devices are at generation {}, but this host committed generation {}: they \
+             were rolled back (restored from an older copy?), and every write since is gone",
+            at.0, a.committed.0
+        )
+    } else {
+        format!(
+            "the devices are at generation {}, which this host never wrote (it last wrote \
+             generation {last}): they were changed by someone else",
+            at.0
+        )
+    };
+    if accept_rollback {
+        tracing::warn!(
+            devices = at.0,
+            host = last,
+            "{what}; taking them as they are (--accept-rollback)"
+        );
+        return Ok(start(a.seq));
+    }
+    Err(Error::Corrupt(format!(
+        "{what}. Restore the newest devices, or accept their state with \
+         'bulwark serve --accept-rollback' ({})",
+        anchor::path(dir).display()
+    )))
 }
 
 /// The newest superblock on `dev` (front and back slots).
@@ -173,6 +238,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 conf.pool_id, listed
             ))
         })?;
+    let anchor = check_anchor(dir, &newest, opts.accept_rollback)?;
     let mut members: Vec<Member> = Vec::new();
     let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
     let mut stale: Vec<String> = Vec::new();
@@ -410,6 +476,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         dir: dir.to_path_buf(),
         store: Arc::new(store),
         volumes: RwLock::new(volumes),
+        anchor: Mutex::new(anchor),
         sb: Mutex::new(SbState {
             sb: newest.clone(),
             next_volume_id: table.next_volume_id,

@@ -5,6 +5,7 @@
 //! makes the in-memory state durable; import (`import.rs`) is the one place
 //! that reads it back. Creation lives in `create.rs`, the cleaner in `clean.rs`.
 
+pub mod anchor;
 mod clean;
 mod commit;
 mod core;
@@ -53,6 +54,9 @@ pub struct OpenOptions {
     /// Longest time dirty data waits for a commit when nothing else asks for one
     /// (a flush, the dirty-node bound, low space): what an unflushed crash can lose.
     pub commit_interval: std::time::Duration,
+    /// Take the devices even when they are older than the generation this host last
+    /// committed (`DIR/pool.anchor`): the administrator restored them on purpose.
+    pub accept_rollback: bool,
 }
 
 impl Default for OpenOptions {
@@ -62,6 +66,7 @@ impl Default for OpenOptions {
             allow_fault_injection: false,
             scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
+            accept_rollback: false,
         }
     }
 }

@@ -1,0 +1,208 @@
+//! The freshness anchor (decision 0008, "Freshness"), in its format-1 form: `DIR/pool.anchor`
+//! on the host names the generation this host last committed and the one it is about to
+//! write, each with a digest of its superblock. Import takes the devices only at one of
+//! those two: devices restored from an older copy (a rollback of the whole pool, which
+//! every superblock checksum accepts) are refused, naming both generations, unless the
+//! administrator accepts the rollback (`serve --accept-rollback`).
+//!
+//! Two 512-byte slots, written alternately (the newer valid sequence wins), each synced
+//! before the superblock it announces is written, so a crash between the two leaves the
+//! devices at the anchor's committed generation or at its next one:
+//!
+//! | offset | size | field |
+//! | --- | --- | --- |
+//! | 0 | 8 | magic `BWANCHR1` |
+//! | 8 | 8 | sequence |
+//! | 16 | 16 | pool id |
+//! | 32 | 8 | committed generation |
+//! | 40 | 32 | its superblock digest (`digest`) |
+//! | 72 | 8 | next generation, or 0 |
+//! | 80 | 32 | its superblock digest |
+//! | 112 | 368 | zero |
+//! | 480 | 32 | blake3 of bytes 0..480 |
+//!
+//! Format 1 has no pool key, so the slot checksum is unkeyed: the anchor detects what is
+//! done to the devices, not an edit of the anchor itself, which lives on the host (trusted,
+//! docs/security.md). Format 2 keys it (HMAC under the pool key).
+
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::superblock::Superblock;
+use crate::checksum::checksum;
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"BWANCHR1";
+const SLOT_BYTES: usize = 512;
+const SUM_AT: usize = 480;
+pub const FILE_NAME: &str = "pool.anchor";
+
+/// A generation and the digest of its superblock.
+pub type Point = (u64, [u8; 32]);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Anchor {
+    pub seq: u64,
+    pub pool_id: [u8; 16],
+    pub committed: Point,
+    /// The generation being written, or `(0, _)` when none is.
+    pub next: Point,
+}
+
+/// The digest of a superblock's pool-wide content: the same on every member (each member's
+/// own index and id are left out).
+pub fn digest(sb: &Superblock) -> [u8; 32] {
+    let common = Superblock {
+        member_index: 0,
+        device_id: [0; 16],
+        ..sb.clone()
+    };
+    checksum(&common.encode())
+}
+
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+impl Anchor {
+    fn encode(&self) -> [u8; SLOT_BYTES] {
+        let mut b = [0u8; SLOT_BYTES];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..32].copy_from_slice(&self.pool_id);
+        b[32..40].copy_from_slice(&self.committed.0.to_le_bytes());
+        b[40..72].copy_from_slice(&self.committed.1);
+        b[72..80].copy_from_slice(&self.next.0.to_le_bytes());
+        b[80..112].copy_from_slice(&self.next.1);
+        let sum = checksum(&b[..SUM_AT]);
+        b[SUM_AT..].copy_from_slice(&sum);
+        b
+    }
+
+    /// One slot, or `None` when it is not a valid anchor slot (never written, torn).
+    fn decode(b: &[u8]) -> Option<Anchor> {
+        if b.len() != SLOT_BYTES || &b[0..8] != MAGIC || checksum(&b[..SUM_AT])[..] != b[SUM_AT..] {
+            return None;
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let arr32 = |at: usize| -> [u8; 32] { b[at..at + 32].try_into().unwrap() };
+        Some(Anchor {
+            seq: u64_at(8),
+            pool_id: b[16..32].try_into().unwrap(),
+            committed: (u64_at(32), arr32(40)),
+            next: (u64_at(72), arr32(80)),
+        })
+    }
+
+    /// Whether the devices' newest superblock (generation and digest) is one this anchor
+    /// allows: the committed one, or the one being written when the host stopped.
+    pub fn allows(&self, at: &Point) -> bool {
+        *at == self.committed || (self.next.0 != 0 && *at == self.next)
+    }
+}
+
+/// The newest valid anchor in `dir`, or `None` when there is no anchor file. A file that
+/// exists with no valid slot is an error: an anchor is never written torn in both slots.
+pub fn read(dir: &Path) -> Result<Option<Anchor>> {
+    let p = path(dir);
+    let bytes = match std::fs::read(&p) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::device(&p, e)),
+    };
+    let best = bytes
+        .chunks(SLOT_BYTES)
+        .take(2)
+        .filter_map(Anchor::decode)
+        .max_by_key(|a| a.seq);
+    match best {
+        Some(a) => Ok(Some(a)),
+        None => Err(Error::Corrupt(format!(
+            "{} holds no valid anchor slot; it records which generation of the devices this \
+             host last committed. Restore it from a backup, or move it away to trust the \
+             devices as they are",
+            p.display()
+        ))),
+    }
+}
+
+/// Write `a` to the slot its sequence picks and sync it (the file is made 0600).
+pub fn write(dir: &Path, a: &Anchor) -> Result<()> {
+    let p = path(dir);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&p)
+        .map_err(|e| Error::device(&p, e))?;
+    let slot = (a.seq % 2) as u64 * SLOT_BYTES as u64;
+    file.write_all_at(&a.encode(), slot)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| Error::device(&p, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anchor(seq: u64) -> Anchor {
+        Anchor {
+            seq,
+            pool_id: [1; 16],
+            committed: (seq, [2; 32]),
+            next: (seq + 1, [3; 32]),
+        }
+    }
+
+    #[test]
+    fn the_newer_slot_wins_and_a_torn_one_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        write(dir.path(), &anchor(1)).unwrap();
+        write(dir.path(), &anchor(2)).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(anchor(2)));
+        // Tear slot 0 (sequence 2): slot 1 still holds sequence 1.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path(dir.path()))
+            .unwrap();
+        f.write_all_at(&[0xff; 16], 40).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(anchor(1)));
+        // Both torn: an error that says what the file is for.
+        f.write_all_at(&[0xff; 16], SLOT_BYTES as u64 + 40).unwrap();
+        let e = read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("no valid anchor slot"), "{e}");
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_decode_as_an_anchor_by_accident() {
+        let valid = anchor(7).encode().to_vec();
+        crate::fuzz::never_panics("anchor", &[valid], 2000, None, &|b| {
+            if let Some(a) = Anchor::decode(b) {
+                assert_eq!(a, anchor(7), "a mutated slot decoded to something else");
+            }
+        });
+    }
+
+    #[test]
+    fn only_the_committed_or_the_next_generation_is_allowed() {
+        let a = anchor(5);
+        assert!(a.allows(&(5, [2; 32])));
+        assert!(a.allows(&(6, [3; 32])));
+        assert!(!a.allows(&(4, [2; 32])), "older");
+        assert!(
+            !a.allows(&(6, [2; 32])),
+            "the right generation with another digest"
+        );
+        assert!(
+            !a.allows(&(7, [3; 32])),
+            "a generation this host never wrote"
+        );
+        let none_next = Anchor {
+            next: (0, [0; 32]),
+            ..a
+        };
+        assert!(!none_next.allows(&(0, [0; 32])));
+    }
+}

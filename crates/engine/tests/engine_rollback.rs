@@ -1,0 +1,173 @@
+//! Whole-pool rollback (issue 20): device images restored from an older copy carry valid
+//! superblocks of an older generation, which every checksum accepts. The host's anchor
+//! (`DIR/pool.anchor`) knows which generation it committed: the pool refuses the old
+//! devices, naming both generations, until the administrator accepts the rollback; a
+//! generation the host never wrote is refused too; a crash between the anchor and the
+//! superblock write imports.
+
+use std::path::{Path, PathBuf};
+
+use bulwark_engine::pool::superblock::Superblock;
+use bulwark_engine::{Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, VolumeOptions};
+
+fn opts() -> VolumeOptions {
+    VolumeOptions {
+        size_bytes: 1 << 20,
+        block_size: 4096,
+        compression: Compression::Off,
+        encryption: false,
+    }
+}
+
+fn devices(dir: &Path) -> Vec<PathBuf> {
+    let mut d: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "img"))
+        .collect();
+    d.sort();
+    d
+}
+
+fn save(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    devices(dir)
+        .into_iter()
+        .map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            (p, b)
+        })
+        .collect()
+}
+
+fn restore(saved: &[(PathBuf, Vec<u8>)]) {
+    for (p, b) in saved {
+        std::fs::write(p, b).unwrap();
+    }
+}
+
+fn read0(pool: &Pool, vol: &str) -> u8 {
+    let mut b = [0u8; 4096];
+    pool.volume(vol).unwrap().read(0, &mut b).unwrap();
+    b[0]
+}
+
+fn write0(pool: &Pool, vol: &str, byte: u8) {
+    pool.volume(vol)
+        .unwrap()
+        .write(0, &[byte; 4096], false)
+        .unwrap();
+    pool.flush().unwrap();
+}
+
+#[test]
+fn devices_restored_from_an_older_copy_are_refused_until_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec::Files {
+        count: 2,
+        size_bytes: 64 << 20,
+    };
+    Pool::create(dir.path(), Layout::Mirror(2), spec).unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(), None).unwrap();
+    write0(&pool, "v", 0xa);
+    pool.close().unwrap();
+    drop(pool);
+    let old = save(dir.path());
+
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    write0(&pool, "v", 0xb);
+    pool.create_volume("since", opts(), None).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+
+    restore(&old);
+    let e = match Pool::open(dir.path(), OpenOptions::default()) {
+        Err(Error::Corrupt(m)) => m,
+        Err(e) => panic!("refused with the wrong error: {e}"),
+        Ok(_) => panic!("a rolled-back pool was imported"),
+    };
+    assert!(
+        e.contains("rolled back") && e.contains("--accept-rollback"),
+        "{e}"
+    );
+
+    // The administrator restored them on purpose: taken as they are, and anchored anew.
+    let accept = OpenOptions {
+        accept_rollback: true,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open(dir.path(), accept).unwrap();
+    assert_eq!(read0(&pool, "v"), 0xa);
+    assert!(pool.volume("since").is_err());
+    pool.close().unwrap();
+    drop(pool);
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(read0(&pool, "v"), 0xa);
+    pool.close().unwrap();
+}
+
+/// A crash after the anchor announced a generation and before any superblock of it was
+/// written: the devices are at the committed generation, which imports; and devices that
+/// hold the announced one import too (the normal restart).
+#[test]
+fn devices_at_the_committed_or_the_announced_generation_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec::Files {
+        count: 1,
+        size_bytes: 64 << 20,
+    };
+    Pool::create(dir.path(), Layout::Single, spec).unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(), None).unwrap();
+    write0(&pool, "v", 1);
+    let before = save(dir.path());
+    // One more commit: the anchor now says {committed: the saved generation, next: this one}.
+    write0(&pool, "v", 2);
+    let anchor_after = std::fs::read(dir.path().join("pool.anchor")).unwrap();
+    // Simulate a crash before the superblocks of that commit landed: drop without close,
+    // then put the devices back as they were before it (its records are unreferenced).
+    drop(pool);
+    restore(&before);
+    std::fs::write(dir.path().join("pool.anchor"), &anchor_after).unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    assert_eq!(read0(&pool, "v"), 1, "the committed generation's data");
+    pool.close().unwrap();
+}
+
+/// A superblock of a generation the host never wrote (forged one newer, with every
+/// checksum right) is refused: the devices were changed by someone else.
+#[test]
+fn a_generation_the_host_never_wrote_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec::Files {
+        count: 1,
+        size_bytes: 64 << 20,
+    };
+    Pool::create(dir.path(), Layout::Single, spec).unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(), None).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+    let dev = &devices(dir.path())[0];
+    let bytes = std::fs::read(dev).unwrap();
+    let sb = [0usize, 256 << 10]
+        .iter()
+        .filter_map(|&o| Superblock::decode(&bytes[o..o + 4096]).ok().flatten())
+        .max_by_key(|sb| sb.generation)
+        .unwrap();
+    let mut forged = sb.clone();
+    forged.generation += 5;
+    let back = bulwark_engine::constants::DEVICE_RESERVED_FRONT
+        + sb.segments_per_device * bulwark_engine::constants::SEGMENT_BYTES;
+    let mut b = bytes;
+    for off in Superblock::slot_offsets(forged.generation, back) {
+        b[off as usize..off as usize + 4096].copy_from_slice(&forged.encode());
+    }
+    std::fs::write(dev, &b).unwrap();
+    let e = match Pool::open(dir.path(), OpenOptions::default()) {
+        Err(Error::Corrupt(m)) => m,
+        Err(e) => panic!("refused with the wrong error: {e}"),
+        Ok(_) => panic!("a forged generation was imported"),
+    };
+    assert!(e.contains("never wrote"), "{e}");
+}
