@@ -171,3 +171,28 @@ fn a_generation_the_host_never_wrote_is_refused() {
     };
     assert!(e.contains("never wrote"), "{e}");
 }
+
+/// After a clean close the anchor names only the last generation: devices put back even
+/// one commit earlier (the flush before the close) are refused. After a crash that one
+/// commit is the window (decision 0008, "Freshness").
+#[test]
+fn a_clean_close_leaves_no_generation_to_roll_back_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DeviceSpec::Files {
+        count: 1,
+        size_bytes: 64 << 20,
+    };
+    Pool::create(dir.path(), Layout::Single, spec).unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(), None).unwrap();
+    write0(&pool, "v", 1);
+    // The close commits once more: the devices saved here are one generation behind it.
+    let before_close = save(dir.path());
+    pool.close().unwrap();
+    drop(pool);
+    restore(&before_close);
+    assert!(matches!(
+        Pool::open(dir.path(), OpenOptions::default()),
+        Err(Error::Corrupt(_))
+    ));
+}

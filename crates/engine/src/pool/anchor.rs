@@ -18,8 +18,13 @@
 //! | 40 | 32 | its superblock digest (`digest`) |
 //! | 72 | 8 | next generation, or 0 |
 //! | 80 | 32 | its superblock digest |
-//! | 112 | 368 | zero |
+//! | 112 | 8 | nonces reserved: the highest `nonce_reserved` of any superblock announced |
+//! | 120 | 360 | zero |
 //! | 480 | 32 | blake3 of bytes 0..480 |
+//!
+//! The anchor also keeps the highest nonce reservation the host ever announced: import
+//! starts above it even when the devices' superblock says less (a rollback accepted with
+//! `--accept-rollback`, an edited counter), so no nonce is handed out twice under a key.
 //!
 //! Format 1 has no pool key, so the slot checksum is unkeyed: the anchor detects what is
 //! done to the devices, not an edit of the anchor itself, which lives on the host (trusted,
@@ -47,6 +52,8 @@ pub struct Anchor {
     pub committed: Point,
     /// The generation being written, or `(0, _)` when none is.
     pub next: Point,
+    /// The highest `nonce_reserved` of any superblock this host announced.
+    pub nonce_reserved: u64,
 }
 
 /// The digest of a superblock's pool-wide content: the same on every member (each member's
@@ -74,6 +81,7 @@ impl Anchor {
         b[40..72].copy_from_slice(&self.committed.1);
         b[72..80].copy_from_slice(&self.next.0.to_le_bytes());
         b[80..112].copy_from_slice(&self.next.1);
+        b[112..120].copy_from_slice(&self.nonce_reserved.to_le_bytes());
         let sum = checksum(&b[..SUM_AT]);
         b[SUM_AT..].copy_from_slice(&sum);
         b
@@ -91,6 +99,7 @@ impl Anchor {
             pool_id: b[16..32].try_into().unwrap(),
             committed: (u64_at(32), arr32(40)),
             next: (u64_at(72), arr32(80)),
+            nonce_reserved: u64_at(112),
         })
     }
 
@@ -152,6 +161,7 @@ mod tests {
             pool_id: [1; 16],
             committed: (seq, [2; 32]),
             next: (seq + 1, [3; 32]),
+            nonce_reserved: seq * 1000,
         }
     }
 

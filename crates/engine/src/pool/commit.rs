@@ -166,6 +166,7 @@ impl Core {
             let announce = super::anchor::Anchor {
                 seq: anchor.seq + 1,
                 next,
+                nonce_reserved: anchor.nonce_reserved.max(st.sb.nonce_reserved),
                 ..anchor.clone()
             };
             super::anchor::write(&self.dir, &announce)?;
@@ -194,6 +195,20 @@ impl Core {
             flush_ms = (flushed - nodes_done).as_millis() as u64,
             "committed"
         );
+        Ok(())
+    }
+
+    /// Tell the anchor the last commit is on the devices (`Pool::close`): with no
+    /// generation announced, devices left at the one before it are refused as rolled back.
+    pub(crate) fn settle_anchor(&self) -> Result<()> {
+        let _c = self.commit_lock.lock();
+        let mut anchor = self.anchor.lock();
+        let settled = super::anchor::Anchor {
+            seq: anchor.seq + 1,
+            ..anchor.clone()
+        };
+        super::anchor::write(&self.dir, &settled)?;
+        *anchor = settled;
         Ok(())
     }
 

@@ -347,6 +347,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                     pool_id,
                     committed: (sb.generation, super::anchor::digest(&sb)),
                     next: (0, [0; 32]),
+                    nonce_reserved: sb.nonce_reserved,
                 },
             )?;
         }

@@ -101,11 +101,12 @@ fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superbl
 /// `accept_rollback`. Any other generation or digest was never written by this host.
 fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Result<Anchor> {
     let at = (newest.generation, anchor::digest(newest));
-    let start = |seq: u64| Anchor {
+    let start = |seq: u64, nonce_reserved: u64| Anchor {
         seq,
         pool_id: newest.pool_id,
         committed: at,
         next: (0, [0; 32]),
+        nonce_reserved: nonce_reserved.max(newest.nonce_reserved),
     };
     let Some(a) = anchor::read(dir)? else {
         // Pools made before anchors existed: trust the devices once, and anchor them now.
@@ -116,7 +117,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
             anchor::FILE_NAME,
             newest.generation
         );
-        return Ok(start(0));
+        return Ok(start(0, 0));
     };
     if a.pool_id != newest.pool_id {
         return Err(Error::Invalid(format!(
@@ -128,7 +129,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
         )));
     }
     if a.allows(&at) {
-        return Ok(start(a.seq));
+        return Ok(start(a.seq, a.nonce_reserved));
     }
     let last = a.committed.0.max(a.next.0);
     let what = if at.0 < a.committed.0 {
@@ -150,7 +151,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
             host = last,
             "{what}; taking them as they are (--accept-rollback)"
         );
-        return Ok(start(a.seq));
+        return Ok(start(a.seq, a.nonce_reserved));
     }
     Err(Error::Corrupt(format!(
         "{what}. Restore the newest devices, or accept their state with \
@@ -401,7 +402,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         red,
         Log::new(vec![0; segments], 0, true),
         cache,
-        newest.nonce_reserved,
+        // Above every nonce the host ever reserved, not only what these devices say.
+        anchor.nonce_reserved,
     );
     let table = if newest.root.is_hole() {
         TableRecord::empty()

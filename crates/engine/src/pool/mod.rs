@@ -308,7 +308,8 @@ impl Pool {
     /// Final commit; stops background work. The pool is unusable afterwards.
     pub fn close(&self) -> Result<()> {
         self.core.stop_background(self.maintenance.lock().take());
-        self.core.commit()
+        self.core.commit()?;
+        self.core.settle_anchor()
     }
 }
 
