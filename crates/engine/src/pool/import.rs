@@ -239,7 +239,6 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 conf.pool_id, listed
             ))
         })?;
-    let anchor = check_anchor(dir, &newest, opts.accept_rollback)?;
     let mut members: Vec<Member> = Vec::new();
     let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
     let mut stale: Vec<String> = Vec::new();
@@ -392,6 +391,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             );
         }
     }
+    // After the checks of which members are here (a more precise reason to refuse, such
+    // as an offline device alone): are these devices at a generation this host wrote?
+    let anchor = check_anchor(dir, &newest, opts.accept_rollback)?;
     let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
     let segments = red.segments() as usize;
     let cache = new_cache(opts.cache_bytes);
