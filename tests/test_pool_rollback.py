@@ -8,6 +8,7 @@ flag that accepts them; with `--accept-rollback` it takes them as they are, and 
 starts need no flag.
 """
 
+import json
 import shutil
 
 from conftest import qemu_io_ok, stderr_lines
@@ -43,6 +44,12 @@ def test_devices_restored_from_an_older_copy_are_refused(make_pool, tmp_path):
     p.load_key("v", key)
     qemu_io_ok(p.uri("v"), "read -P 0xa 0 64k")
     assert "since" not in [v["name"] for v in p.status()["volumes"]]
+    # The override is in the audit log, with both generations.
+    lines = [json.loads(l) for l in (p.dir / "audit.log").read_text().splitlines()]
+    accepted = [l for l in lines if l["event"] == "pool.accept_rollback"]
+    assert len(accepted) == 1, lines
+    d = accepted[0]["detail"]
+    assert d["devices_generation"] < d["host_generation"], d
     p.stop()
     p.serve_args = []
     p.start()

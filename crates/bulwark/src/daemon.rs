@@ -32,7 +32,7 @@ use tokio::sync::RwLock;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::access::AccessControl;
+use crate::access::{self, AccessControl};
 use crate::cli::ServeArgs;
 use crate::control::{
     self, to_value, ControlError, DaemonInfo, KeyStatus, Request, Response, StatusReport,
@@ -142,6 +142,25 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
             .await
             .map_err(|e| Error::msg(e.message))?
     };
+    if let Some((devices, host)) = pool.rollback_accepted() {
+        let audit = access::Audit::open(&dir).map_err(Error::msg)?;
+        let record = move || {
+            audit.record(access::Record {
+                event: "pool.accept_rollback",
+                client: "serve --accept-rollback",
+                peer: "command line",
+                volume: None,
+                result: "ok",
+                detail: serde_json::json!({
+                    "devices_generation": devices,
+                    "host_generation": host,
+                }),
+            })
+        };
+        tokio::task::spawn_blocking(record)
+            .await
+            .map_err(|e| Error::msg(format!("audit: {e}")))?;
+    }
 
     let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp).await;
 

@@ -41,6 +41,9 @@ pub struct Core {
     /// What `DIR/pool.anchor` should say next: the generation last committed (the next
     /// commit writes it together with the generation it is about to write).
     pub(crate) anchor: Mutex<super::anchor::Anchor>,
+    /// The import took devices older than the host's anchor (`accept_rollback`): their
+    /// generation and the one the host had committed.
+    pub rollback_accepted: Option<(u64, u64)>,
     pub commit_lock: Mutex<()>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may

@@ -98,8 +98,13 @@ fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superbl
 /// Whether the devices' newest superblock is one this host committed or was committing
 /// (`anchor`); returns the anchor the next commit starts from. Devices older than the
 /// host's last commit were rolled back (restored from an older copy): refused unless
-/// `accept_rollback`. Any other generation or digest was never written by this host.
-fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Result<Anchor> {
+/// `accept_rollback` (then also returns the devices' generation and the host's). Any other
+/// generation or digest was never written by this host.
+fn check_anchor(
+    dir: &Path,
+    newest: &Superblock,
+    accept_rollback: bool,
+) -> Result<(Anchor, Option<(u64, u64)>)> {
     let at = (newest.generation, anchor::digest(newest));
     let start = |seq: u64, nonce_reserved: u64| Anchor {
         seq,
@@ -117,7 +122,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
             anchor::FILE_NAME,
             newest.generation
         );
-        return Ok(start(0, 0));
+        return Ok((start(0, 0), None));
     };
     if a.pool_id != newest.pool_id {
         return Err(Error::Invalid(format!(
@@ -129,7 +134,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
         )));
     }
     if a.allows(&at) {
-        return Ok(start(a.seq, a.nonce_reserved));
+        return Ok((start(a.seq, a.nonce_reserved), None));
     }
     let last = a.committed.0.max(a.next.0);
     let what = if at.0 < a.committed.0 {
@@ -151,7 +156,7 @@ fn check_anchor(dir: &Path, newest: &Superblock, accept_rollback: bool) -> Resul
             host = last,
             "{what}; taking them as they are (--accept-rollback)"
         );
-        return Ok(start(a.seq, a.nonce_reserved));
+        return Ok((start(a.seq, a.nonce_reserved), Some((at.0, last))));
     }
     Err(Error::Corrupt(format!(
         "{what}. Restore the newest devices, or accept their state with \
@@ -393,7 +398,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // After the checks of which members are here (a more precise reason to refuse, such
     // as an offline device alone): are these devices at a generation this host wrote?
-    let anchor = check_anchor(dir, &newest, opts.accept_rollback)?;
+    let (anchor, rollback_accepted) = check_anchor(dir, &newest, opts.accept_rollback)?;
     let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
     let segments = red.segments() as usize;
     let cache = new_cache(opts.cache_bytes);
@@ -481,6 +486,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         store: Arc::new(store),
         volumes: RwLock::new(volumes),
         anchor: Mutex::new(anchor),
+        rollback_accepted,
         sb: Mutex::new(SbState {
             sb: newest.clone(),
             next_volume_id: table.next_volume_id,

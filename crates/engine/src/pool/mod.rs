@@ -306,6 +306,12 @@ impl Pool {
     }
 
     /// Final commit; stops background work. The pool is unusable afterwards.
+    /// `Some((devices, host))` when this import took devices at generation `devices`, older
+    /// than generation `host` this host had committed (`OpenOptions::accept_rollback`).
+    pub fn rollback_accepted(&self) -> Option<(u64, u64)> {
+        self.core.rollback_accepted
+    }
+
     pub fn close(&self) -> Result<()> {
         self.core.stop_background(self.maintenance.lock().take());
         self.core.commit()?;
