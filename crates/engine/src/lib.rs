@@ -24,6 +24,7 @@ pub mod map;
 pub mod pool;
 pub mod redundancy;
 pub mod size;
+pub mod store;
 pub mod volume;
 
 pub use codec::Compression;

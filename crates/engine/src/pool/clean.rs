@@ -30,6 +30,7 @@ use super::core::Core;
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, SEGMENT_BYTES};
 use crate::log::{segment_of, Stream};
 use crate::map::{Blkptr, Node, NodeStore, Visit};
+use crate::store::Put;
 use crate::volume::VolumeState;
 use crate::{Error, Result};
 
@@ -57,10 +58,10 @@ impl Core {
     /// (0: nothing worth cleaning, or no room to clean in).
     pub fn clean(&self) -> Result<usize> {
         let _c = self.commit_lock.lock();
-        let budget = self.log.clean_budget() as u64 * SEGMENT_BYTES;
-        let victims = self.log.victims(CLEAN_BATCH_SEGMENTS, budget);
+        let budget = self.store.log.clean_budget() as u64 * SEGMENT_BYTES;
+        let victims = self.store.log.victims(CLEAN_BATCH_SEGMENTS, budget);
         tracing::debug!(
-            free = self.log.free_segments(),
+            free = self.store.log.free_segments(),
             budget_segments = budget / SEGMENT_BYTES,
             victims = victims.len(),
             "cleaning pass"
@@ -107,10 +108,10 @@ impl Core {
                     misses: RefCell::new(Vec::new()),
                 };
                 let disk_ok = tries >= WALK_CACHED_TRIES;
-                let store: &dyn NodeStore = if disk_ok { self } else { &cached };
+                let store: &dyn NodeStore = if disk_ok { &*self.store } else { &cached };
                 let mut touch: Vec<(u8, u64)> = Vec::new();
                 let mut tree = v.tree.lock();
-                tree.walk(store, &self.cache, lo, hi, &mut |visit| {
+                tree.walk(store, &self.store.cache, lo, hi, &mut |visit| {
                     match visit {
                         Visit::Unreadable { error, .. } if disk_ok => {
                             return Err(Error::Corrupt(format!("cleaner: {error}")))
@@ -136,15 +137,15 @@ impl Core {
                     // One node at a time, each within the commit's room: a victim full of
                     // map nodes is cleaned as far as the room goes, not refused whole.
                     for &(level, index) in &touch {
-                        let _held = match self.log.hold_nodes(1) {
+                        let _held = match self.store.log.hold_nodes(1) {
                             Ok(held) => held,
                             Err(e) => {
-                                self.note_dirty(v, tree.dirty_nodes());
+                                self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                                 return Err(e);
                             }
                         };
-                        tree.touch(self, &self.cache, level, index)?;
-                        self.note_dirty(v, tree.dirty_nodes());
+                        tree.touch(&*self.store, &self.store.cache, level, index)?;
+                        self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                         *done += 1;
                     }
                     break;
@@ -152,8 +153,10 @@ impl Core {
                 drop(tree);
                 // Load what the walk missed without the map lock, then walk the chunk again.
                 for (level, index, ptr) in misses {
-                    if let Ok(node) = self.load_node(&ptr, level, index) {
-                        self.cache.insert((tree_id, level, index), Arc::new(node));
+                    if let Ok(node) = self.store.load_node(&ptr, level, index) {
+                        self.store
+                            .cache
+                            .insert((tree_id, level, index), Arc::new(node));
                     }
                 }
                 tries += 1;
@@ -181,11 +184,12 @@ impl Core {
         {
             // Like a client read: a block replaced since the walk may lie in a segment a
             // writer has recycled (`Core::recycle_if_due`) and rewritten.
-            let _gate = self.reuse_gate.read();
-            if v.tree.lock().lookup(self, &self.cache, lba)? != old {
+            let _gate = self.store.reuse_gate.read();
+            if v.tree.lock().lookup(&*self.store, &self.store.cache, lba)? != old {
                 return Ok(false);
             }
             match self
+                .store
                 .red
                 .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
             {
@@ -197,26 +201,21 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        let addr = self.alloc_record(Stream::Clean, stored.len())?;
-        // The record counts toward the commit's room until its leaf is counted dirty.
-        let mut pending = self.log.pending();
-        pending.add(1);
-        let new = Blkptr {
-            addr: [addr, old.addr[1]],
-            ..old
-        };
-        if let Err(e) = self.red.write(addr, stored) {
-            self.release_record(addr, old.len as usize);
-            return Err(e);
-        }
+        // The record counts toward the commit's room until its leaf is counted dirty. It
+        // moves as it is (same stored bytes, same nonce and checksum): only its address changes.
+        let mut pending = self.store.log.pending();
+        let mut rec = [Put { at: 0, ptr: old }];
+        self.store
+            .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
+        let new = rec[0].ptr;
         let mut tree = v.tree.lock();
-        if tree.lookup(self, &self.cache, lba)? == old {
-            tree.set(self, &self.cache, lba, new)?;
-            self.note_dirty(v, tree.dirty_nodes());
-            self.free_ptr(&old);
+        if tree.lookup(&*self.store, &self.store.cache, lba)? == old {
+            tree.set(&*self.store, &self.store.cache, lba, new)?;
+            self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+            self.store.release(&old);
             Ok(true)
         } else {
-            self.release_record(addr, old.len as usize);
+            self.store.release(&new);
             Ok(false)
         }
     }

@@ -29,26 +29,26 @@ use crate::{Error, Result};
 
 impl Core {
     pub fn commit(&self) -> Result<()> {
-        self.check_poisoned()?;
+        self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
         self.commits_begun.fetch_add(1, Ordering::AcqRel);
         let result = self.commit_locked();
         if let Err(e) = &result {
             tracing::error!("commit failed, pool poisoned: {e}");
-            self.poisoned.store(true, Ordering::Release);
+            self.store.poison();
         }
         self.commits_done.fetch_add(1, Ordering::AcqRel);
         // Writers waiting for space re-check now: a commit hands back the room kept for its
         // map nodes even when it frees no segment.
-        self.log.space.notify_all();
+        self.store.log.space.notify_all();
         result
     }
 
     fn commit_locked(&self) -> Result<()> {
         // Before the empty segments are collected: none of them can be recycled from here on,
         // so none is freed twice, once by a writer and once below after the commit took it.
-        let snapshot = Snapshot::begin(&self.log);
-        let zero = self.log.zero_sealed_for_commit();
+        let snapshot = Snapshot::begin(&self.store.log);
+        let zero = self.store.log.zero_sealed_for_commit();
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut records = Vec::with_capacity(volumes.len());
@@ -58,12 +58,13 @@ impl Core {
         // What this commit's nodes took in the log, for the estimate of the next one's room.
         let mut node_bytes = (0u64, 0u64);
         let mut write = |nodes: &[&crate::map::Node]| {
-            let ptrs =
-                self.write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())?;
+            let ptrs = self
+                .store
+                .write_meta_batch(&nodes.iter().map(|n| n.encode()).collect::<Vec<_>>())?;
             node_bytes.0 += ptrs.len() as u64;
             node_bytes.1 += ptrs
                 .iter()
-                .map(|p| self.red.footprint(p.len as usize) as u64)
+                .map(|p| self.store.red.footprint(p.len as usize) as u64)
                 .sum::<u64>();
             Ok(ptrs)
         };
@@ -98,11 +99,11 @@ impl Core {
             let root = {
                 let mut tree = v.tree.lock();
                 if !leaves.is_empty() {
-                    tree.finish_commit(&self.cache, leaves, &mut write, &mut |old| {
-                        self.free_ptr(old)
+                    tree.finish_commit(&self.store.cache, leaves, &mut write, &mut |old| {
+                        self.store.release(old)
                     })?;
                 }
-                self.note_dirty(v, tree.dirty_nodes());
+                self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                 tree.root
             };
             locked += t.elapsed();
@@ -142,9 +143,9 @@ impl Core {
             .take()
             .unwrap_or(self.sb.lock().sb.table_key);
         let nodes_done = started.elapsed();
-        let table_ptr = self.write_meta(&table.seal(&table_key))?;
+        let table_ptr = self.store.write_meta(&table.seal(&table_key))?;
 
-        self.red.flush()?;
+        self.store.red.flush()?;
         let flushed = started.elapsed();
 
         let (old_root, generation) = {
@@ -153,22 +154,21 @@ impl Core {
             st.sb.generation += 1;
             st.sb.root = table_ptr;
             st.sb.table_key = table_key;
-            st.sb.high_water = self.log.high_water();
-            let next = self.nonce_next.load(Ordering::Acquire);
+            st.sb.high_water = self.store.log.high_water();
+            let next = self.store.nonce_next();
             if next.saturating_add(NONCE_RESERVE_STEP / 2) > st.sb.nonce_reserved {
                 st.sb.nonce_reserved = next.saturating_add(NONCE_RESERVE_STEP);
             }
             self.write_superblocks(&st.sb, st.back_region)?;
-            self.nonce_limit
-                .store(st.sb.nonce_reserved, Ordering::Release);
+            self.store.set_nonce_limit(st.sb.nonce_reserved);
             (old, st.sb.generation)
         };
-        self.free_ptr(&old_root);
+        self.store.release(&old_root);
         {
             // Wait out reads that looked up a pointer before this commit.
-            let _gate = self.reuse_gate.write();
+            let _gate = self.store.reuse_gate.write();
         }
-        self.log.release(&zero);
+        self.store.log.release(&zero);
         tracing::debug!(
             generation,
             freed_segments = zero.len(),
@@ -191,15 +191,15 @@ impl Core {
         if nodes == 0 {
             return;
         }
-        let full = self.node_record_bytes() as u64;
+        let full = self.store.node_record_bytes() as u64;
         let estimate = (bytes.div_ceil(nodes) * 2 + 512).min(full);
-        self.log.set_node_bytes(estimate as u32);
+        self.store.log.set_node_bytes(estimate as u32);
     }
 
     /// Write `sb` (with each member's own identity) to its slots on every device, then flush.
     pub(crate) fn write_superblocks(&self, sb: &Superblock, back_region: u64) -> Result<()> {
         let mut written = 0;
-        for (i, m) in self.red.members.iter().enumerate() {
+        for (i, m) in self.store.red.members.iter().enumerate() {
             let Some(dev) = m.dev() else { continue };
             if m.faulted.load(Ordering::Relaxed) {
                 continue;

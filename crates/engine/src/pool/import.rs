@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use super::core::{Core, SbState};
 use super::create::PoolConfig;
@@ -28,6 +28,7 @@ use crate::hex::to_hex;
 use crate::log::{segment_of, Log};
 use crate::map::{depth_for, new_cache, Blkptr, Tree, Visit};
 use crate::redundancy::{Member, Redundancy};
+use crate::store::Store;
 use crate::volume::VolumeState;
 use crate::{Error, Result};
 
@@ -251,10 +252,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let offline: Vec<bool> = (0..members.len())
         .map(|i| conf.offline.contains(&to_hex(&newest.member_ids[i])))
         .collect();
-    let needed = match newest.layout {
-        crate::redundancy::Layout::Parity { k, .. } => k as usize,
-        _ => 1,
-    };
+    // A single pool with a member missing still imports (DEGRADED, its records there
+    // unreadable), as before: one usable member is enough to start.
+    let needed = newest.layout.members_needed(1);
     let usable = members
         .iter()
         .zip(&offline)
@@ -328,66 +328,27 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
     let segments = red.segments() as usize;
     let cache = new_cache(opts.cache_bytes);
-    // A scratch core for reading metadata during the walk (the log is not used yet).
-    let mut core = Core {
-        dir: dir.to_path_buf(),
+    // Metadata is read through the data plane before its log is known: a log with every
+    // segment taken (nothing is placed during the walk), replaced once the walk counted
+    // the live bytes of every segment.
+    let mut store = Store::new(
         red,
-        log: Log::new(vec![0; segments], 0, true),
+        Log::new(vec![0; segments], 0, true),
         cache,
-        volumes: RwLock::new(BTreeMap::new()),
-        sb: Mutex::new(SbState {
-            sb: newest.clone(),
-            next_volume_id: 1,
-            back_region: back_region_of(&newest),
-        }),
-        nonce_next: AtomicU64::new(newest.nonce_reserved),
-        nonce_limit: AtomicU64::new(newest.nonce_reserved),
-        commit_lock: Mutex::new(()),
-        device_lock: Mutex::new(()),
-        commits_begun: AtomicU64::new(0),
-        commits_done: AtomicU64::new(0),
-        dirty_nodes_total: Default::default(),
-        reuse_gate: RwLock::new(()),
-        recycle_due: AtomicBool::new(false),
-        poisoned: AtomicBool::new(false),
-        closing: AtomicBool::new(false),
-        workers: Mutex::new(Vec::new()),
-        table_dirty: AtomicBool::new(true),
-        accounting_complete: true,
-        wake: (Mutex::new(false), Condvar::new()),
-        space_wait: Mutex::new(()),
-        space_wanted: AtomicBool::new(false),
-        clean_rounds: AtomicU64::new(0),
-        faults: RwLock::new(faults),
-        allow_faults: opts.allow_fault_injection,
-        table_key_next: Mutex::new(None),
-        scrub: Mutex::new(Default::default()),
-        errors: Mutex::new(Vec::new()),
-        errors_listed: AtomicBool::new(false),
-        scrub_running: AtomicBool::new(false),
-        scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
-        commit_interval: opts.commit_interval,
-        scrub_rate_seen: AtomicU64::new(0),
-        client_ops: AtomicU64::new(0),
-    };
+        newest.nonce_reserved,
+    );
     let table = if newest.root.is_hole() {
         TableRecord::empty()
     } else {
-        TableRecord::open(&core.read_meta(&newest.root, 0)?, &newest.table_key)?
+        TableRecord::open(&store.read_meta(&newest.root, 0)?, &newest.table_key)?
     };
     let mut live = vec![0u32; segments];
+    let footprint = |len: usize| store.red.footprint(len);
     let mut complete = true;
-    let layout = newest.layout;
-    let core_footprint = |len: usize| match layout {
-        crate::redundancy::Layout::Parity { k, .. } => {
-            crate::redundancy::shard_bytes(len, k as usize)
-        }
-        _ => len,
-    };
     let count = |p: &Blkptr, live: &mut Vec<u32>| {
         for &a in p.addrs() {
             if let Some(l) = live.get_mut(segment_of(a) as usize) {
-                *l += core_footprint(p.len as usize) as u32;
+                *l += footprint(p.len as usize) as u32;
             }
         }
     };
@@ -401,17 +362,17 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let blocks = rec.size_bytes / rec.block_size as u64;
         let tree = Tree::new(rec.id, depth_for(blocks), root);
         let mut used = 0u64;
-        let walked = tree.walk(&core, &core.cache, 0, u64::MAX, &mut |v| {
+        let walked = tree.walk(&store, &store.cache, 0, u64::MAX, &mut |v| {
             match v {
                 Visit::Unreadable { error, .. } => return Err(Error::Corrupt(error.to_string())),
                 Visit::Node { ptr, .. } => {
-                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                    store.red.check_record(ptr.addrs(), ptr.len as usize)?;
                     count(ptr, &mut live)
                 }
                 Visit::Data { ptr, .. } => {
                     // A pointer past the pool would be counted nowhere, or overflow a
                     // segment's count: the walk stops, and nothing is reclaimed.
-                    core.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                    store.red.check_record(ptr.addrs(), ptr.len as usize)?;
                     count(ptr, &mut live);
                     for &a in ptr.addrs() {
                         if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
@@ -440,17 +401,38 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         st.used_bytes.store(used, Ordering::Relaxed);
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
-    core.log = Log::new(live, newest.high_water, complete);
-    core.log.set_node_bytes(core.node_record_bytes());
+    store.log = Log::new(live, newest.high_water, complete);
+    store.log.set_node_bytes(store.node_record_bytes());
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
-        core.log.mark_data(seg as u32);
+        store.log.mark_data(seg as u32);
     }
-    core.accounting_complete = complete;
-    *core.volumes.get_mut() = volumes;
-    core.sb.get_mut().next_volume_id = table.next_volume_id;
-    *core.scrub.get_mut() = table.scrub.clone();
-    *core.errors.get_mut() = table.errors.clone();
-    *core.errors_listed.get_mut() = !table.errors.is_empty();
+    let core = Core {
+        dir: dir.to_path_buf(),
+        store: Arc::new(store),
+        volumes: RwLock::new(volumes),
+        sb: Mutex::new(SbState {
+            sb: newest.clone(),
+            next_volume_id: table.next_volume_id,
+            back_region: back_region_of(&newest),
+        }),
+        commit_lock: Mutex::new(()),
+        device_lock: Mutex::new(()),
+        commits_begun: AtomicU64::new(0),
+        commits_done: AtomicU64::new(0),
+        workers: Mutex::new(Vec::new()),
+        table_dirty: AtomicBool::new(true),
+        accounting_complete: complete,
+        faults: RwLock::new(faults),
+        allow_faults: opts.allow_fault_injection,
+        table_key_next: Mutex::new(None),
+        scrub: Mutex::new(table.scrub.clone()),
+        errors: Mutex::new(table.errors.clone()),
+        errors_listed: AtomicBool::new(!table.errors.is_empty()),
+        scrub_running: AtomicBool::new(false),
+        scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
+        commit_interval: opts.commit_interval,
+        scrub_rate_seen: AtomicU64::new(0),
+    };
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
     tracing::info!(

@@ -105,26 +105,7 @@ pub struct SpaceStatus {
     pub write_amplification: f64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct VolumeStatus {
-    pub name: String,
-    pub size_bytes: u64,
-    pub block_size: u32,
-    pub compression: String,
-    pub encryption: bool,
-    pub locked: bool,
-    /// Stored bytes referenced by this volume (after compression, one copy).
-    pub used_bytes: u64,
-    /// Data key generation new writes use (encrypted volumes).
-    #[serde(default)]
-    pub key_generation: u16,
-    /// Key slots (encrypted volumes); 0 after a crypto-erase.
-    #[serde(default)]
-    pub key_slots: usize,
-    /// A key rotation in progress.
-    #[serde(default)]
-    pub rotation: Option<rotate::Rotation>,
-}
+pub use crate::volume::VolumeStatus;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolStatus {
@@ -182,7 +163,7 @@ impl Pool {
             let s = pool.core.scrub.lock();
             if s.state == "scanning" && s.kind == "resilver" {
                 if let Some(dev) = &s.device {
-                    for m in &pool.core.red.members {
+                    for m in &pool.core.store.red.members {
                         if &m.path() == dev {
                             m.resilvering
                                 .store(true, std::sync::atomic::Ordering::Release);

@@ -23,9 +23,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-use serde::{Deserialize, Serialize};
-
 use super::core::Core;
 use crate::codec::FLAG_ENCRYPTED;
 use crate::keys::ring::{self, KeyRing};
@@ -42,43 +39,8 @@ const ROTATE_RETRY_MIN: Duration = Duration::from_secs(1);
 /// How often a paused worker looks at the pool (closing, free space, the key).
 const ROTATE_PAUSE_POLL: Duration = Duration::from_millis(200);
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Rotation {
-    /// The generation every block is being moved to.
-    pub to_generation: u16,
-    /// Next logical block to examine.
-    pub lba: u64,
-    pub blocks_done: u64,
-    pub blocks_total: u64,
-    /// Why the rotation is paused, if it is. It goes on by itself when `retrying`;
-    /// otherwise `key_rotate` (or the next key load) resumes it.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// Paused for space: the worker tries again by itself once space is free.
-    #[serde(default)]
-    pub retrying: bool,
-}
-
-/// Whether a worker runs a volume's rotation, and a resume asked of it. Never persisted.
-#[derive(Default)]
-pub(crate) struct RotationWorker {
-    state: Mutex<WorkerState>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct WorkerState {
-    running: bool,
-    /// `spawn_rotation` found the worker running: it must go on (or try again) instead of
-    /// ending.
-    resume: bool,
-}
-
-impl RotationWorker {
-    fn running(&self) -> bool {
-        self.state.lock().running
-    }
-}
+pub use crate::volume::rotation::Rotation;
+use crate::volume::rotation::RotationWorker;
 
 impl Core {
     /// Start a key rotation of an unlocked volume.
@@ -202,7 +164,7 @@ impl Core {
             // so a `spawn_rotation` either sees this worker running and is heard, or sees
             // it gone and starts another).
             let mut w = sync.state.lock();
-            if w.resume && !self.closing.load(Ordering::Acquire) {
+            if w.resume && !self.store.closing.load(Ordering::Acquire) {
                 w.resume = false;
                 continue;
             }
@@ -243,12 +205,12 @@ impl Core {
                 g.resume = false;
                 return true;
             }
-            if self.closing.load(Ordering::Acquire) {
+            if self.store.closing.load(Ordering::Acquire) {
                 return false;
             }
             let waited = since.elapsed();
             if waited >= ROTATE_RETRY
-                || (waited >= ROTATE_RETRY_MIN && self.log.background_space_available())
+                || (waited >= ROTATE_RETRY_MIN && self.store.log.background_space_available())
             {
                 return true;
             }
@@ -259,7 +221,7 @@ impl Core {
     /// The rotation cannot go on now: the pool closes, the key is unloaded (it resumes at
     /// the next key load), the volume is destroyed, or there is no rotation.
     fn rotation_stopped(&self, st: &VolumeState) -> bool {
-        self.closing.load(Ordering::Acquire)
+        self.store.closing.load(Ordering::Acquire)
             || st.ring.read().is_none()
             || st.destroyed.load(Ordering::Acquire)
             || st.rotation.lock().is_none()
@@ -268,7 +230,7 @@ impl Core {
     /// Walk the rest of the volume from the cursor, then retire the older data keys.
     /// `paused`: the rotation was paused; the first batch that goes through says it resumed.
     fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>, paused: &mut bool) -> Result<()> {
-        let vol = Volume::new(self.clone(), st.clone());
+        let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
         let blocks = st.size / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
@@ -285,7 +247,7 @@ impl Core {
             let mut old: Vec<u64> = Vec::new();
             st.tree
                 .lock()
-                .walk(&**self, &self.cache, rot.lba, hi, &mut |v| {
+                .walk(&*self.store, &self.store.cache, rot.lba, hi, &mut |v| {
                     match v {
                         Visit::Data { lba, ptr }
                             if ptr.flags & FLAG_ENCRYPTED != 0
@@ -305,7 +267,7 @@ impl Core {
             let mut done = 0u64;
             let result = old.iter().try_for_each(|&lba| {
                 // Background work leaves the pool's last free space to client writes.
-                if !self.log.background_space_available() {
+                if !self.store.log.background_space_available() {
                     return Err(Error::NoSpace);
                 }
                 vol.rewrite_block(lba, &mut buf)?;

@@ -270,8 +270,8 @@ impl Core {
                 core.scrub_running.store(false, Ordering::Release);
                 // A scrub started while this one was finishing found us running and left the
                 // work to us: take it, unless another thread already did.
-                let rearmed =
-                    core.scrub.lock().state == "scanning" && !core.closing.load(Ordering::Acquire);
+                let rearmed = core.scrub.lock().state == "scanning"
+                    && !core.store.closing.load(Ordering::Acquire);
                 if !rearmed || core.scrub_running.swap(true, Ordering::AcqRel) {
                     return;
                 }
@@ -283,7 +283,7 @@ impl Core {
     }
 
     fn keep_going(&self) -> bool {
-        !self.closing.load(Ordering::Acquire) && self.scrub.lock().state == "scanning"
+        !self.store.closing.load(Ordering::Acquire) && self.scrub.lock().state == "scanning"
     }
 
     fn scrub_run(&self) -> Result<()> {
@@ -294,8 +294,9 @@ impl Core {
         // The volume table itself.
         let root = self.sb.lock().sb.root;
         if !root.is_hole() {
-            let _gate = self.reuse_gate.read();
+            let _gate = self.store.reuse_gate.read();
             let o = self
+                .store
                 .red
                 .scrub(root.addrs(), root.len as usize, &root.checksum, &mut buf);
             self.count_outcome(o.repaired, o.unrecoverable, 0);
@@ -329,11 +330,11 @@ impl Core {
                     // Map nodes are scrubbed under the map lock: a node is freed only by a
                     // commit, which cannot run while we hold it.
                     let tree = v.tree.lock();
-                    tree.walk(self, &self.cache, lba, hi, &mut |visit| {
+                    tree.walk(&*self.store, &self.store.cache, lba, hi, &mut |visit| {
                         match visit {
                             Visit::Data { lba, ptr } => data.push((lba, *ptr)),
                             Visit::Node { level, index, ptr } => {
-                                let o = self.red.scrub(
+                                let o = self.store.red.scrub(
                                     ptr.addrs(),
                                     ptr.len as usize,
                                     &ptr.checksum,
@@ -367,14 +368,17 @@ impl Core {
                     })?;
                 }
                 for (l, ptr) in data {
-                    let _gate = self.reuse_gate.read();
+                    let _gate = self.store.reuse_gate.read();
                     // The client may have replaced the block since the walk; scrub only what is live.
-                    if v.tree.lock().lookup(self, &self.cache, l)? != ptr {
+                    if v.tree.lock().lookup(&*self.store, &self.store.cache, l)? != ptr {
                         continue;
                     }
-                    let o = self
-                        .red
-                        .scrub(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut buf);
+                    let o = self.store.red.scrub(
+                        ptr.addrs(),
+                        ptr.len as usize,
+                        &ptr.checksum,
+                        &mut buf,
+                    );
                     batch_bytes += ptr.len as u64;
                     if o.unrecoverable {
                         self.record_error(&v.name, l * bs, bs, "data");
@@ -403,7 +407,7 @@ impl Core {
         let mut s = self.scrub.lock();
         if s.state == "scanning" {
             if s.kind == "resilver" {
-                for m in &self.red.members {
+                for m in &self.store.red.members {
                     m.resilvering.store(false, Ordering::Release);
                 }
             }
@@ -432,7 +436,7 @@ impl Core {
         let rate = self.scrub_rate.load(Ordering::Relaxed).max(1 << 20);
         let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
         let took = batch_start.elapsed();
-        let ops = self.client_ops.swap(0, Ordering::Relaxed);
+        let ops = self.store.client_ops.swap(0, Ordering::Relaxed);
         let extra = if ops > 0 {
             Duration::from_millis(5)
         } else {

@@ -15,6 +15,19 @@ pub enum Layout {
     Parity { k: u8, m: u8 },
 }
 
+impl Layout {
+    /// Members that must be readable for every record to be read: one copy of a mirror,
+    /// K shards of a parity stripe, and (for `single`, where devices are concatenated)
+    /// every one of the `members`.
+    pub fn members_needed(self, members: usize) -> usize {
+        match self {
+            Layout::Single => members,
+            Layout::Mirror(_) => 1,
+            Layout::Parity { k, .. } => k as usize,
+        }
+    }
+}
+
 impl std::str::FromStr for Layout {
     type Err = Error;
     fn from_str(s: &str) -> Result<Layout> {

@@ -165,6 +165,12 @@ impl Redundancy {
         }
     }
 
+    /// Whether records can be written end to end in one device write per copy (a run):
+    /// parity stripes each record over its own shards, so it writes one record at a time.
+    pub fn runs_end_to_end(&self) -> bool {
+        !matches!(self.layout, Layout::Parity { .. })
+    }
+
     /// Usable bytes per byte of segment space (K for parity, 1 otherwise).
     pub fn data_per_segment_byte(&self) -> u64 {
         match self.layout {

@@ -17,14 +17,18 @@ use parking_lot::{Mutex, RwLock};
 
 use zeroize::Zeroizing;
 
+use serde::{Deserialize, Serialize};
+
 use crate::codec;
 use crate::constants::*;
 use crate::keys::ring::{DataKeyRecord, KeyRing};
 use crate::keys::KeySlot;
 use crate::log::Stream;
 use crate::map::{Blkptr, Tree, Visit, ADDR_NONE};
-use crate::pool::{Core, VolumeStatus};
+use crate::store::{Control, Put, Store};
 use crate::{Error, Result};
+
+pub mod rotation;
 
 pub use crate::codec::Compression;
 
@@ -71,6 +75,27 @@ impl VolumeOptions {
     }
 }
 
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub compression: String,
+    pub encryption: bool,
+    pub locked: bool,
+    /// Stored bytes referenced by this volume (after compression, one copy).
+    pub used_bytes: u64,
+    /// Data key generation new writes use (encrypted volumes).
+    #[serde(default)]
+    pub key_generation: u16,
+    /// Key slots (encrypted volumes); 0 after a crypto-erase.
+    #[serde(default)]
+    pub key_slots: usize,
+    /// A key rotation in progress.
+    #[serde(default)]
+    pub rotation: Option<rotation::Rotation>,
+}
+
 /// The engine's record of one volume, shared by the table and every handle.
 pub struct VolumeState {
     pub id: u64,
@@ -91,9 +116,9 @@ pub struct VolumeState {
     /// `None` while locked (or for an unencrypted volume).
     pub ring: RwLock<Option<Arc<KeyRing>>>,
     /// A key rotation in progress: blocks of older generations are being re-encrypted.
-    pub rotation: Mutex<Option<crate::pool::rotate::Rotation>>,
+    pub rotation: Mutex<Option<rotation::Rotation>>,
     /// Whether a worker runs that rotation (never persisted).
-    pub(crate) rotation_worker: Arc<crate::pool::rotate::RotationWorker>,
+    pub(crate) rotation_worker: Arc<rotation::RotationWorker>,
     stripes: Box<[Mutex<()>]>,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
@@ -170,7 +195,8 @@ thread_local! {
 
 /// An open, unlocked volume. Cheap to clone behind an `Arc`; one per NBD connection.
 pub struct Volume {
-    core: Arc<Core>,
+    store: Arc<Store>,
+    control: Arc<dyn Control>,
     st: Arc<VolumeState>,
 }
 
@@ -180,8 +206,12 @@ fn is_zero(b: &[u8]) -> bool {
 }
 
 impl Volume {
-    pub(crate) fn new(core: Arc<Core>, st: Arc<VolumeState>) -> Volume {
-        Volume { core, st }
+    pub(crate) fn new(
+        store: Arc<Store>,
+        control: Arc<dyn Control>,
+        st: Arc<VolumeState>,
+    ) -> Volume {
+        Volume { store, control, st }
     }
 
     /// The key ring for this request; an encrypted volume locked under us is an error, never
@@ -205,7 +235,7 @@ impl Volume {
     }
 
     fn check(&self, offset: u64, length: u64) -> Result<()> {
-        self.core.check_poisoned()?;
+        self.store.check_poisoned()?;
         if self.st.destroyed.load(Ordering::Acquire) {
             return Err(Error::NotFound(format!(
                 "volume '{}' was destroyed",
@@ -252,13 +282,13 @@ impl Volume {
 
     /// Read and decode one whole block into `out` (zeros for a hole).
     fn read_block(&self, lba: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
-        self.core.client_ops.fetch_add(1, Ordering::Relaxed);
-        let _gate = self.core.reuse_gate.read();
+        self.store.client_ops.fetch_add(1, Ordering::Relaxed);
+        let _gate = self.store.reuse_gate.read();
         let ptr = self
             .st
             .tree
             .lock()
-            .lookup(&*self.core, &self.core.cache, lba)?;
+            .lookup(&*self.store, &self.store.cache, lba)?;
         self.read_ptr(lba, &ptr, out, stored)
     }
 
@@ -269,13 +299,13 @@ impl Volume {
             out.fill(0);
             return Ok(());
         }
-        self.core
+        self.store
             .red
             .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, stored)
             .map_err(|e| match e {
                 Error::Unrecoverable(_) => {
                     let bs = self.st.block_size as u64;
-                    self.core.record_error(&self.st.name, lba * bs, bs, "data");
+                    self.control.record_error(&self.st.name, lba * bs, bs);
                     Error::Unrecoverable(format!(
                         "volume '{}' bytes {}..{}: no copy verified",
                         self.st.name,
@@ -309,17 +339,14 @@ impl Volume {
     fn read_blocks(&self, first: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = out.len() / bs;
-        self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
-        let _gate = self.core.reuse_gate.read();
+        self.store.client_ops.fetch_add(n as u64, Ordering::Relaxed);
+        let _gate = self.store.reuse_gate.read();
         let mut ptrs = vec![Blkptr::HOLE; n];
         self.st
             .tree
             .lock()
-            .lookup_run(&*self.core, &self.core.cache, first, &mut ptrs)?;
-        let contiguous = !matches!(
-            self.core.red.layout,
-            crate::redundancy::Layout::Parity { .. }
-        );
+            .lookup_run(&*self.store, &self.store.cache, first, &mut ptrs)?;
+        let contiguous = self.store.red.runs_end_to_end();
         let mut i = 0;
         while i < n {
             let p = ptrs[i];
@@ -350,7 +377,7 @@ impl Volume {
             }
             let raw = j - i > 1
                 && self
-                    .core
+                    .store
                     .red
                     .read_run(start, (end - start) as usize, stored)
                     .is_ok();
@@ -414,7 +441,7 @@ impl Volume {
             bufs.push(block);
             bufs.push(tag);
         }
-        let read = self.core.red.read_run_scattered(addr, &mut bufs).is_ok();
+        let read = self.store.red.read_run_scattered(addr, &mut bufs).is_ok();
         drop(bufs);
         for (k, (block, tag)) in out
             .chunks_exact_mut(bs)
@@ -457,7 +484,7 @@ impl Volume {
     fn write_blocks_encoded(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = data.len() / bs;
-        self.core.client_ops.fetch_add(n as u64, Ordering::Relaxed);
+        self.store.client_ops.fetch_add(n as u64, Ordering::Relaxed);
         struct Rec {
             lba: u64,
             at: usize,
@@ -478,7 +505,7 @@ impl Volume {
                 continue;
             }
             let nonce = if ring.is_some() {
-                self.core.next_nonce()?
+                self.store.next_nonce(|| self.control.commit())?
             } else {
                 0
             };
@@ -514,69 +541,31 @@ impl Volume {
                 },
             });
         }
-        let contiguous = !matches!(
-            self.core.red.layout,
-            crate::redundancy::Layout::Parity { .. }
-        );
         // Records placed count toward the next commit's room until the map points at them
         // and `note_dirty` has counted their leaves (`Log::alloc_run`).
-        let mut pending = self.core.log.pending();
-        let mut placed = 0;
+        let mut pending = self.store.log.pending();
+        let mut puts: Vec<Put> = recs
+            .iter()
+            .map(|r| Put {
+                at: r.at,
+                ptr: r.ptr,
+            })
+            .collect();
+        self.store
+            .put(Stream::Data, 0, stored, &mut puts, Some(&mut pending))?;
+        for (r, p) in recs.iter_mut().zip(&puts) {
+            r.ptr = p.ptr;
+        }
         let fail = |recs: &[Rec], placed: usize| {
             for r in &recs[..placed] {
-                self.core.free_ptr(&r.ptr);
+                self.store.release(&r.ptr);
             }
         };
-        while placed < recs.len() {
-            let rest = &recs[placed..];
-            let (addr, count) = if contiguous {
-                let lens: Vec<usize> = rest.iter().map(|r| r.ptr.len as usize).collect();
-                loop {
-                    match self.core.log.alloc_run(Stream::Data, &lens) {
-                        Ok(x) => break x,
-                        Err(Error::NoSpace) => {
-                            if let Err(e) = self.core.wait_for_space(lens.len()) {
-                                fail(&recs, placed);
-                                return Err(e);
-                            }
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            } else {
-                loop {
-                    match self
-                        .core
-                        .alloc_record(Stream::Data, rest[0].ptr.len as usize)
-                    {
-                        Ok(a) => break (a, 1),
-                        Err(Error::NoSpace) => {
-                            if let Err(e) = self.core.wait_for_space(1) {
-                                fail(&recs, placed);
-                                return Err(e);
-                            }
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            };
-            pending.add(count);
-            let base = rest[0].at;
-            let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
-            for r in &mut recs[placed..placed + count] {
-                r.ptr.addr[0] = addr + (r.at - base) as u64;
-            }
-            if let Err(e) = self.core.red.write(addr, &stored[base..end]) {
-                fail(&recs, placed + count);
-                return Err(e);
-            }
-            placed += count;
-        }
         let mut freed = Vec::with_capacity(recs.len() + holes.len());
         // Blocks of zeros become holes: their leaves need room in the next commit too.
         let held = match holes.len() {
             0 => None,
-            n => match self.core.hold_nodes(n) {
+            n => match self.store.hold_nodes(n) {
                 Ok(held) => Some(held),
                 Err(e) => {
                     fail(&recs, recs.len());
@@ -587,15 +576,15 @@ impl Volume {
         let dirty_total = {
             let mut tree = self.st.tree.lock();
             for (i, r) in recs.iter().enumerate() {
-                match tree.set(&*self.core, &self.core.cache, r.lba, r.ptr) {
+                match tree.set(&*self.store, &self.store.cache, r.lba, r.ptr) {
                     Ok(old) => freed.push((r.ptr.len, old)),
                     Err(e) => {
                         drop(tree);
                         for r in &recs[i..] {
-                            self.core.free_ptr(&r.ptr);
+                            self.store.release(&r.ptr);
                         }
                         for (_, old) in &freed {
-                            self.core.free_ptr(old);
+                            self.store.release(old);
                         }
                         return Err(e);
                     }
@@ -604,14 +593,15 @@ impl Volume {
             for &lba in &holes {
                 freed.push((
                     0,
-                    tree.set(&*self.core, &self.core.cache, lba, Blkptr::HOLE)?,
+                    tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE)?,
                 ));
             }
-            self.core.note_dirty(&self.st, tree.dirty_nodes())
+            self.store
+                .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
         drop((pending, held));
         for (new_len, old) in &freed {
-            self.core.free_ptr(old);
+            self.store.release(old);
             self.st
                 .used_bytes
                 .fetch_add(*new_len as u64, Ordering::Relaxed);
@@ -619,28 +609,32 @@ impl Volume {
                 .used_bytes
                 .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
-        if dirty_total > self.core.log.dirty_nodes_cap() {
-            self.core.wake_maintenance();
+        if dirty_total > self.store.log.dirty_nodes_cap() {
+            self.store.wake_maintenance();
         }
-        self.core.recycle_if_due();
+        self.store.recycle_if_due();
         Ok(())
     }
 
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
         // The leaf this dirties needs room in the next commit.
-        let held = self.core.hold_nodes(1)?;
+        let held = self.store.hold_nodes(1)?;
         let (old, dirty_total) = {
             let mut tree = self.st.tree.lock();
-            let old = match tree.set(&*self.core, &self.core.cache, lba, ptr) {
+            let old = match tree.set(&*self.store, &self.store.cache, lba, ptr) {
                 Ok(old) => old,
                 Err(e) => {
                     drop(tree);
-                    self.core.free_ptr(&ptr);
+                    self.store.release(&ptr);
                     return Err(e);
                 }
             };
-            self.core.free_ptr(&old);
-            (old, self.core.note_dirty(&self.st, tree.dirty_nodes()))
+            self.store.release(&old);
+            (
+                old,
+                self.store
+                    .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes()),
+            )
         };
         drop(held);
         self.st
@@ -649,8 +643,8 @@ impl Volume {
         self.st
             .used_bytes
             .fetch_sub(old.len as u64, Ordering::Relaxed);
-        if dirty_total > self.core.log.dirty_nodes_cap() {
-            self.core.wake_maintenance();
+        if dirty_total > self.store.log.dirty_nodes_cap() {
+            self.store.wake_maintenance();
         }
         Ok(())
     }
@@ -719,10 +713,10 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
-        self.core
+        self.control
             .clear_rewritten(&self.st.name, offset, data.len() as u64);
         if fua {
-            self.core.flush()?;
+            self.control.flush()?;
         }
         Ok(())
     }
@@ -746,9 +740,9 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
-        self.core.clear_rewritten(&self.st.name, offset, length);
+        self.control.clear_rewritten(&self.st.name, offset, length);
         if fua {
-            self.core.flush()?;
+            self.control.flush()?;
         }
         Ok(())
     }
@@ -783,12 +777,12 @@ impl Volume {
         self.st
             .tree
             .lock()
-            .lookup(&*self.core, &self.core.cache, lba)
+            .lookup(&*self.store, &self.store.cache, lba)
     }
 
     /// Everything written so far (by any connection) becomes durable.
     pub fn flush(&self) -> Result<()> {
-        self.core.flush()
+        self.control.flush()
     }
 
     /// Allocation map of `[offset, offset+length)` as consecutive extents.
@@ -803,7 +797,7 @@ impl Volume {
         self.st
             .tree
             .lock()
-            .walk(&*self.core, &self.core.cache, lo, hi, &mut |v| {
+            .walk(&*self.store, &self.store.cache, lo, hi, &mut |v| {
                 if let Visit::Unreadable { error, .. } = v {
                     return Err(Error::Corrupt(format!("block status: {error}")));
                 }

@@ -1,0 +1,470 @@
+//! `Store`: the data plane. It owns where records go and when their space comes back:
+//! the redundancy layer (placement per layout), the log (segments, streams, space floors),
+//! the node cache, the nonce counter, the reuse gate and the back-pressure on writers.
+//!
+//! Everything that writes a record goes through one put path ([`Store::put`]): client data
+//! (`volume`), map nodes and the volume table (`Store::write_meta_batch`), and the cleaner.
+//! Everything that drops a reference goes through one release point ([`Store::release`]):
+//! the place where a record's space is given back to the log, and where snapshots will
+//! decide by birth stamp whether a reference dies or moves to a dead list.
+//!
+//! The control plane (`pool`: volumes, devices, commits, scrub, rotation, pool.json) sits
+//! above and reaches the data plane only through this type; the data plane asks the control
+//! plane for exactly two things, through [`Control`]: a commit (to make writes durable or to
+//! reserve nonces), and to note a data error.
+//!
+//! Invariants (checked at run time where cheap):
+//! - A record is written only at an address the log handed out for its stream, and a
+//!   pointer names only records written whole (`put` fills `addr` after the device write).
+//! - A record placed counts toward the next commit's room until its leaf is counted dirty
+//!   (`Pending`), so a full pool can always commit.
+//! - Nothing is released twice by this layer: `release` ignores holes and refuses pointers
+//!   outside the pool (a damaged map), and callers release the pointer a map slot held only
+//!   after the map dropped it.
+//! - A nonce is handed out at most once under the pool's data keys: `next_nonce` never
+//!   passes the limit the last commit made durable.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::checksum::checksum;
+use crate::codec::{self, Compression};
+use crate::constants::*;
+use crate::log::{Emptied, Log, Pending, Stream};
+use crate::map::{Blkptr, Node, NodeCache, NodeStore, ADDR_NONE};
+use crate::redundancy::Redundancy;
+use crate::{Error, Result};
+
+/// What the data plane asks of the control plane above it (implemented by the pool).
+pub trait Control: Send + Sync {
+    /// Commit now: everything acknowledged before the call becomes durable, and a fresh
+    /// nonce range is reserved.
+    fn commit(&self) -> Result<()>;
+    /// A durable point for everything completed before the call (group commit: may return
+    /// at once when a commit that began after the call has finished).
+    fn flush(&self) -> Result<()>;
+    /// A client read found no verifying copy of `length` bytes at `offset` of `volume`.
+    fn record_error(&self, volume: &str, offset: u64, length: u64);
+    /// A client replaced `length` bytes at `offset` of `volume` whole: forget their errors.
+    fn clear_rewritten(&self, volume: &str, offset: u64, length: u64);
+}
+
+/// One record for [`Store::put`]: its stored bytes are `buf[at..at + ptr.len]` of the
+/// caller's buffer, padded to `RECORD_ALIGN` up to the next record.
+#[derive(Debug, Clone, Copy)]
+pub struct Put {
+    pub at: usize,
+    pub ptr: Blkptr,
+}
+
+pub struct Store {
+    pub red: Redundancy,
+    pub log: Log,
+    pub cache: NodeCache,
+    nonce_next: AtomicU64,
+    nonce_limit: AtomicU64,
+    /// Read-held by every read of a block from the time its pointer is looked up until its
+    /// bytes are verified, and write-held only while freed segments become reusable, so no
+    /// read ever sees a segment reused under it.
+    pub reuse_gate: RwLock<()>,
+    /// A batch of recyclable segments is waiting (`recycle_if_due`).
+    recycle_due: AtomicBool,
+    /// Sum of every volume's dirty node count (kept by `note_dirty`).
+    dirty_nodes_total: AtomicUsize,
+    poisoned: AtomicBool,
+    /// The pool is closing: writers waiting for space give up.
+    pub closing: AtomicBool,
+    /// Wakes the maintenance thread (commit, clean).
+    wake: (Mutex<bool>, Condvar),
+    space_wait: Mutex<()>,
+    /// A writer waits for space (`wait_for`): the maintenance thread cleans.
+    space_wanted: AtomicBool,
+    /// Rounds of the maintenance thread that committed and cleaned for space: a writer that
+    /// sees several pass with no segment freed stops waiting.
+    clean_rounds: AtomicU64,
+    /// Client reads and writes (the scrub backs off while they come).
+    pub client_ops: AtomicU64,
+}
+
+impl NodeStore for Store {
+    fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node> {
+        crate::map::check_node_ptr(ptr)?;
+        let raw = self.read_meta(ptr, crate::map::NODE_BYTES)?;
+        Node::decode(&raw, level, index)
+    }
+}
+
+impl Store {
+    /// A data plane over `red` and `log`; nonces from `nonce_reserved` on are reserved by
+    /// the next commit before any is handed out.
+    pub fn new(red: Redundancy, log: Log, cache: NodeCache, nonce_reserved: u64) -> Store {
+        Store {
+            red,
+            log,
+            cache,
+            nonce_next: AtomicU64::new(nonce_reserved),
+            nonce_limit: AtomicU64::new(nonce_reserved),
+            reuse_gate: RwLock::new(()),
+            recycle_due: AtomicBool::new(false),
+            dirty_nodes_total: AtomicUsize::new(0),
+            poisoned: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            wake: (Mutex::new(false), Condvar::new()),
+            space_wait: Mutex::new(()),
+            space_wanted: AtomicBool::new(false),
+            clean_rounds: AtomicU64::new(0),
+            client_ops: AtomicU64::new(0),
+        }
+    }
+
+    // --- poisoning ---
+
+    pub fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// A write or flush to every copy failed: no more writes until the pool is reopened.
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    // --- the maintenance thread's wake-up ---
+
+    pub fn wake_maintenance(&self) {
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_all();
+    }
+
+    /// The maintenance thread's wait: until woken or `timeout` passes.
+    pub fn wait_for_work(&self, timeout: Duration) {
+        let mut woken = self.wake.0.lock();
+        if !*woken {
+            self.wake.1.wait_for(&mut woken, timeout);
+        }
+        *woken = false;
+    }
+
+    /// Whether a writer waits for space; clears the flag (the caller cleans).
+    pub fn take_space_wanted(&self) -> bool {
+        self.space_wanted.swap(false, Ordering::AcqRel)
+    }
+
+    pub fn space_wanted(&self) -> bool {
+        self.space_wanted.load(Ordering::Acquire)
+    }
+
+    /// One round of committing and cleaning for space has finished (`wait_for` counts them).
+    pub fn note_clean_round(&self) {
+        self.clean_rounds.fetch_add(1, Ordering::AcqRel);
+    }
+
+    // --- dirty map nodes ---
+
+    /// Record a tree's dirty node count (`slot` holds its last value) after every change to
+    /// it: client writes, the cleaner, commits, destroy. The log keeps back from client data
+    /// and the cleaner the segments a commit of every dirty node needs (`Log::reserve`), so a
+    /// full pool can always commit. O(1). Returns the pool-wide total.
+    pub fn note_dirty(&self, slot: &AtomicUsize, dirty: usize) -> usize {
+        let prev = slot.swap(dirty, Ordering::Relaxed);
+        if prev == dirty {
+            return self.dirty_nodes_total.load(Ordering::Relaxed);
+        }
+        let nodes = if dirty > prev {
+            self.dirty_nodes_total
+                .fetch_add(dirty - prev, Ordering::Relaxed)
+                + (dirty - prev)
+        } else {
+            self.dirty_nodes_total
+                .fetch_sub(prev - dirty, Ordering::Relaxed)
+                - (prev - dirty)
+        };
+        self.log.set_dirty_nodes(nodes);
+        nodes
+    }
+
+    /// Past the dirty node bound: ask for a commit.
+    pub fn commit_if_many_dirty(&self, total: usize) {
+        if total > self.log.dirty_nodes_cap() {
+            self.wake_maintenance();
+        }
+    }
+
+    /// The log footprint of one map node record under this layout (lz4 never grows it).
+    pub fn node_record_bytes(&self) -> u32 {
+        (self
+            .red
+            .footprint(crate::map::NODE_BYTES)
+            .div_ceil(RECORD_ALIGN as usize)
+            * RECORD_ALIGN as usize) as u32
+    }
+
+    // --- nonces ---
+
+    /// A pool-unique nonce. When the reserved range is used up, `commit` reserves more.
+    pub fn next_nonce(&self, commit: impl Fn() -> Result<()>) -> Result<u64> {
+        loop {
+            let n = self.nonce_next.fetch_add(1, Ordering::AcqRel);
+            if n < self.nonce_limit.load(Ordering::Acquire) {
+                return Ok(n);
+            }
+            // Give the number back only in spirit: skipping it is harmless, reusing it is not.
+            commit()?;
+        }
+    }
+
+    /// The first nonce not yet handed out (the next commit reserves a range above it).
+    pub fn nonce_next(&self) -> u64 {
+        self.nonce_next.load(Ordering::Acquire)
+    }
+
+    /// The commit made nonces below `limit` durable as reserved.
+    pub fn set_nonce_limit(&self, limit: u64) {
+        self.nonce_limit.store(limit, Ordering::Release);
+    }
+
+    // --- the put path ---
+
+    /// Place and write records on `stream` (copy `copy` of each: `ptr.addr[copy]` is set):
+    /// end to end in runs that fit a segment, one device write per run (per record where the
+    /// layout cannot lay records end to end). Every record goes through here: client data,
+    /// metadata, the cleaner. Client data waits for space (back-pressure); the cleaner and
+    /// metadata do not (`NoSpace` at once). Records placed count in `pending` until the
+    /// caller has counted their leaves dirty (client data and the cleaner pass one). On error, what this call placed is released.
+    pub fn put(
+        &self,
+        stream: Stream,
+        copy: usize,
+        buf: &[u8],
+        recs: &mut [Put],
+        mut pending: Option<&mut Pending<'_>>,
+    ) -> Result<()> {
+        let runs = self.red.runs_end_to_end();
+        let mut placed = 0;
+        let result = (|| {
+            while placed < recs.len() {
+                let rest = &recs[placed..];
+                let lens: Vec<usize> = if runs {
+                    rest.iter().map(|r| r.ptr.len as usize).collect()
+                } else {
+                    vec![rest[0].ptr.len as usize]
+                };
+                let (addr, count) = loop {
+                    let placed_run = if runs {
+                        self.log.alloc_run(stream, &lens)
+                    } else {
+                        self.log
+                            .alloc(stream, self.red.footprint(lens[0]))
+                            .map(|a| (a, 1))
+                    };
+                    match placed_run {
+                        Err(Error::NoSpace) if stream == Stream::Data => {
+                            self.wait_for(stream, lens.len())?
+                        }
+                        other => break other?,
+                    }
+                };
+                if let Some(p) = pending.as_deref_mut() {
+                    p.add(count);
+                }
+                let base = rest[0].at;
+                let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
+                for r in &mut recs[placed..placed + count] {
+                    r.ptr.addr[copy] = addr + (r.at - base) as u64;
+                }
+                placed += count;
+                self.red.write(addr, &buf[base..end])?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            for r in &recs[..placed] {
+                self.release_addr(r.ptr.addr[copy], r.ptr.len as usize);
+            }
+        }
+        result
+    }
+
+    /// Store metadata records (map nodes, the volume table): lz4-compressed, checksummed,
+    /// `METADATA_COPIES` copies in different segments, end to end per copy.
+    pub fn write_meta_batch(&self, raws: &[Vec<u8>]) -> Result<Vec<Blkptr>> {
+        let mut buf = Vec::new();
+        let mut recs: Vec<Put> = Vec::with_capacity(raws.len());
+        for raw in raws {
+            let at = buf.len();
+            let flags = codec::encode_append(raw, Compression::Lz4, None, &[], 0, &mut buf)?;
+            let len = buf.len() - at;
+            let sum = checksum(&buf[at..]);
+            buf.resize(
+                buf.len().div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize,
+                0,
+            );
+            recs.push(Put {
+                at,
+                ptr: Blkptr {
+                    addr: [ADDR_NONE, ADDR_NONE],
+                    nonce: 0,
+                    len: len as u32,
+                    flags,
+                    key_gen: 0,
+                    checksum: sum,
+                },
+            });
+        }
+        // Metadata is referenced by the commit that writes it, not by a leaf: no `Pending`.
+        for (copy, stream) in [Stream::Meta, Stream::Meta2]
+            .into_iter()
+            .take(METADATA_COPIES)
+            .enumerate()
+        {
+            if let Err(e) = self.put(stream, copy, &buf, &mut recs, None) {
+                for r in recs.iter().filter(|_| copy > 0) {
+                    self.release_addr(r.ptr.addr[0], r.ptr.len as usize);
+                }
+                return Err(e);
+            }
+        }
+        Ok(recs.into_iter().map(|r| r.ptr).collect())
+    }
+
+    /// Store one metadata record (`write_meta_batch`).
+    pub fn write_meta(&self, raw: &[u8]) -> Result<Blkptr> {
+        Ok(self.write_meta_batch(&[raw.to_vec()])?.remove(0))
+    }
+
+    /// Read a metadata record back, verified, decompressed to `raw_len` bytes (0: any length
+    /// up to `META_RAW_BYTES_MAX`; longer is `Corrupt`). The stored length is bounded by
+    /// `Redundancy::check_record` before the read buffer is sized.
+    pub fn read_meta(&self, ptr: &Blkptr, raw_len: usize) -> Result<Vec<u8>> {
+        let mut stored = Vec::new();
+        self.red
+            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut stored)?;
+        if ptr.flags & codec::FLAG_LZ4 == 0 {
+            return Ok(stored);
+        }
+        if raw_len == 0 {
+            return lz4_flex::block::decompress(&stored, META_RAW_BYTES_MAX)
+                .map_err(|e| Error::Corrupt(format!("metadata lz4: {e}")));
+        }
+        let mut out = vec![0u8; raw_len];
+        codec::decode(&mut stored, ptr.flags, None, &[], 0, &mut out)?;
+        Ok(out)
+    }
+
+    // --- the release point ---
+
+    /// The one place a reference dies: the record `p` points to is no longer referenced by
+    /// the in-memory state, and its space goes back to the log (the segment it lies in
+    /// becomes reusable after the next commit, or at once if no commit ever saw it).
+    pub fn release(&self, p: &Blkptr) {
+        if p.is_hole() {
+            return;
+        }
+        // A pointer read from a damaged map may lie outside the pool: there is nothing of
+        // ours to release (indexing the segment table with it would panic).
+        if let Err(e) = self.red.check_record(p.addrs(), p.len as usize) {
+            tracing::error!("not releasing a block pointer outside the pool: {e}");
+            return;
+        }
+        for &a in p.addrs() {
+            self.release_addr(a, p.len as usize);
+        }
+    }
+
+    /// Give one copy's space back (a record of `len` stored bytes at `addr`).
+    fn release_addr(&self, addr: u64, len: usize) {
+        if addr == ADDR_NONE {
+            return;
+        }
+        match self.log.release_bytes(addr, self.red.footprint(len) as u32) {
+            Emptied::Nothing => {}
+            Emptied::Commit => self.wake_maintenance(),
+            Emptied::Recycle => self.recycle_due.store(true, Ordering::Release),
+        }
+    }
+
+    /// Free the recyclable segments (`log` module docs) if a batch is waiting. Called by
+    /// writers after they released what they replaced, holding no map lock and not the
+    /// reuse gate: it waits out every read that looked up a pointer before the segments
+    /// emptied.
+    pub fn recycle_if_due(&self) {
+        if !self.recycle_due.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let (segs, epoch) = self.log.take_recyclable();
+        if segs.is_empty() {
+            return;
+        }
+        drop(self.reuse_gate.write());
+        self.log.recycle(&segs, epoch);
+    }
+
+    // --- back-pressure ---
+
+    /// Room in the next commit for `nodes` map nodes dirtied without placing a record
+    /// (`Log::hold_nodes`), waiting for a commit when the pool is short of it.
+    pub fn hold_nodes(&self, nodes: usize) -> Result<Pending<'_>> {
+        loop {
+            match self.log.hold_nodes(nodes) {
+                Err(Error::NoSpace) => self.wait_for(Stream::Clean, nodes)?,
+                other => return other,
+            }
+        }
+    }
+
+    /// Wait until `records` records can be placed on `stream`, asking the maintenance
+    /// thread to commit and clean: back-pressure, never a failure, while space can still be
+    /// reclaimed. Answers `NoSpace` when nothing can be: no sealed segment holds dead bytes
+    /// worth cleaning, no commit would free a segment or hand back its room (the pool's live
+    /// data fills it), or the maintenance thread's rounds of committing and cleaning have
+    /// freed nothing `SPACE_WAIT_FUTILE` times in a row, or after `SPACE_WAIT_MAX` without
+    /// any progress.
+    fn wait_for(&self, stream: Stream, records: usize) -> Result<()> {
+        let mut deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
+        let mut freed = self.log.freed_total();
+        let mut futile = 0;
+        while !self.log.space_available(stream, records) {
+            self.check_poisoned()?;
+            if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
+                return Err(Error::NoSpace);
+            }
+            let rounds_before = self.clean_rounds.load(Ordering::Acquire);
+            self.space_wanted.store(true, Ordering::Release);
+            self.wake_maintenance();
+            let mut g = self.space_wait.lock();
+            self.log.space.wait_for(&mut g, Duration::from_millis(100));
+            drop(g);
+            if self.log.space_available(stream, records) {
+                break;
+            }
+            let now_freed = self.log.freed_total();
+            if now_freed > freed {
+                freed = now_freed;
+                futile = 0;
+                deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
+            } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
+                futile += 1;
+                if futile >= SPACE_WAIT_FUTILE {
+                    return Err(Error::NoSpace);
+                }
+            }
+            // A full pool answers at once: nothing a commit would free or hand back (its
+            // room for map nodes), nothing worth cleaning.
+            let reclaimable = self.log.commit_need(0) > 0
+                || !self.log.zero_sealed().is_empty()
+                || self.log.any_victim();
+            if !reclaimable {
+                return Err(Error::NoSpace);
+            }
+        }
+        Ok(())
+    }
+}
