@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Measure bulwark against its peers on this machine, with the same fio
 # settings for every server: each one is measured by `bulwark bench --uri URI
-# --json` (one code path: fio's nbd engine, same flags, same parsing).
+# --json` (one code path: fio's nbd engine, same flags, same parsing); bulwark
+# volumes on unix sockets by name (`bulwark --pool DIR bench disk`: the same
+# socket and fio command line, and bench reads the pool's status around each
+# write cell for its write amplification).
 #
 # Servers (each on a fully allocated SIZE image or volume, filled by bench's
 # sequential 1M write pass before any cell, served over a unix socket, or
