@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Measure bulwark against its peers on this machine, with the same fio
 # settings for every server: each one is measured by `bulwark bench --uri URI
-# --json` (one code path: fio's nbd engine, same flags, same parsing).
+# --json` (one code path: fio's nbd engine, same flags, same parsing); bulwark
+# volumes on unix sockets by name (`bulwark --pool DIR bench disk`: the same
+# socket and fio command line, and bench reads the pool's status around each
+# write cell for its write amplification).
 #
 # Servers (each on a fully allocated SIZE image or volume, filled by bench's
 # sequential 1M write pass before any cell, served over a unix socket, or
@@ -18,6 +21,34 @@
 # connections (--jobs 2, each at QD32). --full: 4K/64K/1M x randread,
 # randwrite, read, write x QD1, QD32, plus the two-connection cells.
 #
+# Durable writes (--groups durable; not in the default set): 4K randwrite QD1
+# with a flush after every write (fio --fsync=1), and 64K and 1M sequential
+# writes at QD32 with a flush after every 32 (--fsync=32), closer to a VM with
+# cache=none or a database. Every server honours flushes: qemu-storage-daemon's
+# file node runs with cache.direct=off,cache.no-flush=off (writes go through
+# the host page cache; each NBD FLUSH becomes an fdatasync of the image, so it
+# reaches the disk), nbdkit's file plugin fdatasyncs on flush, bulwark commits.
+# Keep --workdir on a real disk for this group (a tmpfs makes flushes free).
+#
+# Fill (--fill PCT, e.g. 50 or 80): each bulwark pool is sized so that the
+# volume's live data is PCT% of the pool's usable space (status' usable_bytes:
+# total less the segments kept for commits and the cleaner; a mirror:2 pool's
+# two devices each hold a copy, so each is sized like single's device). Every
+# server's volume or image (same SIZE) is first filled with incompressible data
+# (nbdcopy from nbdkit's random plugin; lz4 cannot shrink it), then the cells
+# run on it without bench's fill pass. The device size is computed from the
+# layout's reserves, checked against status after the fill and, if the fill is
+# off by more than 1 point, corrected (pool made again, filled again); the
+# actual fill is printed and recorded. Default groups with --fill: overwrite
+# (4K and 64K randwrite QD32: sustained random overwrite), and --runtime
+# defaults to 60: the cleaner must run during the cells, and 60 s of overwrite
+# writes more than the pool's free space at these sizes on this machine. A
+# shorter --runtime is allowed (smoke runs) and flagged in the report.
+# Write amplification (bytes bulwark wrote to its devices, all copies / bytes
+# fio wrote) is measured per bulwark write cell by `bulwark bench` itself
+# (it benches bulwark volumes by name, which lets it read the pool's status
+# around each cell; same fio command line); with --tcp it is n/a.
+#
 # --repeat N runs the whole sequence N times (every server on a fresh image,
 # pool or volume each time) and reports the median of the N runs per cell.
 #
@@ -31,7 +62,9 @@
 #                       [--device-factor N]   bulwark device size = N x SIZE (default 16)
 #                       [--max-foreign PCT] [--retries N]
 #                       [--groups a,b,...]   only these groups of the matrix (by name:
-#                                            rand4k,seq,qd1,twoconn; with --full: full,twoconn)
+#                                            rand4k,seq,qd1,twoconn,overwrite,durable;
+#                                            with --full: full,twoconn,overwrite,durable)
+#                       [--fill PCT]         bulwark pools PCT% full (see Fill above)
 #
 # Other work on the machine: around every `bulwark bench` call the script
 # accounts the CPU time of the whole machine (/proc/stat) against the
@@ -56,7 +89,8 @@ ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,b
 FULL=0
 REPEAT=1
 TCP=0
-RUNTIME=10
+RUNTIME=
+FILL=
 SIZE=2G
 SERVERS=$ALL_SERVERS
 OUT=
@@ -86,6 +120,7 @@ while [ $# -gt 0 ]; do
         --max-foreign) MAX_FOREIGN=$2; shift ;;
         --retries) RETRIES=$2; shift ;;
         --groups) ONLY_GROUPS=$2; shift ;;
+        --fill) FILL=$2; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -96,6 +131,15 @@ log() { echo "peers.sh: $*" >&2; }
 die() { echo "peers.sh: error: $*" >&2; exit 1; }
 
 case "$REPEAT" in ''|*[!0-9]*|0) die "--repeat needs a positive integer" ;; esac
+if [ -n "$FILL" ]; then
+    case "$FILL" in ''|*[!0-9]*) die "--fill needs a percentage (an integer, 1 to 95)" ;; esac
+    [ "$FILL" -ge 1 ] && [ "$FILL" -le 95 ] || die "--fill needs a percentage from 1 to 95"
+    RUNTIME=${RUNTIME:-60}
+    [ "$RUNTIME" -ge 60 ] || log "warning: --runtime $RUNTIME with --fill: cells under 60 s may end before the cleaner runs (the report flags it)"
+    ONLY_GROUPS=${ONLY_GROUPS:-overwrite}
+    command -v nbdcopy >/dev/null || die "nbdcopy is not installed (--fill fills through it; Debian: libnbd-bin)"
+fi
+RUNTIME=${RUNTIME:-10}
 [ -x "$BULWARK" ] || die "no bulwark binary at $BULWARK (cargo build --release -p bulwark, or set BULWARK_BIN)"
 for tool in fio qemu-img qemu-storage-daemon nbdkit nbdinfo python3; do
     command -v "$tool" >/dev/null || die "$tool is not installed (see /work/shared/DEPENDENCIES.md for the Debian packages)"
@@ -109,8 +153,8 @@ if [ -n "$ONLY_GROUPS" ]; then
     IFS=, read -r -a WANTED <<< "$ONLY_GROUPS"
     for w in "${WANTED[@]}"; do
         case "$FULL,$w" in
-            0,rand4k|0,seq|0,qd1|0,twoconn|1,full|1,twoconn) ;;
-            *) die "unknown group $w (known: rand4k,seq,qd1,twoconn; with --full: full,twoconn)" ;;
+            0,rand4k|0,seq|0,qd1|0,twoconn|1,full|?,twoconn|?,overwrite|?,durable) ;;
+            *) die "unknown group $w (known: rand4k,seq,qd1,twoconn,overwrite,durable; with --full: full,twoconn,overwrite,durable)" ;;
         esac
     done
 fi
@@ -156,13 +200,22 @@ else
         "twoconn|--block-sizes 4k --patterns randread,randwrite --iodepths 32 --jobs 2"
     )
 fi
-if [ -n "$ONLY_GROUPS" ]; then
-    KEPT=()
-    for g in "${GROUPS_[@]}"; do
-        case ",$ONLY_GROUPS," in *",${g%%|*},"*) KEPT+=("$g") ;; esac
-    done
-    GROUPS_=("${KEPT[@]}")
-fi
+# Only on request (--groups, or --fill's default): a group's family is its name up to "-".
+GROUPS_+=(
+    "overwrite|--block-sizes 4k,64k --patterns randwrite --iodepths 32"
+    "durable-qd1|--block-sizes 4k --patterns randwrite --iodepths 1 --fsync 1"
+    "durable-seq|--block-sizes 64k,1m --patterns write --iodepths 32 --fsync 32"
+)
+KEPT=()
+for g in "${GROUPS_[@]}"; do
+    gname=${g%%|*}
+    if [ -n "$ONLY_GROUPS" ]; then
+        case ",$ONLY_GROUPS," in *",${gname%%-*},"*) KEPT+=("$g") ;; esac
+    else
+        case "${gname%%-*}" in overwrite|durable) ;; *) KEPT+=("$g") ;; esac
+    fi
+done
+GROUPS_=("${KEPT[@]}")
 
 # --- servers -------------------------------------------------------------------
 SERVER_PID=
@@ -214,11 +267,15 @@ nbd_uri() { # DIR NAME
     fi
 }
 
+# qemu's defaults for a --blockdev file node, spelled out: through the host page cache
+# (no O_DIRECT), and an NBD FLUSH becomes an fdatasync of the image (not dropped).
+QEMU_CACHE="cache.direct=off,cache.no-flush=off"
+
 start_qemu_raw() { # DIR -> URI
     local d=$1
     qemu-img create -q -f raw "$d/disk.raw" "$SIZE_BYTES"
     qemu-storage-daemon \
-        --blockdev "driver=file,node-name=file0,filename=$d/disk.raw" \
+        --blockdev "driver=file,node-name=file0,filename=$d/disk.raw,$QEMU_CACHE" \
         --blockdev "driver=raw,node-name=disk0,file=file0" \
         --nbd-server "$(nbd_addr "$d")" \
         --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on" \
@@ -245,7 +302,7 @@ start_qemu_luks() {
     done
     qemu-storage-daemon \
         --object "secret,id=sec0,file=$d/luks.pass" \
-        --blockdev "driver=file,node-name=file0,filename=$d/disk.luks" \
+        --blockdev "driver=file,node-name=file0,filename=$d/disk.luks,$QEMU_CACHE" \
         --blockdev "driver=luks,node-name=disk0,file=file0,key-secret=sec0" \
         --nbd-server "$(nbd_addr "$d")" \
         --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on" \
@@ -267,10 +324,14 @@ start_nbdkit_file() {
 }
 
 start_bulwark() { # DIR LAYOUT COMPRESSION
-    local d=$1 layout=$2 compression=$3 devices=1
+    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES
     [ "$layout" = mirror:2 ] && devices=2
+    if [ -n "$FILL" ]; then
+        device_bytes=${FILL_DEVICE_BYTES[copy]:-$(fill_device_estimate)}
+        FILL_DEVICE_BYTES[copy]=$device_bytes
+    fi
     "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
-        --device-size "$DEVICE_BYTES" >/dev/null
+        --device-size "$device_bytes" >/dev/null
     head -c 32 /dev/urandom >"$d/volume.key"
     chmod 600 "$d/volume.key"
     local tcp=()
@@ -290,10 +351,106 @@ start_bulwark() { # DIR LAYOUT COMPRESSION
         URI="nbd://127.0.0.1:$PORT/disk"
     else
         URI="nbd+unix:///disk?socket=$d/pool/nbd.sock"
+        # By name: the same socket and fio command line, and bench sees the pool's
+        # status around each cell (write amplification).
+        BENCH_TARGET=(--pool "$d/pool" bench disk)
     fi
 }
 
+# --- fill (--fill PCT) ---------------------------------------------------------------
+declare -A FILL_DEVICE_BYTES=()   # by layout group: "copy" (single, mirror:N)
+# Per device (each mirror device holds a whole copy, so single and mirror:2 share
+# one size, and a correction made for one serves the other): live data = the
+# volume's size and 2% (record headers, map nodes: 1.9% measured, 2026-11-26);
+# usable = total less
+# SEGMENTS_RESERVED (4 MiB) and the cleaner's reserve (max(4 MiB, total/64))
+# and the map's reserve (room to rewrite every map node: known only once the
+# volume is written; about 3.3% of a lz4 volume of 4K blocks filled with
+# random data, 2026-11-26, taken as 3.5% here; the check after the fill
+# corrects for it), total = 1 MiB segments past the
+# device's labels (2 MiB here, measured after the fill).
+fill_device_estimate() {
+    python3 - "$SIZE_BYTES" "$FILL" <<'PY'
+import sys
+size, pct = int(sys.argv[1]), int(sys.argv[2])
+MiB = 1 << 20
+usable = 1.02 * size * 100 / pct   # live: the data, its record headers and the map
+total = usable + 8 * MiB + 0.035 * size
+while max(4 * MiB, (total // MiB // 64) * MiB) + usable + 4 * MiB + 0.035 * size > total:
+    total += MiB
+print(int(-(-(total + 2 * MiB) // MiB)) * MiB)
+PY
+}
+# Corrected device size from the pool's status after a fill: the same overhead
+# (labels, reserves, map), the clean reserve following the new total.
+fill_device_correct() { # DEVICE_BYTES STATUS_JSON
+    python3 - "$1" "$2" "$FILL" <<'PY'
+import json, sys
+device, st, pct = int(sys.argv[1]), json.load(open(sys.argv[2])), int(sys.argv[3])
+MiB = 1 << 20
+sp = st["space"]
+total, usable, used = sp["total_bytes"], sp["usable_bytes"], sp["used_bytes"]
+clean = lambda t: max(4 * MiB, (t // MiB // 64) * MiB)
+fixed = total - usable - clean(total)          # commit reserve, map reserve
+want = used * 100 / pct
+t = want + fixed + clean(total)
+for _ in range(20):
+    t = want + fixed + clean(int(t))
+print(int(-(-(t + device - total) // MiB)) * MiB)
+PY
+}
+# Fill the export with incompressible data (nbdkit's random plugin through nbdcopy)
+# and flush; for bulwark, check the fill against status and correct the pool's size.
+fill_export() { # NAME DIR RAWDIR REP
+    local name=$1 d=$2 rawd=$3 rep=$4 attempt t0 t1
+    for attempt in 1 2 3; do
+        t0=$(date +%s.%N)
+        nbdcopy --flush -- [ nbdkit --exit-with-parent -r random "size=$SIZE_BYTES" ] "$URI" \
+            || die "$name: filling $URI with nbdcopy failed (server log: $d/server.log)"
+        t1=$(date +%s.%N)
+        case "$name" in
+            bulwark-*) ;;
+            *)
+                python3 -c 'import json,sys; json.dump({"fill_pct_target": int(sys.argv[2]), "fill_s": round(float(sys.argv[4]) - float(sys.argv[3]), 1)}, open(sys.argv[1], "w"))' \
+                    "$rawd/rep$rep-fill.json" "$FILL" "$t0" "$t1"
+                log "$name: filled $SIZE with random data in $(python3 -c "print(round($t1 - $t0, 1))") s"
+                return 0 ;;
+        esac
+        "$BULWARK" --pool "$d/pool" status --json >"$d/fill-status.json"
+        local verdict
+        verdict=$(python3 - "$d/fill-status.json" "$FILL" "$SIZE_BYTES" "${FILL_DEVICE_BYTES[copy]}" \
+                "$attempt" "$(python3 -c "print(round($t1 - $t0, 1))")" "$rawd/rep$rep-fill.json" <<'PY'
+import json, sys
+st, pct, size, device, attempt, fill_s, out = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
+sp = st["space"]
+vol = next(v for v in st["volumes"] if v["name"] == "disk")
+actual = 100 * sp["used_bytes"] / sp["usable_bytes"]
+json.dump({"fill_pct_target": pct, "fill_pct": round(actual, 2), "attempt": attempt, "fill_s": fill_s,
+           "device_bytes": device, "layout": st["layout"], "state": st["state"],
+           "volume_size_bytes": size, "volume_used_bytes": vol["used_bytes"],
+           **{k: sp[k] for k in ("total_bytes", "usable_bytes", "used_bytes", "free_bytes", "reserved_bytes")}},
+          open(out, "w"))
+print("ok" if abs(actual - pct) <= 1.0 else "off", f"{actual:.1f}", f"{vol['used_bytes'] / size:.3f}",
+      sp["usable_bytes"], sp["used_bytes"])
+PY
+)
+        read -r ok actual stored usable used <<<"$verdict"
+        log "$name: filled in $(python3 -c "print(round($t1 - $t0, 1))") s: live $used of usable $usable bytes = ${actual}% (target $FILL%; device $((FILL_DEVICE_BYTES[copy] >> 20)) MiB; stored/written $stored)"
+        if [ "$ok" = ok ] || [ "$attempt" = 3 ]; then
+            [ "$ok" = ok ] || log "$name: fill ${actual}% is off the $FILL% target after 3 tries: measured as it is (recorded)"
+            return 0
+        fi
+        FILL_DEVICE_BYTES[copy]=$(fill_device_correct "${FILL_DEVICE_BYTES[copy]}" "$d/fill-status.json")
+        log "$name: fill off by more than 1 point: pool made again with $((FILL_DEVICE_BYTES[copy] >> 20)) MiB per device"
+        stop_server
+        rm -rf "$d"
+        mkdir -p "$d"
+        start_server "$name" "$d"
+    done
+}
+
 start_server() { # NAME DIR
+    BENCH_TARGET=()
     case "$1" in
         qemu-raw) start_qemu_raw "$2" ;;
         qemu-luks) start_qemu_luks "$2" ;;
@@ -303,6 +460,7 @@ start_server() { # NAME DIR
         bulwark-mirror2) start_bulwark "$2" mirror:2 lz4 ;;
     esac
     wait_ready "$URI" "$2/server.log"
+    [ "${#BENCH_TARGET[@]}" -gt 0 ] || BENCH_TARGET=(bench --uri "$URI")
 }
 
 # --- CPU accounting around one bench call ---------------------------------------
@@ -379,6 +537,12 @@ PY
 }
 
 # --- the run -----------------------------------------------------------------------
+FAILED=0
+finish_server() { # NAME DIR REP
+    stop_server
+    cp "$2/server.log" "$WORKDIR/raw/$1/server-rep$3.log" 2>/dev/null || true
+    [ "$KEEP" = 1 ] || rm -rf "$2"
+}
 python3 - "$WORKDIR/meta.json" <<EOF
 import json, os, platform, subprocess, sys
 def out(*cmd):
@@ -406,7 +570,10 @@ meta = {
     },
     "settings": {
         "full": $FULL == 1, "repeat": $REPEAT, "transport": "tcp" if $TCP == 1 else "unix",
-        "runtime_s": $RUNTIME, "size_bytes": $SIZE_BYTES, "bulwark_device_bytes": $DEVICE_BYTES,
+        "runtime_s": $RUNTIME, "size_bytes": $SIZE_BYTES,
+        # --fill: bulwark's device sizes are per layout, in raw/<server>/rep<N>-fill.json
+        "bulwark_device_bytes": None if "$FILL" else $DEVICE_BYTES,
+        "fill_pct": int("$FILL") if "$FILL" else None,
         "servers": "$SERVERS".split(","),
         "groups": [g.split("|", 1)[1] for g in """$(printf '%s\n' "${GROUPS_[@]}")""".splitlines()],
         "common": "$(echo "${COMMON[@]}")",
@@ -429,6 +596,10 @@ for rep in $(seq 1 "$REPEAT"); do
         start_server "$name" "$d"
         log "run $rep/$REPEAT, $name: $URI (load $(cut -d' ' -f1 /proc/loadavg))"
         fill=()
+        if [ -n "$FILL" ]; then
+            fill_export "$name" "$d" "$WORKDIR/raw/$name" "$rep"
+            fill=(--no-fill)
+        fi
         for g in "${GROUPS_[@]}"; do
             gname=${g%%|*}
             read -r -a gargs <<< "${g#*|}"
@@ -436,13 +607,32 @@ for rep in $(seq 1 "$REPEAT"); do
             for attempt in $(seq 0 "$RETRIES"); do
                 log "run $rep/$REPEAT, $name, $gname: ${g#*|}"
                 cpu_mark
-                if ! "$BULWARK" bench --uri "$URI" "${COMMON[@]}" "${fill[@]}" "${gargs[@]}" \
+                if ! "$BULWARK" "${BENCH_TARGET[@]}" "${COMMON[@]}" "${fill[@]}" "${gargs[@]}" \
                         >"$raw.json" 2>"$d/bench.err"; then
                     cat "$d/bench.err" >&2
                     tail -20 "$d/server.log" >&2
-                    die "$name: bulwark bench failed (logs in $d)"
+                    # Recorded and reported (a bulwark pool that faults or runs out of space
+                    # under --fill is a result); the server's remaining groups are skipped.
+                    {
+                        echo "group $gname (${g#*|}), run $rep: bulwark bench failed"
+                        tail -5 "$d/bench.err"
+                        echo "--- server log (last 10 lines)"
+                        tail -10 "$d/server.log"
+                        case "$name" in bulwark-*)
+                            echo "--- pool state: $("$BULWARK" --pool "$d/pool" status --json 2>/dev/null \
+                                | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo unknown)" ;;
+                        esac
+                    } >"$raw.failed"
+                    rm -f "$raw.json"
+                    FAILED=1
+                    log "$name: bulwark bench failed in $gname (recorded in $raw.failed; logs in $d): skipping its other groups"
+                    finish_server "$name" "$d" "$rep"
+                    continue 3
                 fi
                 cpu_account "$raw.cpu.json" "$attempt"
+                case "$name" in bulwark-*)
+                    "$BULWARK" --pool "$d/pool" status --json >"$raw.status.json" 2>/dev/null || true ;;
+                esac
                 fill=(--no-fill)  # the first group filled the region
                 foreign=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["foreign_pct"])' "$raw.cpu.json")
                 if python3 -c 'import sys; sys.exit(float(sys.argv[1]) <= float(sys.argv[2]))' "$foreign" "$MAX_FOREIGN"; then
@@ -456,12 +646,11 @@ for rep in $(seq 1 "$REPEAT"); do
                 break
             done
         done
-        stop_server
-        cp "$d/server.log" "$WORKDIR/raw/$name/server-rep$rep.log" 2>/dev/null || true
-        [ "$KEEP" = 1 ] || rm -rf "$d"
+        finish_server "$name" "$d" "$rep"
     done
 done
 python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["machine"]["loadavg_end"]=open("/proc/loadavg").read().split()[:3]; json.dump(m,open(sys.argv[1],"w"),indent=1)' "$WORKDIR/meta.json"
 
 python3 "$REPO/bench/peers_report.py" --raw "$WORKDIR/raw" --meta "$WORKDIR/meta.json" --out "$OUT"
 log "results: $OUT (raw reports in $WORKDIR/raw)"
+[ "$FAILED" = 0 ] || { log "some bench calls failed (see the report's Failures)"; exit 1; }

@@ -5,6 +5,9 @@ server, each bulwark cell as a ratio to each peer, and the performance
 targets, met or not.
 
   raw/<server>/rep<N>-<group>.json   one `bulwark bench --json` report each
+  raw/<server>/rep<N>-<group>.failed a bench call that failed (reported, not measured)
+  raw/<server>/rep<N>-fill.json      --fill: how the export was filled (bulwark: the
+                                     pool's size and the fill measured from its status)
 
 With several repeats, every number is the median of the repeats (IOPS, MB/s,
 p50 and p99 each on their own). Ratios compare IOPS (in one cell the block
@@ -24,6 +27,8 @@ BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2"]
 SERVER_ORDER = PEERS + BULWARKS
 SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
 METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]
+# write amplification (device bytes / client bytes) and the cleaner's and metadata's parts
+WA_METRICS = ["wa", "wa_clean", "wa_meta"]
 PATTERN_ORDER = {"randread": 0, "randwrite": 1, "read": 2, "write": 3}
 
 
@@ -35,18 +40,27 @@ def size_label(n: int) -> str:
 
 
 def cell_key(c: dict) -> tuple:
-    return (c["block_size"], c["pattern"], c["iodepth"], c["jobs"])
+    return (c["block_size"], c["pattern"], c["iodepth"], c["jobs"], c.get("fsync", 0))
 
 
 def cell_sort(key: tuple) -> tuple:
-    bs, pattern, qd, jobs = key
-    return (jobs, bs, PATTERN_ORDER.get(pattern, 9), qd)
+    bs, pattern, qd, jobs, fsync = key
+    return (fsync > 0, jobs, bs, PATTERN_ORDER.get(pattern, 9), qd)
 
 
 def cell_label(key: tuple) -> str:
-    bs, pattern, qd, jobs = key
+    bs, pattern, qd, jobs, fsync = key
     label = f"{size_label(bs)} {pattern} QD{qd}"
-    return label + (f" x{jobs} conn" if jobs > 1 else "")
+    label += f" x{jobs} conn" if jobs > 1 else ""
+    return label + (f" fsync={fsync}" if fsync else "")
+
+
+def is_write(key: tuple) -> bool:
+    return key[1] in ("randwrite", "write")
+
+
+def is_durable(key: tuple) -> bool:
+    return key[4] > 0
 
 
 def load(raw: Path) -> dict:
@@ -55,13 +69,20 @@ def load(raw: Path) -> dict:
     for sdir in sorted(p for p in raw.iterdir() if p.is_dir()):
         cells: dict = {}
         for f in sorted(sdir.glob("rep*-*.json")):
-            if f.name.endswith(".cpu.json"):
+            # rep<N>-<group>.json only: not .cpu.json, .status.json or -fill.json
+            if f.name.count(".") != 1 or f.name.endswith("-fill.json"):
                 continue
             report = json.loads(f.read_text())
             for c in report["cells"]:
-                slot = cells.setdefault(cell_key(c), {m: [] for m in METRICS})
+                slot = cells.setdefault(cell_key(c), {m: [] for m in METRICS + WA_METRICS})
                 for m in METRICS:
                     slot[m].append(c[m])
+                # bench's write amplification (bulwark volumes; absent for --uri targets)
+                w = c.get("pool_written")
+                if c.get("write_amplification") is not None and w and c["io_bytes"] > 0:
+                    slot["wa"].append(c["write_amplification"])
+                    slot["wa_clean"].append(w["clean_bytes"] * w["device_factor"] / c["io_bytes"])
+                    slot["wa_meta"].append(w["meta_bytes"] * w["device_factor"] / c["io_bytes"])
         if cells:
             servers[sdir.name] = cells
     return servers
@@ -112,8 +133,31 @@ def cpu_summary(cpu: dict) -> dict:
 
 
 def medians(servers: dict) -> dict:
-    return {s: {k: {m: statistics.median(v) for m, v in cell.items()} for k, cell in cells.items()}
+    return {s: {k: {m: statistics.median(v) if v else None for m, v in cell.items()}
+                for k, cell in cells.items()}
             for s, cells in servers.items()}
+
+
+def load_side(raw: Path, suffix: str, parse) -> dict:
+    """server -> [parsed raw/<server>/rep*<suffix> files]."""
+    out: dict = {}
+    for sdir in sorted(p for p in raw.iterdir() if p.is_dir()):
+        rows = [parse(f) for f in sorted(sdir.glob(f"rep*{suffix}"))]
+        if rows:
+            out[sdir.name] = rows
+    return out
+
+
+def load_fills(raw: Path) -> dict:
+    def parse(f: Path) -> dict:
+        row = json.loads(f.read_text())
+        row["run"] = f.name.removesuffix("-fill.json")
+        return row
+    return load_side(raw, "-fill.json", parse)
+
+
+def load_failures(raw: Path) -> dict:
+    return load_side(raw, ".failed", lambda f: f.read_text().strip())
 
 
 def fmt_iops(v: float) -> str:
@@ -137,7 +181,18 @@ def ratio(med: dict, a: str, b: str, key: tuple) -> float | None:
     return med[a][key]["iops"] / den if den > 0 else None
 
 
-def targets(med: dict) -> list[dict]:
+def fill_bound(pct: int | None) -> float | None:
+    """Issue 18's bound for bulwark's write cells over qemu raw at this pool fill."""
+    if pct is None:
+        return None
+    if pct <= 50:
+        return 1.0
+    if pct <= 80:
+        return 0.6
+    return None
+
+
+def targets(med: dict, fill_pct: int | None = None) -> list[dict]:
     """Each target: which ratios, the bound, the worst cell, met or not."""
     rows = []
 
@@ -160,18 +215,34 @@ def targets(med: dict) -> list[dict]:
         return sorted((k for k in med.get(a, {}) if k in med.get(b, {}) and pred(k)), key=cell_sort)
 
     m2 = "bulwark-mirror2"
-    versus("mirror:2 encrypted >= 1.0x qemu LUKS, every cell", m2, "qemu-luks", 1.0,
-           keys_of(m2, "qemu-luks"))
-    versus("mirror:2 encrypted >= 2.0x qemu LUKS, 64K and 1M cells", m2, "qemu-luks", 2.0,
-           keys_of(m2, "qemu-luks", lambda k: k[0] >= 64 << 10))
+    plain = lambda k: not is_durable(k)
+    if fill_pct is None:
+        # the fresh-pool matrix (durable cells have targets of their own, below)
+        versus("mirror:2 encrypted >= 1.0x qemu LUKS, every cell", m2, "qemu-luks", 1.0,
+               keys_of(m2, "qemu-luks", plain))
+        versus("mirror:2 encrypted >= 2.0x qemu LUKS, 64K and 1M cells", m2, "qemu-luks", 2.0,
+               keys_of(m2, "qemu-luks", lambda k: plain(k) and k[0] >= 64 << 10))
+        for s in SINGLES:
+            versus(f"{s} >= 1.0x qemu raw, every cell", s, "qemu-raw", 1.0, keys_of(s, "qemu-raw", plain))
+            versus(f"{s} >= 0.7x nbdkit file, every cell", s, "nbdkit-file", 0.7,
+                   keys_of(s, "nbdkit-file", plain))
+    else:
+        bound = fill_bound(fill_pct)
+        if bound is not None:
+            for s in BULWARKS:
+                versus(f"{s} at {fill_pct}% fill >= {bound}x qemu raw, every write cell", s, "qemu-raw",
+                       bound, keys_of(s, "qemu-raw", lambda k: plain(k) and is_write(k)))
+    # durable writes (issue 18): flushes reach the disk on every server
     for s in SINGLES:
-        versus(f"{s} >= 1.0x qemu raw, every cell", s, "qemu-raw", 1.0, keys_of(s, "qemu-raw"))
-        versus(f"{s} >= 0.7x nbdkit file, every cell", s, "nbdkit-file", 0.7, keys_of(s, "nbdkit-file"))
+        versus(f"{s} durable writes >= 1.0x qemu raw" + (f" ({fill_pct}% fill)" if fill_pct else ""),
+               s, "qemu-raw", 1.0, keys_of(s, "qemu-raw", is_durable))
+    versus("mirror:2 durable writes >= 1.0x qemu LUKS" + (f" ({fill_pct}% fill)" if fill_pct else ""),
+           m2, "qemu-luks", 1.0, keys_of(m2, "qemu-luks", is_durable))
     for s in BULWARKS:
         if s not in med:
             continue
         for pattern in ("randread", "randwrite"):
-            one, two = (4096, pattern, 32, 1), (4096, pattern, 32, 2)
+            one, two = (4096, pattern, 32, 1, 0), (4096, pattern, 32, 2, 0)
             if one in med[s] and two in med[s]:
                 r = med[s][two]["iops"] / med[s][one]["iops"]
                 rows.append({
@@ -183,7 +254,9 @@ def targets(med: dict) -> list[dict]:
     return rows
 
 
-def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> str:
+def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict,
+           fills: dict | None = None, failures: dict | None = None) -> str:
+    fills, failures = fills or {}, failures or {}
     names = [s for s in SERVER_ORDER if s in med] + sorted(s for s in med if s not in SERVER_ORDER)
     keys = sorted({k for s in med.values() for k in s}, key=cell_sort)
     out = []
@@ -194,9 +267,18 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
                f"{(m.get('mem_bytes') or 0) / 2**30:.1f} GiB RAM, kernel {m.get('kernel')}; "
                f"load average {' '.join(m.get('loadavg_start', []))} at start, "
                f"{' '.join(m.get('loadavg_end', []))} at end.")
+    fill_pct = st.get("fill_pct")
+    filled = (f"filled first with incompressible data (nbdcopy from nbdkit random); bulwark pools "
+              f"sized for {fill_pct}% fill" if fill_pct else "filled first")
     out.append(f"Settings: {st.get('transport')} sockets, {size_label(st.get('size_bytes', 0))} region "
-               f"filled first, {st.get('runtime_s')} s per cell, "
+               f"{filled}, {st.get('runtime_s')} s per cell, "
                + (f"median of {reps} runs" if reps > 1 else "one run") + ".")
+    if fill_pct and st.get("runtime_s", 0) < 60:
+        out.append(f"WARNING: cells of {st.get('runtime_s')} s with --fill: shorter than the 60 s a "
+                   "sustained-overwrite cell needs for the cleaner to run; a smoke run, not a measurement.")
+    if failures:
+        out.append("WARNING: some bench calls failed (see Failures below); their servers' later groups "
+                   "were not measured.")
     mx = st.get("max_foreign_pct")
     busy = [s for s, c in cpu.items() if mx is not None and c["foreign_pct_max"] > mx]
     if busy:
@@ -236,6 +318,25 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
         out.append(md_table(["cell"] + names, rows))
         out.append("")
 
+    if fills:
+        out.append("**Fill** (per run: bulwark's pool as its status reports it after the fill; live = "
+                   "the pool's used bytes, data and metadata; usable = total less the segments kept "
+                   "for commits and the cleaner)")
+        out.append("")
+        rows = []
+        for s in names + sorted(set(fills) - set(names)):
+            for f in fills.get(s, []):
+                if "usable_bytes" in f:
+                    rows.append([s, f["run"], f"{f['device_bytes'] / 2**20:.0f} MiB", f"{f['total_bytes'] / 2**20:.0f} MiB",
+                                 f"{f['usable_bytes'] / 2**20:.0f} MiB", f"{f['used_bytes'] / 2**20:.0f} MiB",
+                                 f"{f['fill_pct']:.1f}%", f"{f['volume_used_bytes'] / f['volume_size_bytes']:.3f}",
+                                 f"{f['fill_s']:.0f} s"])
+                else:
+                    rows.append([s, f["run"], "–", "–", "–", "–", "–", "–", f"{f['fill_s']:.0f} s"])
+        out.append(md_table(["server", "run", "device (each)", "total", "usable", "live", "fill",
+                             "volume used / size", "fill time"], rows))
+        out.append("")
+
     grid("IOPS", fmt_iops, "iops")
     grid("MB/s (10^6 bytes)", lambda v: f"{v:.0f}", "mb_per_s")
     out.append("**Latency p50 / p99**")
@@ -247,6 +348,28 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
             for s in names])
     out.append(md_table(["cell"] + names, rows))
     out.append("")
+
+    wa_rows = []
+    for k in keys:
+        if not is_write(k):
+            continue
+        row, seen = [cell_label(k)], False
+        for s in names:
+            c = med[s].get(k)
+            if c is None or c.get("wa") is None:
+                row.append("–")
+                continue
+            seen = True
+            row.append(f"{c['wa']:.2f} (cleaner {c['wa_clean']:.2f}, meta {c['wa_meta']:.2f})")
+        if seen:
+            wa_rows.append(row)
+    if wa_rows:
+        out.append("**Write amplification** (bytes written to the devices, every copy, during the cell / "
+                   "bytes fio wrote; in brackets the cleaner's moves and the metadata's part of it; "
+                   "mirror:2 writes every byte twice, so its floor is 2.0; peers: not measured)")
+        out.append("")
+        out.append(md_table(["cell"] + names, wa_rows))
+        out.append("")
 
     peers = [p for p in PEERS if p in med]
     for b in [s for s in BULWARKS if s in med]:
@@ -269,7 +392,7 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
     scaling = []
     for s in names:
         for pattern in ("randread", "randwrite"):
-            one, two = (4096, pattern, 32, 1), (4096, pattern, 32, 2)
+            one, two = (4096, pattern, 32, 1, 0), (4096, pattern, 32, 2, 0)
             if one in med[s] and two in med[s] and med[s][one]["iops"] > 0:
                 scaling.append((s, pattern, med[s][two]["iops"] / med[s][one]["iops"]))
     if scaling:
@@ -290,6 +413,18 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict) -> 
                  "met" if t["met"] else f"NOT met ({len(t['failing_cells'])}/{t['cells']} cells below)"]
                 for t in tgt]
         out.append(md_table(["target", "worst ratio (cell)", "verdict"], rows))
+        out.append("")
+
+    if failures:
+        out.append("**Failures**")
+        out.append("")
+        for s, texts in failures.items():
+            for t in texts:
+                out.append(f"- {s}:")
+                out.append("")
+                out.append("  ```")
+                out.extend("  " + line for line in t.splitlines())
+                out.append("  ```")
         out.append("")
 
     if reps > 1:
@@ -315,20 +450,23 @@ def main() -> int:
     a = ap.parse_args()
     meta = json.loads(a.meta.read_text()) if a.meta else {}
     servers = load(a.raw)
-    if not servers:
+    failures = load_failures(a.raw)
+    if not servers and not failures:
         print(f"no reports under {a.raw}", file=sys.stderr)
         return 1
     med = medians(servers)
-    tgt = targets(med)
+    fill_pct = meta.get("settings", {}).get("fill_pct")
+    tgt = targets(med, fill_pct)
     cpu = cpu_summary(load_cpu(a.raw))
-    text = report(meta, servers, med, tgt, cpu)
+    fills = load_fills(a.raw)
+    text = report(meta, servers, med, tgt, cpu, fills, failures)
     print(text)
     if a.out:
         result = {
             **meta,
             "results": {
-                s: [{"cell": cell_label(k), "block_size": k[0], "pattern": k[1], "iodepth": k[2], "jobs": k[3],
-                     **{m: round(v, 3) for m, v in med[s][k].items()},
+                s: [{"cell": cell_label(k), "block_size": k[0], "pattern": k[1], "iodepth": k[2], "jobs": k[3], "fsync": k[4],
+                     **{m: round(v, 3) for m, v in med[s][k].items() if v is not None},
                      "runs": {m: servers[s][k][m] for m in METRICS}}
                     for k in sorted(med[s], key=cell_sort)]
                 for s in med
@@ -340,6 +478,8 @@ def main() -> int:
                 for b in BULWARKS if b in med
             },
             "targets": tgt,
+            "fills": fills,
+            "failures": failures,
             "cpu": cpu,
             "cpu_calls": load_cpu(a.raw),
             "report_markdown": text,

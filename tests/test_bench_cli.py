@@ -1,7 +1,9 @@
 """`bulwark bench` drives fio's nbd engine against a volume: a one-cell
 matrix on a fresh volume prints that cell with nonzero IOPS, in the table
 and in --json; a volume (or --uri export) holding data is refused without
---force and left untouched. No timing thresholds: only that numbers exist."""
+--force and left untouched; write cells of a volume show write amplification,
+of an --uri export n/a; --fsync N flushes in write cells. No timing
+thresholds: only that numbers exist."""
 
 import json
 
@@ -13,10 +15,10 @@ BENCH_TIMEOUT_S = 300
 
 
 def table_rows(stdout: str) -> list[list[str]]:
-    """The rows under the `BS PATTERN QD IOPS MB/S P50 P99` header."""
+    """The rows under the `BS PATTERN QD IOPS MB/S P50 P99 WA` header."""
     lines = stdout.splitlines()
     for i, line in enumerate(lines):
-        if line.split() == ["BS", "PATTERN", "QD", "IOPS", "MB/S", "P50", "P99"]:
+        if line.split() == ["BS", "PATTERN", "QD", "IOPS", "MB/S", "P50", "P99", "WA"]:
             return [l.split() for l in lines[i + 1:] if l.strip()]
     raise AssertionError(f"no table header in bench output:\n{stdout}")
 
@@ -30,6 +32,7 @@ def test_bench_one_cell_table_and_json(pool):
     bs, pattern, qd, iops, mbps = rows[0][:5]
     assert (bs, pattern, qd) == ("4K", "randread", "4"), r.stdout
     assert float(iops) > 0 and float(mbps) > 0, r.stdout
+    assert rows[0][7] == "-", f"a read cell writes nothing: {r.stdout}"
     assert "volume b1" in r.stdout and "filled first" in r.stdout, r.stdout
     # The fill pass wrote the region, so the volume now holds data.
     assert pool.volume_status("b1")["used_bytes"] > 0
@@ -93,3 +96,36 @@ def test_bench_fill_is_flushed_before_the_cells(pool):
     # Every block of the region survived (stored bytes include each block's AEAD tag).
     used = pool.volume_status("f1")["used_bytes"]
     assert used >= 32 * 1024 * 1024, f"only {used} bytes of the filled region survived the crash"
+
+
+WRITE_CELL = ["--block-sizes", "64k", "--patterns", "write", "--iodepths", "4", "--runtime", "1"]
+
+
+def test_bench_write_amplification_and_fsync(pool):
+    """A volume's write cell reports what the pool wrote during it (from status'
+    counters) and its write amplification; with --fsync the cell runs fio --fsync
+    (its JSON says so); through --uri the pool is not visible: n/a."""
+    require_tools("fio", "nbdinfo")
+    pool.create_volume("w1", size="32M")
+    r = pool.cli("bench", "w1", *WRITE_CELL, "--fsync", "4", "--json", timeout=BENCH_TIMEOUT_S)
+    rep = json.loads(r.stdout)
+    assert rep["fsync"] == 4 and rep["layout"] == "single", rep
+    cell = rep["cells"][0]
+    assert cell["fsync"] == 4, cell
+    written = cell["pool_written"]
+    assert written is not None and written["data_bytes"] > 0, cell
+    assert written["device_factor"] == 1.0, cell
+    assert cell["write_amplification"] > 0, cell
+
+    r = pool.cli("bench", "w1", *WRITE_CELL, "--force", "--no-fill", timeout=BENCH_TIMEOUT_S)
+    wa = table_rows(r.stdout)[0][7]
+    assert float(wa) > 0, r.stdout
+
+    r = pool.bulwark("bench", "--uri", pool.uri("w1"), *WRITE_CELL, "--force", "--no-fill",
+                     timeout=BENCH_TIMEOUT_S)
+    assert table_rows(r.stdout)[0][7] == "n/a", r.stdout
+    assert "WA:      n/a" in r.stdout, r.stdout
+    r = pool.bulwark("bench", "--uri", pool.uri("w1"), *WRITE_CELL, "--force", "--no-fill", "--json",
+                     timeout=BENCH_TIMEOUT_S)
+    cell = json.loads(r.stdout)["cells"][0]
+    assert cell["write_amplification"] is None and cell["pool_written"] is None, cell

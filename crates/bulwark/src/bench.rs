@@ -16,6 +16,12 @@
 //!    each on its own slice of the region;
 //! 5. print one table (or `--json`) in the order the lists were given.
 //!
+//! With `--fsync N` write cells flush after every N writes (fio `--fsync=N`).
+//! When the target is a volume of the daemon, each write cell reads the pool's
+//! space counters before and after and reports write amplification: bytes
+//! written to the pool's devices (data, cleaner moves, metadata, every copy)
+//! per byte fio wrote. An `--uri` target's pool is not visible: n/a.
+//!
 //! fio writes its JSON to a file (`--output`): on stdout it prints a line
 //! before the JSON. Latency is fio's total latency (`lat_ns`: submission to
 //! completion) with `--lat_percentiles`. MB is 10^6 bytes.
@@ -26,6 +32,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bulwark_engine::size::format_size;
+use bulwark_engine::{Layout, SpaceStatus};
 use indicatif::{ProgressBar, ProgressFinish, ProgressStyle};
 use serde::Serialize;
 use serde_json::Value;
@@ -57,6 +64,10 @@ pub struct Target {
     /// Bytes the pool can still take for this volume (free space plus what it holds).
     #[serde(skip)]
     room_bytes: Option<u64>,
+    /// The pool's directory when the target is a volume of the daemon: its space
+    /// counters give each write cell's write amplification.
+    #[serde(skip)]
+    pool_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,16 +75,26 @@ pub struct Cell {
     pub block_size: u64,
     pub pattern: Pattern,
     pub iodepth: u32,
+    /// A flush after every this many writes (0: none); only write cells flush.
+    pub fsync: u32,
 }
 
 impl Cell {
     pub fn label(&self) -> String {
-        format!(
+        let mut label = format!(
             "{} {} QD{}",
             format_size(self.block_size),
             self.pattern.as_str(),
             self.iodepth
-        )
+        );
+        if self.flushes() {
+            let _ = write!(label, " fsync={}", self.fsync);
+        }
+        label
+    }
+
+    fn flushes(&self) -> bool {
+        self.fsync > 0 && !self.pattern.is_read()
     }
 }
 
@@ -91,6 +112,60 @@ pub struct CellResult {
     pub lat_p99_us: f64,
     pub io_bytes: u64,
     pub runtime_ms: u64,
+    /// fio's --fsync for this cell (0: no flushes).
+    pub fsync: u32,
+    /// Write cells of a volume target: bytes written to the pool's devices during the
+    /// cell per byte fio wrote. None for read cells and `--uri` targets (n/a).
+    pub write_amplification: Option<f64>,
+    /// What the pool wrote during the cell (write cells of a volume target).
+    pub pool_written: Option<PoolWritten>,
+}
+
+/// The pool's write counters over one cell, in bytes of usable space (one copy), as
+/// `status` counts them; `device_factor` turns them into bytes on the devices.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PoolWritten {
+    pub data_bytes: u64,
+    pub clean_bytes: u64,
+    pub meta_bytes: u64,
+    /// Device bytes per byte of usable space: copies of a mirror, (K+M)/K of parity.
+    pub device_factor: f64,
+}
+
+impl PoolWritten {
+    /// The counters' growth from `before` to `after`.
+    fn between(before: &SpaceStatus, after: &SpaceStatus, layout: Layout) -> PoolWritten {
+        PoolWritten {
+            data_bytes: after
+                .data_written_bytes
+                .saturating_sub(before.data_written_bytes),
+            clean_bytes: after
+                .clean_written_bytes
+                .saturating_sub(before.clean_written_bytes),
+            meta_bytes: after
+                .meta_written_bytes
+                .saturating_sub(before.meta_written_bytes),
+            device_factor: device_factor(layout),
+        }
+    }
+
+    fn device_bytes(&self) -> f64 {
+        (self.data_bytes + self.clean_bytes + self.meta_bytes) as f64 * self.device_factor
+    }
+
+    /// Device bytes per client byte; None when the client wrote nothing.
+    fn amplification(&self, client_bytes: u64) -> Option<f64> {
+        (client_bytes > 0).then(|| self.device_bytes() / client_bytes as f64)
+    }
+}
+
+/// Bytes on the devices per byte of usable space.
+fn device_factor(layout: Layout) -> f64 {
+    match layout {
+        Layout::Single => 1.0,
+        Layout::Mirror(n) => n as f64,
+        Layout::Parity { k, m } => (k as f64 + m as f64) / k as f64,
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -101,6 +176,10 @@ pub struct Report {
     pub region_bytes: u64,
     pub jobs: u32,
     pub runtime_s: u64,
+    /// fio's --fsync in write cells (0: no flushes).
+    pub fsync: u32,
+    /// The pool's layout (volume targets).
+    pub layout: Option<String>,
     /// Whether the region was filled with sequential writes before the cells.
     pub filled: bool,
     /// How long the fill pass took, in seconds.
@@ -172,6 +251,7 @@ fn volume_target(dir: &Path, name: &str, force: bool) -> Result<Target> {
         volume: Some(name.to_string()),
         export_bytes: Some(v.size_bytes),
         room_bytes: Some(report.pool.space.free_bytes.saturating_add(v.used_bytes)),
+        pool_dir: Some(dir.to_path_buf()),
     })
 }
 
@@ -231,6 +311,7 @@ fn uri_target(uri: &str) -> Result<Target> {
         volume: None,
         export_bytes,
         room_bytes: None,
+        pool_dir: None,
     })
 }
 
@@ -304,6 +385,7 @@ impl Plan {
                         block_size,
                         pattern,
                         iodepth,
+                        fsync: args.fsync,
                     };
                     if !cells.contains(&cell) {
                         cells.push(cell);
@@ -400,16 +482,23 @@ fn run_plan(fio: &Fio, target: &Target, plan: &Plan, args: &BenchArgs) -> Result
         let label = cell.label();
         progress.set_message(format!("{label} ({} s)", args.runtime));
         let mut cmd = common.clone();
-        cmd.extend([
-            format!("--rw={}", cell.pattern.as_str()),
-            format!("--bs={}", cell.block_size),
-            format!("--iodepth={}", cell.iodepth),
-            "--time_based=1".to_string(),
-            format!("--runtime={}", args.runtime),
-        ]);
+        cmd.extend(cell_fio_args(cell, args.runtime));
+        // The pool's counters around a write cell (volume targets only).
+        let before = match &target.pool_dir {
+            Some(dir) if !cell.pattern.is_read() => pool_space(dir),
+            _ => None,
+        };
         let timeout = Duration::from_secs(args.runtime) + CELL_GRACE;
         let json = fio.run(&label, &cmd, Some(timeout))?;
-        results[i] = Some(parse_cell(&json, cell, args.jobs)?);
+        let mut result = parse_cell(&json, cell, args.jobs)?;
+        if let (Some((before, _)), Some(dir)) = (&before, &target.pool_dir) {
+            if let Some((after, layout)) = pool_space(dir) {
+                let written = PoolWritten::between(before, &after, layout);
+                result.write_amplification = written.amplification(result.io_bytes);
+                result.pool_written = Some(written);
+            }
+        }
+        results[i] = Some(result);
         progress.inc(1);
     }
     progress.finish_and_clear();
@@ -420,6 +509,12 @@ fn run_plan(fio: &Fio, target: &Target, plan: &Plan, args: &BenchArgs) -> Result
         region_bytes: plan.region_bytes,
         jobs: args.jobs,
         runtime_s: args.runtime,
+        fsync: args.fsync,
+        layout: target
+            .pool_dir
+            .as_deref()
+            .and_then(pool_space)
+            .map(|(_, layout)| layout.to_string()),
         filled: !args.no_fill,
         fill_s,
         cells: results
@@ -427,6 +522,32 @@ fn run_plan(fio: &Fio, target: &Target, plan: &Plan, args: &BenchArgs) -> Result
             .map(|r| r.expect("every cell ran"))
             .collect(),
     })
+}
+
+/// One cell's fio arguments (after the common ones).
+fn cell_fio_args(cell: Cell, runtime_s: u64) -> Vec<String> {
+    let mut args = vec![
+        format!("--rw={}", cell.pattern.as_str()),
+        format!("--bs={}", cell.block_size),
+        format!("--iodepth={}", cell.iodepth),
+        "--time_based=1".to_string(),
+        format!("--runtime={runtime_s}"),
+    ];
+    if cell.flushes() {
+        args.push(format!("--fsync={}", cell.fsync));
+    }
+    args
+}
+
+/// The pool's space counters and layout from the daemon's status; None if it cannot be
+/// read (the cell then shows no write amplification rather than failing the run).
+fn pool_space(dir: &Path) -> Option<(SpaceStatus, Layout)> {
+    let report: StatusReport = Client::connect(dir)
+        .ok()?
+        .call_typed(&Request::Status)
+        .ok()?;
+    let layout = report.pool.layout.parse().ok()?;
+    Some((report.pool.space, layout))
 }
 
 /// fio arguments shared by the fill pass and every cell.
@@ -495,6 +616,9 @@ fn parse_cell(json: &Value, cell: Cell, jobs: u32) -> Result<CellResult> {
         lat_p99_us: p99 / 1e3,
         io_bytes,
         runtime_ms,
+        fsync: if cell.flushes() { cell.fsync } else { 0 },
+        write_amplification: None,
+        pool_written: None,
     })
 }
 
@@ -671,11 +795,29 @@ fn render_table(report: &Report) -> String {
         }
     );
     let _ = writeln!(out, "fio:     {}, ioengine=nbd", report.fio_version);
+    if report.fsync > 0 {
+        let _ = writeln!(
+            out,
+            "flush:   after every {} write(s) in write cells (fio --fsync={})",
+            report.fsync, report.fsync
+        );
+    }
+    let _ = writeln!(
+        out,
+        "WA:      {}",
+        match &report.layout {
+            Some(layout) => format!(
+                "bytes written to the pool's devices ({layout}: data, cleaner, metadata, \
+                 every copy) / bytes fio wrote, per write cell"
+            ),
+            None => "n/a (an --uri target: bench cannot see that server's pool)".to_string(),
+        }
+    );
     out.push('\n');
 
-    let headers = ["BS", "PATTERN", "QD", "IOPS", "MB/S", "P50", "P99"];
-    let right = [false, false, true, true, true, true, true];
-    let rows: Vec<[String; 7]> = report
+    let headers = ["BS", "PATTERN", "QD", "IOPS", "MB/S", "P50", "P99", "WA"];
+    let right = [false, false, true, true, true, true, true, true];
+    let rows: Vec<[String; 8]> = report
         .cells
         .iter()
         .map(|c| {
@@ -687,6 +829,12 @@ fn render_table(report: &Report) -> String {
                 format!("{:.1}", c.mb_per_s),
                 format_latency(c.lat_p50_us),
                 format_latency(c.lat_p99_us),
+                match c.write_amplification {
+                    Some(wa) => format!("{wa:.2}"),
+                    // randread, read: nothing written
+                    None if c.pattern.ends_with("read") => "-".to_string(),
+                    None => "n/a".to_string(),
+                },
             ]
         })
         .collect();
@@ -696,7 +844,7 @@ fn render_table(report: &Report) -> String {
             *w = (*w).max(cell.len());
         }
     }
-    let header_row: [String; 7] = headers.map(String::from);
+    let header_row: [String; 8] = headers.map(String::from);
     for row in std::iter::once(&header_row).chain(&rows) {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
@@ -774,6 +922,7 @@ mod tests {
             block_size: 4096,
             pattern: Pattern::Randwrite,
             iodepth: 32,
+            fsync: 0,
         };
         let r = parse_cell(&fio, cell, 2).unwrap();
         assert_eq!(r.iops, 25000.5);
@@ -826,7 +975,70 @@ mod tests {
             volume: Some("v".into()),
             export_bytes: Some(export),
             room_bytes: room,
+            pool_dir: None,
         }
+    }
+
+    #[test]
+    fn fsync_flushes_write_cells_only() {
+        let plan = Plan::new(
+            &args(&["--block-sizes", "4k", "--iodepths", "1", "--fsync", "32"]),
+            &target(1 << 30, None),
+        )
+        .unwrap();
+        let cells: Vec<Cell> = plan.cells.clone();
+        let write = cells
+            .iter()
+            .find(|c| c.pattern == Pattern::Randwrite)
+            .copied()
+            .unwrap();
+        let read = cells
+            .iter()
+            .find(|c| c.pattern == Pattern::Randread)
+            .copied()
+            .unwrap();
+        assert!(cell_fio_args(write, 10).contains(&"--fsync=32".to_string()));
+        assert_eq!(write.label(), "4K randwrite QD1 fsync=32");
+        assert!(!cell_fio_args(read, 10)
+            .iter()
+            .any(|a| a.starts_with("--fsync")));
+        assert_eq!(read.label(), "4K randread QD1");
+
+        let plain = Plan::new(&args(&["--block-sizes", "4k"]), &target(1 << 30, None)).unwrap();
+        assert!(plain.cells.iter().all(|&c| !cell_fio_args(c, 10)
+            .iter()
+            .any(|a| a.starts_with("--fsync"))));
+    }
+
+    #[test]
+    fn write_amplification_counts_every_stream_and_copy() {
+        let before = SpaceStatus {
+            data_written_bytes: 1000,
+            clean_written_bytes: 50,
+            meta_written_bytes: 10,
+            ..SpaceStatus::default()
+        };
+        let after = SpaceStatus {
+            data_written_bytes: 1000 + 4096,
+            clean_written_bytes: 50 + 2048,
+            meta_written_bytes: 10 + 1024,
+            ..SpaceStatus::default()
+        };
+        let single = PoolWritten::between(&before, &after, Layout::Single);
+        assert_eq!(
+            (single.data_bytes, single.clean_bytes, single.meta_bytes),
+            (4096, 2048, 1024)
+        );
+        assert_eq!(single.amplification(4096), Some(1.75));
+        let mirror = PoolWritten::between(&before, &after, Layout::Mirror(2));
+        assert_eq!(mirror.amplification(4096), Some(3.5));
+        let parity = PoolWritten::between(&before, &after, Layout::Parity { k: 2, m: 1 });
+        assert_eq!(parity.amplification(4096), Some(1.75 * 1.5));
+        assert_eq!(
+            single.amplification(0),
+            None,
+            "nothing written by the client"
+        );
     }
 
     #[test]

@@ -76,7 +76,15 @@ not holes, and writes overwrite) and flushed (so no cell measures the writeback 
 of the fill), then write cells run, then read cells. Each \
 cell is one fio run: --time_based --runtime SECONDS, --jobs connections each at \
 the cell's queue depth, each job on its own slice of the region. Latency is \
-fio's total latency (submit to completion) per I/O. MB = 10^6 bytes.
+fio's total latency (submit to completion) per I/O. MB = 10^6 bytes. \
+--fsync N makes write cells durable-write cells: an NBD FLUSH after every N \
+writes (fio --fsync=N), as a VM with cache=none or a database would send.
+
+Write amplification (WA): when the target is a volume of the daemon, each \
+write cell reads the pool's space counters ('status') before and after and \
+prints WA = bytes written to the pool's devices in the cell (client data, \
+the cleaner's moves, metadata; every copy) / bytes fio wrote. An --uri \
+target shows n/a: bench cannot see that server's pool.
 
 Holding data: a volume holds data when its used bytes (status) are nonzero; \
 an --uri export holds data when 'nbdinfo --map' reports any extent not known \
@@ -704,6 +712,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_fill: bool,
 
+    /// Flush after every N writes in write cells (fio --fsync=N: an NBD FLUSH each time);
+    /// 0: no flushes during cells.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub fsync: u32,
+
     /// Overwrite a volume or export that holds data (or is in use, or cannot be checked).
     #[arg(long)]
     pub force: bool,
@@ -944,7 +957,7 @@ mod tests {
             ]
         );
         assert_eq!(a.iodepths, vec![1, 32]);
-        assert_eq!((a.jobs, a.runtime, a.size), (1, 10, None));
+        assert_eq!((a.jobs, a.runtime, a.size, a.fsync), (1, 10, None, 0));
         assert!(!a.force && !a.json && !a.no_fill);
 
         let cli = parse(&[
@@ -961,12 +974,15 @@ mod tests {
             "2",
             "--size",
             "1G",
+            "--fsync",
+            "32",
         ])
         .unwrap();
         let Command::Bench(a) = cli.command else {
             panic!()
         };
         assert_eq!(a.uri.as_deref(), Some("nbd://h/x"));
+        assert_eq!(a.fsync, 32);
         assert_eq!(a.block_sizes, vec![4096, 1 << 20]);
         assert_eq!(a.patterns, vec![Pattern::Randread, Pattern::Write]);
         assert_eq!((a.iodepths, a.jobs, a.size), (vec![8], 2, Some(1 << 30)));
