@@ -22,7 +22,6 @@
 //!   chunk again; a block is read from disk between two short lookups.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -82,7 +81,10 @@ impl Core {
         if victims.is_empty() {
             return Ok(0);
         }
-        let rank: HashMap<u32, usize> = victims.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        // Looked up for every pointer of every map: a short sorted list, not a hash.
+        let mut rank: Vec<(u32, usize)> =
+            victims.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        rank.sort_unstable();
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
@@ -116,14 +118,19 @@ impl Core {
         &self,
         v: &Arc<VolumeState>,
         vi: usize,
-        rank: &HashMap<u32, usize>,
+        rank: &[(u32, usize)],
         moves: &mut Vec<Move>,
         done: &mut usize,
     ) -> Result<()> {
         let rank_of = |p: &Blkptr| {
             p.addrs()
                 .iter()
-                .filter_map(|&a| rank.get(&segment_of(a)).copied())
+                .filter_map(|&a| {
+                    let seg = segment_of(a);
+                    rank.binary_search_by_key(&seg, |&(s, _)| s)
+                        .ok()
+                        .map(|i| rank[i].1)
+                })
                 .min()
         };
         let blocks = v.size / v.block_size as u64;
