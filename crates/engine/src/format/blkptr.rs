@@ -142,6 +142,25 @@ impl Blkptr {
         Ok(p)
     }
 
+    /// `decode`, and then refuses (naming `what`) any type but `kind`, and a hole
+    /// unless `hole_ok`.
+    pub fn decode_as(
+        b: &[u8],
+        shift: SegmentShift,
+        kind: RecordType,
+        hole_ok: bool,
+        what: &'static str,
+    ) -> Result<Blkptr> {
+        let p = Blkptr::decode(b, shift).map_err(|e| e.within(what))?;
+        if !(p.kind == kind || hole_ok && p.is_hole()) {
+            return Err(super::corrupt(
+                what,
+                format!("points at a {:?}, not a {kind:?}", p.kind),
+            ));
+        }
+        Ok(p)
+    }
+
     /// The rules `decode` enforces and `encode` asserts, beyond the address bounds.
     fn check(&self) -> std::result::Result<(), String> {
         use RecordType::*;

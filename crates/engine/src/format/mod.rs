@@ -52,6 +52,8 @@
 
 pub mod address;
 pub mod blkptr;
+pub mod deadlist;
+pub mod epoch;
 pub mod header;
 pub mod node;
 pub mod segment;
@@ -110,6 +112,17 @@ impl<'a> Fields<'a> {
             None => Ok(()),
             Some(i) => Err(self.err(format!("reserved {field} has byte {} set", at + i))),
         }
+    }
+
+    /// The u32 count at `at` of `size`-byte items behind a `header`-byte prefix: the
+    /// bytes must hold exactly that many (so nothing is sized by an unchecked count).
+    pub fn counted(&self, at: usize, header: usize, size: usize) -> Result<usize> {
+        let n = self.u32(at) as usize;
+        let want = n.checked_mul(size).and_then(|x| x.checked_add(header));
+        self.check(want == Some(self.b.len()), || {
+            format!("count {n} of {size}-byte entries in {} bytes", self.b.len())
+        })?;
+        Ok(n)
     }
 
     pub fn err(&self, msg: impl std::fmt::Display) -> Error {
