@@ -52,6 +52,7 @@
 
 pub mod address;
 pub mod blkptr;
+pub mod dataset;
 pub mod deadlist;
 pub mod epoch;
 pub mod header;
