@@ -58,6 +58,7 @@ pub mod epoch;
 pub mod header;
 pub mod node;
 pub mod segment;
+pub mod superblock;
 
 use crate::{Error, Result};
 
