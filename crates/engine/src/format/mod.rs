@@ -56,6 +56,7 @@ pub mod dataset;
 pub mod deadlist;
 pub mod epoch;
 pub mod header;
+pub mod log;
 pub mod node;
 pub mod segment;
 pub mod superblock;
