@@ -27,28 +27,33 @@
 //! bytes a MAC covers are given by accessors (`Blkptr::logical_bytes`,
 //! `Node::mac_input`, `Superblock::hmac_input`, ...); computing MACs is step 3's.
 //!
-//! **Decisions where 0008 was silent** (written into the ADR too):
+//! **Decisions where 0008 was silent** (written into the ADR in the same commit):
 //! - Segment id `2^40 − 1` is never allocated, so `u64::MAX` (no copy) is no address.
-//! - A pointer's `type` 0 goes with length 0 and all other bytes zero (a hole); a
-//!   record's length includes its 16-byte header, so a non-hole is at least 16 bytes.
-//!   Copy 2, when present, lies in another segment than copy 1. Key epoch 0 (a
-//!   one-time key or the log key) is allowed only on objects and log blocks, with
-//!   nonce 0 for objects. A child's birth is at most its node's.
+//! - A pointer's type 0 goes with all 64 bytes zero (a hole); a record's length
+//!   includes its 16-byte header, so a non-hole is at least 16 bytes. Copy 2, when
+//!   present, lies in another segment than copy 1. Key epoch 0 (a one-time key or
+//!   the log key) only on objects (nonce 0) and log blocks. Birth ≥ 1, and a child's
+//!   birth is at most its node's.
 //! - Lineage id 0 is pool metadata (the directory and the segment table); datasets'
-//!   lineages are ≥ 1. The segment table's nodes are told apart from the directory's,
-//!   which have the same lineage, key and uuid, by the GMAC label
-//!   `"bulwark2 segs"` instead of `"bulwark2 node"` ([`node::Tree`]).
+//!   lineages are ≥ 1 and their object ids ≥ 2. The segment table's nodes are told
+//!   apart from the directory's, which have the same lineage, key and uuid, by the
+//!   GMAC label `"bulwark2 segs"` instead of `"bulwark2 node"` ([`node::Tree`]).
 //! - Object kinds 6 (the pool record, object 1) and 7 (the pending-replay object),
 //!   which 0008 names without a number. Their bodies, the keyring's and the log
 //!   device label's are left to the steps that write them (5, 11).
 //! - Key ids in a keyring start at 1; a dataset's rotation cursor is
 //!   `key id from u32 ‖ key id to u32 ‖ next block u64 ‖ 48 zero`, all zero when no
-//!   rotation runs. A dataset's `holds` field equals the count of its hold list.
+//!   rotation runs; its `holds` field equals the count of its hold list.
+//! - A free segment's slot in the segment table is 64 zero bytes; a dead-list
+//!   bucket's chunk pointer is a hole exactly when the bucket is empty; the
+//!   superblock's bytes 4064..4096 (after the HMAC) are zero.
 //! - A log block is `128 + payload` bytes rounded up to 4 KiB (its length follows
 //!   from the header); its GMAC covers bytes 0..88 with the xxh3 field (72..80) read as
-//!   zero, so the xxh3, computed last over the whole block, can cover the tag.
-//!   In a log-stream segment a log block is preceded by a record header (type 4);
-//!   on the log device and as a log object it stands alone.
+//!   zero, so the xxh3, computed last over the whole block, can cover the tag. A log
+//!   entry's header is 32 bytes (4 zero after 0008's 28) and each payload, and each
+//!   record inside a WRITE_COPY, is padded to 16, so records in a block stay
+//!   16-aligned. In a log-stream segment a log block is preceded by a record header
+//!   (type 4); on the log device and as a log object it stands alone.
 
 pub mod address;
 pub mod blkptr;
