@@ -57,7 +57,7 @@ impl PoolAddr {
             "segment id {segment} out of range"
         );
         assert!(offset % RECORD_ALIGN == 0 && offset < 1 << SEGMENT_SHIFT_MAX);
-        PoolAddr(segment << OFFSET_BITS | offset / RECORD_ALIGN)
+        PoolAddr((segment << OFFSET_BITS) | (offset / RECORD_ALIGN))
     }
 
     /// An address read from disk (`what` names the field): `NONE`, or a segment id

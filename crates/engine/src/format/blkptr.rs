@@ -117,7 +117,7 @@ impl Blkptr {
     /// this pool is the pool's to check.
     pub fn decode(b: &[u8], shift: SegmentShift) -> Result<Blkptr> {
         let f = Fields::exact(b, BLKPTR_BYTES, "block pointer")?;
-        let kind = RecordType::from_u8(f.u8(20))
+        let kind = RecordType::from_repr(f.u8(20))
             .ok_or_else(|| f.err(format!("unknown type {}", f.u8(20))))?;
         if kind == RecordType::Hole {
             f.zero(0, BLKPTR_BYTES, "hole")?;

@@ -58,11 +58,11 @@ const DEAD_LIST_AT: usize = 200;
 const KEYRING_AT: usize = 264;
 const ROTATION_AT: usize = 328;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum DatasetKind {
-    Head = 1,
-    Snapshot = 2,
+coded_enum! {
+    pub enum DatasetKind: u8 {
+        Head = 1,
+        Snapshot = 2,
+    }
 }
 
 /// Key rotation in progress: blocks below `next_block` are under `key_to`.
@@ -158,11 +158,8 @@ impl Dataset {
     pub fn decode(b: &[u8], shift: SegmentShift) -> Result<Dataset> {
         let f = Fields::at_least(b, DATASET_FIXED_BYTES, "dataset record")?;
         f.check(f.array::<4>(0) == *DATASET_MAGIC, || "bad magic".into())?;
-        let kind = match f.u8(4) {
-            1 => DatasetKind::Head,
-            2 => DatasetKind::Snapshot,
-            k => return Err(f.err(format!("unknown kind {k}"))),
-        };
+        let kind = DatasetKind::from_repr(f.u8(4))
+            .ok_or_else(|| f.err(format!("unknown kind {}", f.u8(4))))?;
         let flag = |at: usize, field: &str| match f.u8(at) {
             0 => Ok(false),
             1 => Ok(true),

@@ -25,15 +25,15 @@ pub const EPOCH_ENTRY_BYTES: usize = 48;
 pub const EPOCH_TABLE_MAGIC: &[u8; 4] = b"BWEP";
 pub const EPOCH_TABLE_HEADER_BYTES: usize = 12;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum EpochKind {
-    /// Pool metadata (lineage 0): directory, segment table, datasets, dead lists.
-    Pool = 0,
-    /// Data and map nodes of an encrypted lineage, from a data key.
-    Sealed = 1,
-    /// Data and map nodes of an unencrypted lineage, from the pool key.
-    LineageAuth = 2,
+coded_enum! {
+    pub enum EpochKind: u8 {
+        /// Pool metadata (lineage 0): directory, segment table, datasets, dead lists.
+        Pool = 0,
+        /// Data and map nodes of an encrypted lineage, from a data key.
+        Sealed = 1,
+        /// Data and map nodes of an unencrypted lineage, from the pool key.
+        LineageAuth = 2,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,12 +66,8 @@ impl EpochEntry {
     pub fn decode(b: &[u8]) -> Result<EpochEntry> {
         let f = Fields::exact(b, EPOCH_ENTRY_BYTES, "epoch entry")?;
         f.zero(13, 3, "bytes 13..16")?;
-        let kind = match f.u8(12) {
-            0 => EpochKind::Pool,
-            1 => EpochKind::Sealed,
-            2 => EpochKind::LineageAuth,
-            k => return Err(f.err(format!("unknown kind {k}"))),
-        };
+        let kind = EpochKind::from_repr(f.u8(12))
+            .ok_or_else(|| f.err(format!("unknown kind {}", f.u8(12))))?;
         let e = EpochEntry {
             epoch: f.u32(0),
             lineage: f.u32(4),

@@ -16,60 +16,32 @@ use crate::Result;
 
 use super::{put, Fields};
 
-/// What a pointer points at and a record header says a record is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum RecordType {
-    /// Only in pointers: nothing stored.
-    Hole = 0,
-    Data = 1,
-    Node = 2,
-    Object = 3,
-    Log = 4,
-}
-
-impl RecordType {
-    pub fn from_u8(v: u8) -> Option<RecordType> {
-        Some(match v {
-            0 => RecordType::Hole,
-            1 => RecordType::Data,
-            2 => RecordType::Node,
-            3 => RecordType::Object,
-            4 => RecordType::Log,
-            _ => return None,
-        })
+coded_enum! {
+    /// What a pointer points at and a record header says a record is.
+    pub enum RecordType: u8 {
+        /// Only in pointers: nothing stored.
+        Hole = 0,
+        Data = 1,
+        Node = 2,
+        Object = 3,
+        Log = 4,
     }
 }
 
-/// The kind of an object (a record of type 3), in its header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum ObjectKind {
-    Dataset = 1,
-    /// Sealed under a one-time key (key epoch 0).
-    Keyring = 2,
-    DeadList = 3,
-    DeadListChunk = 4,
-    /// Authenticated with the one-time key of the superblock that points at it.
-    EpochTable = 5,
-    /// Object 1: next object id, next lineage id, scrub state, errors, lineages.
-    PoolRecord = 6,
-    /// Intent-log entries waiting for an encrypted dataset's key.
-    PendingReplay = 7,
-}
-
-impl ObjectKind {
-    pub fn from_u32(v: u32) -> Option<ObjectKind> {
-        Some(match v {
-            1 => ObjectKind::Dataset,
-            2 => ObjectKind::Keyring,
-            3 => ObjectKind::DeadList,
-            4 => ObjectKind::DeadListChunk,
-            5 => ObjectKind::EpochTable,
-            6 => ObjectKind::PoolRecord,
-            7 => ObjectKind::PendingReplay,
-            _ => return None,
-        })
+coded_enum! {
+    /// The kind of an object (a record of type 3), in its header.
+    pub enum ObjectKind: u32 {
+        Dataset = 1,
+        /// Sealed under a one-time key (key epoch 0).
+        Keyring = 2,
+        DeadList = 3,
+        DeadListChunk = 4,
+        /// Authenticated with the one-time key of the superblock that points at it.
+        EpochTable = 5,
+        /// Object 1: next object id, next lineage id, scrub state, errors, lineages.
+        PoolRecord = 6,
+        /// Intent-log entries waiting for an encrypted dataset's key.
+        PendingReplay = 7,
     }
 }
 
@@ -118,7 +90,7 @@ impl RecordHeader {
         let f = Fields::at_least(b, RECORD_HEADER_BYTES, "record header")?;
         f.zero(2, 2, "bytes 2..4")?;
         let (level, word, long) = (f.u8(1), f.u32(4), f.u64(8));
-        let kind = RecordType::from_u8(f.u8(0));
+        let kind = RecordType::from_repr(f.u8(0));
         if kind != Some(RecordType::Node) {
             f.check(level == 0, || {
                 format!("level {level} on a record that is no node")
@@ -138,7 +110,7 @@ impl RecordHeader {
                 }
             }
             Some(RecordType::Object) => RecordHeader::Object {
-                kind: ObjectKind::from_u32(word)
+                kind: ObjectKind::from_repr(word)
                     .ok_or_else(|| f.err(format!("unknown object kind {word}")))?,
                 id: long,
             },

@@ -52,23 +52,14 @@ const MAC_HEADER_BYTES: usize = 88;
 const XXH3_AT: usize = 72;
 const PAYLOAD_MAX: usize = LOG_BLOCK_BYTES_MAX - LOG_BLOCK_HEADER_BYTES;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum LogOp {
-    WritePtr = 1,
-    WriteCopy = 2,
-    Trim = 3,
-    Zero = 4,
-    Epoch = 5,
-    VolumeOp = 6,
-}
-
-impl LogOp {
-    fn from_u8(v: u8) -> Option<LogOp> {
-        use LogOp::*;
-        [WritePtr, WriteCopy, Trim, Zero, Epoch, VolumeOp]
-            .into_iter()
-            .find(|op| *op as u8 == v)
+coded_enum! {
+    pub enum LogOp: u8 {
+        WritePtr = 1,
+        WriteCopy = 2,
+        Trim = 3,
+        Zero = 4,
+        Epoch = 5,
+        VolumeOp = 6,
     }
 }
 
@@ -316,7 +307,8 @@ impl LogBlock {
 
     fn entry(b: &[u8], shift: SegmentShift) -> Result<LogEntry> {
         let f = Fields::at_least(b, LOG_ENTRY_HEADER_BYTES, "log entry")?;
-        let op = LogOp::from_u8(f.u8(0)).ok_or_else(|| f.err(format!("unknown op {}", f.u8(0))))?;
+        let op =
+            LogOp::from_repr(f.u8(0)).ok_or_else(|| f.err(format!("unknown op {}", f.u8(0))))?;
         f.zero(1, 3, "bytes 1..4")?;
         f.zero(28, 4, "bytes 28..32")?;
         let len = f.u32(24) as usize;
@@ -418,7 +410,7 @@ mod tests {
         }
     }
 
-    fn resum(b: &mut Vec<u8>) {
+    fn resum(b: &mut [u8]) {
         if b.len() >= LOG_BLOCK_HEADER_BYTES {
             b[XXH3_AT..XXH3_AT + 8].fill(0);
             let sum = xxh3_64(b);
@@ -538,7 +530,7 @@ mod tests {
             "LogBlock::decode",
             &valid,
             5000,
-            Some(&resum),
+            Some(&|b: &mut Vec<u8>| resum(b)),
             &|b| LogBlock::decode(b, s),
             &|l| l.encode(s),
         );

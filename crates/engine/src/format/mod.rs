@@ -55,6 +55,30 @@
 //!   16-aligned. In a log-stream segment a log block is preceded by a record header
 //!   (type 4); on the log device and as a log object it stands alone.
 
+/// A fieldless enum stored as a number (`u8`, or `u32` for object kinds), with
+/// `from_repr`, the decoder of that number: `None` for a value no writer stores.
+macro_rules! coded_enum {
+    ($(#[$m:meta])* pub enum $name:ident: $repr:ty {
+        $($(#[$vm:meta])* $v:ident = $n:literal,)*
+    }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[$vm])* $v = $n,)*
+        }
+
+        impl $name {
+            pub fn from_repr(v: $repr) -> Option<$name> {
+                match v {
+                    $($n => Some($name::$v),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
 pub mod address;
 pub mod blkptr;
 pub mod dataset;
@@ -163,13 +187,16 @@ pub(crate) mod testing {
 
     use crate::{Error, Result};
 
+    /// Re-seals a mutant (a checksum recomputed) so mutations reach the fields behind it.
+    pub type Fixup<'a> = Option<&'a dyn Fn(&mut Vec<u8>)>;
+
     /// `decode` never panics on mutants of `valid`, refuses only with `Corrupt`, and
     /// what it accepts encodes back to exactly the bytes it was given.
     pub fn fuzz_canonical<T: std::fmt::Debug>(
         name: &str,
         valid: &[Vec<u8>],
         cases: usize,
-        fixup: Option<&dyn Fn(&mut Vec<u8>)>,
+        fixup: Fixup,
         decode: &dyn Fn(&[u8]) -> Result<T>,
         encode: &dyn Fn(&T) -> Vec<u8>,
     ) {

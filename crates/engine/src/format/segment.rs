@@ -30,23 +30,24 @@ use super::{put, Fields};
 
 pub const SEGMENT_ENTRY_BYTES: usize = 64;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum SegmentState {
-    Open = 1,
-    Sealed = 2,
-    Uploaded = 3,
-    Evicted = 4,
+coded_enum! {
+    /// A stored entry's state (a free segment has no entry).
+    pub enum SegmentState: u8 {
+        Open = 1,
+        Sealed = 2,
+        Uploaded = 3,
+        Evicted = 4,
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Stream {
-    Data = 0,
-    Clean = 1,
-    Meta = 2,
-    Meta2 = 3,
-    Log = 4,
+coded_enum! {
+    pub enum Stream: u8 {
+        Data = 0,
+        Clean = 1,
+        Meta = 2,
+        Meta2 = 3,
+        Log = 4,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,21 +98,14 @@ impl SegmentEntry {
         }
         f.zero(10, 2, "bytes 10..12")?;
         f.zero(44, 4, "bytes 44..48")?;
-        let state = match f.u8(8) {
-            1 => SegmentState::Open,
-            2 => SegmentState::Sealed,
-            3 => SegmentState::Uploaded,
-            4 => SegmentState::Evicted,
-            s => return Err(f.err(format!("state {s} (a free segment's entry is all zero)"))),
-        };
-        let stream = match f.u8(9) {
-            0 => Stream::Data,
-            1 => Stream::Clean,
-            2 => Stream::Meta,
-            3 => Stream::Meta2,
-            4 => Stream::Log,
-            s => return Err(f.err(format!("unknown stream {s}"))),
-        };
+        let state = SegmentState::from_repr(f.u8(8)).ok_or_else(|| {
+            f.err(format!(
+                "state {} (a free segment's entry is all zero)",
+                f.u8(8)
+            ))
+        })?;
+        let stream = Stream::from_repr(f.u8(9))
+            .ok_or_else(|| f.err(format!("unknown stream {}", f.u8(9))))?;
         let e = SegmentEntry {
             segment: f.u64(0),
             state,
