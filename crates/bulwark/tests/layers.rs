@@ -152,6 +152,8 @@ const ENGINE: Table = Table {
         ("hex", &[]),
         ("size", &[]),
         ("fuzz", &[]),
+        // Format 2's byte layouts (decision 0008): pure codecs, no I/O, no keys.
+        ("format", &["checksum", "constants", "fuzz"]),
         // Devices by byte offset (files, block devices, fault injection).
         ("device", &["constants"]),
         // Where copies and shards of a record lie; verified reads that repair.

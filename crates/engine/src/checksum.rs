@@ -23,6 +23,13 @@ pub fn checksum_sealed(stored: &[u8]) -> Checksum {
     sum
 }
 
+/// xxh3-64 of stored bytes: the unkeyed checksum of format 2 (decision 0008), in
+/// block pointers and intent-log blocks, that tells a good copy from a bad one
+/// without a key.
+pub fn xxh3_64(stored: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(stored)
+}
+
 /// Whether `stored` matches `sum`, of either kind.
 pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
     if sum[16..] == XXH3_TAG {

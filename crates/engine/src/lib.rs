@@ -2,7 +2,8 @@
 //!
 //! Layers, bottom up (each module knows only the ones below it; the table in
 //! `crates/bulwark/tests/layers.rs` checks it): leaves (`error`, `constants`,
-//! `checksum`, `hex`, `size`) → `device` (files and block devices by offset) →
+//! `checksum`, `hex`, `size`) → `format` (format 2's byte layouts, decision 0008:
+//! pure codecs, not yet written by any pool) → `device` (files and block devices by offset) →
 //! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
 //! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
 //! AES-256-GCM) → `keys` (key slots, data key rings) → `map` (copy-on-write radix
@@ -19,6 +20,7 @@ pub mod codec;
 pub mod constants;
 pub mod device;
 pub mod error;
+pub mod format;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod hex;
