@@ -145,34 +145,47 @@ impl Core {
         let nodes_done = started.elapsed();
         let table_ptr = self.store.write_meta(&table.seal(&table_key))?;
 
-        self.store.red.flush()?;
+        // The next superblock, from what only commits change (under the commit lock).
+        let mut next_sb = self.sb.lock().sb.clone();
+        next_sb.generation += 1;
+        next_sb.root = table_ptr;
+        next_sb.table_key = table_key;
+        next_sb.high_water = self.store.log.high_water();
+        let nonce_next = self.store.nonce_next();
+        if nonce_next.saturating_add(NONCE_RESERVE_STEP / 2) > next_sb.nonce_reserved {
+            next_sb.nonce_reserved = nonce_next.saturating_add(NONCE_RESERVE_STEP);
+        }
+        // The host learns the generation before any device holds it (`anchor`): a crash in
+        // between leaves the devices at the committed one or at this one. The anchor is
+        // synced while the devices are (both must be durable before any superblock of the
+        // generation is written), so it adds no wait of its own to a commit.
+        let point = (next_sb.generation, super::anchor::digest(&next_sb));
+        let mut anchor = self.anchor.lock();
+        let announce = super::anchor::Anchor {
+            seq: anchor.seq + 1,
+            next: point,
+            nonce_reserved: anchor.nonce_reserved.max(next_sb.nonce_reserved),
+            ..anchor.clone()
+        };
+        let (devices, anchored) = std::thread::scope(|s| {
+            let anchoring = s.spawn(|| super::anchor::write(&self.dir, &announce));
+            let devices = self.store.red.flush();
+            (
+                devices,
+                anchoring.join().expect("the anchor writer does not panic"),
+            )
+        });
+        devices?;
+        anchored?;
         let flushed = started.elapsed();
 
         let (old_root, generation) = {
             let mut st = self.sb.lock();
             let old = st.sb.root;
-            st.sb.generation += 1;
-            st.sb.root = table_ptr;
-            st.sb.table_key = table_key;
-            st.sb.high_water = self.store.log.high_water();
-            let next = self.store.nonce_next();
-            if next.saturating_add(NONCE_RESERVE_STEP / 2) > st.sb.nonce_reserved {
-                st.sb.nonce_reserved = next.saturating_add(NONCE_RESERVE_STEP);
-            }
-            // The host learns the generation before any device holds it (`anchor`): a crash
-            // in between leaves the devices at the committed one or at this one.
-            let next = (st.sb.generation, super::anchor::digest(&st.sb));
-            let mut anchor = self.anchor.lock();
-            let announce = super::anchor::Anchor {
-                seq: anchor.seq + 1,
-                next,
-                nonce_reserved: anchor.nonce_reserved.max(st.sb.nonce_reserved),
-                ..anchor.clone()
-            };
-            super::anchor::write(&self.dir, &announce)?;
+            st.sb = next_sb;
             self.write_superblocks(&st.sb, st.back_region)?;
             *anchor = super::anchor::Anchor {
-                committed: next,
+                committed: point,
                 next: (0, [0; 32]),
                 ..announce
             };
