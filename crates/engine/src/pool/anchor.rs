@@ -137,11 +137,21 @@ pub fn read(dir: &Path) -> Result<Option<Anchor>> {
 
 /// Write `a` to the slot its sequence picks and sync it (the file is made 0600).
 pub fn write(dir: &Path, a: &Anchor) -> Result<()> {
+    write_to(dir, a, false)
+}
+
+/// The first anchor of a new pool: whatever anchor file was left in `dir` (of a pool
+/// whose devices and pool.json are gone) is replaced, not merged slot by slot.
+pub fn write_first(dir: &Path, a: &Anchor) -> Result<()> {
+    write_to(dir, a, true)
+}
+
+fn write_to(dir: &Path, a: &Anchor, fresh: bool) -> Result<()> {
     let p = path(dir);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(false)
+        .truncate(fresh)
         .mode(0o600)
         .open(&p)
         .map_err(|e| Error::device(&p, e))?;
@@ -193,6 +203,19 @@ mod tests {
                 assert_eq!(a, anchor(7), "a mutated slot decoded to something else");
             }
         });
+    }
+
+    #[test]
+    fn a_new_pool_replaces_a_stale_anchor() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &anchor(8)).unwrap();
+        write(dir.path(), &anchor(9)).unwrap();
+        let first = Anchor {
+            pool_id: [5; 16],
+            ..anchor(1)
+        };
+        write_first(dir.path(), &first).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(first));
     }
 
     #[test]

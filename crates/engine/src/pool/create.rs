@@ -340,7 +340,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         }
         // The host's record of the generation the devices are at (`anchor`).
         if let Some(sb) = first {
-            super::anchor::write(
+            super::anchor::write_first(
                 dir,
                 &super::anchor::Anchor {
                     seq: 1,
