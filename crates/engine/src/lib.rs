@@ -15,6 +15,7 @@
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
+pub mod auth;
 pub mod checksum;
 pub mod codec;
 pub mod constants;
