@@ -164,6 +164,12 @@ const ENGINE: Table = Table {
         ("codec", &["constants", "fuzz"]),
         // Key slots, data key rings.
         ("keys", &["codec", "hex"]),
+        // Format 2's record authentication: sealed and authenticated records, node
+        // MACs, the policy check from keyrings (decision 0008, not wired in yet).
+        (
+            "auth",
+            &["checksum", "codec", "constants", "format", "fuzz", "hex", "keys"],
+        ),
         // The copy-on-write radix tree of block pointers.
         ("map", &["checksum", "codec", "constants", "fuzz"]),
         // The data plane: one put path, one release point, back-pressure.

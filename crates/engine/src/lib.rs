@@ -6,7 +6,8 @@
 //! pure codecs, not yet written by any pool) → `device` (files and block devices by offset) →
 //! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
 //! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
-//! AES-256-GCM) → `keys` (key slots, data key rings) → `map` (copy-on-write radix
+//! AES-256-GCM) → `keys` (key slots, data key rings) → `auth` (format 2's record
+//! authentication, not yet used by any pool) → `map` (copy-on-write radix
 //! tree of block pointers) → `store` (the data plane: one put path, one release
 //! point, nonces, back-pressure) → `volume` (byte-addressed reads and writes,
 //! through the store only) → `pool` (the control plane: labels, superblocks,
@@ -15,6 +16,7 @@
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
+pub mod auth;
 pub mod checksum;
 pub mod codec;
 pub mod constants;

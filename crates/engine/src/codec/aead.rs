@@ -131,6 +131,7 @@ fn scrub_stack() {
     std::hint::black_box(&area);
 }
 
+/// Format 1's nonce: 4 zero bytes, then the 64-bit counter little-endian.
 fn nonce_bytes(counter: u64) -> [u8; 12] {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_le_bytes());
@@ -183,10 +184,23 @@ impl BlockCipher {
         body: &mut [u8],
         tag: &mut [u8],
     ) -> Result<()> {
+        self.seal96(nonce_bytes(nonce), aad, plain, body, tag)
+    }
+
+    /// `seal` with the whole 12-byte nonce given (format 2 lays its counter out
+    /// otherwise: `auth::n96`).
+    pub fn seal96(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        plain: Option<&[u8]>,
+        body: &mut [u8],
+        tag: &mut [u8],
+    ) -> Result<()> {
         match &self.key {
             Key::AwsLc(k) => {
                 use aws_lc_rs::aead::{Aad, Nonce};
-                let n = Nonce::assume_unique_for_key(nonce_bytes(nonce));
+                let n = Nonce::assume_unique_for_key(nonce);
                 match plain {
                     Some(p) => k
                         .seal_out_of_place_scatter(n, Aad::from(aad), p, body, &[], tag)
@@ -209,7 +223,7 @@ impl BlockCipher {
                 let t = k
                     .get()
                     .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce_bytes(nonce)),
+                        Nonce::assume_unique_for_key(nonce),
                         Aad::from(aad),
                         body,
                     )
@@ -230,11 +244,23 @@ impl BlockCipher {
         tag: &[u8],
         out: &mut [u8],
     ) -> std::result::Result<(), TagMismatch> {
+        self.open_into96(nonce_bytes(nonce), aad, body, tag, out)
+    }
+
+    /// `open_into` with the whole 12-byte nonce given.
+    pub fn open_into96(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        body: &[u8],
+        tag: &[u8],
+        out: &mut [u8],
+    ) -> std::result::Result<(), TagMismatch> {
         let ok = match &self.key {
             Key::AwsLc(k) => {
                 use aws_lc_rs::aead::{Aad, Nonce};
                 k.open_separate_gather(
-                    Nonce::assume_unique_for_key(nonce_bytes(nonce)),
+                    Nonce::assume_unique_for_key(nonce),
                     Aad::from(aad),
                     body,
                     tag,
@@ -245,7 +271,7 @@ impl BlockCipher {
             Key::Ring(_) => {
                 // ring opens in place only (and `open_in_place` zeroes `out` on a mismatch).
                 out.copy_from_slice(body);
-                return self.open_in_place(nonce, aad, out, tag);
+                return self.open_in_place96(nonce, aad, out, tag);
             }
         };
         if ok {
@@ -264,6 +290,17 @@ impl BlockCipher {
         body: &mut [u8],
         tag: &[u8],
     ) -> std::result::Result<(), TagMismatch> {
+        self.open_in_place96(nonce_bytes(nonce), aad, body, tag)
+    }
+
+    /// `open_in_place` with the whole 12-byte nonce given.
+    pub fn open_in_place96(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        body: &mut [u8],
+        tag: &[u8],
+    ) -> std::result::Result<(), TagMismatch> {
         if tag.len() != TAG_BYTES {
             return Err(TagMismatch);
         }
@@ -271,7 +308,7 @@ impl BlockCipher {
             Key::AwsLc(k) => {
                 use aws_lc_rs::aead::{Aad, Nonce};
                 k.open_in_place_separate_tag(
-                    Nonce::assume_unique_for_key(nonce_bytes(nonce)),
+                    Nonce::assume_unique_for_key(nonce),
                     Aad::from(aad),
                     tag,
                     body,
@@ -283,7 +320,7 @@ impl BlockCipher {
                 let tag = Tag::try_from(tag).map_err(|_| TagMismatch)?;
                 k.get()
                     .open_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce_bytes(nonce)),
+                        Nonce::assume_unique_for_key(nonce),
                         Aad::from(aad),
                         tag,
                         body,

@@ -138,7 +138,8 @@ pub struct CompressGuess {
 }
 
 impl CompressGuess {
-    fn try_block(&self, plain: &[u8]) -> bool {
+    /// Whether to try lz4 on `plain` (and learn from the sample taken).
+    pub fn try_block(&self, plain: &[u8]) -> bool {
         if self.misses.load(Ordering::Relaxed) >= MISSES_BEFORE_SKIPPING
             && self.skipped.fetch_add(1, Ordering::Relaxed) + 1 < SAMPLE_EVERY
         {

@@ -186,6 +186,18 @@ impl EpochWriter {
         }
     }
 
+    pub fn lineage(&self) -> u32 {
+        self.lineage
+    }
+
+    pub fn lineage_uuid(&self) -> &[u8; 16] {
+        &self.lineage_uuid
+    }
+
+    pub fn kind(&self) -> EpochKind {
+        self.kind
+    }
+
     /// The epoch and nonce for the next record. Opens a new epoch (numbered by `numbers`,
     /// with a fresh salt) on first use and when the current one has no nonce left.
     pub fn next(&self, numbers: &EpochNumbers) -> Result<(Arc<OpenEpoch>, u32)> {
