@@ -6,7 +6,7 @@
 //! `display` (tables) and `bench` (fio over NBD). Errors end as one
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 //!
-//! Module order, bottom-up: `error`, `access` → `cli`, `control` →
+//! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
 //! `display` → `client` → `export`, `grant`, `keys`, `maintenance`, `bench`
 //! → `daemon`. A module uses only modules before it (`tests/layers.rs`).
 
@@ -22,6 +22,7 @@ mod export;
 mod grant;
 mod keys;
 mod maintenance;
+mod notify;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -101,6 +101,8 @@ const BULWARK: Table = Table {
         ("error", &[]),
         // Grants and the audit log (files in the pool directory).
         ("access", &[]),
+        // sd_notify: readiness for systemd's Type=notify.
+        ("notify", &[]),
         // Arguments.
         ("cli", &["error"]),
         // The control protocol, both sides' vocabulary.
@@ -131,6 +133,7 @@ const BULWARK: Table = Table {
                 "grant",
                 "keys",
                 "maintenance",
+                "notify",
             ],
         ),
     ],
