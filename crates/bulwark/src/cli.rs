@@ -18,12 +18,12 @@ use crate::error::{Error, Result};
     name = "bulwark",
     version,
     about = "Encrypted, checksummed virtual disks served over NBD",
-    after_help = "Commands other than 'pool create' and 'serve' talk to the running daemon \
-                  through DIR/control.sock."
+    after_help = "Commands other than 'pool create', 'serve' and 'history' talk to the running \
+                  daemon through DIR/control.sock."
 )]
 pub struct Cli {
     /// Pool directory of the running daemon, whose control socket commands talk to
-    /// ('pool create' and 'serve' take DIR instead).
+    /// ('history' reads its audit log, daemon or not; 'pool create' and 'serve' take DIR).
     #[arg(long, global = true, env = "BULWARK_POOL", value_name = "DIR")]
     pub pool: Option<PathBuf>,
 
@@ -63,6 +63,13 @@ pub enum Command {
     /// Inject faults into devices, for drills and tests (needs 'serve --allow-fault-injection').
     #[command(subcommand, after_help = FAULT_AFTER_HELP)]
     Fault(FaultCommand),
+    /// Show the pool's audit log (DIR/audit.log), one line per record, as 'zpool history' does.
+    ///
+    /// Reads the file itself: works with the daemon stopped. Records are
+    /// attaches and detaches, refused opens and handshakes, key, grant and
+    /// volume commands. Times are UTC.
+    #[command(after_help = HISTORY_AFTER_HELP)]
+    History(HistoryArgs),
     /// Measure a volume (or any NBD export) with fio: IOPS, MB/s, p50/p99 latency per cell.
     ///
     /// Runs fio's nbd engine over a matrix of block sizes × patterns × queue
@@ -96,6 +103,15 @@ Examples:
   bulwark --pool /srv/pool bench benchvol
   bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
   bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
+
+const HISTORY_AFTER_HELP: &str = "\
+TIME is RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00), a date \
+(2024-05-01, midnight UTC), or an age before now: a number and s, m, h, d or w \
+(30m, 1h, 2d). A last line cut short by a crash is skipped with a warning.
+
+Examples:
+  bulwark --pool /srv/pool history --since 1d
+  bulwark --pool /srv/pool history --volume vm1 --client psk:backup --json";
 
 const SCRUB_AFTER_HELP: &str = "\
 A copy is rewritten only from bytes that verified against their checksum after \
@@ -656,6 +672,33 @@ pub struct KeyLoadArgs {
     pub name: String,
     #[command(flatten)]
     pub secret: SecretArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Print the matching records as JSON lines, as they are in the log.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only records about this volume.
+    #[arg(long, value_name = "NAME")]
+    pub volume: Option<String>,
+
+    /// Only records of this client (owner, cn:NAME, sha256:..., psk:IDENTITY, anonymous).
+    #[arg(long, value_name = "CLIENT")]
+    pub client: Option<String>,
+
+    /// Only records of this event (attach, detach, key_load, grant_add, volume_create, ...).
+    #[arg(long, value_name = "EVENT")]
+    pub event: Option<String>,
+
+    /// Only records at or after TIME.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+
+    /// Only records at or before TIME.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -115,6 +115,8 @@ const BULWARK: Table = Table {
         ("export", &["access"]),
         // Commands with both sides: the CLI half and the daemon's `handle`.
         ("grant", &["access", "cli", "client", "control", "error"]),
+        // The audit log read back for people (the file itself, no daemon).
+        ("history", &["access", "cli", "client", "display", "error"]),
         ("keys", &["cli", "client", "control", "display", "error"]),
         (
             "maintenance",
