@@ -883,7 +883,10 @@ mod tests {
                     continue;
                 }
                 *seen += 1;
-                let help = arg.get_help().or(arg.get_long_help()).map(|h| h.to_string());
+                let help = arg
+                    .get_help()
+                    .or(arg.get_long_help())
+                    .map(|h| h.to_string());
                 if help.is_none_or(|h| h.trim().is_empty()) {
                     missing.push(format!("{path} {id}"));
                 }
@@ -917,7 +920,12 @@ mod tests {
         assert!(pool_hidden(&["serve"]));
         assert!(pool_hidden(&["pool"]));
         assert!(pool_hidden(&["pool", "create"]));
-        for shown in [&["status"][..], &["volume", "list"], &["key", "load"], &["scrub"]] {
+        for shown in [
+            &["status"][..],
+            &["volume", "list"],
+            &["key", "load"],
+            &["scrub"],
+        ] {
             assert!(!pool_hidden(shown), "{shown:?}");
         }
 
@@ -926,8 +934,19 @@ mod tests {
         assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/p")));
         let cli = parse(&["bulwark", "--pool", "/p", "serve"]);
         assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/p")));
-        let cli = parse(&["bulwark", "pool", "create", "/d", "--device-size", "1G", "--pool", "/p"]);
-        assert!(matches!(cli.command, Command::Pool(PoolCommand::Create(ref a)) if a.dir == std::path::Path::new("/d")));
+        let cli = parse(&[
+            "bulwark",
+            "pool",
+            "create",
+            "/d",
+            "--device-size",
+            "1G",
+            "--pool",
+            "/p",
+        ]);
+        assert!(
+            matches!(cli.command, Command::Pool(PoolCommand::Create(ref a)) if a.dir == std::path::Path::new("/d"))
+        );
         let cli = parse(&["bulwark", "status", "--pool", "/q"]);
         assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/q")));
     }

@@ -262,7 +262,10 @@ async fn serve_pool(
     eprintln!("{ready})");
     // Both sockets listen (bound above; connections queue until accepted):
     // a service manager may start what depends on the daemon now.
-    service_state(&format!("READY=1\nSTATUS={})", ready.trim_start_matches("bulwark: ")));
+    service_state(&format!(
+        "READY=1\nSTATUS={})",
+        ready.trim_start_matches("bulwark: ")
+    ));
     info!(
         "data blocks: AES-256-GCM by {} (fastest on this CPU; BULWARK_AEAD=aws-lc|ring overrides)",
         bulwark_engine::codec::AeadBackend::chosen().name()

@@ -95,7 +95,10 @@ pub fn volume_table(volumes: &[VolumeEntry]) -> String {
 /// KEY says what `zfs get keystatus` says (`available`, `unavailable`), or
 /// `erased` (no key slot left), or `-` for a plain volume; ATTACHED counts
 /// NBD connections.
-fn volumes_table<'a>(rows: impl Iterator<Item = (&'a VolumeStatus, usize)>, indent: &str) -> String {
+fn volumes_table<'a>(
+    rows: impl Iterator<Item = (&'a VolumeStatus, usize)>,
+    indent: &str,
+) -> String {
     use Align::*;
     let mut t = Table::new(&[
         ("NAME", Left),
@@ -313,7 +316,10 @@ pub fn status_text(report: &StatusReport) -> String {
         let _ = writeln!(out, "volumes: none");
     } else {
         let _ = writeln!(out, "volumes:\n");
-        let rows = p.volumes.iter().map(|v| (v, d.attached.get(&v.name).copied().unwrap_or(0)));
+        let rows = p
+            .volumes
+            .iter()
+            .map(|v| (v, d.attached.get(&v.name).copied().unwrap_or(0)));
         out.push_str(&volumes_table(rows, "\t"));
         let rotations = rotation_lines(&p.volumes);
         if !rotations.is_empty() {

@@ -87,8 +87,15 @@ fn parse_log(text: &str) -> (Vec<Entry<'_>>, Vec<String>) {
         let last = i + 1 == lines.len();
         match serde_json::from_str::<Value>(line) {
             Ok(record) if record.is_object() && !(last && torn) => {
-                let time_ms = record.get("time").and_then(Value::as_str).and_then(|t| parse_rfc3339(t).ok());
-                records.push(Entry { line, record, time_ms });
+                let time_ms = record
+                    .get("time")
+                    .and_then(Value::as_str)
+                    .and_then(|t| parse_rfc3339(t).ok());
+                records.push(Entry {
+                    line,
+                    record,
+                    time_ms,
+                });
             }
             _ if last && torn => warnings.push(format!(
                 "the last line is incomplete ({} bytes, no newline: a write cut short?); skipped",
@@ -187,7 +194,9 @@ fn short_detail(detail: &Value) -> String {
 fn parse_time(s: &str) -> Result<i64> {
     let s = s.trim();
     if let Some(age) = parse_age(s) {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         return Ok(now.as_millis() as i64 - age);
     }
     parse_rfc3339(s).map_err(|why| {
@@ -219,7 +228,8 @@ fn parse_rfc3339(s: &str) -> std::result::Result<i64, String> {
         if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("bad {what} '{part}'"));
         }
-        part.parse::<i64>().map_err(|_| format!("bad {what} '{part}'"))
+        part.parse::<i64>()
+            .map_err(|_| format!("bad {what} '{part}'"))
     };
     let (date, rest) = match s.find(['T', 't', ' ']) {
         Some(i) => (&s[..i], Some(&s[i + 1..])),
@@ -240,9 +250,14 @@ fn parse_rfc3339(s: &str) -> std::result::Result<i64, String> {
     let (clock, offset_min) = if let Some(c) = rest.strip_suffix(['Z', 'z']) {
         (c, 0)
     } else if let Some(i) = rest.rfind(['+', '-']) {
-        let (h, m) = rest[i + 1..].split_once(':').ok_or("the offset is not +HH:MM")?;
+        let (h, m) = rest[i + 1..]
+            .split_once(':')
+            .ok_or("the offset is not +HH:MM")?;
         let sign = if rest.as_bytes()[i] == b'-' { -1 } else { 1 };
-        (&rest[..i], sign * (num(h, "offset hour")? * 60 + num(m, "offset minute")?))
+        (
+            &rest[..i],
+            sign * (num(h, "offset hour")? * 60 + num(m, "offset minute")?),
+        )
     } else {
         return Err("no time zone (end with Z or +HH:MM)".into());
     };
@@ -286,7 +301,10 @@ mod tests {
         let written = crate::access::rfc3339(t);
         assert_eq!(written, "2024-05-01T12:34:56.789Z");
         assert_eq!(parse_rfc3339(&written), Ok(1_714_566_896_789));
-        assert_eq!(parse_rfc3339("2024-05-01T14:34:56.789+02:00"), Ok(1_714_566_896_789));
+        assert_eq!(
+            parse_rfc3339("2024-05-01T14:34:56.789+02:00"),
+            Ok(1_714_566_896_789)
+        );
         assert_eq!(parse_rfc3339("2024-05-01 12:34:56Z"), Ok(1_714_566_896_000));
         assert_eq!(parse_rfc3339("2024-05-01"), Ok(1_714_521_600_000));
         assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Ok(0));
@@ -308,7 +326,10 @@ mod tests {
         assert_eq!(records[0].field("volume"), "v");
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings[0].contains("line 2"), "{warnings:?}");
-        assert!(warnings[1].contains("last line is incomplete"), "{warnings:?}");
+        assert!(
+            warnings[1].contains("last line is incomplete"),
+            "{warnings:?}"
+        );
         let text = history_table(&records.iter().collect::<Vec<_>>());
         assert_eq!(
             text,
@@ -320,7 +341,10 @@ mod tests {
     #[test]
     fn an_error_answer_shows_its_message_first() {
         let d = serde_json::json!({"error": "no such volume", "request": {"name": "x"}});
-        assert_eq!(short_detail(&d), r#"error: no such volume; request={"name":"x"}"#);
+        assert_eq!(
+            short_detail(&d),
+            r#"error: no such volume; request={"name":"x"}"#
+        );
         let long = Value::String("x".repeat(300));
         assert_eq!(short_detail(&long).chars().count(), DETAIL_CHARS);
     }

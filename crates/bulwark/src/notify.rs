@@ -39,7 +39,10 @@ pub fn send_to(socket: &str, state: &str) -> io::Result<()> {
     if sent != state.len() {
         return Err(io::Error::new(
             io::ErrorKind::WriteZero,
-            format!("short datagram to {socket}: {sent} of {} bytes", state.len()),
+            format!(
+                "short datagram to {socket}: {sent} of {} bytes",
+                state.len()
+            ),
         ));
     }
     Ok(())
