@@ -18,11 +18,12 @@ use crate::error::{Error, Result};
     name = "bulwark",
     version,
     about = "Encrypted, checksummed virtual disks served over NBD",
-    after_help = "Commands other than 'pool create' and 'serve' talk to the running daemon \
-                  through DIR/control.sock."
+    after_help = "Commands other than 'pool create', 'serve' and 'history' talk to the running \
+                  daemon through DIR/control.sock."
 )]
 pub struct Cli {
-    /// Pool directory of the running daemon.
+    /// Pool directory of the running daemon, whose control socket commands talk to
+    /// ('history' reads its audit log, daemon or not; 'pool create' and 'serve' take DIR).
     #[arg(long, global = true, env = "BULWARK_POOL", value_name = "DIR")]
     pub pool: Option<PathBuf>,
 
@@ -33,9 +34,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create pools.
-    #[command(subcommand)]
+    #[command(subcommand, arg = legacy_pool_arg())]
     Pool(PoolCommand),
     /// Run the daemon in the foreground: import the pool, serve NBD and the control socket.
+    #[command(arg = legacy_pool_arg())]
     Serve(ServeArgs),
     /// Create, list and destroy volumes.
     #[command(subcommand)]
@@ -61,6 +63,13 @@ pub enum Command {
     /// Inject faults into devices, for drills and tests (needs 'serve --allow-fault-injection').
     #[command(subcommand, after_help = FAULT_AFTER_HELP)]
     Fault(FaultCommand),
+    /// Show the pool's audit log (DIR/audit.log), one line per record, as 'zpool history' does.
+    ///
+    /// Reads the file itself: works with the daemon stopped. Records are
+    /// attaches and detaches, refused opens and handshakes, key, grant and
+    /// volume commands. Times are UTC.
+    #[command(after_help = HISTORY_AFTER_HELP)]
+    History(HistoryArgs),
     /// Measure a volume (or any NBD export) with fio: IOPS, MB/s, p50/p99 latency per cell.
     ///
     /// Runs fio's nbd engine over a matrix of block sizes × patterns × queue
@@ -95,6 +104,15 @@ Examples:
   bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
   bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
 
+const HISTORY_AFTER_HELP: &str = "\
+TIME is RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00), a date \
+(2024-05-01, midnight UTC), or an age before now: a number and s, m, h, d or w \
+(30m, 1h, 2d). A last line cut short by a crash is skipped with a warning.
+
+Examples:
+  bulwark --pool /srv/pool history --since 1d
+  bulwark --pool /srv/pool history --volume vm1 --client psk:backup --json";
+
 const SCRUB_AFTER_HELP: &str = "\
 A copy is rewritten only from bytes that verified against their checksum after \
 being read. A block with no good copy is not written anywhere: it is listed, \
@@ -116,6 +134,23 @@ as 'openssl x509 -noout -fingerprint -sha256' prints it), psk:IDENTITY, or anony
 (plaintext TCP). A TLS client lists and opens only the volumes granted to it; the \
 unix socket's client is the pool owner and needs no grant.";
 
+/// `--pool` where it does not name a running daemon (`pool create`, whose
+/// DIR is the new pool, and `serve`, whose DIR is the pool to serve): still
+/// accepted, so scripts that passed it keep working (`serve` falls back to
+/// it when DIR is omitted, as before), but hidden from help, where the
+/// global option's "of the running daemon" would be wrong. Global, so the
+/// subcommands of `pool` get this copy rather than the visible one.
+fn legacy_pool_arg() -> clap::Arg {
+    clap::Arg::new("pool")
+        .long("pool")
+        .global(true)
+        .hide(true)
+        .env("BULWARK_POOL")
+        .value_name("DIR")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("Pool directory (for 'serve', the same as DIR; ignored by 'pool create')")
+}
+
 #[derive(Debug, Subcommand)]
 pub enum GrantCommand {
     /// Let CLIENT open VOLUME (replaces an existing grant of the same pair; narrowing it to
@@ -134,17 +169,21 @@ pub enum GrantCommand {
 pub struct GrantAddArgs {
     /// cn:NAME, sha256:FINGERPRINT, psk:IDENTITY or anonymous.
     pub client: String,
+    /// The volume the client may open.
     pub volume: String,
     /// The volume is exported read-only to this client; writes get EPERM.
     #[arg(long)]
     pub read_only: bool,
+    /// The client may read and write the volume.
     #[arg(long)]
     pub read_write: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct GrantRemoveArgs {
+    /// The client whose grant goes, as it was added (cn:NAME, sha256:..., psk:IDENTITY, anonymous).
     pub client: String,
+    /// The volume it may no longer open.
     pub volume: String,
 }
 
@@ -185,7 +224,7 @@ pub struct PoolCreateArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Pool directory [default: --pool or BULWARK_POOL].
+    /// Pool directory to serve [default: $BULWARK_POOL].
     pub dir: Option<PathBuf>,
 
     /// Unix socket for NBD clients [default: DIR/nbd.sock].
@@ -310,7 +349,9 @@ pub enum DeviceCommand {
 
 #[derive(Debug, Args)]
 pub struct DeviceReplaceArgs {
+    /// The member to replace (its path as 'bulwark status' shows it).
     pub old: PathBuf,
+    /// The file or block device that takes its place (may be OLD's own path).
     pub new: PathBuf,
     #[command(flatten)]
     pub wait: WaitArgs,
@@ -318,11 +359,13 @@ pub struct DeviceReplaceArgs {
 
 #[derive(Debug, Args)]
 pub struct DevicePathArgs {
+    /// A member device (its path as 'bulwark status' shows it).
     pub path: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct DeviceOnlineArgs {
+    /// A member device (its path as 'bulwark status' shows it).
     pub path: PathBuf,
     #[command(flatten)]
     pub wait: WaitArgs,
@@ -400,6 +443,7 @@ pub enum OnOff {
 
 #[derive(Debug, Args)]
 pub struct VolumeCreateArgs {
+    /// Name of the new volume (its NBD export name).
     pub name: String,
 
     /// Size of the virtual disk (e.g. 10G).
@@ -410,10 +454,11 @@ pub struct VolumeCreateArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_block_size, default_value = "4K")]
     pub block_size: u32,
 
+    /// Compress blocks that shrink (lz4), or store them as written (off).
     #[arg(long, value_enum, default_value = "lz4")]
     pub compression: CompressionArg,
 
-    /// Encryption needs --passphrase-file or --key-file.
+    /// Encrypt the volume (AES-256-GCM); on needs --passphrase-file or --key-file.
     #[arg(long, value_enum, default_value = "on")]
     pub encryption: OnOff,
 
@@ -498,6 +543,7 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct NameArgs {
+    /// Volume name.
     pub name: String,
 }
 
@@ -560,6 +606,7 @@ stays, locked for good: 'bulwark volume destroy' frees its space.";
 #[command(group(clap::ArgGroup::new("old_secret").required(true).args(["passphrase_file", "key_file"])))]
 #[command(group(clap::ArgGroup::new("new_secret").required(true).args(["new_passphrase_file", "new_key_file"])))]
 pub struct KeyChangeArgs {
+    /// Volume name.
     pub name: String,
     /// The current secret (it picks the slot to change).
     #[command(flatten)]
@@ -584,6 +631,7 @@ impl KeyChangeArgs {
 
 #[derive(Debug, Args)]
 pub struct KeyListArgs {
+    /// Volume name.
     pub name: String,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -592,6 +640,7 @@ pub struct KeyListArgs {
 
 #[derive(Debug, Args)]
 pub struct KeyRotateArgs {
+    /// Volume name.
     pub name: String,
     /// Show the re-encryption's progress until it finishes (exit 1 if it pauses).
     #[arg(long)]
@@ -600,6 +649,7 @@ pub struct KeyRotateArgs {
 
 #[derive(Debug, Args)]
 pub struct KeyEraseArgs {
+    /// Volume name.
     pub name: String,
     /// Do not ask for confirmation.
     #[arg(long)]
@@ -618,9 +668,37 @@ pub struct VolumeDestroyArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("secret_source").required(true).args(["passphrase_file", "key_file"])))]
 pub struct KeyLoadArgs {
+    /// Volume name.
     pub name: String,
     #[command(flatten)]
     pub secret: SecretArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Print the matching records as JSON lines, as they are in the log.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only records about this volume.
+    #[arg(long, value_name = "NAME")]
+    pub volume: Option<String>,
+
+    /// Only records of this client (owner, cn:NAME, sha256:..., psk:IDENTITY, anonymous).
+    #[arg(long, value_name = "CLIENT")]
+    pub client: Option<String>,
+
+    /// Only records of this event (attach, detach, key_load, grant_add, volume_create, ...).
+    #[arg(long, value_name = "EVENT")]
+    pub event: Option<String>,
+
+    /// Only records at or after TIME.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+
+    /// Only records at or before TIME.
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -792,6 +870,86 @@ const BLOCK_BYTES_MAX: u32 = 128 << 10;
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// Every argument and option of every command has help text (issue 23:
+    /// `<NAME>`, `<PATH>` and `<VOLUME>` had none), hidden ones included.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &mut clap::Command, path: &str, missing: &mut Vec<String>, seen: &mut usize) {
+            cmd.build();
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                *seen += 1;
+                let help = arg
+                    .get_help()
+                    .or(arg.get_long_help())
+                    .map(|h| h.to_string());
+                if help.is_none_or(|h| h.trim().is_empty()) {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands_mut() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                walk(sub, &sub_path, missing, seen);
+            }
+        }
+        let mut missing = Vec::new();
+        let mut seen = 0;
+        walk(&mut Cli::command(), "bulwark", &mut missing, &mut seen);
+        assert!(seen > 80, "walked only {seen} arguments");
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+
+    /// `--pool` is shown only where it names the running daemon; `pool
+    /// create` and `serve` still accept it (hidden) for old scripts.
+    #[test]
+    fn pool_option_shown_only_where_it_means_the_daemon() {
+        let mut cli = Cli::command();
+        cli.build();
+        let pool_hidden = |path: &[&str]| {
+            let mut cmd = &cli;
+            for name in path {
+                cmd = cmd.find_subcommand(name).unwrap();
+            }
+            let arg = cmd.get_arguments().find(|a| a.get_id() == "pool").unwrap();
+            arg.is_hide_set()
+        };
+        assert!(pool_hidden(&["serve"]));
+        assert!(pool_hidden(&["pool"]));
+        assert!(pool_hidden(&["pool", "create"]));
+        for shown in [
+            &["status"][..],
+            &["volume", "list"],
+            &["key", "load"],
+            &["scrub"],
+        ] {
+            assert!(!pool_hidden(shown), "{shown:?}");
+        }
+
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap();
+        let cli = parse(&["bulwark", "serve", "--pool", "/p"]);
+        assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/p")));
+        let cli = parse(&["bulwark", "--pool", "/p", "serve"]);
+        assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/p")));
+        let cli = parse(&[
+            "bulwark",
+            "pool",
+            "create",
+            "/d",
+            "--device-size",
+            "1G",
+            "--pool",
+            "/p",
+        ]);
+        assert!(
+            matches!(cli.command, Command::Pool(PoolCommand::Create(ref a)) if a.dir == std::path::Path::new("/d"))
+        );
+        let cli = parse(&["bulwark", "status", "--pool", "/q"]);
+        assert_eq!(cli.pool.as_deref(), Some(std::path::Path::new("/q")));
+    }
 
     fn parse(args: &[&str]) -> std::result::Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("bulwark").chain(args.iter().copied()))

@@ -43,6 +43,7 @@ use crate::export::PoolExports;
 use crate::grant;
 use crate::keys;
 use crate::maintenance;
+use crate::notify;
 
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
 /// connections that are closing to be counted out before it refuses.
@@ -136,6 +137,7 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
         Some(addr) => Some(bind_tcp(addr, tcp_tls.is_some()).await?),
         None => None,
     };
+    service_state(&format!("STATUS=importing pool {}", dir.display()));
     let pool = {
         let dir = dir.clone();
         blocking(move || Ok(Pool::open(&dir, opts)?))
@@ -258,6 +260,12 @@ async fn serve_pool(
         ready.push_str(&format!(", nbd tcp {addr}"));
     }
     eprintln!("{ready})");
+    // Both sockets listen (bound above; connections queue until accepted):
+    // a service manager may start what depends on the daemon now.
+    service_state(&format!(
+        "READY=1\nSTATUS={})",
+        ready.trim_start_matches("bulwark: ")
+    ));
     info!(
         "data blocks: AES-256-GCM by {} (fastest on this CPU; BULWARK_AEAD=aws-lc|ring overrides)",
         bulwark_engine::codec::AeadBackend::chosen().name()
@@ -278,6 +286,7 @@ async fn serve_pool(
     if let Err(e) = &outcome {
         error!("{e}; shutting down");
     }
+    service_state("STOPPING=1\nSTATUS=shutting down: draining clients, final commit");
 
     tokio::spawn(async move {
         tokio::select! {
@@ -312,6 +321,19 @@ async fn serve_pool(
         task.abort();
     }
     outcome
+}
+
+/// Tells the service manager (systemd `Type=notify`) where the daemon is;
+/// nothing without `NOTIFY_SOCKET`. A failure is logged: serving goes on.
+fn service_state(state: &str) {
+    match notify::notify(state) {
+        Ok(sent) => {
+            if sent {
+                debug!("sd_notify: {}", state.replace('\n', " "));
+            }
+        }
+        Err(e) => warn!("cannot notify the service manager ({state:?}): {e}"),
+    }
 }
 
 fn listener_stopped(

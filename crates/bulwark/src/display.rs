@@ -14,20 +14,20 @@ use bulwark_engine::VolumeStatus;
 use crate::control::{FaultEntry, KeyStatus, ScrubReport, StatusReport, VolumeEntry};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Align {
+pub enum Align {
     Left,
     Right,
 }
 
 /// Columns padded to their widest cell, separated by two spaces, no trailing blanks.
-struct Table {
+pub struct Table {
     headers: Vec<&'static str>,
     align: Vec<Align>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    fn new(columns: &[(&'static str, Align)]) -> Table {
+    pub fn new(columns: &[(&'static str, Align)]) -> Table {
         Table {
             headers: columns.iter().map(|c| c.0).collect(),
             align: columns.iter().map(|c| c.1).collect(),
@@ -35,12 +35,12 @@ impl Table {
         }
     }
 
-    fn row(&mut self, cells: Vec<String>) {
+    pub fn row(&mut self, cells: Vec<String>) {
         assert_eq!(cells.len(), self.headers.len());
         self.rows.push(cells);
     }
 
-    fn render(&self, indent: &str) -> String {
+    pub fn render(&self, indent: &str) -> String {
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
         for row in &self.rows {
             for (w, cell) in widths.iter_mut().zip(row) {
@@ -82,11 +82,23 @@ fn on_off(b: bool) -> &'static str {
     }
 }
 
-/// `volume list`: NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEYSTATUS KEYGEN SLOTS.
+/// `volume list`: the volume table (see `volumes_table`).
 pub fn volume_table(volumes: &[VolumeEntry]) -> String {
     if volumes.is_empty() {
         return "no volumes\n".to_string();
     }
+    volumes_table(volumes.iter().map(|v| (&v.volume, v.attached)), "")
+}
+
+/// The one volume table, in `volume list` and under `volumes:` in `status`:
+/// NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEY KEYGEN SLOTS ATTACHED.
+/// KEY says what `zfs get keystatus` says (`available`, `unavailable`), or
+/// `erased` (no key slot left), or `-` for a plain volume; ATTACHED counts
+/// NBD connections.
+fn volumes_table<'a>(
+    rows: impl Iterator<Item = (&'a VolumeStatus, usize)>,
+    indent: &str,
+) -> String {
     use Align::*;
     let mut t = Table::new(&[
         ("NAME", Left),
@@ -95,26 +107,32 @@ pub fn volume_table(volumes: &[VolumeEntry]) -> String {
         ("BLOCKSIZE", Right),
         ("COMPRESS", Left),
         ("ENCRYPTION", Left),
-        ("KEYSTATUS", Left),
+        ("KEY", Left),
         ("KEYGEN", Left),
         ("SLOTS", Right),
+        ("ATTACHED", Right),
     ]);
-    for v in volumes {
-        let s = &v.volume;
-        let (keygen, slots) = key_cells(s);
+    for (v, attached) in rows {
+        let key = match KeyStatus::of(v) {
+            KeyStatus::Unavailable if v.key_slots == 0 => "erased",
+            KeyStatus::None => "-",
+            status => status.as_str(),
+        };
+        let (keygen, slots) = key_cells(v);
         t.row(vec![
-            s.name.clone(),
-            format_size(s.size_bytes),
-            format_size(s.used_bytes),
-            format_size(s.block_size as u64),
-            s.compression.clone(),
-            on_off(s.encryption).to_string(),
-            v.key_status.as_str().to_string(),
+            v.name.clone(),
+            format_size(v.size_bytes),
+            format_size(v.used_bytes),
+            format_size(v.block_size as u64),
+            v.compression.clone(),
+            on_off(v.encryption).to_string(),
+            key.to_string(),
             keygen,
             slots,
+            attached.to_string(),
         ]);
     }
-    t.render("")
+    t.render(indent)
 }
 
 /// `volume create`: one line about the new volume.
@@ -298,40 +316,11 @@ pub fn status_text(report: &StatusReport) -> String {
         let _ = writeln!(out, "volumes: none");
     } else {
         let _ = writeln!(out, "volumes:\n");
-        let mut t = Table::new(&[
-            ("NAME", Left),
-            ("SIZE", Right),
-            ("USED", Right),
-            ("BLOCKSIZE", Right),
-            ("COMPRESS", Left),
-            ("ENCRYPTION", Left),
-            ("KEY", Left),
-            ("KEYGEN", Left),
-            ("SLOTS", Right),
-            ("ATTACHED", Right),
-        ]);
-        for v in &p.volumes {
-            let key = match KeyStatus::of(v) {
-                KeyStatus::Available => "unlocked",
-                KeyStatus::Unavailable if v.key_slots == 0 => "ERASED",
-                KeyStatus::Unavailable => "LOCKED",
-                KeyStatus::None => "-",
-            };
-            let (keygen, slots) = key_cells(v);
-            t.row(vec![
-                v.name.clone(),
-                format_size(v.size_bytes),
-                format_size(v.used_bytes),
-                format_size(v.block_size as u64),
-                v.compression.clone(),
-                on_off(v.encryption).to_string(),
-                key.to_string(),
-                keygen,
-                slots,
-                d.attached.get(&v.name).copied().unwrap_or(0).to_string(),
-            ]);
-        }
-        out.push_str(&t.render("\t"));
+        let rows = p
+            .volumes
+            .iter()
+            .map(|v| (v, d.attached.get(&v.name).copied().unwrap_or(0)));
+        out.push_str(&volumes_table(rows, "\t"));
         let rotations = rotation_lines(&p.volumes);
         if !rotations.is_empty() {
             out.push('\n');
@@ -664,27 +653,27 @@ mod tests {
         .into_iter()
         .map(|v| VolumeEntry {
             key_status: KeyStatus::of(&v),
+            attached: if v.name == "alpha" { 2 } else { 0 },
             volume: v,
-            attached: 0,
         })
         .collect();
         let text = volume_table(&rows);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEYSTATUS    KEYGEN  SLOTS"
+            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEY          KEYGEN  SLOTS  ATTACHED"
         );
         assert_eq!(
             lines[1],
-            "alpha    1G  1.50M         4K  lz4       on          available    0           1"
+            "alpha    1G  1.50M         4K  lz4       on          available    0           1         2"
         );
         assert_eq!(
             lines[2],
-            "b        1G  1.50M         4K  lz4       on          unavailable  0           1"
+            "b        1G  1.50M         4K  lz4       on          unavailable  0           1         0"
         );
         assert_eq!(
             lines[3],
-            "plain    1G  1.50M         4K  lz4       off         none         -           -"
+            "plain    1G  1.50M         4K  lz4       off         -            -           -         0"
         );
     }
 
@@ -751,7 +740,7 @@ mod tests {
         assert!(text.contains(
             "space: 1M used, 251M free, 256M total (4M reserved for commits and cleaning)\n"
         ));
-        assert!(text.contains("LOCKED"));
+        assert!(text.contains(" unavailable "), "{text}");
         assert!(text.ends_with("errors: No known data errors\n"));
         assert!(text.contains("  scan: none requested\n"), "{text}");
         assert!(!text.contains("status:"), "{text}");

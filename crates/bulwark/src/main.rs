@@ -6,8 +6,8 @@
 //! `display` (tables) and `bench` (fio over NBD). Errors end as one
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 //!
-//! Module order, bottom-up: `error`, `access` → `cli`, `control` →
-//! `display` → `client` → `export`, `grant`, `keys`, `maintenance`, `bench`
+//! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
+//! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`
 //! → `daemon`. A module uses only modules before it (`tests/layers.rs`).
 
 mod access;
@@ -20,8 +20,10 @@ mod display;
 mod error;
 mod export;
 mod grant;
+mod history;
 mod keys;
 mod maintenance;
+mod notify;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -76,6 +78,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Scrub(args) => maintenance::scrub(client::pool_dir(pool)?, args),
         Command::Device(command) => maintenance::device(client::pool_dir(pool)?, command),
         Command::Fault(command) => maintenance::fault(client::pool_dir(pool)?, command),
+        Command::History(args) => history::history(client::pool_dir(pool)?, args),
         Command::Bench(args) => bench::bench(pool, args),
     }
 }

@@ -101,6 +101,8 @@ const BULWARK: Table = Table {
         ("error", &[]),
         // Grants and the audit log (files in the pool directory).
         ("access", &[]),
+        // sd_notify: readiness for systemd's Type=notify.
+        ("notify", &[]),
         // Arguments.
         ("cli", &["error"]),
         // The control protocol, both sides' vocabulary.
@@ -113,6 +115,8 @@ const BULWARK: Table = Table {
         ("export", &["access"]),
         // Commands with both sides: the CLI half and the daemon's `handle`.
         ("grant", &["access", "cli", "client", "control", "error"]),
+        // The audit log read back for people (the file itself, no daemon).
+        ("history", &["access", "cli", "client", "display", "error"]),
         ("keys", &["cli", "client", "control", "display", "error"]),
         (
             "maintenance",
@@ -131,6 +135,7 @@ const BULWARK: Table = Table {
                 "grant",
                 "keys",
                 "maintenance",
+                "notify",
             ],
         ),
     ],
