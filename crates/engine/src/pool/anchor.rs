@@ -155,7 +155,7 @@ fn write_to(dir: &Path, a: &Anchor, fresh: bool) -> Result<()> {
         .mode(0o600)
         .open(&p)
         .map_err(|e| Error::device(&p, e))?;
-    let slot = (a.seq % 2) as u64 * SLOT_BYTES as u64;
+    let slot = (a.seq % 2) * SLOT_BYTES as u64;
     file.write_all_at(&a.encode(), slot)
         .and_then(|()| file.sync_data())
         .map_err(|e| Error::device(&p, e))
