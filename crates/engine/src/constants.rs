@@ -35,7 +35,7 @@ pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(3
 pub const SEGMENTS_FREE_LOW: u32 = 8;
 pub const FREE_PERCENT_LOW: u32 = 10;
 /// At most this many segments are emptied in one cleaning pass.
-pub const CLEAN_BATCH_SEGMENTS: usize = 32;
+pub const CLEAN_BATCH_SEGMENTS: usize = 128;
 
 /// Block sizes a volume may use.
 pub const BLOCK_BYTES_MIN: u32 = 4096;
