@@ -173,7 +173,15 @@ const ENGINE: Table = Table {
         // MACs, the policy check from keyrings (decision 0008, not wired in yet).
         (
             "auth",
-            &["checksum", "codec", "constants", "format", "fuzz", "hex", "keys"],
+            &[
+                "checksum",
+                "codec",
+                "constants",
+                "format",
+                "fuzz",
+                "hex",
+                "keys",
+            ],
         ),
         // The copy-on-write radix tree of block pointers.
         ("map", &["checksum", "codec", "constants", "fuzz"]),

@@ -183,6 +183,9 @@ mod tests {
         PoolKey::create(&key).unwrap();
         let dev = dir.path().join("dev0");
         std::fs::write(&dev, b"").unwrap();
-        assert_eq!(devices_beside(&key, std::slice::from_ref(&dev)).unwrap(), [dev]);
+        assert_eq!(
+            devices_beside(&key, std::slice::from_ref(&dev)).unwrap(),
+            [dev]
+        );
     }
 }
