@@ -77,6 +77,62 @@ pub enum Command {
     /// holds data is refused unless --force is given.
     #[command(after_help = BENCH_AFTER_HELP)]
     Bench(BenchArgs),
+    /// Print a shell completion script (e.g. bulwark completions bash > /etc/bash_completion.d/bulwark).
+    Completions(CompletionsArgs),
+    /// Write man pages for bulwark and each of its commands into a directory (e.g. /usr/local/share/man/man1).
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write bulwark.1 and bulwark-COMMAND.1 into (created if missing).
+    pub dir: PathBuf,
+}
+
+/// The completion script for `shell`, generated from these definitions.
+pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "bulwark", &mut script);
+    script
+}
+
+/// Man pages for bulwark and every command below it, generated from these definitions;
+/// returns the files written.
+pub fn man_pages(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    use clap::CommandFactory;
+    let cannot = |p: &std::path::Path, e: std::io::Error| {
+        Error::msg(format!("cannot write {}: {e}", p.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(|e| cannot(dir, e))?;
+    let mut written = Vec::new();
+    let mut pending = vec![(String::from("bulwark"), Cli::command())];
+    while let Some((name, cmd)) = pending.pop() {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let sub_name = format!("{name}-{}", sub.get_name());
+            let invoked = sub_name.replace('-', " ");
+            pending.push((
+                sub_name.clone(),
+                sub.clone().display_name(sub_name).bin_name(invoked),
+            ));
+        }
+        let path = dir.join(format!("{name}.1"));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .render(&mut page)
+            .map_err(|e| cannot(&path, e))?;
+        std::fs::write(&path, page).map_err(|e| cannot(&path, e))?;
+        written.push(path);
+    }
+    written.sort();
+    Ok(written)
 }
 
 const BENCH_AFTER_HELP: &str = "\
@@ -869,6 +925,35 @@ const BLOCK_BYTES_MAX: u32 = 128 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Completions and man pages come from the same definitions as the parser: every
+    /// command is in them.
+    #[test]
+    fn completions_and_man_pages_cover_every_command() {
+        let bash = String::from_utf8(completions(clap_complete::Shell::Bash)).unwrap();
+        for word in ["volume", "history", "scrub", "--passphrase-file"] {
+            assert!(bash.contains(word), "bash completion lacks {word}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pages = man_pages(dir.path()).unwrap();
+        let names: Vec<String> = pages
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "bulwark.1",
+            "bulwark-volume-create.1",
+            "bulwark-key-load.1",
+            "bulwark-history.1",
+        ] {
+            assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+        }
+        let page = std::fs::read_to_string(dir.path().join("bulwark-volume-create.1")).unwrap();
+        assert!(
+            page.contains("bulwark volume create") && page.contains("size"),
+            "{page}"
+        );
+    }
     use clap::CommandFactory;
 
     /// Every argument and option of every command has help text (issue 23:

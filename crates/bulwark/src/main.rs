@@ -80,6 +80,19 @@ fn run(cli: Cli) -> Result<()> {
         Command::Fault(command) => maintenance::fault(client::pool_dir(pool)?, command),
         Command::History(args) => history::history(client::pool_dir(pool)?, args),
         Command::Bench(args) => bench::bench(pool, args),
+        Command::Completions(args) => {
+            use std::io::Write;
+            // A closed pipe (`| head`) ends the output quietly, as for any filter.
+            let _ = std::io::stdout().write_all(&cli::completions(args.shell));
+            Ok(())
+        }
+        Command::Man(args) => {
+            use std::io::Write;
+            let pages = cli::man_pages(&args.dir)?;
+            let list: String = pages.iter().map(|p| format!("{}\n", p.display())).collect();
+            let _ = std::io::stdout().write_all(list.as_bytes());
+            Ok(())
+        }
     }
 }
 
