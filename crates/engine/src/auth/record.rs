@@ -203,6 +203,25 @@ pub fn seal_data(
     })
 }
 
+/// The stored bytes are as long as the pointer says and begin with the header of the
+/// place the tree read them for (a record moved to another block, lineage or node fails).
+fn check_stored(stored: &[u8], ptr: &Blkptr, want: RecordHeader) -> Result<()> {
+    if stored.len() != ptr.len as usize {
+        return Err(Error::Corrupt(format!(
+            "{} bytes read where the pointer says {}",
+            stored.len(),
+            ptr.len
+        )));
+    }
+    let header = RecordHeader::decode(stored)?;
+    if header != want {
+        return Err(Error::Corrupt(format!(
+            "header says {header:?}, the tree {want:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// Opens the data record `stored` that `ptr` points at into `out` (one block of
 /// `place.block_bytes`), once its tag verifies. `out` holds nothing of the record when
 /// this fails. Whether the pointer's sealed flag fits the lineage is the caller's
@@ -242,21 +261,14 @@ fn open_data_unchecked(
             out.len()
         )));
     }
-    if stored.len() != ptr.len as usize {
-        return corrupt(format!(
-            "{} bytes read where the pointer says {}",
-            stored.len(),
-            ptr.len
-        ));
-    }
-    let header = RecordHeader::decode(stored)?;
-    let want = RecordHeader::Data {
-        lineage: place.lineage,
-        block: place.block,
-    };
-    if header != want {
-        return corrupt(format!("header says {header:?}, the tree {want:?}"));
-    }
+    check_stored(
+        stored,
+        ptr,
+        RecordHeader::Data {
+            lineage: place.lineage,
+            block: place.block,
+        },
+    )?;
     let body = &stored[RECORD_HEADER_BYTES..];
     let aad = data_aad(place, ptr.flags);
     let lz4 = ptr.flags & FLAG_LZ4 != 0;
@@ -396,24 +408,15 @@ fn open_node_unchecked(
             ptr.flags, ptr.epoch, key.no
         )));
     }
-    if stored.len() != ptr.len as usize {
-        return Err(Error::Corrupt(format!(
-            "{} bytes read where the pointer says {}",
-            stored.len(),
-            ptr.len
-        )));
-    }
-    let header = RecordHeader::decode(stored)?;
-    let want = RecordHeader::Node {
-        level: place.level,
-        lineage: place.lineage,
-        index: place.index,
-    };
-    if header != want {
-        return Err(Error::Corrupt(format!(
-            "header says {header:?}, the tree {want:?}"
-        )));
-    }
+    check_stored(
+        stored,
+        ptr,
+        RecordHeader::Node {
+            level: place.level,
+            lineage: place.lineage,
+            index: place.index,
+        },
+    )?;
     let mut raw = vec![0u8; NODE_RAW_BYTES];
     decompress(&stored[RECORD_HEADER_BYTES..], &mut raw)?;
     let id = NodeId {
