@@ -45,6 +45,18 @@ fn restore(saved: &[(PathBuf, Vec<u8>)]) {
     }
 }
 
+/// A new pool of `count` device files with an unencrypted volume "v", open.
+fn new_pool(dir: &Path, layout: Layout, count: usize) -> std::sync::Arc<Pool> {
+    let spec = DeviceSpec::Files {
+        count,
+        size_bytes: 64 << 20,
+    };
+    Pool::create(dir, layout, spec).unwrap();
+    let pool = Pool::open(dir, OpenOptions::default()).unwrap();
+    pool.create_volume("v", opts(), None).unwrap();
+    pool
+}
+
 fn read0(pool: &Pool, vol: &str) -> u8 {
     let mut b = [0u8; 4096];
     pool.volume(vol).unwrap().read(0, &mut b).unwrap();
@@ -62,13 +74,7 @@ fn write0(pool: &Pool, vol: &str, byte: u8) {
 #[test]
 fn devices_restored_from_an_older_copy_are_refused_until_accepted() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = DeviceSpec::Files {
-        count: 2,
-        size_bytes: 64 << 20,
-    };
-    Pool::create(dir.path(), Layout::Mirror(2), spec).unwrap();
-    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
-    pool.create_volume("v", opts(), None).unwrap();
+    let pool = new_pool(dir.path(), Layout::Mirror(2), 2);
     write0(&pool, "v", 0xa);
     pool.close().unwrap();
     drop(pool);
@@ -112,13 +118,7 @@ fn devices_restored_from_an_older_copy_are_refused_until_accepted() {
 #[test]
 fn devices_at_the_committed_or_the_announced_generation_import() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = DeviceSpec::Files {
-        count: 1,
-        size_bytes: 64 << 20,
-    };
-    Pool::create(dir.path(), Layout::Single, spec).unwrap();
-    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
-    pool.create_volume("v", opts(), None).unwrap();
+    let pool = new_pool(dir.path(), Layout::Single, 1);
     write0(&pool, "v", 1);
     let before = save(dir.path());
     // One more commit: the anchor now says {committed: the saved generation, next: this one}.
@@ -139,13 +139,7 @@ fn devices_at_the_committed_or_the_announced_generation_import() {
 #[test]
 fn a_generation_the_host_never_wrote_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = DeviceSpec::Files {
-        count: 1,
-        size_bytes: 64 << 20,
-    };
-    Pool::create(dir.path(), Layout::Single, spec).unwrap();
-    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
-    pool.create_volume("v", opts(), None).unwrap();
+    let pool = new_pool(dir.path(), Layout::Single, 1);
     pool.close().unwrap();
     drop(pool);
     let dev = &devices(dir.path())[0];
@@ -178,13 +172,7 @@ fn a_generation_the_host_never_wrote_is_refused() {
 #[test]
 fn a_clean_close_leaves_no_generation_to_roll_back_to() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = DeviceSpec::Files {
-        count: 1,
-        size_bytes: 64 << 20,
-    };
-    Pool::create(dir.path(), Layout::Single, spec).unwrap();
-    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
-    pool.create_volume("v", opts(), None).unwrap();
+    let pool = new_pool(dir.path(), Layout::Single, 1);
     write0(&pool, "v", 1);
     // The close commits once more: the devices saved here are one generation behind it.
     let before_close = save(dir.path());

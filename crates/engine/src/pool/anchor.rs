@@ -114,8 +114,16 @@ impl Anchor {
 /// exists with no valid slot is an error: an anchor is never written torn in both slots.
 pub fn read(dir: &Path) -> Result<Option<Anchor>> {
     let p = path(dir);
-    let bytes = match std::fs::read(&p) {
-        Ok(b) => b,
+    // Two slots are all an anchor holds: whatever the file's size, no more is read.
+    let bytes = match std::fs::File::open(&p) {
+        Ok(f) => {
+            use std::io::Read;
+            let mut b = Vec::with_capacity(2 * SLOT_BYTES);
+            f.take(2 * SLOT_BYTES as u64)
+                .read_to_end(&mut b)
+                .map_err(|e| Error::device(&p, e))?;
+            b
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::device(&p, e)),
     };
@@ -203,6 +211,19 @@ mod tests {
                 assert_eq!(a, anchor(7), "a mutated slot decoded to something else");
             }
         });
+    }
+
+    /// A huge file in the anchor's place is read only as far as its two slots.
+    #[test]
+    fn a_huge_anchor_file_is_read_no_further_than_two_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &anchor(3)).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path(dir.path()))
+            .unwrap();
+        f.set_len(64 << 30).unwrap();
+        assert_eq!(read(dir.path()).unwrap(), Some(anchor(3)));
     }
 
     #[test]
