@@ -320,6 +320,13 @@ where
 /// clean now (`None`: it stays dirty).
 type Placed = ((u8, u64), Blkptr, Option<Box<Node>>);
 
+/// A place in a tree: a data block, or a node (level, index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Data(u64),
+    Node(u8, u64),
+}
+
 /// What `Tree::walk` shows: every stored record reachable from the root.
 pub enum Visit<'a> {
     /// A node's pointer as stored in its parent (its current on-disk place).
@@ -499,7 +506,7 @@ impl Tree {
         &mut self,
         cache: &NodeCache,
         write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
-        free: &mut dyn FnMut(&Blkptr),
+        free: &mut dyn FnMut(u8, u64, &Blkptr),
     ) -> Result<Blkptr> {
         let mut leaves = self.snapshot_leaves();
         leaves.write(write)?;
@@ -536,7 +543,7 @@ impl Tree {
         cache: &NodeCache,
         leaves: LeafSnapshot,
         write: &mut dyn FnMut(&[&Node]) -> Result<Vec<Blkptr>>,
-        free: &mut dyn FnMut(&Blkptr),
+        free: &mut dyn FnMut(u8, u64, &Blkptr),
     ) -> Result<Blkptr> {
         assert_eq!(
             leaves.ptrs.len(),
@@ -586,7 +593,12 @@ impl Tree {
 
     /// Points each written node's parent (or the root) at its new place and frees the old
     /// one. Nodes given back (`Some`) are clean now: they leave the dirty set for the cache.
-    fn place(&mut self, cache: &NodeCache, placed: Vec<Placed>, free: &mut dyn FnMut(&Blkptr)) {
+    fn place(
+        &mut self,
+        cache: &NodeCache,
+        placed: Vec<Placed>,
+        free: &mut dyn FnMut(u8, u64, &Blkptr),
+    ) {
         for ((level, index), ptr, clean) in placed {
             let old = if level + 1 == self.depth {
                 std::mem::replace(&mut self.root, ptr)
@@ -598,7 +610,7 @@ impl Tree {
                 std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
             };
             if !old.is_hole() {
-                free(&old);
+                free(level, index, &old);
             }
             if let Some(node) = clean {
                 self.dirty.remove(&(level, index));
@@ -613,6 +625,158 @@ impl Tree {
 
     /// Visit every record reachable from the root (dirty nodes included) whose logical range
     /// meets `[lo, hi)`, in logical order. Hole subtrees are skipped without reading them.
+    /// Whether the node at (`level`, `index`) is dirty here (changed since the last commit).
+    pub fn is_dirty(&self, level: u8, index: u64) -> bool {
+        self.dirty.contains_key(&(level, index))
+    }
+
+    /// This tree's node at (`level`, `index`) whose parent slot holds `ptr`: the dirty copy,
+    /// or the clean one from the cache or the store; `None` for a hole.
+    fn node_at(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        level: u8,
+        index: u64,
+        ptr: &Blkptr,
+    ) -> Result<Option<NodeRef<'_>>> {
+        Ok(match self.dirty.get(&(level, index)) {
+            Some(n) => Some(NodeRef::Dirty(n)),
+            None => self
+                .get(store, cache, level, index, ptr)?
+                .map(NodeRef::Clean),
+        })
+    }
+
+    /// The pointer this tree holds for the node at (`level`, `index`): the root, or the
+    /// slot of its parent (dirty or clean); a hole when nothing is there. A dirty node still
+    /// holds its old place until a commit writes it anew (`finish_commit` drops it then).
+    pub fn node_slot(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        level: u8,
+        index: u64,
+    ) -> Result<Blkptr> {
+        if level + 1 >= self.depth {
+            let top = level + 1 == self.depth && index == 0;
+            return Ok(if top { self.root } else { Blkptr::HOLE });
+        }
+        let mut ptr = self.root;
+        for l in (level + 1..self.depth).rev() {
+            let idx = index >> (MAP_FANOUT_SHIFT * (l - level) as u32);
+            let Some(node) = self.node_at(store, cache, l, idx, &ptr)? else {
+                return Ok(Blkptr::HOLE);
+            };
+            let below = index >> (MAP_FANOUT_SHIFT * (l - level - 1) as u32);
+            ptr = node.ptrs[(below as usize) & (MAP_FANOUT - 1)];
+        }
+        Ok(ptr)
+    }
+
+    /// Whether this tree holds `p` at `at` (same place, same record).
+    pub fn holds(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        at: At,
+        p: &Blkptr,
+    ) -> Result<bool> {
+        if p.is_hole() {
+            return Ok(false);
+        }
+        Ok(match at {
+            At::Data(lba) => self.lookup(store, cache, lba)? == *p,
+            At::Node(level, index) => self.node_slot(store, cache, level, index)? == *p,
+        })
+    }
+
+    /// Visit what this tree holds and none of `others` holds at the same place: its
+    /// records that die with it. Trees of one volume share records only at the same
+    /// place (a record has one logical block; snapshots and clones copy roots), so a
+    /// subtree whose node an other tree holds clean, while it is clean here too, is
+    /// shared whole and skipped. Trees of another depth share nothing. An unreadable
+    /// node of an other tree is an error: nothing can be decided under it.
+    pub fn walk_unique(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        others: &[&Tree],
+        f: &mut dyn FnMut(Visit) -> Result<()>,
+    ) -> Result<()> {
+        let others: Vec<&Tree> = others
+            .iter()
+            .copied()
+            .filter(|o| o.depth == self.depth)
+            .collect();
+        let slots: Vec<Blkptr> = others.iter().map(|o| o.root).collect();
+        let root = self.root;
+        self.unique_node(store, cache, &others, self.depth - 1, 0, &root, &slots, f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn unique_node(
+        &self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        others: &[&Tree],
+        level: u8,
+        index: u64,
+        ptr: &Blkptr,
+        slots: &[Blkptr],
+        f: &mut dyn FnMut(Visit) -> Result<()>,
+    ) -> Result<()> {
+        let key = (level, index);
+        let dirty_here = self.dirty.contains_key(&key);
+        if ptr.is_hole() && !dirty_here {
+            return Ok(());
+        }
+        if !ptr.is_hole() {
+            let holders: Vec<usize> = (0..others.len()).filter(|&j| slots[j] == *ptr).collect();
+            if holders.is_empty() {
+                f(Visit::Node { level, index, ptr })?;
+            } else if !dirty_here && holders.iter().any(|&j| !others[j].dirty.contains_key(&key)) {
+                return Ok(());
+            }
+        }
+        let node = match self.node_at(store, cache, level, index, ptr) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(()),
+            Err(error) => {
+                return f(Visit::Unreadable {
+                    level,
+                    index,
+                    error: &error,
+                })
+            }
+        };
+        let mut theirs = Vec::with_capacity(others.len());
+        for (o, slot) in others.iter().zip(slots) {
+            theirs.push(
+                o.node_at(store, cache, level, index, slot).map_err(|e| {
+                    e.within(format!("map node ({level}, {index}) of tree {}", o.id))
+                })?,
+            );
+        }
+        let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
+        let mut child_slots = vec![Blkptr::HOLE; others.len()];
+        for (i, p) in node.ptrs.iter().enumerate() {
+            for (c, t) in child_slots.iter_mut().zip(&theirs) {
+                *c = t.as_ref().map_or(Blkptr::HOLE, |n| n.ptrs[i]);
+            }
+            if level == 0 {
+                if !p.is_hole() && !child_slots.contains(p) {
+                    let lba = (index << MAP_FANOUT_SHIFT | i as u64) * span;
+                    f(Visit::Data { lba, ptr: p })?;
+                }
+                continue;
+            }
+            let child = index << MAP_FANOUT_SHIFT | i as u64;
+            self.unique_node(store, cache, others, level - 1, child, p, &child_slots, f)?;
+        }
+        Ok(())
+    }
+
     pub fn walk(
         &self,
         store: &dyn NodeStore,
@@ -749,7 +913,7 @@ mod tests {
                         })
                         .collect())
                 },
-                &mut |_| freed += 1,
+                &mut |_, _, _| freed += 1,
             )
             .unwrap();
         assert_eq!(freed, 0);
@@ -782,8 +946,12 @@ mod tests {
             t.set(&store, &cache, l, data(l + 1)).unwrap();
         }
         let mut next = 1u64 << 40;
-        t.commit(&cache, &mut store_nodes(&store, &mut next), &mut |_| {})
-            .unwrap();
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
         // Dirty again, after the commit: some leaves dirty, the others clean.
         for l in [5u64, 130, 4100] {
             t.set(&store, &cache, l, data(l + 7)).unwrap();
@@ -845,9 +1013,11 @@ mod tests {
         }
         let mut next = 1u64 << 40;
         let mut freed = Vec::new();
-        t.commit(&cache, &mut store_nodes(&store, &mut next), &mut |p| {
-            freed.push(p.addr[0])
-        })
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, p| freed.push(p.addr[0]),
+        )
         .unwrap();
         assert_eq!(t.dirty_nodes(), 0);
 
@@ -864,7 +1034,7 @@ mod tests {
                 &cache,
                 leaves,
                 &mut store_nodes(&store, &mut next),
-                &mut |p| freed.push(p.addr[0]),
+                &mut |_, _, p| freed.push(p.addr[0]),
             )
             .unwrap();
         // On disk: the snapshot (a+1, b+1), nothing of c.
@@ -887,9 +1057,11 @@ mod tests {
 
         // Commit 3 writes the rest.
         let root3 = t
-            .commit(&cache, &mut store_nodes(&store, &mut next), &mut |p| {
-                freed.push(p.addr[0])
-            })
+            .commit(
+                &cache,
+                &mut store_nodes(&store, &mut next),
+                &mut |_, _, p| freed.push(p.addr[0]),
+            )
             .unwrap();
         assert_eq!(t.dirty_nodes(), 0);
         let on_disk = Tree::new(3, t.depth, root3);
@@ -995,5 +1167,94 @@ mod tests {
                 Err(e) => panic!("not a Corrupt error: {e}"),
             },
         );
+    }
+
+    /// A snapshot shares a tree's root; after the tree changes, each side's unique walk
+    /// shows exactly what the other does not hold, dirty or committed, and `holds`
+    /// agrees with it record by record.
+    #[test]
+    fn unique_walk_and_holds_against_a_snapshot() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(1 << 20);
+        let mut t = Tree::new(1, depth_for(1 << 20), Blkptr::HOLE);
+        for l in (0..300u64).chain([70_000, 900_000]) {
+            t.set(&store, &cache, l, data(l + 1)).unwrap();
+        }
+        let mut next = 1u64 << 40;
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let snap = Tree::new(2, t.depth, t.root);
+        let unique_data = |a: &Tree, b: &Tree| {
+            let mut seen = Vec::new();
+            a.walk_unique(&store, &cache, &[b], &mut |v| {
+                if let Visit::Data { lba, ptr } = v {
+                    seen.push((lba, *ptr));
+                }
+                Ok(())
+            })
+            .unwrap();
+            seen
+        };
+        assert!(unique_data(&t, &snap).is_empty());
+        assert!(unique_data(&snap, &t).is_empty());
+        for l in [5u64, 6, 70_000] {
+            t.set(&store, &cache, l, data(l + 1000)).unwrap();
+        }
+        t.set(&store, &cache, 7, Blkptr::HOLE).unwrap();
+        t.set(&store, &cache, 500_000, data(42)).unwrap();
+        for round in 0..2 {
+            let mine = unique_data(&t, &snap);
+            let want: Vec<(u64, Blkptr)> = [5u64, 6, 70_000]
+                .iter()
+                .map(|&l| (l, data(l + 1000)))
+                .chain([(500_000, data(42))])
+                .collect();
+            let mut sorted = mine.clone();
+            sorted.sort_by_key(|x| x.0);
+            assert_eq!(sorted, want, "round {round}");
+            let mut theirs = unique_data(&snap, &t);
+            theirs.sort_by_key(|x| x.0);
+            let gone: Vec<(u64, Blkptr)> = [5u64, 6, 7, 70_000]
+                .iter()
+                .map(|&l| (l, data(l + 1)))
+                .collect();
+            assert_eq!(theirs, gone, "round {round}");
+            for (l, p) in &gone {
+                assert!(snap.holds(&store, &cache, At::Data(*l), p).unwrap());
+                assert!(!t.holds(&store, &cache, At::Data(*l), p).unwrap());
+            }
+            assert!(t.holds(&store, &cache, At::Data(8), &data(9)).unwrap());
+            // The snapshot's nodes on changed paths: held by the tree until its commit.
+            let mut freed = Vec::new();
+            if round == 0 {
+                t.commit(
+                    &cache,
+                    &mut store_nodes(&store, &mut next),
+                    &mut |l, i, p| freed.push((l, i, *p)),
+                )
+                .unwrap();
+                for (l, i, p) in &freed {
+                    assert!(snap.holds(&store, &cache, At::Node(*l, *i), p).unwrap());
+                    assert_eq!(t.node_slot(&store, &cache, *l, *i).unwrap() == *p, false);
+                }
+                assert!(!freed.is_empty());
+            }
+        }
+        let mut nodes = 0;
+        t.walk_unique(&store, &cache, &[&snap], &mut |v| {
+            if let Visit::Node { level, index, ptr } = v {
+                assert!(!snap
+                    .holds(&store, &cache, At::Node(level, index), ptr)
+                    .unwrap());
+                nodes += 1;
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert!(nodes > 0);
     }
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use super::core::Core;
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, SEGMENT_BYTES};
 use crate::log::{segment_of, Stream};
-use crate::map::{Blkptr, Node, NodeStore, Visit};
+use crate::map::{At, Blkptr, Node, NodeStore, Visit};
 use crate::store::Put;
 use crate::volume::VolumeState;
 use crate::{Error, Result};
@@ -45,6 +45,9 @@ struct Move {
     volume: usize,
     lba: u64,
     ptr: Blkptr,
+    /// The oldest tree of the volume that holds it: a snapshot's index, or the number of
+    /// snapshots for the volume's own map. `None`: a volume without snapshots.
+    tree: Option<usize>,
 }
 
 /// A node store that answers only from the cache: a node not there is noted, for loading
@@ -58,6 +61,19 @@ impl NodeStore for CachedOnly {
         self.misses.borrow_mut().push((level, index, *ptr));
         Err(Error::Corrupt("node not cached".into()))
     }
+}
+
+/// The rank in this pass of the best victim holding a copy of `p`; `None`: no victim does.
+fn victim_rank(rank: &[(u32, usize)], p: &Blkptr) -> Option<usize> {
+    p.addrs()
+        .iter()
+        .filter_map(|&a| {
+            let seg = segment_of(a);
+            rank.binary_search_by_key(&seg, |&(s, _)| s)
+                .ok()
+                .map(|i| rank[i].1)
+        })
+        .min()
 }
 
 impl Core {
@@ -89,7 +105,12 @@ impl Core {
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
         for (vi, v) in volumes.iter().enumerate() {
-            match self.find_moves(v, vi, &rank, &mut moves, &mut done) {
+            let found = if v.snaps.read().is_empty() {
+                self.find_moves(v, vi, &rank, &mut moves, &mut done)
+            } else {
+                self.find_moves_family(v, vi, &rank, &mut moves, &mut done)
+            };
+            match found {
                 Ok(()) => {}
                 Err(Error::NoSpace) => break,
                 Err(e) => return Err(e),
@@ -98,7 +119,11 @@ impl Core {
         moves.sort_unstable_by_key(|m| (m.rank, m.volume, m.lba));
         let mut stored = Vec::new();
         for m in moves {
-            match self.move_record(&volumes[m.volume], m.lba, m.ptr, &mut stored) {
+            let moved = match m.tree {
+                None => self.move_record(&volumes[m.volume], m.lba, m.ptr, &mut stored),
+                Some(k) => self.move_shared(&volumes[m.volume], k, m.lba, m.ptr, &mut stored),
+            };
+            match moved {
                 Ok(true) => done += 1,
                 Ok(false) => {}
                 Err(Error::NoSpace) => break,
@@ -114,6 +139,175 @@ impl Core {
     /// Walk volume `v` (number `vi` of the pass) a chunk of its map at a time: mark its map
     /// nodes in a victim for rewriting, and note its data records in a victim in `moves`.
     /// `NoSpace`: the commit's room for marked nodes ran out (not an error of the pool).
+    /// `find_moves` for a volume with snapshots: every tree of the volume is walked
+    /// against the one before it, so a record or node shared by several trees is found
+    /// once, in the oldest that holds it. A node in a victim is marked for rewriting in
+    /// every tree that holds it. The walk runs under the volume's locks, reading nodes
+    /// from disk as needed (writers of the volume wait for it).
+    fn find_moves_family(
+        &self,
+        v: &Arc<VolumeState>,
+        vi: usize,
+        rank: &[(u32, usize)],
+        moves: &mut Vec<Move>,
+        done: &mut usize,
+    ) -> Result<()> {
+        let rank_of = |p: &Blkptr| victim_rank(rank, p);
+        let mut head = v.tree.lock();
+        let mut snaps = v.snaps.write();
+        let n = snaps.len();
+        let mut nodes: Vec<(usize, u8, u64, Blkptr)> = Vec::new();
+        for k in 0..=n {
+            let t = if k < n { &snaps[k].tree } else { &*head };
+            let prev: Vec<&crate::map::Tree> = k
+                .checked_sub(1)
+                .map(|j| &snaps[j].tree)
+                .into_iter()
+                .collect();
+            t.walk_unique(&*self.store, &self.store.cache, &prev, &mut |visit| {
+                match visit {
+                    Visit::Unreadable { error, .. } => {
+                        return Err(Error::Corrupt(format!("cleaner: {error}")))
+                    }
+                    Visit::Data { lba, ptr } => {
+                        if let Some(rank) = rank_of(ptr) {
+                            moves.push(Move {
+                                rank,
+                                volume: vi,
+                                lba,
+                                ptr: *ptr,
+                                tree: Some(k),
+                            });
+                        }
+                    }
+                    Visit::Node { level, index, ptr } => {
+                        if rank_of(ptr).is_some() {
+                            nodes.push((k, level, index, *ptr));
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        let mut result = Ok(());
+        'nodes: for (k, level, index, ptr) in nodes {
+            for j in k..=n {
+                let t = if j < n {
+                    &mut snaps[j].tree
+                } else {
+                    &mut *head
+                };
+                if !t.holds(
+                    &*self.store,
+                    &self.store.cache,
+                    At::Node(level, index),
+                    &ptr,
+                )? {
+                    break;
+                }
+                let _held = match self.store.log.hold_nodes(1) {
+                    Ok(held) => held,
+                    Err(e) => {
+                        result = Err(e);
+                        break 'nodes;
+                    }
+                };
+                t.touch(&*self.store, &self.store.cache, level, index)?;
+                let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
+                self.store.note_dirty(&v.snap_dirty_nodes, dirty);
+                self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
+                *done += 1;
+            }
+        }
+        result
+    }
+
+    /// `move_record` for a record of a volume with snapshots, found in tree `k` (the
+    /// oldest that holds it): written once and swapped into every tree that holds it,
+    /// newest first, so it stays shared; the old copy is released once, after the last.
+    fn move_shared(
+        &self,
+        v: &VolumeState,
+        k: usize,
+        lba: u64,
+        old: Blkptr,
+        stored: &mut Vec<u8>,
+    ) -> Result<bool> {
+        let holds_at = |head: &crate::map::Tree, snaps: &[crate::volume::snap::Snap], j: usize| {
+            let t = if j < snaps.len() {
+                &snaps[j].tree
+            } else {
+                head
+            };
+            t.holds(&*self.store, &self.store.cache, At::Data(lba), &old)
+        };
+        {
+            let _gate = self.store.reuse_gate.read();
+            let held = {
+                let head = v.tree.lock();
+                let snaps = v.snaps.read();
+                holds_at(&head, &snaps, k)?
+            };
+            if !held {
+                return Ok(false);
+            }
+            match self
+                .store
+                .red
+                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
+            {
+                Ok(()) => {}
+                Err(Error::Unrecoverable(e)) => {
+                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut pending = self.store.log.pending();
+        let mut rec = [Put { at: 0, ptr: old }];
+        self.store
+            .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
+        let new = rec[0].ptr;
+        let mut head = v.tree.lock();
+        let mut snaps = v.snaps.write();
+        let n = snaps.len();
+        let mut holders = Vec::new();
+        for j in k..=n {
+            if !holds_at(&head, &snaps, j)? {
+                break;
+            }
+            holders.push(j);
+        }
+        if holders.is_empty() {
+            self.store.release(&new);
+            return Ok(false);
+        }
+        // Each tree's leaf is one more dirty node for the next commit.
+        let _held = match self.store.log.hold_nodes(holders.len()) {
+            Ok(held) => held,
+            Err(e) => {
+                self.store.release(&new);
+                return Err(e);
+            }
+        };
+        for &j in holders.iter().rev() {
+            let t = if j < n {
+                &mut snaps[j].tree
+            } else {
+                &mut *head
+            };
+            t.set(&*self.store, &self.store.cache, lba, new)?;
+        }
+        let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
+        self.store.note_dirty(&v.snap_dirty_nodes, dirty);
+        self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
+        // The trees around the run do not hold it: the one before was walked against it,
+        // and the one after broke the run. Every holder now points at the new copy.
+        self.store.release(&old);
+        Ok(true)
+    }
+
     fn find_moves(
         &self,
         v: &Arc<VolumeState>,
@@ -122,17 +316,7 @@ impl Core {
         moves: &mut Vec<Move>,
         done: &mut usize,
     ) -> Result<()> {
-        let rank_of = |p: &Blkptr| {
-            p.addrs()
-                .iter()
-                .filter_map(|&a| {
-                    let seg = segment_of(a);
-                    rank.binary_search_by_key(&seg, |&(s, _)| s)
-                        .ok()
-                        .map(|i| rank[i].1)
-                })
-                .min()
-        };
+        let rank_of = |p: &Blkptr| victim_rank(rank, p);
         let blocks = v.size / v.block_size as u64;
         let tree_id = v.tree.lock().id;
         let mut lo = 0;
@@ -162,6 +346,7 @@ impl Core {
                                     volume: vi,
                                     lba,
                                     ptr: *ptr,
+                                    tree: None,
                                 });
                             }
                         }

@@ -23,14 +23,22 @@ use std::sync::atomic::Ordering;
 
 use super::core::Core;
 use super::superblock::Superblock;
-use super::table::{ptr_to_hex, TableRecord, VolumeRecord};
+use super::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
 use crate::constants::NONCE_RESERVE_STEP;
+use crate::map::At;
+use crate::volume::snap;
 use crate::{Error, Result};
 
 impl Core {
     pub fn commit(&self) -> Result<()> {
         self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
+        self.commit_held()
+    }
+
+    /// `commit`, by a caller that holds the commit lock.
+    pub(crate) fn commit_held(&self) -> Result<()> {
+        self.store.check_poisoned()?;
         self.commits_begun.fetch_add(1, Ordering::AcqRel);
         let result = self.commit_locked();
         if let Err(e) = &result {
@@ -85,28 +93,71 @@ impl Core {
             // would skip blocks still under the old key, then destroy that key.
             // (One of those locks at a time, each released before the next: `status` takes
             // them in another order.)
-            let (mut leaves, slots, data_keys, rotation) = {
-                let tree = v.tree.lock();
+            // A snapshot wanted: this volume's map lock is held from the leaves to the root,
+            // so the snapshot is exactly the writes that finished before (`volume::snap`).
+            let wanted = v.snapshot_wanted.lock().take();
+            let mut whole = wanted.as_ref().map(|_| v.tree.lock());
+            let mut read = |tree: &crate::map::Tree| {
                 nodes_written += tree.dirty_nodes();
                 let slots = v.slots.lock().clone();
                 let data_keys = v.data_keys.lock().clone();
                 let rotation = v.rotation.lock().clone();
                 (tree.snapshot_leaves(), slots, data_keys, rotation)
             };
+            let (mut leaves, slots, data_keys, rotation) = match &whole {
+                Some(tree) => read(tree),
+                None => read(&v.tree.lock()),
+            };
             locked += t.elapsed();
             leaves.write(&mut write)?;
             let t = std::time::Instant::now();
             let root = {
-                let mut tree = v.tree.lock();
+                let mut guard;
+                let tree = match whole.as_mut() {
+                    Some(t) => &mut **t,
+                    None => {
+                        guard = v.tree.lock();
+                        &mut *guard
+                    }
+                };
+                let snaps = v.snaps.read();
                 if !leaves.is_empty() {
-                    tree.finish_commit(&self.store.cache, leaves, &mut write, &mut |old| {
-                        self.store.release(old)
+                    tree.finish_commit(&self.store.cache, leaves, &mut write, &mut |l, i, old| {
+                        if !snap::head_keeps(
+                            &*self.store,
+                            &self.store.cache,
+                            &snaps,
+                            At::Node(l, i),
+                            old,
+                        ) {
+                            self.store.release(old)
+                        }
                     })?;
                 }
                 self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                 tree.root
             };
+            if let (Some((name, id)), Some(tree)) = (wanted, whole.take()) {
+                debug_assert_eq!(
+                    tree.dirty_nodes(),
+                    0,
+                    "a snapshot's commit writes every node"
+                );
+                let created = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                v.snaps.write().push(snap::Snap {
+                    name,
+                    created,
+                    holds: Default::default(),
+                    referenced: v.used_bytes.load(Ordering::Relaxed),
+                    tree: crate::map::Tree::new(id, tree.depth, root),
+                });
+            }
+            self.commit_snapshot_trees(v, &mut write)?;
             locked += t.elapsed();
+            let snapshots = v.snaps.read().iter().map(SnapshotRecord::of).collect();
             records.push(VolumeRecord {
                 id: v.id,
                 uuid: v.uuid,
@@ -119,6 +170,7 @@ impl Core {
                 slots,
                 data_keys,
                 rotation,
+                snapshots,
             });
         }
         // Every pointer this commit stores has been read: segments opened from now on are
@@ -208,6 +260,43 @@ impl Core {
             flush_ms = (flushed - nodes_done).as_millis() as u64,
             "committed"
         );
+        Ok(())
+    }
+
+    /// Write the snapshot trees' dirty nodes (the cleaner's moves), newest first, whole
+    /// under the volume's locks: each node a snapshot drops is released only when neither
+    /// neighbour holds it, and going newest first keeps the trees that hold a node in one
+    /// unbroken run while it is replaced (`volume::snap`).
+    fn commit_snapshot_trees(
+        &self,
+        v: &crate::volume::VolumeState,
+        write: &mut dyn FnMut(&[&crate::map::Node]) -> Result<Vec<crate::map::Blkptr>>,
+    ) -> Result<()> {
+        if v.snap_dirty_nodes.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let head = v.tree.lock();
+        let mut snaps = v.snaps.write();
+        for k in (0..snaps.len()).rev() {
+            if snaps[k].tree.dirty_nodes() == 0 {
+                continue;
+            }
+            let (prev, cur, next) = snap::around(&mut snaps, &head, k);
+            let mut leaves = cur.tree.snapshot_leaves();
+            leaves.write(write)?;
+            let mut gone = Vec::new();
+            cur.tree
+                .finish_commit(&self.store.cache, leaves, write, &mut |l, i, old| {
+                    let near: Vec<&crate::map::Tree> = prev.into_iter().chain([next]).collect();
+                    if !snap::held_by(&*self.store, &self.store.cache, &near, At::Node(l, i), old) {
+                        gone.push(*old);
+                    }
+                })?;
+            for p in &gone {
+                self.store.release(p);
+            }
+        }
+        self.store.note_dirty(&v.snap_dirty_nodes, 0);
         Ok(())
     }
 

@@ -200,7 +200,9 @@ impl Core {
         Error::Busy(format!("volume '{name}' is in use: {by}"))
     }
 
-    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+    /// Destroy volume `name` and free its space; a volume with snapshots only with
+    /// `recursive` (they go with it), and never while one of them is held.
+    pub fn destroy_volume(&self, name: &str, recursive: bool) -> Result<()> {
         self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
         let st = self.find(name)?;
@@ -208,22 +210,31 @@ impl Core {
             // One reference in the table, one here: any other is an open handle.
             return Err(self.volume_in_use(name));
         }
-        // Free every record the volume references. Its segments become reusable after the commit.
         {
-            let tree = st.tree.lock();
-            tree.walk(&*self.store, &self.store.cache, 0, u64::MAX, &mut |v| {
-                let p = match v {
-                    crate::map::Visit::Node { ptr, .. } => ptr,
-                    crate::map::Visit::Data { ptr, .. } => ptr,
-                    // Space under an unreadable node leaks until a later import walks it.
-                    crate::map::Visit::Unreadable { .. } => return Ok(()),
-                };
-                self.store.release(p);
-                Ok(())
-            })?;
+            let snaps = st.snaps.read();
+            if let Some(s) = snaps.iter().find(|s| !s.holds.is_empty()) {
+                return Err(Error::Busy(format!(
+                    "snapshot '{name}@{}' is held; release its holds before destroying the volume",
+                    s.name
+                )));
+            }
+            if !snaps.is_empty() && !recursive {
+                let names: Vec<String> =
+                    snaps.iter().map(|s| format!("{name}@{}", s.name)).collect();
+                return Err(Error::Busy(format!(
+                    "volume '{name}' has {} snapshot(s): {}; destroy them first, or pass -r to \
+                     destroy them with it",
+                    names.len(),
+                    names.join(", ")
+                )));
+            }
         }
+        // Free every record the volume and its snapshots reference. Their segments become
+        // reusable after the commit.
+        self.release_family(&st);
         // Dirty nodes were never written; their old places were freed by the walk above.
         self.store.note_dirty(&st.dirty_nodes, 0);
+        self.store.note_dirty(&st.snap_dirty_nodes, 0);
         self.volumes.write().remove(name);
         st.destroyed.store(true, Ordering::Release);
         self.table_dirty.store(true, Ordering::Release);

@@ -435,30 +435,87 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
         let blocks = rec.size_bytes / rec.block_size as u64;
-        let tree = Tree::new(rec.id, depth_for(blocks), root);
+        let depth = depth_for(blocks);
+        let mut snaps = Vec::with_capacity(rec.snapshots.len());
+        for s in &rec.snapshots {
+            let root = ptr_from_hex(&s.root)
+                .map_err(|e| e.within(format!("snapshot '{}@{}'", rec.name, s.name)))?;
+            snaps.push(crate::volume::snap::Snap {
+                name: s.name.clone(),
+                created: s.created,
+                holds: s.holds.iter().cloned().collect(),
+                referenced: s.referenced,
+                tree: Tree::new(s.id, depth, root),
+            });
+        }
+        let tree = Tree::new(rec.id, depth, root);
+        // Each tree is walked against the one before it: a record shared by several is
+        // counted once, in the oldest that holds it (`volume::snap`). What each tree
+        // references follows from the one before: plus what it adds, minus what it dropped.
         let mut used = 0u64;
-        let walked = tree.walk(&store, &store.cache, 0, u64::MAX, &mut |v| {
-            match v {
-                Visit::Unreadable { error, .. } => return Err(Error::Corrupt(error.to_string())),
-                Visit::Node { ptr, .. } => {
-                    store.red.check_record(ptr.addrs(), ptr.len as usize)?;
-                    count(ptr, &mut live)
+        let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&tree]).collect();
+        let mut referenced = Vec::with_capacity(trees.len());
+        let mut walked = Ok(());
+        for (k, t) in trees.iter().enumerate() {
+            let prev: Vec<&Tree> = k.checked_sub(1).map(|j| trees[j]).into_iter().collect();
+            let mut added = 0u64;
+            walked = t.walk_unique(&store, &store.cache, &prev, &mut |v| {
+                match v {
+                    Visit::Unreadable { error, .. } => {
+                        return Err(Error::Corrupt(error.to_string()))
+                    }
+                    Visit::Node { ptr, .. } => {
+                        store.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                        count(ptr, &mut live)
+                    }
+                    Visit::Data { ptr, .. } => {
+                        // A pointer past the pool would be counted nowhere, or overflow a
+                        // segment's count: the walk stops, and nothing is reclaimed.
+                        store.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                        count(ptr, &mut live);
+                        for &a in ptr.addrs() {
+                            if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
+                                *d = true;
+                            }
+                        }
+                        added += ptr.len as u64;
+                    }
                 }
-                Visit::Data { ptr, .. } => {
-                    // A pointer past the pool would be counted nowhere, or overflow a
-                    // segment's count: the walk stops, and nothing is reclaimed.
-                    store.red.check_record(ptr.addrs(), ptr.len as usize)?;
-                    count(ptr, &mut live);
-                    for &a in ptr.addrs() {
-                        if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
-                            *d = true;
+                Ok(())
+            });
+            if walked.is_err() {
+                break;
+            }
+            let dropped = match prev.first() {
+                Some(p) => {
+                    match crate::volume::snap::unique_data_bytes(&store, &store.cache, p, &[t]) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            walked = Err(e);
+                            break;
                         }
                     }
-                    used += ptr.len as u64;
+                }
+                None => 0,
+            };
+            let before = referenced.last().copied().unwrap_or(0u64);
+            referenced.push((before + added).saturating_sub(dropped));
+        }
+        if walked.is_ok() {
+            used = referenced.last().copied().unwrap_or(0);
+            for (s, r) in snaps.iter_mut().zip(&referenced) {
+                if s.referenced != *r {
+                    tracing::warn!(
+                        volume = rec.name,
+                        snapshot = s.name,
+                        table = s.referenced,
+                        counted = r,
+                        "snapshot's referenced bytes recounted"
+                    );
+                    s.referenced = *r;
                 }
             }
-            Ok(())
-        });
+        }
         if let Err(e) = walked {
             tracing::error!(volume = rec.name, "cannot walk the block map ({e}); space will not be reclaimed until this is repaired");
             complete = false;
@@ -474,6 +531,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         );
         *st.rotation.lock() = rec.rotation.clone();
         st.used_bytes.store(used, Ordering::Relaxed);
+        *st.snaps.write() = snaps;
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     store.log = Log::new(live, newest.high_water, complete);

@@ -16,6 +16,7 @@ mod import;
 pub mod keys;
 pub mod rotate;
 pub mod scrub;
+pub mod snapshot;
 pub mod superblock;
 pub mod table;
 
@@ -112,6 +113,7 @@ pub struct SpaceStatus {
     pub write_amplification: f64,
 }
 
+pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};
 pub use crate::volume::VolumeStatus;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -197,7 +199,47 @@ impl Pool {
 
     /// Destroy a volume and free its space.
     pub fn destroy_volume(&self, name: &str) -> Result<()> {
-        self.core.destroy_volume(name)
+        self.core.destroy_volume(name, false)
+    }
+
+    /// Destroy a volume; with `recursive`, its snapshots with it.
+    pub fn destroy_volume_recursive(&self, name: &str, recursive: bool) -> Result<()> {
+        self.core.destroy_volume(name, recursive)
+    }
+
+    /// Snapshot `volume` as `volume@name` (one commit; no data copied).
+    pub fn snapshot_create(&self, volume: &str, name: &str) -> Result<()> {
+        self.core.snapshot_create(volume, name)
+    }
+
+    /// Destroy `volume@name`; returns the data bytes freed.
+    pub fn snapshot_destroy(&self, volume: &str, name: &str) -> Result<u64> {
+        self.core.snapshot_destroy(volume, name)
+    }
+
+    /// Hold (`hold`) or release `volume@name` under `tag`.
+    pub fn snapshot_hold(&self, volume: &str, name: &str, tag: &str, hold: bool) -> Result<()> {
+        self.core.snapshot_hold(volume, name, tag, hold)
+    }
+
+    /// Snapshots of `volume` (or all), oldest first per volume.
+    pub fn snapshot_list(&self, volume: Option<&str>) -> Result<Vec<SnapshotStatus>> {
+        self.core.snapshot_list(volume)
+    }
+
+    /// Space of `volume` (or all) as used / referenced / by snapshots / written.
+    pub fn volume_space(&self, volume: Option<&str>) -> Result<Vec<VolumeSpace>> {
+        self.core.volume_space(volume)
+    }
+
+    /// Roll `volume` back to `volume@name`; returns the newer snapshots destroyed.
+    pub fn volume_rollback(
+        &self,
+        volume: &str,
+        name: &str,
+        destroy_newer: bool,
+    ) -> Result<Vec<String>> {
+        self.core.volume_rollback(volume, name, destroy_newer)
     }
 
     pub fn volumes(&self) -> Vec<VolumeStatus> {
@@ -215,18 +257,30 @@ impl Pool {
     }
 
     /// An unlocked volume for I/O. `Error::NotFound` or `Error::Locked` otherwise.
+    /// A handle on volume `name`, or a read-only one on snapshot `VOL@SNAP`.
     pub fn volume(&self, name: &str) -> Result<Arc<Volume>> {
-        self.core.volume_handle(name)
+        match snapshot::split_name(name) {
+            Some((volume, snap)) => self.core.snapshot_handle(volume, snap),
+            None => self.core.volume_handle(name),
+        }
     }
 
     /// Names of volumes that may be exported now (unlocked).
     pub fn exportable(&self) -> Vec<String> {
-        self.core
+        let open: Vec<String> = self
+            .core
             .volume_statuses()
             .into_iter()
             .filter(|v| !v.locked)
             .map(|v| v.name)
-            .collect()
+            .collect();
+        let mut out = open.clone();
+        for name in &open {
+            if let Ok(st) = self.core.find(name) {
+                out.extend(st.snaps.read().iter().map(|s| format!("{name}@{}", s.name)));
+            }
+        }
+        out
     }
 
     pub fn status(&self) -> PoolStatus {

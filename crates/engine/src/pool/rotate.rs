@@ -304,13 +304,21 @@ impl Core {
                 .lock()
                 .clone()
                 .ok_or_else(|| Error::Locked(st.name.clone()))?;
+            // Snapshots still hold blocks under the older keys: those stay until a rotation
+            // finishes with no snapshot left.
+            let snapshots = st.snaps.read().len();
             let mut keys = st.data_keys.lock();
-            keys.retain(|k| k.generation == to);
+            if snapshots == 0 {
+                keys.retain(|k| k.generation == to);
+            }
             *st.ring.write() = Some(Arc::new(KeyRing::open(&vmk, &st.uuid, &keys)?));
+            if snapshots > 0 {
+                tracing::info!(volume = %st.name, snapshots, "older data keys kept: snapshots hold blocks encrypted under them");
+            }
         }
         *st.rotation.lock() = None;
         self.forget_old_tables()?;
-        tracing::info!(volume = %st.name, generation = to, "key rotation finished: the old data key is destroyed");
+        tracing::info!(volume = %st.name, generation = to, "key rotation finished: new writes and the volume's blocks use the new data key");
         Ok(())
     }
 }

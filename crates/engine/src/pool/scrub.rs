@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::core::Core;
 use crate::constants::MAP_FANOUT_SHIFT;
-use crate::map::{Blkptr, Visit};
+use crate::map::{At, Blkptr, Visit};
+use crate::volume::VolumeState;
 use crate::{Error, Result};
 
 /// Logical blocks examined per batch.
@@ -464,6 +465,12 @@ impl Core {
                 self.scrub_rate_seen
                     .store((done as f64 / secs) as u64, Ordering::Relaxed);
             }
+            if !v.destroyed.load(Ordering::Acquire) {
+                self.scrub_snapshot_records(&v, &mut buf)?;
+                if !self.keep_going() {
+                    return Ok(());
+                }
+            }
             let mut s = self.scrub.lock();
             s.volume_id = v.id + 1;
             s.lba = 0;
@@ -484,6 +491,90 @@ impl Core {
             self.table_dirty.store(true, Ordering::Release);
             self.commit()?;
             tracing::info!("scrub finished");
+        }
+        Ok(())
+    }
+
+    /// Scrub the records only snapshots hold (the walk of the volume's own map saw the
+    /// rest): each snapshot against the tree after it, so a record is read once. Found
+    /// under the map lock, read without it, each only if its snapshot still holds it.
+    fn scrub_snapshot_records(&self, v: &VolumeState, buf: &mut Vec<u8>) -> Result<()> {
+        let bs = v.block_size as u64;
+        let mut found: Vec<(String, At, Blkptr)> = Vec::new();
+        {
+            let head = v.tree.lock();
+            let snaps = v.snaps.read();
+            for (k, s) in snaps.iter().enumerate() {
+                let next = crate::volume::snap::next_of(&snaps, &head, k);
+                s.tree
+                    .walk_unique(&*self.store, &self.store.cache, &[next], &mut |visit| {
+                        match visit {
+                            Visit::Data { lba, ptr } => {
+                                found.push((s.name.clone(), At::Data(lba), *ptr))
+                            }
+                            Visit::Node { level, index, ptr } => {
+                                found.push((s.name.clone(), At::Node(level, index), *ptr))
+                            }
+                            Visit::Unreadable { level, index, .. } => {
+                                let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                                let off = index * span * bs;
+                                self.record_error(
+                                    &format!("{}@{}", v.name, s.name),
+                                    off,
+                                    (span * bs).min(v.size - off.min(v.size)),
+                                    DataErrorKind::Map,
+                                );
+                            }
+                        }
+                        Ok(())
+                    })?;
+            }
+        }
+        for (name, at, ptr) in found {
+            if !self.keep_going() {
+                return Ok(());
+            }
+            let _gate = self.store.reuse_gate.read();
+            let held = v.snaps.read().iter().any(|s| {
+                s.name == name
+                    && s.tree
+                        .holds(&*self.store, &self.store.cache, at, &ptr)
+                        .unwrap_or(false)
+            });
+            if !held {
+                continue;
+            }
+            let mut o = self
+                .store
+                .red
+                .scrub(ptr.addrs(), ptr.len as usize, &ptr.checksum, buf);
+            let (off, len, kind) = match at {
+                At::Data(lba) => {
+                    if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {
+                        tracing::error!(volume = %v.name, snapshot = name, lba, "scrub: {e}");
+                        o.unrecoverable = true;
+                    }
+                    (lba * bs, bs, DataErrorKind::Data)
+                }
+                At::Node(level, index) => {
+                    let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                    let off = index * span * bs;
+                    (
+                        off,
+                        (span * bs).min(v.size - off.min(v.size)),
+                        DataErrorKind::Map,
+                    )
+                }
+            };
+            if o.unrecoverable {
+                self.record_error(&format!("{}@{name}", v.name), off, len, kind);
+            }
+            let data = matches!(at, At::Data(_));
+            self.count_outcome(
+                o.repaired,
+                o.unrecoverable,
+                if data { ptr.len as u64 } else { 0 },
+            );
         }
         Ok(())
     }

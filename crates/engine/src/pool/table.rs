@@ -48,6 +48,36 @@ pub struct VolumeRecord {
     /// A key rotation in progress.
     #[serde(default)]
     pub rotation: Option<super::rotate::Rotation>,
+    /// Snapshots, oldest first.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotRecord>,
+}
+
+/// One snapshot in the table: its map's root and what `snapshot list` shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub name: String,
+    /// Its tree's id (namespace in the node cache, unique in the pool).
+    pub id: u64,
+    /// Root of its block map (hex of the 64-byte block pointer).
+    pub root: String,
+    pub created: u64,
+    #[serde(default)]
+    pub holds: Vec<String>,
+    pub referenced: u64,
+}
+
+impl SnapshotRecord {
+    pub fn of(s: &crate::volume::snap::Snap) -> SnapshotRecord {
+        SnapshotRecord {
+            name: s.name.clone(),
+            id: s.tree.id,
+            root: ptr_to_hex(&s.tree.root),
+            created: s.created,
+            holds: s.holds.iter().cloned().collect(),
+            referenced: s.referenced,
+        }
+    }
 }
 
 /// Random nonce ‖ AES-256-GCM of `json` under `table_key` ‖ tag.
@@ -185,6 +215,7 @@ mod tests {
                 vec![]
             },
             rotation: None,
+            snapshots: vec![],
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];

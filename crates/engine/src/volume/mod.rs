@@ -24,11 +24,12 @@ use crate::constants::*;
 use crate::keys::ring::{DataKeyRecord, KeyRing};
 use crate::keys::KeySlot;
 use crate::log::Stream;
-use crate::map::{Blkptr, Tree, Visit, ADDR_NONE};
+use crate::map::{At, Blkptr, Tree, Visit, ADDR_NONE};
 use crate::store::{Control, Put, Store};
 use crate::{Error, Result};
 
 pub mod rotation;
+pub mod snap;
 
 pub use crate::codec::Compression;
 
@@ -125,6 +126,12 @@ pub struct VolumeState {
     /// The tree's dirty node count as of its last change (`Store::note_dirty`).
     pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
+    /// Snapshots, oldest first (`snap` module: sharing, locks).
+    pub snaps: RwLock<Vec<snap::Snap>>,
+    /// Dirty nodes of the snapshot trees (the cleaner's moves), as `dirty_nodes` for the head.
+    pub snap_dirty_nodes: std::sync::atomic::AtomicUsize,
+    /// A snapshot the next commit takes: its name and tree id.
+    pub snapshot_wanted: Mutex<Option<(String, u64)>>,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
 }
@@ -158,6 +165,9 @@ impl VolumeState {
             used_bytes: AtomicU64::new(0),
             dirty_nodes: Default::default(),
             destroyed: AtomicBool::new(false),
+            snaps: RwLock::new(Vec::new()),
+            snap_dirty_nodes: Default::default(),
+            snapshot_wanted: Mutex::new(None),
             guess: Default::default(),
         }
     }
@@ -198,6 +208,8 @@ pub struct Volume {
     store: Arc<Store>,
     control: Arc<dyn Control>,
     st: Arc<VolumeState>,
+    /// The snapshot this handle reads (`VOL@SNAP`, read-only); `None`: the volume itself.
+    view: Option<String>,
 }
 
 fn is_zero(b: &[u8]) -> bool {
@@ -211,7 +223,57 @@ impl Volume {
         control: Arc<dyn Control>,
         st: Arc<VolumeState>,
     ) -> Volume {
-        Volume { store, control, st }
+        Volume {
+            store,
+            control,
+            st,
+            view: None,
+        }
+    }
+
+    /// A read-only handle on snapshot `snap` of the volume.
+    pub(crate) fn snapshot_view(
+        store: Arc<Store>,
+        control: Arc<dyn Control>,
+        st: Arc<VolumeState>,
+        snap: &str,
+    ) -> Volume {
+        Volume {
+            store,
+            control,
+            st,
+            view: Some(snap.to_string()),
+        }
+    }
+
+    /// Whether this handle reads a snapshot (and so refuses writes).
+    pub fn is_snapshot(&self) -> bool {
+        self.view.is_some()
+    }
+
+    /// Run `f` on the tree this handle reads: the volume's map (under the map lock) or its
+    /// snapshot's (under the snapshot list's read lock).
+    fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> Result<T>) -> Result<T> {
+        match &self.view {
+            None => f(&self.st.tree.lock()),
+            Some(name) => {
+                let snaps = self.st.snaps.read();
+                let s = snaps.iter().find(|s| &s.name == name).ok_or_else(|| {
+                    Error::NotFound(format!("snapshot '{}@{name}' was destroyed", self.st.name))
+                })?;
+                f(&s.tree)
+            }
+        }
+    }
+
+    fn refuse_if_snapshot(&self) -> Result<()> {
+        match &self.view {
+            Some(name) => Err(Error::Invalid(format!(
+                "snapshot '{}@{name}' is read-only",
+                self.st.name
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The key ring for this request; an encrypted volume locked under us is an error, never
@@ -284,11 +346,7 @@ impl Volume {
     fn read_block(&self, lba: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
         self.store.client_ops.fetch_add(1, Ordering::Relaxed);
         let _gate = self.store.reuse_gate.read();
-        let ptr = self
-            .st
-            .tree
-            .lock()
-            .lookup(&*self.store, &self.store.cache, lba)?;
+        let ptr = self.with_tree(|t| t.lookup(&*self.store, &self.store.cache, lba))?;
         self.read_ptr(lba, &ptr, out, stored)
     }
 
@@ -348,10 +406,7 @@ impl Volume {
         self.store.client_ops.fetch_add(n as u64, Ordering::Relaxed);
         let _gate = self.store.reuse_gate.read();
         let mut ptrs = vec![Blkptr::HOLE; n];
-        self.st
-            .tree
-            .lock()
-            .lookup_run(&*self.store, &self.store.cache, first, &mut ptrs)?;
+        self.with_tree(|t| t.lookup_run(&*self.store, &self.store.cache, first, &mut ptrs))?;
         let contiguous = self.store.red.runs_end_to_end();
         let mut i = 0;
         while i < n {
@@ -567,7 +622,8 @@ impl Volume {
                 self.store.release(&r.ptr);
             }
         };
-        let mut freed = Vec::with_capacity(recs.len() + holes.len());
+        // What the map dropped and no snapshot holds: released once the map lock is let go.
+        let mut gone = Vec::with_capacity(recs.len() + holes.len());
         // Blocks of zeros become holes: their leaves need room in the next commit too.
         let held = match holes.len() {
             0 => None,
@@ -581,15 +637,27 @@ impl Volume {
         };
         let dirty_total = {
             let mut tree = self.st.tree.lock();
+            let snaps = self.st.snaps.read();
+            let drop_old = |lba: u64, new_len: u32, old: Blkptr, gone: &mut Vec<Blkptr>| {
+                self.st
+                    .used_bytes
+                    .fetch_add(new_len as u64, Ordering::Relaxed);
+                self.st
+                    .used_bytes
+                    .fetch_sub(old.len as u64, Ordering::Relaxed);
+                if !snap::head_keeps(&*self.store, &self.store.cache, &snaps, At::Data(lba), &old) {
+                    gone.push(old);
+                }
+            };
             for (i, r) in recs.iter().enumerate() {
                 match tree.set(&*self.store, &self.store.cache, r.lba, r.ptr) {
-                    Ok(old) => freed.push((r.ptr.len, old)),
+                    Ok(old) => drop_old(r.lba, r.ptr.len, old, &mut gone),
                     Err(e) => {
-                        drop(tree);
+                        drop((snaps, tree));
                         for r in &recs[i..] {
                             self.store.release(&r.ptr);
                         }
-                        for (_, old) in &freed {
+                        for old in &gone {
                             self.store.release(old);
                         }
                         return Err(e);
@@ -597,23 +665,15 @@ impl Volume {
                 }
             }
             for &lba in &holes {
-                freed.push((
-                    0,
-                    tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE)?,
-                ));
+                let old = tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE)?;
+                drop_old(lba, 0, old, &mut gone);
             }
             self.store
                 .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
         drop((pending, held));
-        for (new_len, old) in &freed {
+        for old in &gone {
             self.store.release(old);
-            self.st
-                .used_bytes
-                .fetch_add(*new_len as u64, Ordering::Relaxed);
-            self.st
-                .used_bytes
-                .fetch_sub(old.len as u64, Ordering::Relaxed);
         }
         if dirty_total > self.store.log.dirty_nodes_cap() {
             self.store.wake_maintenance();
@@ -625,7 +685,7 @@ impl Volume {
     fn set_ptr(&self, lba: u64, ptr: Blkptr) -> Result<()> {
         // The leaf this dirties needs room in the next commit.
         let held = self.store.hold_nodes(1)?;
-        let (old, dirty_total) = {
+        let dirty_total = {
             let mut tree = self.st.tree.lock();
             let old = match tree.set(&*self.store, &self.store.cache, lba, ptr) {
                 Ok(old) => old,
@@ -635,20 +695,20 @@ impl Volume {
                     return Err(e);
                 }
             };
-            self.store.release(&old);
-            (
-                old,
-                self.store
-                    .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes()),
-            )
+            let snaps = self.st.snaps.read();
+            if !snap::head_keeps(&*self.store, &self.store.cache, &snaps, At::Data(lba), &old) {
+                self.store.release(&old);
+            }
+            self.st
+                .used_bytes
+                .fetch_add(ptr.len as u64, Ordering::Relaxed);
+            self.st
+                .used_bytes
+                .fetch_sub(old.len as u64, Ordering::Relaxed);
+            self.store
+                .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
         drop(held);
-        self.st
-            .used_bytes
-            .fetch_add(ptr.len as u64, Ordering::Relaxed);
-        self.st
-            .used_bytes
-            .fetch_sub(old.len as u64, Ordering::Relaxed);
         if dirty_total > self.store.log.dirty_nodes_cap() {
             self.store.wake_maintenance();
         }
@@ -689,6 +749,7 @@ impl Volume {
 
     /// Write `data` at `offset`; with `fua` it is durable when this returns.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.refuse_if_snapshot()?;
         self.check(offset, data.len() as u64)?;
         let bs = self.st.block_size as usize;
         SCRATCH.with(|s| {
@@ -729,6 +790,7 @@ impl Volume {
 
     /// Make the range read as zeros (whole blocks are freed).
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
+        self.refuse_if_snapshot()?;
         self.check(offset, length)?;
         let bs = self.st.block_size as usize;
         SCRATCH.with(|s| {
@@ -755,6 +817,7 @@ impl Volume {
 
     /// Discard the range: whole blocks are freed; partial blocks are left as they are.
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
+        self.refuse_if_snapshot()?;
         self.check(offset, length)?;
         let bs = self.st.block_size as usize;
         for (lba, _, n) in self.pieces(offset, length) {
@@ -769,6 +832,7 @@ impl Volume {
     /// Re-encrypt one block under the current key generation (key rotation), atomically
     /// with respect to client writes of that block.
     pub(crate) fn rewrite_block(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        self.refuse_if_snapshot()?;
         let _stripe = self.stripe(lba);
         SCRATCH.with(|s| {
             let (stored, _) = &mut *s.borrow_mut();
@@ -780,10 +844,7 @@ impl Volume {
     /// The block pointer of logical block `lba` (for tests and diagnostics).
     #[doc(hidden)]
     pub fn debug_block_ptr(&self, lba: u64) -> Result<Blkptr> {
-        self.st
-            .tree
-            .lock()
-            .lookup(&*self.store, &self.store.cache, lba)
+        self.with_tree(|t| t.lookup(&*self.store, &self.store.cache, lba))
     }
 
     /// Everything written so far (by any connection) becomes durable.
@@ -800,10 +861,8 @@ impl Volume {
         let bs = self.st.block_size as u64;
         let (lo, hi) = (offset / bs, (offset + length).div_ceil(bs));
         let mut allocated: Vec<(u64, u64)> = Vec::new();
-        self.st
-            .tree
-            .lock()
-            .walk(&*self.store, &self.store.cache, lo, hi, &mut |v| {
+        self.with_tree(|t| {
+            t.walk(&*self.store, &self.store.cache, lo, hi, &mut |v| {
                 if let Visit::Unreadable { error, .. } = v {
                     return Err(Error::Corrupt(format!("block status: {error}")));
                 }
@@ -814,7 +873,8 @@ impl Volume {
                     }
                 }
                 Ok(())
-            })?;
+            })
+        })?;
         let end = offset + length;
         let mut out: Vec<Extent> = Vec::new();
         let mut push = |from: u64, to: u64, hole: bool| {
