@@ -39,9 +39,12 @@ pub enum Command {
     /// Run the daemon in the foreground: import the pool, serve NBD and the control socket.
     #[command(arg = legacy_pool_arg())]
     Serve(ServeArgs),
-    /// Create, list and destroy volumes.
+    /// Create, list, roll back and destroy volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Take, list, hold and destroy snapshots (VOL@SNAP): instant, read-only, served over NBD.
+    #[command(subcommand, after_help = SNAPSHOT_AFTER_HELP)]
+    Snapshot(SnapshotCommand),
     /// Load, unload, add, remove, change, rotate and erase the keys of encrypted volumes.
     #[command(subcommand)]
     Key(KeyCommand),
@@ -159,6 +162,16 @@ Examples:
   bulwark --pool /srv/pool bench benchvol
   bulwark --pool /srv/pool bench benchvol --block-sizes 4k --patterns randread --iodepths 32 --jobs 2
   bulwark bench --uri 'nbd+unix:///disk?socket=/run/qsd.sock' --force --json";
+
+const SNAPSHOT_AFTER_HELP: &str = "\
+A snapshot holds exactly the writes that finished before 'snapshot create'
+began; it costs nothing until the volume changes. Clients granted the volume
+open VOL@SNAP over NBD, read-only:
+  bulwark snapshot create vm1@before-upgrade
+  qemu-img info 'nbd+unix:///vm1@before-upgrade?socket=DIR/nbd.sock'
+  bulwark snapshot list vm1
+  bulwark volume rollback vm1@before-upgrade
+  bulwark snapshot destroy vm1@before-upgrade";
 
 const HISTORY_AFTER_HELP: &str = "\
 TIME is RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00), a date \
@@ -470,10 +483,72 @@ pub struct FaultClearArgs {
 pub enum VolumeCommand {
     /// Create a volume (encrypted by default).
     Create(VolumeCreateArgs),
-    /// List volumes.
-    List(ListArgs),
+    /// List volumes (--space: how snapshots share their space, as 'zfs list -o space').
+    List(VolumeListArgs),
     /// Destroy a volume and free its space.
     Destroy(VolumeDestroyArgs),
+    /// Make a volume what it was at a snapshot (detach its clients first).
+    ///
+    /// Writes made since the snapshot are lost. Only the newest snapshot is a
+    /// target unless --destroy-newer is given, which destroys the newer ones
+    /// (as 'zfs rollback -r').
+    Rollback(VolumeRollbackArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VolumeListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Show space: USED (volume and snapshots), REFER, USEDSNAP, WRITTEN since the newest snapshot.
+    #[arg(long)]
+    pub space: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VolumeRollbackArgs {
+    /// The snapshot to roll back to, as VOL@SNAP.
+    pub snapshot: String,
+    /// Destroy the snapshots newer than it (refused without, when there are any).
+    #[arg(long)]
+    pub destroy_newer: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a volume as VOL@SNAP: one commit, no data copied.
+    Create(SnapshotNameArgs),
+    /// List snapshots: USED (what destroying it frees), REFER, CREATED, HOLDS.
+    List(SnapshotListArgs),
+    /// Destroy a snapshot and free what only it holds (refused while held or attached).
+    Destroy(SnapshotNameArgs),
+    /// Keep a snapshot from being destroyed until the hold TAG is released.
+    Hold(SnapshotTagArgs),
+    /// Release the hold TAG on a snapshot.
+    Release(SnapshotTagArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotNameArgs {
+    /// The snapshot, as VOL@SNAP.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotTagArgs {
+    /// The snapshot, as VOL@SNAP.
+    pub snapshot: String,
+    /// The hold's tag (letters, digits, '.', '_', '-').
+    pub tag: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotListArgs {
+    /// Only this volume's snapshots.
+    pub volume: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -719,6 +794,9 @@ pub struct VolumeDestroyArgs {
     /// Crypto-erase the volume's keys first (as 'bulwark key erase --yes'), then destroy it.
     #[arg(long)]
     pub crypto_erase: bool,
+    /// Destroy its snapshots too (a volume with snapshots is refused without).
+    #[arg(short, long)]
+    pub recursive: bool,
 }
 
 #[derive(Debug, Args)]

@@ -15,10 +15,9 @@ use bulwark_engine::{DeviceSpec, Layout, Pool, VolumeStatus};
 use serde::de::DeserializeOwned;
 
 use crate::cli::{
-    KeyLoadArgs, ListArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs,
-    VolumeCreateArgs,
+    KeyLoadArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs,
 };
-use crate::control::{self, Request, Response, SecretRef, StatusReport, VolumeEntry};
+use crate::control::{self, Request, Response, SecretRef, StatusReport};
 use crate::display;
 use crate::error::{Error, Result};
 
@@ -112,7 +111,7 @@ pub fn print(text: &str) -> Result<()> {
     }
 }
 
-fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value).expect("results always serialize");
     text.push('\n');
     print(&text)
@@ -197,18 +196,10 @@ pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
     print(&display::volume_created(&created))
 }
 
-pub fn volume_list(dir: &Path, args: &ListArgs) -> Result<()> {
-    let volumes: Vec<VolumeEntry> = Client::connect(dir)?.call_typed(&Request::VolumeList)?;
-    if args.json {
-        print_json(&volumes)
-    } else {
-        print(&display::volume_table(&volumes))
-    }
-}
-
-pub fn volume_destroy(dir: &Path, args: &NameArgs) -> Result<()> {
+pub fn volume_destroy(dir: &Path, args: &NameArgs, recursive: bool) -> Result<()> {
     Client::connect(dir)?.call(&Request::VolumeDestroy {
         name: args.name.clone(),
+        recursive,
     })?;
     print(&format!("destroyed volume {}\n", args.name))
 }

@@ -10,7 +10,14 @@
 //! {"op":"volume_list"}
 //! {"op":"volume_create","name":"v","size_bytes":1073741824,"block_size":4096,
 //!  "compression":"lz4","encryption":true,"secret":{"kind":"key_file","path":"/abs/key"}}
-//! {"op":"volume_destroy","name":"v"}
+//! {"op":"volume_destroy","name":"v"}  {"op":"volume_destroy","name":"v","recursive":true}
+//! {"op":"volume_space","name":"v"}  {"op":"volume_space","name":null}
+//! {"op":"volume_rollback","volume":"v","snapshot":"s","destroy_newer":false}
+//! {"op":"snapshot_create","volume":"v","snapshot":"s"}
+//! {"op":"snapshot_list","volume":"v"}  {"op":"snapshot_list","volume":null}
+//! {"op":"snapshot_destroy","volume":"v","snapshot":"s"}
+//! {"op":"snapshot_hold","volume":"v","snapshot":"s","tag":"backup"}
+//! {"op":"snapshot_release","volume":"v","snapshot":"s","tag":"backup"}
 //! {"op":"key_load","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
 //! {"op":"key_unload","name":"v"}
 //! {"op":"key_add","name":"v","secret":{"kind":"passphrase_file","path":"/abs/pass"}}
@@ -78,6 +85,43 @@ pub enum Request {
     },
     VolumeDestroy {
         name: String,
+        /// Destroy its snapshots with it (refused without, when it has any).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        recursive: bool,
+    },
+    /// Answered by `Vec<VolumeSpace>`: one volume, or every volume when `name` is null.
+    VolumeSpace {
+        name: Option<String>,
+    },
+    /// Answered by the names of the newer snapshots destroyed (`destroy_newer`).
+    VolumeRollback {
+        volume: String,
+        snapshot: String,
+        #[serde(default)]
+        destroy_newer: bool,
+    },
+    SnapshotCreate {
+        volume: String,
+        snapshot: String,
+    },
+    /// Answered by `Vec<SnapshotStatus>`, oldest first per volume.
+    SnapshotList {
+        volume: Option<String>,
+    },
+    /// Answered by `{"freed_bytes": N}`.
+    SnapshotDestroy {
+        volume: String,
+        snapshot: String,
+    },
+    SnapshotHold {
+        volume: String,
+        snapshot: String,
+        tag: String,
+    },
+    SnapshotRelease {
+        volume: String,
+        snapshot: String,
+        tag: String,
     },
     KeyLoad {
         name: String,

@@ -525,9 +525,68 @@ impl Daemon {
                 })?;
                 to_value(&self.entry(created))
             }
-            Request::VolumeDestroy { name } => {
+            Request::VolumeDestroy { name, recursive } => {
                 self.refuse_if_attached(&name).await?;
-                blocking(move || Ok(pool.destroy_volume(&name)?)).await?;
+                if recursive {
+                    for s in pool.snapshot_list(Some(&name)).unwrap_or_default() {
+                        self.refuse_if_attached(&s.name).await?;
+                    }
+                }
+                blocking(move || Ok(pool.destroy_volume_recursive(&name, recursive)?)).await?;
+                Ok(Value::Null)
+            }
+            Request::VolumeSpace { name } => {
+                let space = blocking(move || Ok(pool.volume_space(name.as_deref())?)).await?;
+                to_value(&space)
+            }
+            Request::VolumeRollback {
+                volume,
+                snapshot,
+                destroy_newer,
+            } => {
+                self.refuse_if_attached(&volume).await?;
+                if destroy_newer {
+                    let all = pool.snapshot_list(Some(&volume)).unwrap_or_default();
+                    let newer = all.iter().skip_while(|s| s.snapshot != snapshot).skip(1);
+                    for s in newer {
+                        self.refuse_if_attached(&s.name).await?;
+                    }
+                }
+                let destroyed = blocking(move || {
+                    Ok(pool.volume_rollback(&volume, &snapshot, destroy_newer)?)
+                })
+                .await?;
+                to_value(&destroyed)
+            }
+            Request::SnapshotCreate { volume, snapshot } => {
+                blocking(move || Ok(pool.snapshot_create(&volume, &snapshot)?)).await?;
+                Ok(Value::Null)
+            }
+            Request::SnapshotList { volume } => {
+                let list = blocking(move || Ok(pool.snapshot_list(volume.as_deref())?)).await?;
+                to_value(&list)
+            }
+            Request::SnapshotDestroy { volume, snapshot } => {
+                self.refuse_if_attached(&format!("{volume}@{snapshot}"))
+                    .await?;
+                let freed =
+                    blocking(move || Ok(pool.snapshot_destroy(&volume, &snapshot)?)).await?;
+                Ok(serde_json::json!({ "freed_bytes": freed }))
+            }
+            Request::SnapshotHold {
+                volume,
+                snapshot,
+                tag,
+            } => {
+                blocking(move || Ok(pool.snapshot_hold(&volume, &snapshot, &tag, true)?)).await?;
+                Ok(Value::Null)
+            }
+            Request::SnapshotRelease {
+                volume,
+                snapshot,
+                tag,
+            } => {
+                blocking(move || Ok(pool.snapshot_hold(&volume, &snapshot, &tag, false)?)).await?;
                 Ok(Value::Null)
             }
             Request::KeyLoad { name, secret } => {

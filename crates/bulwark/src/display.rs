@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use bulwark_engine::device::fault::Fault;
 use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
+use bulwark_engine::pool::{SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
 use bulwark_engine::VolumeStatus;
 
@@ -525,6 +526,64 @@ pub fn fault_mode(f: &Fault) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{:?}", f.mode))
+}
+
+/// `snapshot list`: NAME USED REFER CREATED HOLDS (as `zfs list -t snapshot`; USED is
+/// what destroying the snapshot frees).
+pub fn snapshot_table(snaps: &[SnapshotStatus]) -> String {
+    if snaps.is_empty() {
+        return "no snapshots\n".to_string();
+    }
+    use Align::*;
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("USED", Right),
+        ("REFER", Right),
+        ("CREATED", Left),
+        ("HOLDS", Left),
+    ]);
+    for s in snaps {
+        t.row(vec![
+            s.name.clone(),
+            format_size(s.used_bytes),
+            format_size(s.referenced_bytes),
+            date(s.created),
+            if s.holds.is_empty() {
+                "-".to_string()
+            } else {
+                s.holds.join(",")
+            },
+        ]);
+    }
+    t.render("")
+}
+
+/// `volume list --space`: NAME USED REFER USEDSNAP WRITTEN SNAPSHOTS (as
+/// `zfs list -o space`, stored data bytes, one copy).
+pub fn space_table(vols: &[VolumeSpace]) -> String {
+    if vols.is_empty() {
+        return "no volumes\n".to_string();
+    }
+    use Align::*;
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("USED", Right),
+        ("REFER", Right),
+        ("USEDSNAP", Right),
+        ("WRITTEN", Right),
+        ("SNAPSHOTS", Right),
+    ]);
+    for v in vols {
+        t.row(vec![
+            v.name.clone(),
+            format_size(v.used_bytes),
+            format_size(v.referenced_bytes),
+            format_size(v.used_by_snapshots_bytes),
+            format_size(v.written_bytes),
+            v.snapshots.to_string(),
+        ]);
+    }
+    t.render("")
 }
 
 /// Seconds as H:MM:SS.

@@ -130,6 +130,11 @@ impl PoolExports {
     }
 }
 
+/// The volume an export name belongs to: `VOL` for `VOL` and for its snapshot `VOL@SNAP`.
+pub fn volume_of(export: &str) -> &str {
+    export.split_once('@').map_or(export, |(v, _)| v)
+}
+
 /// The access the grants give `client` to volume `name` (the Unix socket's
 /// owner may open anything); `None` for none.
 pub fn access_of(access: &AccessControl, client: &Client, name: &str) -> Option<Access> {
@@ -144,7 +149,7 @@ pub fn access_of(access: &AccessControl, client: &Client, name: &str) -> Option<
 /// client may now only read. Returns their ids (`Server::wait_detached`).
 pub fn close_ungranted(server: &Server, access: &AccessControl) -> Vec<u64> {
     server.revoke(
-        |volume, client, read_only| match access_of(access, client, volume) {
+        |volume, client, read_only| match access_of(access, client, volume_of(volume)) {
             None => false,
             Some(Access::ReadOnly) => read_only,
             Some(Access::ReadWrite) => true,
@@ -161,7 +166,7 @@ impl Exports for PoolExports {
                 let granted = self.access.grants.volumes(&client.identity.names());
                 exportable
                     .into_iter()
-                    .filter(|v| granted.contains(v))
+                    .filter(|v| granted.iter().any(|g| g == volume_of(v)))
                     .collect()
             }
         }
@@ -169,13 +174,14 @@ impl Exports for PoolExports {
 
     fn open(&self, name: &str, client: &Client) -> Option<Arc<dyn Backend>> {
         // Resolve first and decide after, so that unknown and forbidden
-        // names cost the same.
+        // names cost the same. A snapshot (`VOL@SNAP`) is open to whoever may
+        // open its volume, and always read-only.
         let volume = self.pool.volume(name).ok();
-        let access = self.access(client, name);
+        let access = self.access(client, volume_of(name));
         match (volume, access) {
             (Some(volume), Some(access)) => Some(Arc::new(VolumeBackend {
+                read_only: access == Access::ReadOnly || volume.is_snapshot(),
                 volume,
-                read_only: access == Access::ReadOnly,
             })),
             _ => None,
         }
@@ -198,7 +204,7 @@ impl Exports for PoolExports {
                 // For the administrator only: the client was told nothing.
                 let why = match (
                     self.pool.volume(export).is_ok(),
-                    self.access(client, export),
+                    self.access(client, volume_of(export)),
                 ) {
                     (_, None) => "no grant for this client",
                     (false, Some(_)) => "no such unlocked volume",

@@ -241,7 +241,48 @@ impl Audited {
                     "secret": secret.as_ref().map(secret_kind),
                 }),
             ),
-            Request::VolumeDestroy { name } => ("volume_destroy", name, Value::Null),
+            Request::VolumeDestroy { name, recursive } => (
+                "volume_destroy",
+                name,
+                if *recursive {
+                    json!({ "recursive": true })
+                } else {
+                    Value::Null
+                },
+            ),
+            Request::VolumeRollback {
+                volume,
+                snapshot,
+                destroy_newer,
+            } => (
+                "volume_rollback",
+                volume,
+                json!({ "snapshot": snapshot, "destroy_newer": destroy_newer }),
+            ),
+            Request::SnapshotCreate { volume, snapshot } => {
+                ("snapshot_create", volume, json!({ "snapshot": snapshot }))
+            }
+            Request::SnapshotDestroy { volume, snapshot } => {
+                ("snapshot_destroy", volume, json!({ "snapshot": snapshot }))
+            }
+            Request::SnapshotHold {
+                volume,
+                snapshot,
+                tag,
+            } => (
+                "snapshot_hold",
+                volume,
+                json!({ "snapshot": snapshot, "tag": tag }),
+            ),
+            Request::SnapshotRelease {
+                volume,
+                snapshot,
+                tag,
+            } => (
+                "snapshot_release",
+                volume,
+                json!({ "snapshot": snapshot, "tag": tag }),
+            ),
             Request::KeyLoad { name, secret } => {
                 ("key_load", name, json!({ "secret": secret_kind(secret) }))
             }

@@ -387,7 +387,7 @@ pub fn volume_destroy(dir: &Path, args: &VolumeDestroyArgs) -> Result<()> {
         })?;
         print(&format!("erased the keys of volume {name}\n"))?;
     }
-    client::volume_destroy(dir, &args.volume)
+    client::volume_destroy(dir, &args.volume, args.recursive)
 }
 
 #[cfg(test)]

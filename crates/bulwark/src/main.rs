@@ -24,6 +24,7 @@ mod history;
 mod keys;
 mod maintenance;
 mod notify;
+mod snapshot;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -63,8 +64,12 @@ fn run(cli: Cli) -> Result<()> {
             client::volume_create(client::pool_dir(pool)?, args)
         }
         Command::Volume(VolumeCommand::List(args)) => {
-            client::volume_list(client::pool_dir(pool)?, args)
+            snapshot::volume_list(client::pool_dir(pool)?, args)
         }
+        Command::Volume(VolumeCommand::Rollback(args)) => {
+            snapshot::rollback(client::pool_dir(pool)?, args)
+        }
+        Command::Snapshot(command) => snapshot::command(client::pool_dir(pool)?, command),
         Command::Volume(VolumeCommand::Destroy(args)) => {
             keys::volume_destroy(client::pool_dir(pool)?, args)
         }

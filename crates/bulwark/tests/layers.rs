@@ -123,6 +123,11 @@ const BULWARK: Table = Table {
             &["cli", "client", "control", "display", "error"],
         ),
         ("bench", &["cli", "client", "control", "error"]),
+        // Snapshots, rollback and `volume list --space`.
+        (
+            "snapshot",
+            &["cli", "client", "control", "display", "error"],
+        ),
         // The daemon: serves the pool, dispatches control requests to the handlers above.
         (
             "daemon",
