@@ -162,6 +162,8 @@ const ENGINE: Table = Table {
         ("hex", &[]),
         ("size", &[]),
         ("fuzz", &[]),
+        // Named crash points for tests (`BULWARK_CRASH_AT`).
+        ("crashpoint", &[]),
         // Format 2's byte layouts (decision 0008): pure codecs, no I/O, no keys.
         ("format", &["checksum", "constants", "fuzz"]),
         // Devices by byte offset (files, block devices, fault injection).
@@ -215,6 +217,7 @@ const ENGINE: Table = Table {
                 "checksum",
                 "codec",
                 "constants",
+                "crashpoint",
                 "device",
                 "fuzz",
                 "hex",

@@ -20,6 +20,7 @@ pub mod auth;
 pub mod checksum;
 pub mod codec;
 pub mod constants;
+pub mod crashpoint;
 pub mod device;
 pub mod error;
 pub mod format;

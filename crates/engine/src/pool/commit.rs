@@ -196,6 +196,7 @@ impl Core {
             .unwrap_or(self.sb.lock().sb.table_key);
         let nodes_done = started.elapsed();
         let table_ptr = self.store.write_meta(&table.seal(&table_key))?;
+        crate::crashpoint::hit("commit.nodes_written");
 
         // The next superblock, from what only commits change (under the commit lock).
         let mut next_sb = self.sb.lock().sb.clone();
@@ -229,6 +230,7 @@ impl Core {
         });
         devices?;
         anchored?;
+        crate::crashpoint::hit("commit.flushed");
         let flushed = started.elapsed();
 
         let (old_root, generation) = {
@@ -245,6 +247,7 @@ impl Core {
             self.store.set_nonce_limit(st.sb.nonce_reserved);
             (old, st.sb.generation)
         };
+        crate::crashpoint::hit("commit.superblocks_written");
         self.store.release(&old_root);
         {
             // Wait out reads that looked up a pointer before this commit.

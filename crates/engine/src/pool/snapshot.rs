@@ -171,6 +171,7 @@ impl Core {
             let k = position(&snaps, volume, name)?;
             self.destroy_at(volume, &mut snaps, &head, k)?
         };
+        crate::crashpoint::hit("snapshot.destroy.released");
         self.table_dirty.store(true, Ordering::Release);
         self.commit_held()?;
         tracing::info!(volume, snapshot = name, freed, "snapshot destroyed");
@@ -273,6 +274,7 @@ impl Core {
             self.store.note_dirty(&st.dirty_nodes, 0);
             destroyed
         };
+        crate::crashpoint::hit("rollback.released");
         self.table_dirty.store(true, Ordering::Release);
         self.commit_held()?;
         tracing::info!(
