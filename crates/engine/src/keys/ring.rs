@@ -23,12 +23,33 @@ pub struct DataKeyRecord {
     #[serde(with = "hex12")]
     pub nonce: [u8; 12],
     pub wrapped: String,
+    /// For a key a clone inherited: the uuid (hex) of the volume whose blocks it sealed
+    /// (their associated data names that volume). Absent: this volume's own key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
 }
 
-fn aad(uuid: &[u8; 16], generation: u16) -> [u8; 18] {
-    let mut a = [0u8; 18];
-    a[..16].copy_from_slice(uuid);
-    a[16..].copy_from_slice(&generation.to_le_bytes());
+impl DataKeyRecord {
+    /// The uuid the blocks of this generation were sealed under: `own`, or the lineage.
+    pub fn lineage_or(&self, own: &[u8; 16]) -> Result<[u8; 16]> {
+        match &self.lineage {
+            None => Ok(*own),
+            Some(h) => from_hex(h)
+                .and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+                .ok_or_else(|| Error::Corrupt("data key record has a malformed lineage".into())),
+        }
+    }
+}
+
+/// Associated data of a wrapped data key: the owning volume's uuid ‖ generation, and the
+/// lineage of an inherited key (so it cannot be moved to another lineage unseen).
+fn aad(uuid: &[u8; 16], generation: u16, lineage: Option<&[u8; 16]>) -> Vec<u8> {
+    let mut a = Vec::with_capacity(34);
+    a.extend_from_slice(uuid);
+    a.extend_from_slice(&generation.to_le_bytes());
+    if let Some(l) = lineage {
+        a.extend_from_slice(l);
+    }
     a
 }
 
@@ -39,12 +60,22 @@ fn vmk_key(vmk: &Zeroizing<[u8; 32]>) -> LessSafeKey {
 /// A fresh data key for `generation`, wrapped by `vmk`.
 pub fn new_data_key(vmk: &Zeroizing<[u8; 32]>, uuid: &[u8; 16], generation: u16) -> DataKeyRecord {
     let dek = Zeroizing::new(random_bytes::<32>());
+    wrap_data_key(vmk, uuid, generation, &dek, None)
+}
+
+fn wrap_data_key(
+    vmk: &Zeroizing<[u8; 32]>,
+    uuid: &[u8; 16],
+    generation: u16,
+    dek: &Zeroizing<[u8; 32]>,
+    lineage: Option<&[u8; 16]>,
+) -> DataKeyRecord {
     let nonce = random_bytes::<12>();
     let mut buf = Zeroizing::new(dek.to_vec());
     vmk_key(vmk)
         .seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
-            Aad::from(&aad(uuid, generation)[..]),
+            Aad::from(&aad(uuid, generation, lineage)[..]),
             &mut *buf,
         )
         .expect("sealing a data key");
@@ -52,7 +83,29 @@ pub fn new_data_key(vmk: &Zeroizing<[u8; 32]>, uuid: &[u8; 16], generation: u16)
         generation,
         nonce,
         wrapped: to_hex(&buf),
+        lineage: lineage.map(|l| to_hex(l)),
     }
+}
+
+/// A clone's copy of `rec` (a data key of volume `from_uuid`, under `from_vmk`): the same
+/// data key, wrapped under the clone's master key, marked with the lineage its blocks
+/// were sealed under.
+pub fn inherit(
+    from_vmk: &Zeroizing<[u8; 32]>,
+    from_uuid: &[u8; 16],
+    rec: &DataKeyRecord,
+    to_vmk: &Zeroizing<[u8; 32]>,
+    to_uuid: &[u8; 16],
+) -> Result<DataKeyRecord> {
+    let dek = open_data_key(from_vmk, from_uuid, rec)?;
+    let lineage = rec.lineage_or(from_uuid)?;
+    Ok(wrap_data_key(
+        to_vmk,
+        to_uuid,
+        rec.generation,
+        &dek,
+        Some(&lineage),
+    ))
 }
 
 fn open_data_key(
@@ -64,10 +117,14 @@ fn open_data_key(
         from_hex(&rec.wrapped)
             .ok_or_else(|| Error::Corrupt("data key record is not hex".into()))?,
     );
+    let lineage = match &rec.lineage {
+        Some(_) => Some(rec.lineage_or(uuid)?),
+        None => None,
+    };
     let plain = vmk_key(vmk)
         .open_in_place(
             Nonce::assume_unique_for_key(rec.nonce),
-            Aad::from(&aad(uuid, rec.generation)[..]),
+            Aad::from(&aad(uuid, rec.generation, lineage.as_ref())[..]),
             &mut buf[..],
         )
         .map_err(|_| {
@@ -88,7 +145,8 @@ fn open_data_key(
 /// Block ciphers of every generation, and the one new writes use.
 pub struct KeyRing {
     pub current: u16,
-    ciphers: Vec<(u16, BlockCipher)>,
+    /// Generation, cipher, and the uuid its blocks were sealed under.
+    ciphers: Vec<(u16, BlockCipher, [u8; 16])>,
 }
 
 impl KeyRing {
@@ -103,13 +161,16 @@ impl KeyRing {
             ciphers.push((
                 r.generation,
                 BlockCipher::new(&super::wrap::block_key(&dek)),
+                r.lineage_or(uuid)?,
             ));
         }
+        // New writes use the newest of the volume's own generations (never an inherited one).
         let current = records
             .iter()
+            .filter(|r| r.lineage.is_none())
             .map(|r| r.generation)
             .max()
-            .ok_or_else(|| Error::Corrupt("volume has no data key".into()))?;
+            .ok_or_else(|| Error::Corrupt("volume has no data key of its own".into()))?;
         Ok(KeyRing { current, ciphers })
     }
 
@@ -121,7 +182,15 @@ impl KeyRing {
     pub fn get(&self, generation: u16) -> Option<&BlockCipher> {
         self.ciphers
             .iter()
-            .find(|(g, _)| *g == generation)
-            .map(|(_, c)| c)
+            .find(|(g, _, _)| *g == generation)
+            .map(|(_, c, _)| c)
+    }
+
+    /// The cipher of `generation` and the uuid its blocks' associated data names.
+    pub fn get_with_lineage(&self, generation: u16) -> Option<(&BlockCipher, &[u8; 16])> {
+        self.ciphers
+            .iter()
+            .find(|(g, _, _)| *g == generation)
+            .map(|(_, c, l)| (c, l))
     }
 }

@@ -157,13 +157,20 @@ impl Core {
         let mut snaps = v.snaps.write();
         let n = snaps.len();
         let mut nodes: Vec<(usize, u8, u64, Blkptr)> = Vec::new();
+        // A clone's base is walked against the origin snapshot: what they share is found
+        // (and moved, into both) by the origin's walk.
+        let across = match snaps.first() {
+            Some(b) if b.base => self.across(v, b),
+            _ => Vec::new(),
+        };
+        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+        let origin: Vec<&crate::map::Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
         for k in 0..=n {
             let t = if k < n { &snaps[k].tree } else { &*head };
-            let prev: Vec<&crate::map::Tree> = k
-                .checked_sub(1)
-                .map(|j| &snaps[j].tree)
-                .into_iter()
-                .collect();
+            let prev: Vec<&crate::map::Tree> = match k.checked_sub(1) {
+                Some(j) => vec![&snaps[j].tree],
+                None => origin.clone(),
+            };
             t.walk_unique(&*self.store, &self.store.cache, &prev, &mut |visit| {
                 match visit {
                     Visit::Unreadable { error, .. } => {
@@ -269,43 +276,87 @@ impl Core {
         self.store
             .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
         let new = rec[0].ptr;
+        match self.install_moved(v, k, lba, &old, &new)? {
+            0 => {
+                self.store.release(&new);
+                Ok(false)
+            }
+            _ => {
+                // Every holder points at the new copy now (the trees around each run do
+                // not hold it: the one before was walked against it, and the one after
+                // broke the run): the old copy goes, once. (On an error above, some
+                // holders point at the new copy and some at the old: both stay live.)
+                self.store.release(&old);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Point every tree that holds `old` at block `lba` — the run of `v`'s trees from
+    /// `k` on, and the runs of the clones of every snapshot in it (through their bases,
+    /// recursively) — at `new`: clones first, then `v`'s run, each run newest first, so
+    /// the trees holding `old` stay one connected run while it shrinks. Returns the number
+    /// of trees changed. Takes each volume's locks alone, never two volumes' at once.
+    fn install_moved(
+        &self,
+        v: &VolumeState,
+        k: usize,
+        lba: u64,
+        old: &Blkptr,
+        new: &Blkptr,
+    ) -> Result<usize> {
+        let run =
+            |head: &crate::map::Tree, snaps: &[crate::volume::snap::Snap]| -> Result<Vec<usize>> {
+                let mut holders = Vec::new();
+                for j in k..=snaps.len() {
+                    let t = if j < snaps.len() {
+                        &snaps[j].tree
+                    } else {
+                        head
+                    };
+                    if !t.holds(&*self.store, &self.store.cache, At::Data(lba), old)? {
+                        break;
+                    }
+                    holders.push(j);
+                }
+                Ok(holders)
+            };
+        let shared_with: Vec<String> = {
+            let head = v.tree.lock();
+            let snaps = v.snaps.read();
+            run(&head, &snaps)?
+                .into_iter()
+                .filter(|&j| j < snaps.len() && !snaps[j].base)
+                .map(|j| snaps[j].name.clone())
+                .collect()
+        };
+        let mut changed = 0;
+        for name in shared_with {
+            for c in self.clones_of(&v.name, &name) {
+                changed += self.install_moved(&c, 0, lba, old, new)?;
+            }
+        }
         let mut head = v.tree.lock();
         let mut snaps = v.snaps.write();
-        let n = snaps.len();
-        let mut holders = Vec::new();
-        for j in k..=n {
-            if !holds_at(&head, &snaps, j)? {
-                break;
-            }
-            holders.push(j);
-        }
+        let holders = run(&head, &snaps)?;
         if holders.is_empty() {
-            self.store.release(&new);
-            return Ok(false);
+            return Ok(changed);
         }
         // Each tree's leaf is one more dirty node for the next commit.
-        let _held = match self.store.log.hold_nodes(holders.len()) {
-            Ok(held) => held,
-            Err(e) => {
-                self.store.release(&new);
-                return Err(e);
-            }
-        };
+        let _held = self.store.log.hold_nodes(holders.len())?;
+        let n = snaps.len();
         for &j in holders.iter().rev() {
             let t = if j < n {
                 &mut snaps[j].tree
             } else {
                 &mut *head
             };
-            t.set(&*self.store, &self.store.cache, lba, new)?;
+            t.set(&*self.store, &self.store.cache, lba, *new)?;
         }
         let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
         self.store.note_dirty(&v.snap_dirty_nodes, dirty);
         self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
-        // The trees around the run do not hold it: the one before was walked against it,
-        // and the one after broke the run. Every holder now points at the new copy.
-        self.store.release(&old);
-        Ok(true)
+        Ok(changed + holders.len())
     }
 
     fn find_moves(

@@ -148,6 +148,7 @@ impl Core {
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
                 v.snaps.write().push(snap::Snap {
+                    base: false,
                     name,
                     created,
                     holds: Default::default(),
@@ -171,6 +172,7 @@ impl Core {
                 data_keys,
                 rotation,
                 snapshots,
+                origin: v.origin.lock().clone(),
             });
         }
         // Every pointer this commit stores has been read: segments opened from now on are
@@ -284,13 +286,21 @@ impl Core {
             if snaps[k].tree.dirty_nodes() == 0 {
                 continue;
             }
+            // Trees of other volumes sharing with this one (origin, clones' bases).
+            let across = self.across(v, &snaps[k]);
+            let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+            let far: Vec<&crate::map::Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
             let (prev, cur, next) = snap::around(&mut snaps, &head, k);
             let mut leaves = cur.tree.snapshot_leaves();
             leaves.write(write)?;
             let mut gone = Vec::new();
             cur.tree
                 .finish_commit(&self.store.cache, leaves, write, &mut |l, i, old| {
-                    let near: Vec<&crate::map::Tree> = prev.into_iter().chain([next]).collect();
+                    let near: Vec<&crate::map::Tree> = prev
+                        .into_iter()
+                        .chain([next])
+                        .chain(far.iter().copied())
+                        .collect();
                     if !snap::held_by(&*self.store, &self.store.cache, &near, At::Node(l, i), old) {
                         gone.push(*old);
                     }

@@ -212,6 +212,22 @@ impl Core {
         }
         {
             let snaps = st.snaps.read();
+            for s in snaps.iter().filter(|s| !s.base) {
+                let clones: Vec<String> = self
+                    .clones_of(name, &s.name)
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect();
+                if !clones.is_empty() {
+                    return Err(Error::Busy(format!(
+                        "snapshot '{name}@{}' has clones ({}); destroy them first, or make them \
+                         independent ('bulwark key rotate CLONE')",
+                        s.name,
+                        clones.join(", ")
+                    )));
+                }
+            }
+            let snaps: Vec<&crate::volume::snap::Snap> = snaps.iter().filter(|s| !s.base).collect();
             if let Some(s) = snaps.iter().find(|s| !s.holds.is_empty()) {
                 return Err(Error::Busy(format!(
                     "snapshot '{name}@{}' is held; release its holds before destroying the volume",

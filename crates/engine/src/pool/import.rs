@@ -431,6 +431,15 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // Segments holding client data: emptying them counts toward an early commit (`Log`).
     let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
+    // Every volume's trees first, so a clone's base can be walked against its origin.
+    struct Family<'a> {
+        rec: &'a super::table::VolumeRecord,
+        opts: crate::volume::VolumeOptions,
+        snaps: Vec<crate::volume::snap::Snap>,
+        tree: Tree,
+        used: u64,
+    }
+    let mut families: Vec<Family> = Vec::with_capacity(table.volumes.len());
     for rec in &table.volumes {
         let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
@@ -441,6 +450,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             let root = ptr_from_hex(&s.root)
                 .map_err(|e| e.within(format!("snapshot '{}@{}'", rec.name, s.name)))?;
             snaps.push(crate::volume::snap::Snap {
+                base: s.base,
                 name: s.name.clone(),
                 created: s.created,
                 holds: s.holds.iter().cloned().collect(),
@@ -449,15 +459,57 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             });
         }
         let tree = Tree::new(rec.id, depth, root);
+        families.push(Family {
+            rec,
+            opts,
+            snaps,
+            tree,
+            used: 0,
+        });
+    }
+    // Origins before their clones (a clone is always younger: a larger id).
+    families.sort_by_key(|f| f.rec.id);
+    for fi in 0..families.len() {
+        let (done, rest) = families.split_at_mut(fi);
+        let f = &mut rest[0];
+        let rec = f.rec;
+        // A clone's base is walked against the origin snapshot it copies, and against the
+        // bases of the origin's older clones (copies of it too): what they share is
+        // counted once.
+        let origin: Option<(&Tree, u64)> = rec.origin.as_ref().and_then(|o| {
+            let of = done.iter().find(|d| d.rec.name == o.volume)?;
+            let s = of.snaps.iter().find(|s| !s.base && s.name == o.snapshot)?;
+            Some((&s.tree, s.referenced))
+        });
+        let siblings: Vec<&Tree> = match &rec.origin {
+            Some(o) => done
+                .iter()
+                .filter(|d| d.rec.origin.as_ref() == Some(o))
+                .filter_map(|d| d.snaps.first().filter(|b| b.base).map(|b| &b.tree))
+                .collect(),
+            None => Vec::new(),
+        };
+        if rec.origin.is_some() && origin.is_none() {
+            return Err(Error::Corrupt(format!(
+                "volume table: clone '{}' names an origin snapshot that is not there",
+                rec.name
+            )));
+        }
         // Each tree is walked against the one before it: a record shared by several is
         // counted once, in the oldest that holds it (`volume::snap`). What each tree
         // references follows from the one before: plus what it adds, minus what it dropped.
-        let mut used = 0u64;
-        let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&tree]).collect();
+        let trees: Vec<&Tree> = f.snaps.iter().map(|s| &s.tree).chain([&f.tree]).collect();
         let mut referenced = Vec::with_capacity(trees.len());
         let mut walked = Ok(());
         for (k, t) in trees.iter().enumerate() {
-            let prev: Vec<&Tree> = k.checked_sub(1).map(|j| trees[j]).into_iter().collect();
+            let prev: Vec<&Tree> = match k.checked_sub(1) {
+                Some(j) => vec![trees[j]],
+                None => origin
+                    .iter()
+                    .map(|o| o.0)
+                    .chain(siblings.iter().copied())
+                    .collect(),
+            };
             let mut added = 0u64;
             walked = t.walk_unique(&store, &store.cache, &prev, &mut |v| {
                 match v {
@@ -498,12 +550,16 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 }
                 None => 0,
             };
-            let before = referenced.last().copied().unwrap_or(0u64);
+            let before = match (k, origin) {
+                (0, Some((_, r))) => r,
+                (0, None) => 0,
+                _ => referenced.last().copied().unwrap_or(0u64),
+            };
             referenced.push((before + added).saturating_sub(dropped));
         }
         if walked.is_ok() {
-            used = referenced.last().copied().unwrap_or(0);
-            for (s, r) in snaps.iter_mut().zip(&referenced) {
+            f.used = referenced.last().copied().unwrap_or(0);
+            for (s, r) in f.snaps.iter_mut().zip(&referenced) {
                 if s.referenced != *r {
                     tracing::warn!(
                         volume = rec.name,
@@ -520,18 +576,22 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::error!(volume = rec.name, "cannot walk the block map ({e}); space will not be reclaimed until this is repaired");
             complete = false;
         }
+    }
+    for f in families {
+        let rec = f.rec;
         let st = VolumeState::new(
             rec.id,
             rec.uuid,
             rec.name.clone(),
-            &opts,
+            &f.opts,
             rec.slots.clone(),
             rec.data_keys.clone(),
-            tree,
+            f.tree,
         );
         *st.rotation.lock() = rec.rotation.clone();
-        st.used_bytes.store(used, Ordering::Relaxed);
-        *st.snaps.write() = snaps;
+        *st.origin.lock() = rec.origin.clone();
+        st.used_bytes.store(f.used, Ordering::Relaxed);
+        *st.snaps.write() = f.snaps;
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     store.log = Log::new(live, newest.high_water, complete);

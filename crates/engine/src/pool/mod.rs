@@ -232,6 +232,18 @@ impl Pool {
         self.core.volume_space(volume)
     }
 
+    /// Clone `volume@name` as `new` under its own key (`secret`; `None` for an
+    /// unencrypted origin). See `Core::volume_clone`.
+    pub fn volume_clone(
+        &self,
+        volume: &str,
+        name: &str,
+        new: &str,
+        secret: Option<&Secret>,
+    ) -> Result<()> {
+        self.core.volume_clone(volume, name, new, secret)
+    }
+
     /// Roll `volume` back to `volume@name`; returns the newer snapshots destroyed.
     pub fn volume_rollback(
         &self,

@@ -306,7 +306,7 @@ impl Core {
                 .ok_or_else(|| Error::Locked(st.name.clone()))?;
             // Snapshots still hold blocks under the older keys: those stay until a rotation
             // finishes with no snapshot left.
-            let snapshots = st.snaps.read().len();
+            let snapshots = st.snaps.read().iter().filter(|s| !s.base).count();
             let mut keys = st.data_keys.lock();
             if snapshots == 0 {
                 keys.retain(|k| k.generation == to);
@@ -318,6 +318,9 @@ impl Core {
         }
         *st.rotation.lock() = None;
         self.forget_old_tables()?;
+        // A clone whose inherited blocks are all re-encrypted shares nothing with its
+        // origin any more (`--independent`).
+        self.detach_clone(st)?;
         tracing::info!(volume = %st.name, generation = to, "key rotation finished: new writes and the volume's blocks use the new data key");
         Ok(())
     }

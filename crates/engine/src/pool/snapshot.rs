@@ -47,11 +47,60 @@ fn validate_tag(tag: &str) -> Result<()> {
 fn position(snaps: &[Snap], volume: &str, name: &str) -> Result<usize> {
     snaps
         .iter()
-        .position(|s| s.name == name)
+        .position(|s| !s.base && s.name == name)
         .ok_or_else(|| Error::NotFound(format!("snapshot '{volume}@{name}' does not exist")))
 }
 
 impl Core {
+    /// The volumes cloned from `volume@snapshot`.
+    pub(crate) fn clones_of(&self, volume: &str, snapshot: &str) -> Vec<Arc<VolumeState>> {
+        let want = snap::Origin {
+            volume: volume.to_string(),
+            snapshot: snapshot.to_string(),
+        };
+        self.volumes
+            .read()
+            .values()
+            .filter(|v| v.origin.lock().as_ref() == Some(&want))
+            .cloned()
+            .collect()
+    }
+
+    /// The trees of other volumes that share places with snapshot `s` of `st`: the origin
+    /// snapshot and the other clones' bases, when `s` is a clone's base; the bases of its
+    /// clones, when it has clones.
+    /// As (volume, index in its snapshot list). A drop from `s` must also check these;
+    /// the caller holds the commit lock and may read-lock their snapshot lists (their
+    /// writers only ever read-lock them, under their own map lock).
+    pub(crate) fn across(&self, st: &VolumeState, s: &Snap) -> Vec<(Arc<VolumeState>, usize)> {
+        let bases = |volume: &str, snapshot: &str| -> Vec<(Arc<VolumeState>, usize)> {
+            self.clones_of(volume, snapshot)
+                .into_iter()
+                .filter(|c| !std::ptr::eq(&**c, st))
+                .filter(|c| c.snaps.read().first().is_some_and(|b| b.base))
+                .map(|c| (c, 0))
+                .collect()
+        };
+        if s.base {
+            // The origin snapshot, and the bases of its other clones (copies of it too).
+            let Some(o) = st.origin.lock().clone() else {
+                return Vec::new();
+            };
+            let Ok(ov) = self.find(&o.volume) else {
+                return Vec::new();
+            };
+            let k = ov
+                .snaps
+                .read()
+                .iter()
+                .position(|t| !t.base && t.name == o.snapshot);
+            let mut out: Vec<(Arc<VolumeState>, usize)> = k.map(|k| (ov, k)).into_iter().collect();
+            out.extend(bases(&o.volume, &o.snapshot));
+            return out;
+        }
+        bases(&st.name, &s.name)
+    }
+
     fn next_tree_id(&self) -> u64 {
         let mut sb = self.sb.lock();
         sb.next_volume_id += 1;
@@ -66,7 +115,7 @@ impl Core {
         let st = self.find(volume)?;
         {
             let snaps = st.snaps.read();
-            if snaps.iter().any(|s| s.name == name) {
+            if snaps.iter().any(|s| !s.base && s.name == name) {
                 return Err(Error::Exists(format!(
                     "snapshot '{volume}@{name}' already exists"
                 )));
@@ -131,6 +180,19 @@ impl Core {
         head: &Tree,
         k: usize,
     ) -> Result<u64> {
+        let clones: Vec<String> = self
+            .clones_of(volume, &snaps[k].name)
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        if !clones.is_empty() {
+            return Err(Error::Busy(format!(
+                "snapshot '{volume}@{}' has clones ({}); destroy them first, or make them \
+                 independent ('bulwark key rotate CLONE' re-encrypts what they inherited)",
+                snaps[k].name,
+                clones.join(", ")
+            )));
+        }
         if !snaps[k].holds.is_empty() {
             let tags: Vec<&str> = snaps[k].holds.iter().map(String::as_str).collect();
             return Err(Error::Busy(format!(
@@ -300,7 +362,7 @@ impl Core {
         for st in self.volumes_named(volume)? {
             let head = st.tree.lock();
             let snaps = st.snaps.read();
-            for (k, s) in snaps.iter().enumerate() {
+            for (k, s) in snaps.iter().enumerate().filter(|(_, s)| !s.base) {
                 let prev = k.checked_sub(1).map(|j| &snaps[j].tree);
                 let next = snap::next_of(&snaps, &head, k);
                 let others: Vec<&Tree> = prev.into_iter().chain([next]).collect();
@@ -328,7 +390,7 @@ impl Core {
             let snaps = st.snaps.read();
             let referenced = st.used_bytes.load(Ordering::Relaxed);
             let mut by_snapshots = 0;
-            for (k, s) in snaps.iter().enumerate() {
+            for (k, s) in snaps.iter().enumerate().filter(|(_, s)| !s.base) {
                 let next = snap::next_of(&snaps, &head, k);
                 by_snapshots +=
                     snap::unique_data_bytes(&*self.store, &self.store.cache, &s.tree, &[next])?;
@@ -345,10 +407,188 @@ impl Core {
                 referenced_bytes: referenced,
                 used_by_snapshots_bytes: by_snapshots,
                 written_bytes: written,
-                snapshots: snaps.len(),
+                snapshots: snaps.iter().filter(|s| !s.base).count(),
             });
         }
         Ok(out)
+    }
+
+    /// Clone `volume@name` as volume `new`: instant (one commit, no data written). An
+    /// encrypted clone gets its own uuid, master key and slot under `secret`, and opens with
+    /// that alone: it holds copies of the origin's data keys (all of its generations, which
+    /// seal what it shares with the origin) wrapped under its own master key, and writes
+    /// under a generation of its own. The origin moves to a new generation at once, so no
+    /// data key is ever written by two volumes. The origin's key must be loaded.
+    pub fn volume_clone(
+        &self,
+        volume: &str,
+        name: &str,
+        new: &str,
+        secret: Option<&crate::keys::Secret>,
+    ) -> Result<()> {
+        self.store.check_poisoned()?;
+        super::core::validate_name(new)?;
+        let _c = self.commit_lock.lock();
+        let st = self.find(volume)?;
+        position(&st.snaps.read(), volume, name)?;
+        if self.volumes.read().contains_key(new) {
+            return Err(Error::Exists(format!("volume '{new}' already exists")));
+        }
+        match (st.encryption, secret.is_some()) {
+            (true, false) => {
+                return Err(Error::Invalid(format!(
+                    "'{volume}@{name}' is encrypted: its clone needs a key file or passphrase \
+                     file of its own"
+                )))
+            }
+            (false, true) => {
+                return Err(Error::Invalid(format!(
+                    "'{volume}@{name}' is not encrypted: a clone of it would read its \
+                     unauthenticated blocks; import the image encrypted (image import \
+                     --key-file) and clone that, or clone with --encryption off"
+                )))
+            }
+            _ => {}
+        }
+        if st.rotation.lock().is_some() {
+            return Err(Error::Busy(format!(
+                "volume '{volume}' is rotating its key; clone it after the rotation finishes"
+            )));
+        }
+        let uuid = crate::keys::wrap::random_bytes::<16>();
+        // Keys: the origin's generations inherited, one new generation each.
+        let keys = match secret {
+            None => None,
+            Some(secret) => {
+                let from_vmk = st
+                    .vmk
+                    .lock()
+                    .clone()
+                    .ok_or_else(|| Error::Locked(volume.to_string()))?;
+                let origin_keys = st.data_keys.lock().clone();
+                let next_gen = origin_keys
+                    .iter()
+                    .map(|k| k.generation)
+                    .max()
+                    .unwrap_or(0)
+                    .checked_add(1)
+                    .ok_or_else(|| {
+                        Error::Invalid(format!("volume '{volume}' has used every key generation"))
+                    })?;
+                let mut k = super::keys::new_volume_keys(secret, &uuid)?;
+                let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
+                for r in &origin_keys {
+                    data_keys.push(crate::keys::ring::inherit(
+                        &from_vmk, &st.uuid, r, &k.vmk, &uuid,
+                    )?);
+                }
+                data_keys.push(crate::keys::ring::new_data_key(&k.vmk, &uuid, next_gen));
+                k.ring = crate::keys::ring::KeyRing::open(&k.vmk, &uuid, &data_keys)?;
+                k.data_keys = data_keys;
+                // The origin writes under a new generation of its own from now on.
+                let mut ok = st.data_keys.lock();
+                ok.push(crate::keys::ring::new_data_key(
+                    &from_vmk, &st.uuid, next_gen,
+                ));
+                *st.ring.write() = Some(Arc::new(crate::keys::ring::KeyRing::open(
+                    &from_vmk, &st.uuid, &ok,
+                )?));
+                Some(k)
+            }
+        };
+        // The snapshot trees are clean after a commit.
+        self.commit_held()?;
+        let (head_id, base_id) = (self.next_tree_id(), self.next_tree_id());
+        let (base, used, opts) = {
+            let snaps = st.snaps.read();
+            let k = position(&snaps, volume, name)?;
+            let s = &snaps[k];
+            let base = Snap {
+                name: format!("{volume}@{name}"),
+                base: true,
+                created: s.created,
+                holds: Default::default(),
+                referenced: s.referenced,
+                tree: Tree::new(base_id, s.tree.depth, s.tree.root),
+            };
+            let opts = crate::volume::VolumeOptions {
+                size_bytes: st.size,
+                block_size: st.block_size,
+                compression: st.compression,
+                encryption: st.encryption,
+            };
+            (base, s.referenced, opts)
+        };
+        let (slots, data_keys) = keys
+            .as_ref()
+            .map(|k| (k.slots.clone(), k.data_keys.clone()))
+            .unwrap_or_default();
+        let head = Tree::new(head_id, base.tree.depth, base.tree.root);
+        let clone = VolumeState::new(
+            head_id,
+            uuid,
+            new.to_string(),
+            &opts,
+            slots,
+            data_keys,
+            head,
+        );
+        if let Some(k) = keys {
+            *clone.ring.write() = Some(Arc::new(k.ring));
+            *clone.vmk.lock() = Some(k.vmk);
+        }
+        clone.used_bytes.store(used, Ordering::Relaxed);
+        *clone.origin.lock() = Some(snap::Origin {
+            volume: volume.to_string(),
+            snapshot: name.to_string(),
+        });
+        clone.snaps.write().push(base);
+        self.volumes
+            .write()
+            .insert(new.to_string(), Arc::new(clone));
+        self.table_dirty.store(true, Ordering::Release);
+        self.commit_held()?;
+        tracing::info!(volume = new, origin = %format!("{volume}@{name}"), "clone created");
+        Ok(())
+    }
+
+    /// After a rotation of clone `st` finished and dropped its inherited keys: it shares
+    /// nothing with its origin any more (every block it holds is under its own key, so
+    /// every leaf and node above it was written anew), unless its own snapshots still do.
+    /// Then its base goes (what only the base held is released) and it has no origin.
+    pub(crate) fn detach_clone(&self, st: &VolumeState) -> Result<()> {
+        let _c = self.commit_lock.lock();
+        if st.origin.lock().is_none() || st.snaps.read().iter().any(|s| !s.base) {
+            return Ok(());
+        }
+        self.commit_held()?;
+        {
+            let head = st.tree.lock();
+            let snaps = st.snaps.read();
+            let Some(base) = snaps.first().filter(|b| b.base) else {
+                return Ok(());
+            };
+            // Nothing the head holds may still be the base's.
+            let mut all = 0u64;
+            head.walk_unique(&*self.store, &self.store.cache, &[], &mut |_| {
+                all += 1;
+                Ok(())
+            })?;
+            let mut own = 0u64;
+            head.walk_unique(&*self.store, &self.store.cache, &[&base.tree], &mut |_| {
+                own += 1;
+                Ok(())
+            })?;
+            if all != own {
+                tracing::info!(volume = %st.name, shared = all - own, "clone still shares records with its origin");
+                return Ok(());
+            }
+        }
+        self.release_family_base(st)?;
+        self.table_dirty.store(true, Ordering::Release);
+        self.commit_held()?;
+        tracing::info!(volume = %st.name, "clone shares nothing with its origin any more: detached");
+        Ok(())
     }
 
     /// A read-only handle on `volume@name` (its key must be loaded, as for the volume).
@@ -370,12 +610,61 @@ impl Core {
     /// Release every record of `st`'s snapshots and map (its destruction), each once:
     /// every tree is walked against the one before it, so a shared record is found only
     /// in the oldest tree that holds it.
+    /// Drop a detached clone's base: release what only it holds (not shared with the
+    /// origin), then forget the origin.
+    fn release_family_base(&self, st: &VolumeState) -> Result<()> {
+        let across = match st.snaps.read().first() {
+            Some(b) if b.base => self.across(st, b),
+            _ => Vec::new(),
+        };
+        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+        let origin_tree: Vec<&Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
+        if origin_tree.is_empty() {
+            return Err(Error::Corrupt(format!(
+                "clone '{}' has a base but its origin snapshot is gone",
+                st.name
+            )));
+        }
+        let head = st.tree.lock();
+        let mut snaps = st.snaps.write();
+        if !snaps.first().is_some_and(|b| b.base) {
+            return Ok(());
+        }
+        let (gone, _) = self.unique_records(&snaps[0].tree, &origin_tree)?;
+        for p in &gone {
+            self.store.release(p);
+        }
+        drop(head);
+        snaps.remove(0);
+        *st.origin.lock() = None;
+        Ok(())
+    }
+
     pub(crate) fn release_family(&self, st: &VolumeState) {
+        // What the base shares with the origin and its other clones' bases stays.
+        let across = match st.snaps.read().first() {
+            Some(b) if b.base => self.across(st, b),
+            _ => Vec::new(),
+        };
+        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+        let far: Vec<&Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
+        let origin_tree = (!far.is_empty()).then_some(());
         let head = st.tree.lock();
         let snaps = st.snaps.read();
         let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&*head]).collect();
         for (k, t) in trees.iter().enumerate() {
-            let prev: Vec<&Tree> = k.checked_sub(1).map(|j| trees[j]).into_iter().collect();
+            let prev: Vec<&Tree> = match k.checked_sub(1) {
+                Some(j) => vec![trees[j]],
+                // A clone's base: what it shares with the origin stays.
+                None if snaps.first().is_some_and(|b| b.base) => {
+                    if origin_tree.is_none() {
+                        tracing::error!(volume = %st.name, "the origin snapshot is gone; keeping what the clone's base holds");
+                        continue;
+                    }
+                    far.clone()
+                }
+                None => vec![],
+            };
             let walked = t.walk_unique(&*self.store, &self.store.cache, &prev, &mut |v| {
                 match v {
                     Visit::Node { ptr, .. } | Visit::Data { ptr, .. } => self.store.release(ptr),

@@ -48,9 +48,12 @@ pub struct VolumeRecord {
     /// A key rotation in progress.
     #[serde(default)]
     pub rotation: Option<super::rotate::Rotation>,
-    /// Snapshots, oldest first.
+    /// Snapshots, oldest first (a clone's base first).
     #[serde(default)]
     pub snapshots: Vec<SnapshotRecord>,
+    /// The snapshot this volume was cloned from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<crate::volume::snap::Origin>,
 }
 
 /// One snapshot in the table: its map's root and what `snapshot list` shows.
@@ -65,6 +68,9 @@ pub struct SnapshotRecord {
     #[serde(default)]
     pub holds: Vec<String>,
     pub referenced: u64,
+    /// A clone's base (`volume::snap::Snap::base`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base: bool,
 }
 
 impl SnapshotRecord {
@@ -76,6 +82,7 @@ impl SnapshotRecord {
             created: s.created,
             holds: s.holds.iter().cloned().collect(),
             referenced: s.referenced,
+            base: s.base,
         }
     }
 }
@@ -216,6 +223,7 @@ mod tests {
             },
             rotation: None,
             snapshots: vec![],
+            origin: None,
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];

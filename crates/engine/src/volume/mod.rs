@@ -95,6 +95,9 @@ pub struct VolumeStatus {
     /// A key rotation in progress.
     #[serde(default)]
     pub rotation: Option<rotation::Rotation>,
+    /// The snapshot this volume was cloned from, as `VOL@SNAP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 /// The engine's record of one volume, shared by the table and every handle.
@@ -132,6 +135,8 @@ pub struct VolumeState {
     pub snap_dirty_nodes: std::sync::atomic::AtomicUsize,
     /// A snapshot the next commit takes: its name and tree id.
     pub snapshot_wanted: Mutex<Option<(String, u64)>>,
+    /// The snapshot this volume was cloned from (its base, `snaps[0]`, copies it).
+    pub origin: Mutex<Option<snap::Origin>>,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
 }
@@ -168,6 +173,7 @@ impl VolumeState {
             snaps: RwLock::new(Vec::new()),
             snap_dirty_nodes: Default::default(),
             snapshot_wanted: Mutex::new(None),
+            origin: Mutex::new(None),
             guess: Default::default(),
         }
     }
@@ -190,6 +196,11 @@ impl VolumeState {
                 .unwrap_or(0),
             key_slots: self.slots.lock().len(),
             rotation: self.rotation.lock().clone(),
+            origin: self
+                .origin
+                .lock()
+                .as_ref()
+                .map(|o| format!("{}@{}", o.volume, o.snapshot)),
         }
     }
 }
@@ -384,13 +395,17 @@ impl Volume {
             return Err(e);
         }
         let ring = self.ring()?;
-        let cipher = match ring.as_deref() {
-            Some(r) => Some(r.get(ptr.key_gen).ok_or_else(|| {
-                Error::Corrupt(format!("block {lba} is encrypted under key generation {}, which this volume no longer has", ptr.key_gen))
-            })?),
-            None => None,
+        // A block a clone inherited names its first volume in its associated data.
+        let (cipher, aad) = match ring.as_deref() {
+            Some(r) => {
+                let (c, lineage) = r.get_with_lineage(ptr.key_gen).ok_or_else(|| {
+                    Error::Corrupt(format!("block {lba} is encrypted under key generation {}, which this volume no longer has", ptr.key_gen))
+                })?;
+                (Some(c), codec::block_aad(lineage, lba))
+            }
+            None => (None, self.aad(lba)),
         };
-        codec::decode(stored, ptr.flags, cipher, &self.aad(lba), ptr.nonce, out).map_err(|e| {
+        codec::decode(stored, ptr.flags, cipher, &aad, ptr.nonce, out).map_err(|e| {
             tracing::error!(volume = %self.st.name, lba, "block verified by checksum but failed to decode: {e}");
             e
         })
@@ -511,9 +526,12 @@ impl Volume {
         {
             let (lba, p) = (first + k as u64, &ptrs[k]);
             let opened = read
-                && ring.get(p.key_gen).is_some_and(|cipher| {
-                    codec::open_sealed(cipher, &self.aad(lba), p.nonce, block, tag).is_ok()
-                });
+                && ring
+                    .get_with_lineage(p.key_gen)
+                    .is_some_and(|(cipher, lineage)| {
+                        let aad = codec::block_aad(lineage, lba);
+                        codec::open_sealed(cipher, &aad, p.nonce, block, tag).is_ok()
+                    });
             if !opened {
                 self.read_ptr(lba, p, block, &mut Vec::new())?;
             }

@@ -29,7 +29,12 @@ use crate::Result;
 
 /// One snapshot of a volume.
 pub struct Snap {
+    /// Its name; for a clone's base, `VOL@SNAP` of the origin.
     pub name: String,
+    /// A clone's base: its copy of the origin snapshot's tree (first in the list, never
+    /// listed, held, destroyed or rolled back to). It lets the clone decide sharing within
+    /// its own trees: its writes never lock the origin's.
+    pub base: bool,
     /// Seconds since the epoch at creation.
     pub created: u64,
     /// Tags that keep it from being destroyed (`snapshot hold`).
@@ -39,6 +44,13 @@ pub struct Snap {
     pub referenced: u64,
     /// Its map: the volume's root at the snapshot (moved only by the cleaner).
     pub tree: Tree,
+}
+
+/// The snapshot a clone was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub volume: String,
+    pub snapshot: String,
 }
 
 /// What `snapshot list` shows of one snapshot.
