@@ -173,6 +173,16 @@ open VOL@SNAP over NBD, read-only:
   bulwark volume rollback vm1@before-upgrade
   bulwark snapshot destroy vm1@before-upgrade";
 
+const CLONE_AFTER_HELP: &str = "\
+One encrypted root disk per VM from one imported image, each under its own key:
+  bulwark image import debian-13.qcow2 debian --key-file base.key
+  bulwark volume clone debian@image vm1-root --key-file vm1.key
+  bulwark volume clone debian@image vm2-root --key-file vm2.key --independent
+A clone's inherited keys open only the origin's history up to the snapshot
+(its blocks of that time, in any of its snapshots), never what the origin
+writes after the clone. The origin snapshot cannot be destroyed while clones
+depend on it; 'bulwark key rotate CLONE' (or --independent) ends that.";
+
 const HISTORY_AFTER_HELP: &str = "\
 TIME is RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00), a date \
 (2024-05-01, midnight UTC), or an age before now: a number and s, m, h, d or w \
@@ -493,6 +503,31 @@ pub enum VolumeCommand {
     /// target unless --destroy-newer is given, which destroys the newer ones
     /// (as 'zfs rollback -r').
     Rollback(VolumeRollbackArgs),
+    /// Clone a snapshot as a new volume under its own key: instant, no data copied.
+    ///
+    /// An encrypted clone opens with its own key file or passphrase alone, never
+    /// the origin's. What it shares with the origin stays encrypted under the
+    /// origin's data keys, of which it holds its own wrapped copies; what it
+    /// writes uses a key of its own, and the origin moves to a new key at once.
+    /// --independent re-encrypts every inherited block in the background and then
+    /// drops the inherited keys: afterwards nothing of the clone opens with the
+    /// origin's keys, and the clone no longer depends on the origin.
+    #[command(after_help = CLONE_AFTER_HELP)]
+    Clone(VolumeCloneArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VolumeCloneArgs {
+    /// The snapshot to clone, as VOL@SNAP.
+    pub snapshot: String,
+    /// The new volume's name.
+    pub name: String,
+    /// The clone's own secret (required when the snapshot is encrypted).
+    #[command(flatten)]
+    pub secret: SecretArgs,
+    /// Re-encrypt every inherited block under the clone's own key and drop the inherited keys.
+    #[arg(long)]
+    pub independent: bool,
 }
 
 #[derive(Debug, Args)]

@@ -14,6 +14,8 @@
 //! {"op":"volume_space","name":"v"}  {"op":"volume_space","name":null}
 //! {"op":"volume_rollback","volume":"v","snapshot":"s","destroy_newer":false}
 //! {"op":"snapshot_create","volume":"v","snapshot":"s"}
+//! {"op":"volume_clone","volume":"v","snapshot":"s","name":"c",
+//!  "secret":{"kind":"key_file","path":"/abs/key"},"independent":false}
 //! {"op":"snapshot_list","volume":"v"}  {"op":"snapshot_list","volume":null}
 //! {"op":"snapshot_destroy","volume":"v","snapshot":"s"}
 //! {"op":"snapshot_hold","volume":"v","snapshot":"s","tag":"backup"}
@@ -103,6 +105,15 @@ pub enum Request {
     SnapshotCreate {
         volume: String,
         snapshot: String,
+    },
+    /// Answered by the new volume's `VolumeEntry`.
+    VolumeClone {
+        volume: String,
+        snapshot: String,
+        name: String,
+        secret: Option<SecretRef>,
+        #[serde(default)]
+        independent: bool,
     },
     /// Answered by `Vec<SnapshotStatus>`, oldest first per volume.
     SnapshotList {

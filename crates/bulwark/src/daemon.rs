@@ -558,6 +558,31 @@ impl Daemon {
                 .await?;
                 to_value(&destroyed)
             }
+            Request::VolumeClone {
+                volume,
+                snapshot,
+                name,
+                secret,
+                independent,
+            } => {
+                let created = {
+                    let name = name.clone();
+                    blocking(move || {
+                        let secret = secret.as_ref().map(keys::load_secret).transpose()?;
+                        pool.volume_clone(&volume, &snapshot, &name, secret.as_ref())?;
+                        drop(secret);
+                        if independent {
+                            pool.key_rotate(&name)?;
+                        }
+                        Ok(pool.volumes().into_iter().find(|v| v.name == name))
+                    })
+                    .await?
+                };
+                let created = created.ok_or_else(|| {
+                    ControlError::internal(format!("volume {name} was cloned but is not listed"))
+                })?;
+                to_value(&self.entry(created))
+            }
             Request::SnapshotCreate { volume, snapshot } => {
                 blocking(move || Ok(pool.snapshot_create(&volume, &snapshot)?)).await?;
                 Ok(Value::Null)

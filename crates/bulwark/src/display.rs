@@ -92,7 +92,7 @@ pub fn volume_table(volumes: &[VolumeEntry]) -> String {
 }
 
 /// The one volume table, in `volume list` and under `volumes:` in `status`:
-/// NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEY KEYGEN SLOTS ATTACHED.
+/// NAME SIZE USED BLOCKSIZE COMPRESS ENCRYPTION KEY KEYGEN SLOTS ATTACHED ORIGIN.
 /// KEY says what `zfs get keystatus` says (`available`, `unavailable`), or
 /// `erased` (no key slot left), or `-` for a plain volume; ATTACHED counts
 /// NBD connections.
@@ -112,6 +112,7 @@ fn volumes_table<'a>(
         ("KEYGEN", Left),
         ("SLOTS", Right),
         ("ATTACHED", Right),
+        ("ORIGIN", Left),
     ]);
     for (v, attached) in rows {
         let key = match KeyStatus::of(v) {
@@ -131,6 +132,7 @@ fn volumes_table<'a>(
             keygen,
             slots,
             attached.to_string(),
+            v.origin.clone().unwrap_or_else(|| "-".to_string()),
         ]);
     }
     t.render(indent)
@@ -720,19 +722,19 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEY          KEYGEN  SLOTS  ATTACHED"
+            "NAME   SIZE   USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEY          KEYGEN  SLOTS  ATTACHED  ORIGIN"
         );
         assert_eq!(
             lines[1],
-            "alpha    1G  1.50M         4K  lz4       on          available    0           1         2"
+            "alpha    1G  1.50M         4K  lz4       on          available    0           1         2  -"
         );
         assert_eq!(
             lines[2],
-            "b        1G  1.50M         4K  lz4       on          unavailable  0           1         0"
+            "b        1G  1.50M         4K  lz4       on          unavailable  0           1         0  -"
         );
         assert_eq!(
             lines[3],
-            "plain    1G  1.50M         4K  lz4       off         -            -           -         0"
+            "plain    1G  1.50M         4K  lz4       off         -            -           -         0  -"
         );
     }
 

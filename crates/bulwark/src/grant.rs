@@ -259,6 +259,21 @@ impl Audited {
                 volume,
                 json!({ "snapshot": snapshot, "destroy_newer": destroy_newer }),
             ),
+            Request::VolumeClone {
+                volume,
+                snapshot,
+                name,
+                secret,
+                independent,
+            } => (
+                "volume_clone",
+                name,
+                json!({
+                    "origin": format!("{volume}@{snapshot}"),
+                    "secret": secret.as_ref().map(secret_kind),
+                    "independent": independent,
+                }),
+            ),
             Request::SnapshotCreate { volume, snapshot } => {
                 ("snapshot_create", volume, json!({ "snapshot": snapshot }))
             }

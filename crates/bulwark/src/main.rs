@@ -66,6 +66,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Volume(VolumeCommand::List(args)) => {
             snapshot::volume_list(client::pool_dir(pool)?, args)
         }
+        Command::Volume(VolumeCommand::Clone(args)) => {
+            snapshot::clone(client::pool_dir(pool)?, args)
+        }
         Command::Volume(VolumeCommand::Rollback(args)) => {
             snapshot::rollback(client::pool_dir(pool)?, args)
         }

@@ -6,10 +6,10 @@ use bulwark_engine::pool::{SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
 
 use crate::cli::{
-    SnapshotCommand, SnapshotListArgs, SnapshotNameArgs, SnapshotTagArgs, VolumeListArgs,
-    VolumeRollbackArgs,
+    SnapshotCommand, SnapshotListArgs, SnapshotNameArgs, SnapshotTagArgs, VolumeCloneArgs,
+    VolumeListArgs, VolumeRollbackArgs,
 };
-use crate::client::{print, print_json, Client};
+use crate::client::{print, print_json, secret_ref, Client};
 use crate::control::{Request, VolumeEntry};
 use crate::display;
 use crate::error::{Error, Result};
@@ -104,6 +104,40 @@ pub fn rollback(dir: &Path, args: &VolumeRollbackArgs) -> Result<()> {
         "rolled back volume {volume} to {}\n",
         args.snapshot
     ));
+    print(&out)
+}
+
+/// `volume clone VOL@SNAP NEW (--key-file F | --passphrase-file F) [--independent]`.
+pub fn clone(dir: &Path, args: &VolumeCloneArgs) -> Result<()> {
+    let (volume, snapshot) = split(&args.snapshot)?;
+    let secret = args.secret.file().map(|f| secret_ref(&f)).transpose()?;
+    let entry: VolumeEntry = Client::connect(dir)?.call_typed(&Request::VolumeClone {
+        volume,
+        snapshot,
+        name: args.name.clone(),
+        secret,
+        independent: args.independent,
+    })?;
+    let v = &entry.volume;
+    let mut out = format!(
+        "created volume {} as a clone of {}: {}, encryption {}{}\n",
+        v.name,
+        args.snapshot,
+        format_size(v.size_bytes),
+        if v.encryption { "on" } else { "off" },
+        if v.encryption {
+            ", its own key loaded"
+        } else {
+            ""
+        }
+    );
+    if args.independent {
+        out.push_str(&format!(
+            "re-encrypting its inherited blocks under its own key in the background \
+             ('bulwark volume list' shows the progress); then it no longer depends on {}\n",
+            args.snapshot
+        ));
+    }
     print(&out)
 }
 

@@ -265,7 +265,7 @@ fn serve_lifecycle() {
     let table = ok(p, &["volume", "list"]);
     assert!(
         table.starts_with(
-            "NAME   SIZE  USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEY          KEYGEN  SLOTS  ATTACHED\n"
+            "NAME   SIZE  USED  BLOCKSIZE  COMPRESS  ENCRYPTION  KEY          KEYGEN  SLOTS  ATTACHED  ORIGIN\n"
         ),
         "{table}"
     );
