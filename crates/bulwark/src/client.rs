@@ -197,11 +197,25 @@ pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
 }
 
 pub fn volume_destroy(dir: &Path, args: &NameArgs, recursive: bool) -> Result<()> {
-    Client::connect(dir)?.call(&Request::VolumeDestroy {
+    let answer = Client::connect(dir)?.call(&Request::VolumeDestroy {
         name: args.name.clone(),
         recursive,
     })?;
-    print(&format!("destroyed volume {}\n", args.name))
+    let kept: Vec<bulwark_engine::pool::KeptSnapshot> = answer
+        .get("kept")
+        .and_then(|k| serde_json::from_value(k.clone()).ok())
+        .unwrap_or_default();
+    let mut out = format!("destroyed volume {}\n", args.name);
+    for k in &kept {
+        out.push_str(&format!(
+            "kept {} ({} referenced) for its clones {}: freed when the last of them is \
+             destroyed or made independent\n",
+            k.snapshot,
+            format_size(k.referenced_bytes),
+            k.clones.join(", ")
+        ));
+    }
+    print(&out)
 }
 
 pub fn key_load(dir: &Path, args: &KeyLoadArgs) -> Result<()> {

@@ -11,6 +11,7 @@
 //! {"op":"volume_create","name":"v","size_bytes":1073741824,"block_size":4096,
 //!  "compression":"lz4","encryption":true,"secret":{"kind":"key_file","path":"/abs/key"}}
 //! {"op":"volume_destroy","name":"v"}  {"op":"volume_destroy","name":"v","recursive":true}
+//!   (answered by {"kept":[{"snapshot":"v@s","referenced_bytes":N,"clones":["c"]}]})
 //! {"op":"volume_space","name":"v"}  {"op":"volume_space","name":null}
 //! {"op":"volume_rollback","volume":"v","snapshot":"s","destroy_newer":false}
 //! {"op":"snapshot_create","volume":"v","snapshot":"s"}

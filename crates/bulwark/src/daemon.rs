@@ -532,8 +532,9 @@ impl Daemon {
                         self.refuse_if_attached(&s.name).await?;
                     }
                 }
-                blocking(move || Ok(pool.destroy_volume_recursive(&name, recursive)?)).await?;
-                Ok(Value::Null)
+                let kept =
+                    blocking(move || Ok(pool.destroy_volume_recursive(&name, recursive)?)).await?;
+                to_value(&serde_json::json!({ "kept": kept }))
             }
             Request::VolumeSpace { name } => {
                 let space = blocking(move || Ok(pool.volume_space(name.as_deref())?)).await?;

@@ -175,21 +175,71 @@ fn clones_under_their_own_keys_through_cleaning_erase_and_rotation() {
     }
     pool.load_key("base", &key(1)).unwrap();
 
-    // The origin snapshot and volume stay while clones need them.
+    // The origin snapshot stays while clones need it.
     let r = pool.snapshot_destroy("base", "img");
     assert!(matches!(r, Err(Error::Busy(_))), "{r:?}");
-    assert!(matches!(
-        pool.destroy_volume_recursive("base", true),
-        Err(Error::Busy(_))
-    ));
 
-    // Crypto-erase of the origin: the clones read on.
+    // Crypto-erase, then destroy, the origin: the clones read on; its snapshot stays,
+    // hidden, for them, and its name stays taken.
     pool.key_erase("base").unwrap();
     for (i, n) in names.iter().enumerate() {
         check(
             &pool.volume(n).unwrap(),
             &models[i],
             &format!("{n} after the base's erase"),
+        );
+    }
+    assert!(matches!(pool.destroy_volume("base"), Err(Error::Busy(_))));
+    let kept = pool.destroy_volume_recursive("base", true).unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].snapshot, "base@img");
+    assert_eq!(kept[0].clones, ["c1", "c2", "c3"]);
+    assert!(pool.volumes().iter().all(|v| v.name != "base"));
+    assert!(matches!(pool.volume("base@img"), Err(Error::NotFound(_))));
+    assert!(matches!(
+        pool.create_volume(
+            "base",
+            VolumeOptions {
+                encryption: false,
+                ..opts_of(size)
+            },
+            None
+        ),
+        Err(Error::Exists(_))
+    ));
+    // More writes to the clones, so the cleaner moves what they share with the kept
+    // snapshot; then a scrub.
+    for round in 0..12u64 {
+        for (i, n) in names.iter().enumerate() {
+            let v = pool.volume(n).unwrap();
+            for lba in (0..blocks).filter(|l| (l + round * 5 + i as u64) % 4 == 0) {
+                version += 1;
+                write(&v, &mut models[i], lba, version);
+            }
+        }
+        pool.flush().unwrap();
+    }
+    assert!(
+        pool.status().space.clean_written_bytes > clean,
+        "no cleaning after the destroy"
+    );
+    pool.scrub_start().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while pool.scrub_status().state != "finished" {
+        assert!(std::time::Instant::now() < deadline, "scrub did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let st = pool.status();
+    assert!(
+        st.errors.is_empty() && st.unrecoverable_blocks == 0,
+        "{:?}",
+        st.errors
+    );
+    for (i, n) in names.iter().enumerate() {
+        check(
+            &pool.volume(n).unwrap(),
+            &models[i],
+            &format!("{n} after cleaning and scrub"),
         );
     }
 
@@ -233,9 +283,8 @@ fn clones_under_their_own_keys_through_cleaning_erase_and_rotation() {
     check(&c3, &models[2], "c3 after its rotation");
     drop(c3);
 
-    // With c1 gone too, the origin may go; c3 does not notice.
+    // With c1 gone too, nothing needs the destroyed origin: it goes; c3 does not notice.
     pool.destroy_volume("c1").unwrap();
-    pool.destroy_volume_recursive("base", true).unwrap();
     pool = reopen(dir.path(), pool);
     pool.load_key("c3", &key(12)).unwrap();
     check(
@@ -245,5 +294,16 @@ fn clones_under_their_own_keys_through_cleaning_erase_and_rotation() {
     );
     let listed: Vec<String> = pool.volumes().into_iter().map(|v| v.name).collect();
     assert_eq!(listed, ["c3"]);
+    pool.create_volume("base", opts_of(size), Some(&key(1)))
+        .unwrap();
     pool.close().unwrap();
+}
+
+fn opts_of(size: u64) -> VolumeOptions {
+    VolumeOptions {
+        size_bytes: size,
+        block_size: BLOCK as u32,
+        compression: Compression::Lz4,
+        encryption: true,
+    }
 }

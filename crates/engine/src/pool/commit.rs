@@ -173,6 +173,7 @@ impl Core {
                 rotation,
                 snapshots,
                 origin: v.origin.lock().clone(),
+                deferred: v.deferred.load(Ordering::Acquire),
             });
         }
         // Every pointer this commit stores has been read: segments opened from now on are

@@ -122,11 +122,28 @@ impl Core {
     }
 
     pub(crate) fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
-        self.volumes
-            .read()
-            .get(name)
-            .cloned()
+        self.find_any(name)
+            .filter(|v| !v.deferred.load(Ordering::Acquire))
             .ok_or_else(|| Error::NotFound(format!("volume '{name}' does not exist")))
+    }
+
+    /// `find`, a destroyed volume kept for its snapshots' clones included.
+    pub(crate) fn find_any(&self, name: &str) -> Option<Arc<VolumeState>> {
+        self.volumes.read().get(name).cloned()
+    }
+
+    /// Why `name` cannot name a new volume: a volume has it, or a destroyed one kept for
+    /// the clones of its snapshots.
+    pub(crate) fn name_taken(&self, name: &str) -> Option<Error> {
+        let v = self.find_any(name)?;
+        Some(Error::Exists(if v.deferred.load(Ordering::Acquire) {
+            format!(
+                "the name '{name}' is held by a destroyed volume whose snapshots still have \
+                 clones; choose another name, or destroy those clones"
+            )
+        } else {
+            format!("volume '{name}' already exists")
+        }))
     }
 
     pub fn create_volume(
@@ -155,7 +172,8 @@ impl Core {
         {
             let mut vols = self.volumes.write();
             if vols.contains_key(name) {
-                return Err(Error::Exists(format!("volume '{name}' already exists")));
+                drop(vols);
+                return Err(self.name_taken(name).expect("the name is taken"));
             }
             let id = {
                 let mut sb = self.sb.lock();
@@ -202,7 +220,11 @@ impl Core {
 
     /// Destroy volume `name` and free its space; a volume with snapshots only with
     /// `recursive` (they go with it), and never while one of them is held.
-    pub fn destroy_volume(&self, name: &str, recursive: bool) -> Result<()> {
+    /// Destroy volume `name`. A volume with snapshots needs `recursive` (they go with it),
+    /// and none may be held. Snapshots with clones stay, hidden, until their last clone
+    /// goes (the volume is *deferred*: its name stays taken, its own data is freed now);
+    /// returns what stays that way, as (snapshot, referenced bytes, clones).
+    pub fn destroy_volume(&self, name: &str, recursive: bool) -> Result<Vec<KeptSnapshot>> {
         self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
         let st = self.find(name)?;
@@ -210,23 +232,9 @@ impl Core {
             // One reference in the table, one here: any other is an open handle.
             return Err(self.volume_in_use(name));
         }
+        let mut kept = Vec::new();
         {
             let snaps = st.snaps.read();
-            for s in snaps.iter().filter(|s| !s.base) {
-                let clones: Vec<String> = self
-                    .clones_of(name, &s.name)
-                    .iter()
-                    .map(|c| c.name.clone())
-                    .collect();
-                if !clones.is_empty() {
-                    return Err(Error::Busy(format!(
-                        "snapshot '{name}@{}' has clones ({}); destroy them first, or make them \
-                         independent ('bulwark key rotate CLONE')",
-                        s.name,
-                        clones.join(", ")
-                    )));
-                }
-            }
             let snaps: Vec<&crate::volume::snap::Snap> = snaps.iter().filter(|s| !s.base).collect();
             if let Some(s) = snaps.iter().find(|s| !s.holds.is_empty()) {
                 return Err(Error::Busy(format!(
@@ -244,20 +252,39 @@ impl Core {
                     names.join(", ")
                 )));
             }
+            for s in snaps {
+                let clones: Vec<String> = self
+                    .clones_of(name, &s.name)
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect();
+                if !clones.is_empty() {
+                    kept.push(KeptSnapshot {
+                        snapshot: format!("{name}@{}", s.name),
+                        referenced_bytes: s.referenced,
+                        clones,
+                    });
+                }
+            }
         }
-        // Free every record the volume and its snapshots reference. Their segments become
-        // reusable after the commit.
-        self.release_family(&st);
-        // Dirty nodes were never written; their old places were freed by the walk above.
-        self.store.note_dirty(&st.dirty_nodes, 0);
-        self.store.note_dirty(&st.snap_dirty_nodes, 0);
-        self.volumes.write().remove(name);
-        st.destroyed.store(true, Ordering::Release);
+        if kept.is_empty() {
+            // Free every record the volume and its snapshots reference. Their segments
+            // become reusable after the commit.
+            self.release_family(&st);
+            // Dirty nodes were never written; their old places were freed by the walk above.
+            self.store.note_dirty(&st.dirty_nodes, 0);
+            self.store.note_dirty(&st.snap_dirty_nodes, 0);
+            self.volumes.write().remove(name);
+            st.destroyed.store(true, Ordering::Release);
+        } else {
+            self.defer_destroy(&st)?;
+        }
+        // Clones going may let a deferred volume go too.
+        self.reap_deferred()?;
         self.table_dirty.store(true, Ordering::Release);
-        drop(_c);
-        self.commit()?;
-        tracing::info!(volume = name, "volume destroyed");
-        Ok(())
+        self.commit_held()?;
+        tracing::info!(volume = name, kept = kept.len(), "volume destroyed");
+        Ok(kept)
     }
 
     pub fn volume_handle(self: &Arc<Self>, name: &str) -> Result<Arc<Volume>> {
@@ -270,7 +297,12 @@ impl Core {
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {
-        self.volumes.read().values().map(|v| v.status()).collect()
+        self.volumes
+            .read()
+            .values()
+            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .map(|v| v.status())
+            .collect()
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -313,7 +345,13 @@ impl Core {
         // The segments client data may not take (`Log::alloc`).
         let reserved =
             (self.store.log.reserved_segments() as u64 * SEGMENT_BYTES * per).min(total - used);
-        let provisioned: u64 = self.volumes.read().values().map(|v| v.size).sum();
+        let provisioned: u64 = self
+            .volumes
+            .read()
+            .values()
+            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .map(|v| v.size)
+            .sum();
         let written = self.store.log.written();
         PoolStatus {
             pool_id: crate::hex::to_hex(&sb.sb.pool_id),
@@ -713,6 +751,15 @@ pub fn validate_name(name: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A snapshot a destroyed volume keeps for its clones.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct KeptSnapshot {
+    /// `VOL@SNAP`.
+    pub snapshot: String,
+    pub referenced_bytes: u64,
+    pub clones: Vec<String>,
 }
 
 /// The control plane's side of the data plane's requests (`store::Control`).

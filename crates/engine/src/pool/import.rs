@@ -590,6 +590,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         );
         *st.rotation.lock() = rec.rotation.clone();
         *st.origin.lock() = rec.origin.clone();
+        st.deferred.store(rec.deferred, Ordering::Release);
         st.used_bytes.store(f.used, Ordering::Relaxed);
         *st.snaps.write() = f.snaps;
         volumes.insert(rec.name.clone(), Arc::new(st));

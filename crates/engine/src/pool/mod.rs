@@ -115,6 +115,7 @@ pub struct SpaceStatus {
 
 pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};
 pub use crate::volume::VolumeStatus;
+pub use core::KeptSnapshot;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolStatus {
@@ -199,11 +200,16 @@ impl Pool {
 
     /// Destroy a volume and free its space.
     pub fn destroy_volume(&self, name: &str) -> Result<()> {
-        self.core.destroy_volume(name, false)
+        self.core.destroy_volume(name, false).map(|_| ())
     }
 
-    /// Destroy a volume; with `recursive`, its snapshots with it.
-    pub fn destroy_volume_recursive(&self, name: &str, recursive: bool) -> Result<()> {
+    /// Destroy a volume; with `recursive`, its snapshots with it. Returns the snapshots
+    /// kept (hidden) for their clones.
+    pub fn destroy_volume_recursive(
+        &self,
+        name: &str,
+        recursive: bool,
+    ) -> Result<Vec<core::KeptSnapshot>> {
         self.core.destroy_volume(name, recursive)
     }
 

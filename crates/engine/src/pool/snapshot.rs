@@ -86,7 +86,7 @@ impl Core {
             let Some(o) = st.origin.lock().clone() else {
                 return Vec::new();
             };
-            let Ok(ov) = self.find(&o.volume) else {
+            let Some(ov) = self.find_any(&o.volume) else {
                 return Vec::new();
             };
             let k = ov
@@ -351,7 +351,13 @@ impl Core {
     fn volumes_named(&self, volume: Option<&str>) -> Result<Vec<Arc<VolumeState>>> {
         Ok(match volume {
             Some(v) => vec![self.find(v)?],
-            None => self.volumes.read().values().cloned().collect(),
+            None => self
+                .volumes
+                .read()
+                .values()
+                .filter(|v| !v.deferred.load(Ordering::Acquire))
+                .cloned()
+                .collect(),
         })
     }
 
@@ -431,8 +437,8 @@ impl Core {
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
         position(&st.snaps.read(), volume, name)?;
-        if self.volumes.read().contains_key(new) {
-            return Err(Error::Exists(format!("volume '{new}' already exists")));
+        if let Some(e) = self.name_taken(new) {
+            return Err(e);
         }
         match (st.encryption, secret.is_some()) {
             (true, false) => {
@@ -585,9 +591,69 @@ impl Core {
             }
         }
         self.release_family_base(st)?;
+        self.reap_deferred()?;
         self.table_dirty.store(true, Ordering::Release);
         self.commit_held()?;
         tracing::info!(volume = %st.name, "clone shares nothing with its origin any more: detached");
+        Ok(())
+    }
+
+    /// Destroy `st` as far as its snapshots' clones allow (caller: `destroy_volume`, with
+    /// the commit lock): its own data and every snapshot without clones go now; the
+    /// snapshots with clones stay, hidden, and the volume is marked deferred.
+    pub(crate) fn defer_destroy(&self, st: &VolumeState) -> Result<()> {
+        self.commit_held()?;
+        let new_id = self.next_tree_id();
+        let mut head = st.tree.lock();
+        let mut snaps = st.snaps.write();
+        for k in (0..snaps.len()).rev() {
+            if !snaps[k].base && self.clones_of(&st.name, &snaps[k].name).is_empty() {
+                self.destroy_at(&st.name, &mut snaps, &head, k)?;
+            }
+        }
+        let last = snaps.last().map(|s| &s.tree);
+        let (gone, _) = self.unique_records(&head, &last.into_iter().collect::<Vec<_>>())?;
+        for p in &gone {
+            self.store.release(p);
+        }
+        *head = Tree::new(new_id, head.depth, Blkptr::HOLE);
+        st.used_bytes.store(0, Ordering::Relaxed);
+        self.store.note_dirty(&st.dirty_nodes, 0);
+        st.deferred.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Let deferred volumes go as far as their clones allow: each snapshot no clone needs
+    /// any more is destroyed, and a volume left with none is removed. Caller holds the
+    /// commit lock and commits after.
+    pub(crate) fn reap_deferred(&self) -> Result<()> {
+        let deferred: Vec<Arc<VolumeState>> = self
+            .volumes
+            .read()
+            .values()
+            .filter(|v| v.deferred.load(Ordering::Acquire))
+            .cloned()
+            .collect();
+        for st in deferred {
+            let empty = {
+                let head = st.tree.lock();
+                let mut snaps = st.snaps.write();
+                for k in (0..snaps.len()).rev() {
+                    if !snaps[k].base && self.clones_of(&st.name, &snaps[k].name).is_empty() {
+                        self.destroy_at(&st.name, &mut snaps, &head, k)?;
+                    }
+                }
+                !snaps.iter().any(|s| !s.base)
+            };
+            if empty {
+                self.release_family(&st);
+                self.store.note_dirty(&st.dirty_nodes, 0);
+                self.store.note_dirty(&st.snap_dirty_nodes, 0);
+                self.volumes.write().remove(&st.name);
+                st.destroyed.store(true, Ordering::Release);
+                tracing::info!(volume = %st.name, "destroyed volume's last clone went: its snapshots are freed");
+            }
+        }
         Ok(())
     }
 

@@ -54,6 +54,9 @@ pub struct VolumeRecord {
     /// The snapshot this volume was cloned from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<crate::volume::snap::Origin>,
+    /// Destroyed, kept for the clones of its snapshots (`VolumeState::deferred`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deferred: bool,
 }
 
 /// One snapshot in the table: its map's root and what `snapshot list` shows.
@@ -224,6 +227,7 @@ mod tests {
             rotation: None,
             snapshots: vec![],
             origin: None,
+            deferred: false,
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];

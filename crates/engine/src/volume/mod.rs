@@ -137,6 +137,9 @@ pub struct VolumeState {
     pub snapshot_wanted: Mutex<Option<(String, u64)>>,
     /// The snapshot this volume was cloned from (its base, `snaps[0]`, copies it).
     pub origin: Mutex<Option<snap::Origin>>,
+    /// Destroyed, but kept (hidden, its map empty) for the clones of its snapshots: gone
+    /// when the last of them goes.
+    pub deferred: AtomicBool,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
 }
@@ -174,6 +177,7 @@ impl VolumeState {
             snap_dirty_nodes: Default::default(),
             snapshot_wanted: Mutex::new(None),
             origin: Mutex::new(None),
+            deferred: AtomicBool::new(false),
             guess: Default::default(),
         }
     }
