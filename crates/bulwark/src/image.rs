@@ -92,6 +92,16 @@ fn import(dir: &Path, args: &ImageImportArgs) -> Result<()> {
     require_tool("nbdcopy", "libnbd-bin")?;
     let source = image_path(&args.file)?;
     let shown = args.file.display().to_string();
+    // The daemon and the name before the image: both are quick to ask, a check is not.
+    let mut client = Client::connect(dir)?;
+    let socket = nbd_socket(&mut client)?;
+    let volumes: Vec<VolumeEntry> = client.call_typed(&Request::VolumeList)?;
+    if volumes.iter().any(|v| v.volume.name == args.name) {
+        return Err(Error::msg(format!(
+            "cannot import {shown} as {}: volume '{}' already exists",
+            args.name, args.name
+        )));
+    }
     let info = probe(&source, &shown, args.format)?;
     if info.format == "qcow2" {
         check_qcow2(&source, &shown)?;
@@ -108,10 +118,10 @@ fn import(dir: &Path, args: &ImageImportArgs) -> Result<()> {
         .ok_or_else(|| Error::msg(format!("{shown} is too large to import")))?;
     let request = client::volume_create_request(&args.name, size_bytes, &args.settings)?;
 
-    let mut client = Client::connect(dir)?;
-    let socket = nbd_socket(&mut client)?;
     catch_interrupts();
-    client
+    // A new connection: the first one sat idle while qemu-img looked at the image.
+    drop(client);
+    Client::connect(dir)?
         .call(&request)
         .map_err(|e| Error::msg(format!("cannot import {shown} as {}: {e}", args.name)))?;
 
@@ -151,6 +161,7 @@ fn copy_in(
     args: &ImageImportArgs,
     size_bytes: u64,
 ) -> Result<ImageRecord> {
+    check_interrupted()?;
     let target = nbd_uri(socket, &args.name);
     let mut convert = Command::new("qemu-img");
     convert.arg("convert").arg("-n").arg("--target-is-zero");
