@@ -45,6 +45,9 @@ pub enum Command {
     /// Take, list, hold and destroy snapshots (VOL@SNAP): instant, read-only, served over NBD.
     #[command(subcommand, after_help = SNAPSHOT_AFTER_HELP)]
     Snapshot(SnapshotCommand),
+    /// Import raw and qcow2 disk images into volumes, export volumes as images, list imports.
+    #[command(subcommand, after_help = IMAGE_AFTER_HELP)]
+    Image(ImageCommand),
     /// Load, unload, add, remove, change, rotate and erase the keys of encrypted volumes.
     #[command(subcommand)]
     Key(KeyCommand),
@@ -181,7 +184,19 @@ One encrypted root disk per VM from one imported image, each under its own key:
 A clone's inherited keys open only the origin's history up to the snapshot
 (its blocks of that time, in any of its snapshots), never what the origin
 writes after the clone. The origin snapshot cannot be destroyed while clones
-depend on it; 'bulwark key rotate CLONE' (or --independent) ends that.";
+depend on it; 'bulwark key rotate CLONE' (or --independent) ends that.
+Destroying the origin volume keeps that snapshot, hidden, until its last
+clone goes.";
+
+const IMAGE_AFTER_HELP: &str = "\
+'image import' creates the volume NAME, sized to the image's virtual size \
+(rounded up to the block size), copies the image into it with qemu-img \
+(zeros stay holes), takes the snapshot NAME@image, and records the sha256 of \
+the image's virtual disk in DIR/images/NAME.json. An import that fails leaves \
+no volume behind. qemu-img (and nbdcopy, for the sha256) must be installed.
+  bulwark image import debian-12.qcow2 vm1 --key-file /etc/bulwark/vm1.key
+  bulwark image export vm1@image /tmp/vm1.qcow2 --format qcow2
+  bulwark image list";
 
 const HISTORY_AFTER_HELP: &str = "\
 TIME is RFC 3339 (2024-05-01T12:00:00Z, 2024-05-01T14:00:00+02:00), a date \
@@ -586,6 +601,67 @@ pub struct SnapshotListArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a raw or qcow2 image as a new volume NAME, snapshot it as NAME@image and
+    /// record its sha256.
+    Import(ImageImportArgs),
+    /// Write a volume or snapshot (VOL or VOL@SNAP) to an image file (raw or qcow2), holes kept.
+    Export(ImageExportArgs),
+    /// List the imported images: size, format, sha256, when, and whether NAME@image is still there.
+    List(ListArgs),
+}
+
+/// Disk image formats bulwark imports and exports (through qemu-img).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImageFormat {
+    Raw,
+    Qcow2,
+}
+
+impl ImageFormat {
+    /// The name qemu-img uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ImageImportArgs {
+    /// The image file (or block device) to import.
+    pub file: PathBuf,
+
+    /// Name of the new volume; the image is kept as its snapshot NAME@image.
+    pub name: String,
+
+    /// The image's format [default: detected with 'qemu-img info'; only raw and qcow2].
+    #[arg(long, value_enum)]
+    pub format: Option<ImageFormat>,
+
+    #[command(flatten)]
+    pub settings: VolumeSettingsArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ImageExportArgs {
+    /// The volume or snapshot to export, as VOL or VOL@SNAP (a snapshot is a consistent copy).
+    pub source: String,
+
+    /// The image file to write (created mode 0600: it holds the volume's data in the clear).
+    pub file: PathBuf,
+
+    /// Format of the image written.
+    #[arg(long, value_enum, default_value = "raw")]
+    pub format: ImageFormat,
+
+    /// Overwrite FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CompressionArg {
     Off,
@@ -616,6 +692,14 @@ pub struct VolumeCreateArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub size: u64,
 
+    #[command(flatten)]
+    pub settings: VolumeSettingsArgs,
+}
+
+/// How a new volume stores its blocks, and the secret of an encrypted one:
+/// the options `volume create` and `image import` share.
+#[derive(Debug, Args)]
+pub struct VolumeSettingsArgs {
     /// Block size: a power of two from 4K to 128K.
     #[arg(long, value_name = "SIZE", value_parser = parse_block_size, default_value = "4K")]
     pub block_size: u32,
@@ -632,7 +716,7 @@ pub struct VolumeCreateArgs {
     pub secret: SecretArgs,
 }
 
-impl VolumeCreateArgs {
+impl VolumeSettingsArgs {
     /// The key file, checked against `--encryption`.
     pub fn secret_for_encryption(&self) -> Result<Option<SecretFile>> {
         let secret = self.secret.file();
@@ -1165,11 +1249,11 @@ mod tests {
             panic!()
         };
         assert_eq!(a.size, 1 << 30);
-        assert_eq!(a.block_size, 4096);
-        assert_eq!(a.compression, CompressionArg::Lz4);
-        assert_eq!(a.encryption, OnOff::On);
+        assert_eq!(a.settings.block_size, 4096);
+        assert_eq!(a.settings.compression, CompressionArg::Lz4);
+        assert_eq!(a.settings.encryption, OnOff::On);
         assert_eq!(
-            a.secret_for_encryption().unwrap().unwrap().kind,
+            a.settings.secret_for_encryption().unwrap().unwrap().kind,
             SecretKind::Key
         );
     }
@@ -1180,7 +1264,7 @@ mod tests {
         let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
             panic!()
         };
-        assert!(a.secret_for_encryption().is_err());
+        assert!(a.settings.secret_for_encryption().is_err());
 
         let cli = parse(&[
             "volume",
@@ -1197,7 +1281,7 @@ mod tests {
         let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
             panic!()
         };
-        assert!(a.secret_for_encryption().is_err());
+        assert!(a.settings.secret_for_encryption().is_err());
 
         let cli = parse(&[
             "volume",
@@ -1212,7 +1296,7 @@ mod tests {
         let Command::Volume(VolumeCommand::Create(a)) = cli.command else {
             panic!()
         };
-        assert!(a.secret_for_encryption().unwrap().is_none());
+        assert!(a.settings.secret_for_encryption().unwrap().is_none());
 
         assert!(parse(&[
             "volume",
@@ -1226,6 +1310,67 @@ mod tests {
             "/p"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn image_forms() {
+        let cli = parse(&["image", "import", "d.qcow2", "vm1", "--key-file", "/k"]).unwrap();
+        let Command::Image(ImageCommand::Import(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!((a.file.to_str(), a.name.as_str()), (Some("d.qcow2"), "vm1"));
+        assert_eq!(a.format, None);
+        assert_eq!(a.settings.block_size, 4096);
+        assert_eq!(
+            a.settings.secret_for_encryption().unwrap().unwrap().kind,
+            SecretKind::Key
+        );
+        let cli = parse(&[
+            "image",
+            "import",
+            "d.img",
+            "vm1",
+            "--format",
+            "raw",
+            "--encryption",
+            "off",
+            "--block-size",
+            "64K",
+            "--compression",
+            "off",
+        ])
+        .unwrap();
+        let Command::Image(ImageCommand::Import(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.format, Some(ImageFormat::Raw));
+        assert_eq!(a.settings.block_size, 65536);
+        assert!(a.settings.secret_for_encryption().unwrap().is_none());
+        let cli = parse(&["image", "import", "d.img", "vm1"]).unwrap();
+        let Command::Image(ImageCommand::Import(a)) = cli.command else {
+            panic!()
+        };
+        assert!(a.settings.secret_for_encryption().is_err());
+        assert!(parse(&["image", "import", "d.img", "vm1", "--format", "vmdk"]).is_err());
+        assert!(parse(&["image", "import", "d.img"]).is_err());
+
+        let cli = parse(&["image", "export", "vm1@image", "out.img"]).unwrap();
+        let Command::Image(ImageCommand::Export(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            (a.source.as_str(), a.format, a.force),
+            ("vm1@image", ImageFormat::Raw, false)
+        );
+        let cli = parse(&[
+            "image", "export", "vm1", "o", "--format", "qcow2", "--force",
+        ])
+        .unwrap();
+        let Command::Image(ImageCommand::Export(a)) = cli.command else {
+            panic!()
+        };
+        assert_eq!((a.format, a.force), (ImageFormat::Qcow2, true));
+        assert!(parse(&["image", "list", "--json"]).is_ok());
     }
 
     #[test]

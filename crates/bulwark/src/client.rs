@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cli::{
     KeyLoadArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs,
+    VolumeSettingsArgs,
 };
 use crate::control::{self, Request, Response, SecretRef, StatusReport};
 use crate::display;
@@ -179,21 +180,32 @@ pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
 }
 
 pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
-    let secret = args
+    let request = volume_create_request(&args.name, args.size, &args.settings)?;
+    let created: VolumeStatus = Client::connect(dir)?.call_typed(&request)?;
+    print(&display::volume_created(&created))
+}
+
+/// The `volume_create` request for a volume of `size_bytes` with these settings
+/// (`volume create`, `image import`): the secret checked against `--encryption`
+/// and made an absolute path, never read.
+pub fn volume_create_request(
+    name: &str,
+    size_bytes: u64,
+    settings: &VolumeSettingsArgs,
+) -> Result<Request> {
+    let secret = settings
         .secret_for_encryption()?
         .as_ref()
         .map(secret_ref)
         .transpose()?;
-    let request = Request::VolumeCreate {
-        name: args.name.clone(),
-        size_bytes: args.size,
-        block_size: args.block_size,
-        compression: args.compression.as_str().to_string(),
+    Ok(Request::VolumeCreate {
+        name: name.to_string(),
+        size_bytes,
+        block_size: settings.block_size,
+        compression: settings.compression.as_str().to_string(),
         encryption: secret.is_some(),
         secret,
-    };
-    let created: VolumeStatus = Client::connect(dir)?.call_typed(&request)?;
-    print(&display::volume_created(&created))
+    })
 }
 
 pub fn volume_destroy(dir: &Path, args: &NameArgs, recursive: bool) -> Result<()> {

@@ -594,7 +594,7 @@ pub fn duration(secs: u64) -> String {
 }
 
 /// A unix time in local time, as zpool prints it: "Sat Nov 22 02:24:56 2025".
-fn date(unix: u64) -> String {
+pub fn date(unix: u64) -> String {
     let t = unix as libc::time_t;
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
     let mut buf = [0u8; 64];

@@ -7,8 +7,8 @@
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
-//! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`
-//! → `daemon`. A module uses only modules before it (`tests/layers.rs`).
+//! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
+//! `snapshot` → `image` → `daemon`. A module uses only modules before it (`tests/layers.rs`).
 
 mod access;
 mod bench;
@@ -21,6 +21,7 @@ mod error;
 mod export;
 mod grant;
 mod history;
+mod image;
 mod keys;
 mod maintenance;
 mod notify;
@@ -73,6 +74,7 @@ fn run(cli: Cli) -> Result<()> {
             snapshot::rollback(client::pool_dir(pool)?, args)
         }
         Command::Snapshot(command) => snapshot::command(client::pool_dir(pool)?, command),
+        Command::Image(command) => image::command(client::pool_dir(pool)?, command),
         Command::Volume(VolumeCommand::Destroy(args)) => {
             keys::volume_destroy(client::pool_dir(pool)?, args)
         }

@@ -128,6 +128,11 @@ const BULWARK: Table = Table {
             "snapshot",
             &["cli", "client", "control", "display", "error"],
         ),
+        // Disk images in and out of volumes (qemu-img, nbdcopy): the CLI side only.
+        (
+            "image",
+            &["cli", "client", "control", "display", "error", "snapshot"],
+        ),
         // The daemon: serves the pool, dispatches control requests to the handlers above.
         (
             "daemon",
