@@ -182,8 +182,11 @@ impl Core {
         self.estimate_node_bytes(node_bytes.0, node_bytes.1);
         self.note_map_size();
         let next_volume_id = self.sb.lock().next_volume_id;
+        let shared = records
+            .iter()
+            .any(|r| !r.snapshots.is_empty() || r.origin.is_some());
         let table = TableRecord {
-            format: 1,
+            format: if shared { 2 } else { 1 },
             next_volume_id,
             volumes: records,
             scrub: self.scrub.lock().clone(),

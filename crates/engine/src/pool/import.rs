@@ -417,6 +417,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     } else {
         TableRecord::open(&store.read_meta(&newest.root, 0)?, &newest.table_key)?
     };
+    if table.format > super::table::TABLE_FORMAT_MAX {
+        return Err(Error::Invalid(format!(
+            "the pool's volume table is format {}, newer than this bulwark reads (up to {}): \
+             upgrade bulwark",
+            table.format,
+            super::table::TABLE_FORMAT_MAX
+        )));
+    }
     let mut live = vec![0u32; segments];
     let footprint = |len: usize| store.red.footprint(len);
     let mut complete = true;

@@ -16,6 +16,10 @@ use crate::keys::wrap::KeySlot;
 use crate::map::{Blkptr, BLKPTR_BYTES};
 use crate::{Error, Result};
 
+/// The table's format: 1, or 2 once a volume has snapshots or is a clone (records an
+/// older bulwark would not know it must keep). Import refuses a newer one.
+pub const TABLE_FORMAT_MAX: u32 = 2;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TableRecord {
     pub format: u32,
