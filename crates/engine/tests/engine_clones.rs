@@ -209,10 +209,13 @@ fn clones_under_their_own_keys_through_cleaning_erase_and_rotation() {
     ));
     // More writes to the clones, so the cleaner moves what they share with the kept
     // snapshot; then a scrub.
-    for round in 0..12u64 {
+    let clean = pool.status().space.clean_written_bytes;
+    for round in 0..20u64 {
         for (i, n) in names.iter().enumerate() {
             let v = pool.volume(n).unwrap();
-            for lba in (0..blocks).filter(|l| (l + round * 5 + i as u64) % 4 == 0) {
+            // Scattered, so old segments die partly and the cleaner has to move records.
+            let pick = |l: u64| (l.wrapping_mul(0x9E37_79B9) ^ (round * 31 + i as u64)) % 7 < 2;
+            for lba in (0..blocks).filter(|&l| pick(l)) {
                 version += 1;
                 write(&v, &mut models[i], lba, version);
             }

@@ -1,7 +1,9 @@
-//! A seeded model test of snapshots: on a small pool kept busy enough that the cleaner
-//! moves records (shared ones included), two volumes (plain, encrypted + lz4) take a
-//! random mix of overwrites, trims, flushes, snapshot create / destroy / hold / release,
-//! rollbacks, clean restarts and crashes. Every read of a volume or of a snapshot
+//! A seeded model test of snapshots and clones: on a small pool kept busy enough that the
+//! cleaner moves records (shared ones included), two volumes (plain, encrypted + lz4) and
+//! clones of their snapshots (under keys of their own) take a random mix of overwrites,
+//! trims, flushes, snapshot create / destroy / hold / release, clone create / destroy,
+//! rollbacks, clean restarts and crashes; what clones need is refused. Every read of a volume
+//! or of a snapshot
 //! (`VOL@SNAP`, read-only) is compared with a model, and the space numbers are compared
 //! with a brute-force recount from the block pointers of every tree:
 //! - a snapshot's `used` is the bytes of the blocks whose pointer differs from the trees
@@ -24,6 +26,8 @@ const CELL: u64 = 4096;
 /// Snapshots a volume keeps at most in this test: the worst case (each snapshot holding a
 /// whole copy) still fits the pool.
 const SNAPS_MAX: usize = 2;
+/// Volumes at most: the two first ones and their clones.
+const VOLS_MAX: usize = 4;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|s| {
@@ -82,8 +86,10 @@ fn secret(b: u8) -> Secret {
 }
 
 struct Vol {
-    name: &'static str,
+    name: String,
     key: Option<u8>,
+    /// For a clone: the origin volume's name and snapshot.
+    origin: Option<(String, String)>,
     /// Each cell's value now.
     cur: Vec<u64>,
     /// Each cell's values a crash may bring back: the last durable one and those since.
@@ -103,6 +109,9 @@ struct Stats {
     rollbacks: u64,
     space_checks: u64,
     holds: u64,
+    clones: u64,
+    clone_destroys: u64,
+    refused_for_clones: u64,
     crashes: u64,
     restarts: u64,
     clean_written_mib: u64,
@@ -148,9 +157,9 @@ impl Run {
             .unwrap_or_else(|e| panic!("{}: the pool does not import: {e}", self.ctx()));
         for v in &mut self.vols {
             if let Some(k) = v.key {
-                pool.load_key(v.name, &secret(k)).unwrap();
+                pool.load_key(&v.name, &secret(k)).unwrap();
             }
-            v.handle = Some(pool.volume(v.name).unwrap());
+            v.handle = Some(pool.volume(&v.name).unwrap());
         }
         self.pool = Some(pool);
     }
@@ -288,8 +297,8 @@ impl Run {
         }
         self.next_snap += 1;
         let name = format!("s{}", self.next_snap);
-        let vol = self.vols[vi].name;
-        if let Err(e) = self.pool().snapshot_create(vol, &name) {
+        let vol = self.vols[vi].name.clone();
+        if let Err(e) = self.pool().snapshot_create(&vol, &name) {
             self.fail(format!("snapshot create {vol}@{name}: {e:?}"));
         }
         // Its commit makes every completed write of every volume durable.
@@ -305,15 +314,25 @@ impl Run {
             return;
         }
         let k = self.rng.below(n as u64) as usize;
-        let vol = self.vols[vi].name;
+        let vol = self.vols[vi].name.clone();
         let name = self.vols[vi].snaps[k].0.clone();
-        let listed = self.pool().snapshot_list(Some(vol)).unwrap();
+        if self.has_clones(&vol, &name) {
+            match self.pool().snapshot_destroy(&vol, &name) {
+                Err(Error::Busy(_)) => {}
+                other => self.fail(format!(
+                    "destroy of {vol}@{name}, which has clones: {other:?}"
+                )),
+            }
+            self.stats.refused_for_clones += 1;
+            return;
+        }
+        let listed = self.pool().snapshot_list(Some(&vol)).unwrap();
         let used = listed
             .iter()
             .find(|s| s.snapshot == name)
             .unwrap_or_else(|| self.fail(format!("{vol}@{name} is not listed")))
             .used_bytes;
-        match self.pool().snapshot_destroy(vol, &name) {
+        match self.pool().snapshot_destroy(&vol, &name) {
             Ok(freed) if freed == used => {}
             Ok(freed) => self.fail(format!(
                 "destroying {vol}@{name} freed {freed} bytes, its listed used was {used}"
@@ -329,7 +348,8 @@ impl Run {
         let Some((name, _)) = self.vols[vi].snaps.last().cloned() else {
             return;
         };
-        let vol = self.vols[vi].name;
+        let vol = self.vols[vi].name.clone();
+        let vol = vol.as_str();
         self.pool().snapshot_hold(vol, &name, "keep", true).unwrap();
         match self.pool().snapshot_destroy(vol, &name) {
             Err(Error::Busy(_)) => {}
@@ -351,8 +371,12 @@ impl Run {
             return;
         }
         let k = self.rng.below(n as u64) as usize;
-        let vol = self.vols[vi].name;
+        let vol = self.vols[vi].name.clone();
+        let vol = vol.as_str();
         let name = self.vols[vi].snaps[k].0.clone();
+        let newer_cloned = self.vols[vi].snaps[k + 1..]
+            .iter()
+            .any(|(s, _)| self.has_clones(vol, s));
         if k + 1 < n {
             self.vols[vi].handle = None;
             match self.pool().volume_rollback(vol, &name, false) {
@@ -369,6 +393,15 @@ impl Run {
             self.fail("rollback of an attached volume was not refused".into());
         }
         self.vols[vi].handle = None;
+        if newer_cloned {
+            match self.pool().volume_rollback(vol, &name, true) {
+                Err(Error::Busy(_)) => {}
+                other => self.fail(format!("rollback past a cloned snapshot: {other:?}")),
+            }
+            self.vols[vi].handle = Some(self.pool().volume(vol).unwrap());
+            self.stats.refused_for_clones += 1;
+            return;
+        }
         match self.pool().volume_rollback(vol, &name, true) {
             Ok(destroyed) if destroyed.len() == n - k - 1 => {}
             other => self.fail(format!("rollback to {vol}@{name}: {other:?}")),
@@ -381,11 +414,81 @@ impl Run {
         self.stats.rollbacks += 1;
     }
 
+    fn has_clones(&self, vol: &str, snap: &str) -> bool {
+        self.vols.iter().any(|v| {
+            v.origin
+                .as_ref()
+                .is_some_and(|(o, s)| o == vol && s == snap)
+        })
+    }
+
+    /// Clone a random snapshot as a new volume (its own key when the origin has one).
+    fn clone_snapshot(&mut self, vi: usize) {
+        let n = self.vols[vi].snaps.len();
+        if n == 0 || self.vols.len() >= VOLS_MAX {
+            return;
+        }
+        let k = self.rng.below(n as u64) as usize;
+        let vol = self.vols[vi].name.clone();
+        let (snap, values) = self.vols[vi].snaps[k].clone();
+        self.next_snap += 1;
+        let name = format!("k{}", self.next_snap);
+        let key = self.vols[vi]
+            .key
+            .map(|_| 100 + (self.next_snap % 100) as u8);
+        if let Err(e) = self
+            .pool()
+            .volume_clone(&vol, &snap, &name, key.map(secret).as_ref())
+        {
+            self.fail(format!("clone of {vol}@{snap} as {name}: {e:?}"));
+        }
+        self.everything_durable();
+        let handle = Some(self.pool().volume(&name).unwrap());
+        self.vols.push(Vol {
+            name,
+            key,
+            origin: Some((vol, snap)),
+            dur: values.iter().map(|&t| vec![t]).collect(),
+            cur: values,
+            snaps: Vec::new(),
+            handle,
+        });
+        self.stats.clones += 1;
+    }
+
+    /// Destroy a clone (with its snapshots) that no other clone depends on.
+    fn destroy_clone(&mut self) {
+        let Some(vi) = (0..self.vols.len()).find(|&i| {
+            self.vols[i].origin.is_some()
+                && !self.vols[i]
+                    .snaps
+                    .iter()
+                    .any(|(s, _)| self.has_clones(&self.vols[i].name, s))
+        }) else {
+            return;
+        };
+        let name = self.vols[vi].name.clone();
+        self.vols[vi].handle = None;
+        match self.pool().destroy_volume_recursive(&name, true) {
+            Ok(kept) if kept.is_empty() => {}
+            other => self.fail(format!("destroy of clone {name}: {other:?}")),
+        }
+        self.everything_durable();
+        self.vols.remove(vi);
+        self.stats.clone_destroys += 1;
+    }
+
     /// The space numbers against a recount from every tree's block pointers.
+
     fn check_space(&mut self, vi: usize) {
         let v = &self.vols[vi];
         let cells = v.cur.len() as u64;
         let mut trees: Vec<Arc<Volume>> = Vec::new();
+        // A clone's first tree is compared with its origin snapshot (its base).
+        let base = v
+            .origin
+            .as_ref()
+            .map(|(o, s)| self.pool().volume(&format!("{o}@{s}")).unwrap());
         for (name, _) in &v.snaps {
             trees.push(self.pool().volume(&format!("{}@{name}", v.name)).unwrap());
         }
@@ -406,6 +509,15 @@ impl Run {
                     .collect()
             })
             .collect();
+        let base_ptrs: Option<Vec<_>> = base.as_ref().map(|t| {
+            (0..cells)
+                .map(|l| {
+                    let mut id = t.debug_block_ptr(l).unwrap();
+                    id.addr = [0, 0];
+                    id
+                })
+                .collect()
+        });
         let len = |p: &bulwark_engine::map::Blkptr| p.len as u64;
         let n = v.snaps.len();
         let mut used = vec![0u64; n];
@@ -419,8 +531,13 @@ impl Run {
                     continue;
                 }
                 referenced[k] += len(p);
+                let base_same = base_ptrs.as_ref().is_some_and(|b| b[l] == *p);
                 if k < n {
-                    let prev_same = k > 0 && ptrs[k - 1][l] == *p;
+                    let prev_same = if k > 0 {
+                        ptrs[k - 1][l] == *p
+                    } else {
+                        base_same
+                    };
                     let next_same = ptrs[k + 1][l] == *p;
                     if !prev_same && !next_same {
                         used[k] += len(p);
@@ -428,13 +545,13 @@ impl Run {
                     if !next_same {
                         by_snaps += len(p);
                     }
-                } else if n == 0 || ptrs[n - 1][l] != *p {
+                } else if (n == 0 && !base_same) || (n > 0 && ptrs[n - 1][l] != *p) {
                     written += len(p);
                 }
             }
         }
-        let listed = self.pool().snapshot_list(Some(v.name)).unwrap();
-        let space = &self.pool().volume_space(Some(v.name)).unwrap()[0];
+        let listed = self.pool().snapshot_list(Some(&v.name)).unwrap();
+        let space = &self.pool().volume_space(Some(&v.name)).unwrap()[0];
         let names: Vec<&str> = listed.iter().map(|s| s.snapshot.as_str()).collect();
         let want: Vec<&str> = v.snaps.iter().map(|s| s.0.as_str()).collect();
         if names != want {
@@ -480,7 +597,7 @@ impl Run {
                 let tag = tag_of(&buf);
                 if !self.vols[vi].dur[c as usize].contains(&tag) {
                     let d = self.vols[vi].dur[c as usize].clone();
-                    let name = self.vols[vi].name;
+                    let name = self.vols[vi].name.clone();
                     self.fail(format!(
                         "after a crash, {name} cell {c} holds {tag}, not one of {d:?}"
                     ));
@@ -558,7 +675,9 @@ impl Run {
             885..=919 => self.snapshot_destroy(vi),
             920..=934 => self.rollback(vi),
             935..=954 => self.check_space(vi),
-            955..=964 => self.hold_then_release(vi),
+            955..=957 => self.hold_then_release(vi),
+            958..=963 => self.clone_snapshot(vi),
+            964 => self.destroy_clone(),
             965..=979 => self.crash(),
             980..=989 => self.restart(),
             _ => {
@@ -622,9 +741,9 @@ fn run_seed(seed: u64, ops: u64) {
     };
     run.open();
     let usable = run.pool().status().space.usable_bytes;
-    // Two volumes of a ninth of the usable space each: with two snapshots each holding a
-    // whole copy, the live data stays under three quarters of it.
-    let size = (usable / 9 / (64 << 10)).max(1) * (64 << 10);
+    // Volumes of a sixteenth of the usable space each: four (two and their clones), with
+    // two snapshots each holding a whole copy, stay under three quarters of it.
+    let size = (usable / 16 / (64 << 10)).max(1) * (64 << 10);
     for (i, (name, compression, encryption)) in [
         ("plain", Compression::Off, false),
         ("sealed", Compression::Lz4, true),
@@ -648,8 +767,9 @@ fn run_seed(seed: u64, ops: u64) {
         let cells = (size / CELL) as usize;
         let handle = Some(run.pool().volume(name).unwrap());
         run.vols.push(Vol {
-            name,
+            name: name.to_string(),
             key,
+            origin: None,
             cur: vec![0; cells],
             dur: vec![vec![0]; cells],
             snaps: Vec::new(),

@@ -284,28 +284,46 @@ impl Core {
         if v.snap_dirty_nodes.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
+        // Every tree of the volumes this one shares with through clones (the whole clone
+        // graph it is part of): a node a snapshot tree drops here is released only when no
+        // tree anywhere in it holds the node at that place. Neighbours alone do not
+        // suffice across clones: a snapshot with clones is a bridge, and a node it drops
+        // may still be held on both sides of it. Other volumes' locks first, then this one's.
+        let component = self.component(v);
+        let heads: Vec<_> = component.iter().map(|o| o.tree.lock()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snaps.read()).collect();
+        let far: Vec<&crate::map::Tree> = heads
+            .iter()
+            .map(|h| &**h)
+            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
+            .collect();
         let head = v.tree.lock();
         let mut snaps = v.snaps.write();
         for k in (0..snaps.len()).rev() {
             if snaps[k].tree.dirty_nodes() == 0 {
                 continue;
             }
-            // Trees of other volumes sharing with this one (origin, clones' bases).
-            let across = self.across(v, &snaps[k]);
-            let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
-            let far: Vec<&crate::map::Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
-            let (prev, cur, next) = snap::around(&mut snaps, &head, k);
+            let (before, rest) = snaps.split_at_mut(k);
+            let (cur, after) = rest.split_first_mut().expect("k is a snapshot");
+            let others: Vec<&crate::map::Tree> = before
+                .iter()
+                .chain(after.iter())
+                .map(|s| &s.tree)
+                .chain([&*head])
+                .chain(far.iter().copied())
+                .collect();
             let mut leaves = cur.tree.snapshot_leaves();
             leaves.write(write)?;
             let mut gone = Vec::new();
             cur.tree
                 .finish_commit(&self.store.cache, leaves, write, &mut |l, i, old| {
-                    let near: Vec<&crate::map::Tree> = prev
-                        .into_iter()
-                        .chain([next])
-                        .chain(far.iter().copied())
-                        .collect();
-                    if !snap::held_by(&*self.store, &self.store.cache, &near, At::Node(l, i), old) {
+                    if !snap::held_by(
+                        &*self.store,
+                        &self.store.cache,
+                        &others,
+                        At::Node(l, i),
+                        old,
+                    ) {
                         gone.push(*old);
                     }
                 })?;

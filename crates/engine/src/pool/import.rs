@@ -439,6 +439,12 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // Segments holding client data: emptying them counts toward an early commit (`Log`).
     let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
+    /// The origin volume of `rec`, when `n` is `rec` itself.
+    fn f_origin_name<'a>(rec: &'a super::table::VolumeRecord, n: &str) -> Option<&'a str> {
+        (rec.name == n)
+            .then(|| rec.origin.as_ref().map(|o| o.volume.as_str()))
+            .flatten()
+    }
     // Every volume's trees first, so a clone's base can be walked against its origin.
     struct Family<'a> {
         rec: &'a super::table::VolumeRecord,
@@ -489,12 +495,40 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             let s = of.snaps.iter().find(|s| !s.base && s.name == o.snapshot)?;
             Some((&s.tree, s.referenced))
         });
+        // ... and every tree of the volumes of its clone graph counted before it: a record
+        // shared across clones is counted once, by the first of them.
         let siblings: Vec<&Tree> = match &rec.origin {
-            Some(o) => done
-                .iter()
-                .filter(|d| d.rec.origin.as_ref() == Some(o))
-                .filter_map(|d| d.snaps.first().filter(|b| b.base).map(|b| &b.tree))
-                .collect(),
+            Some(_) => {
+                let mut names: Vec<&str> = vec![rec.name.as_str()];
+                let mut i = 0;
+                while i < names.len() {
+                    let n = names[i];
+                    for d in done.iter() {
+                        let o = d.rec.origin.as_ref().map(|o| o.volume.as_str());
+                        let mine = f_origin_name(rec, n);
+                        let next = if o == Some(n) {
+                            Some(d.rec.name.as_str())
+                        } else if d.rec.name == n {
+                            o
+                        } else if mine == Some(d.rec.name.as_str()) {
+                            Some(d.rec.name.as_str())
+                        } else {
+                            None
+                        };
+                        if let Some(x) = next {
+                            if !names.contains(&x) {
+                                names.push(x);
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                done.iter()
+                    .filter(|d| names.contains(&d.rec.name.as_str()))
+                    .flat_map(|d| d.snaps.iter().map(|s| &s.tree).chain([&d.tree]))
+                    .filter(|t| origin.is_none_or(|o| !std::ptr::eq(*t, o.0)))
+                    .collect()
+            }
             None => Vec::new(),
         };
         if rec.origin.is_some() && origin.is_none() {

@@ -66,6 +66,38 @@ impl Core {
             .collect()
     }
 
+    /// The other volumes of `st`'s clone graph: every volume joined to it by origin links,
+    /// up or down, transitively (empty for a volume with no clone relation).
+    pub(crate) fn component(&self, st: &VolumeState) -> Vec<Arc<VolumeState>> {
+        let all: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
+        let origin_of: Vec<Option<String>> = all
+            .iter()
+            .map(|v| v.origin.lock().as_ref().map(|o| o.volume.clone()))
+            .collect();
+        let mut names = vec![st.name.clone()];
+        let mut i = 0;
+        while i < names.len() {
+            let n = names[i].clone();
+            for (v, o) in all.iter().zip(&origin_of) {
+                let joined = o.as_deref() == Some(n.as_str()) || (v.name == n && o.is_some());
+                let next = if o.as_deref() == Some(n.as_str()) {
+                    v.name.clone()
+                } else if joined {
+                    o.clone().expect("joined through its origin")
+                } else {
+                    continue;
+                };
+                if !names.contains(&next) {
+                    names.push(next);
+                }
+            }
+            i += 1;
+        }
+        all.into_iter()
+            .filter(|v| v.name != st.name && names.contains(&v.name))
+            .collect()
+    }
+
     /// The trees of other volumes that share places with snapshot `s` of `st`: the origin
     /// snapshot and the other clones' bases, when `s` is a clone's base; the bases of its
     /// clones, when it has clones.
@@ -707,13 +739,20 @@ impl Core {
     }
 
     pub(crate) fn release_family(&self, st: &VolumeState) {
-        // What the base shares with the origin and its other clones' bases stays.
-        let across = match st.snaps.read().first() {
-            Some(b) if b.base => self.across(st, b),
-            _ => Vec::new(),
+        // What the base shares with any tree of the other volumes of its clone graph (the
+        // origin snapshot, sibling and nephew clones) stays.
+        let component = if st.snaps.read().first().is_some_and(|b| b.base) {
+            self.component(st)
+        } else {
+            Vec::new()
         };
-        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
-        let far: Vec<&Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
+        let heads: Vec<_> = component.iter().map(|o| o.tree.lock()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snaps.read()).collect();
+        let far: Vec<&Tree> = heads
+            .iter()
+            .map(|h| &**h)
+            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
+            .collect();
         let origin_tree = (!far.is_empty()).then_some(());
         let head = st.tree.lock();
         let snaps = st.snaps.read();
