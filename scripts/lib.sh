@@ -28,6 +28,19 @@ have cc             || need_pkgs+=(build-essential)
 installed libssl-dev || need_pkgs+=(libssl-dev)
 have openssl        || need_pkgs+=(openssl)   # TLS tests make their CA and certificates
 have systemd-analyze || need_pkgs+=(systemd)  # the unit file is checked with 'systemd-analyze verify'
+# tests/test_clone_boots.py boots a clone under qemu: the emulator, a kernel
+# (the cloud flavour: a third of the generic one's size) and a static busybox
+# for tests/helpers/make_boot_image.py to build the guest from.
+have qemu-system-x86_64 || need_pkgs+=(qemu-system-x86)
+have_kernel() {  # a /boot/vmlinuz-VERSION with its /lib/modules/VERSION
+    local k
+    for k in /boot/vmlinuz-*; do
+        [ -r "$k" ] && [ -e "/lib/modules/${k#/boot/vmlinuz-}/modules.dep" ] && return 0
+    done
+    return 1
+}
+have_kernel         || need_pkgs+=(linux-image-cloud-amd64)
+installed busybox-static || need_pkgs+=(busybox-static)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     pkgs=($(printf '%s\n' "${need_pkgs[@]}" | sort -u))
