@@ -120,3 +120,23 @@ def test_volume_destroy_crypto_erase(pool):
     assert audited(pool, "volume_destroy", volume="d")
     assert audited(pool, "key_erase", "error", volume="plain")
     assert_no_secret_in_audit(pool, key_files=(key, keep))
+
+
+def test_destroy_with_crypto_erase_of_a_volume_with_snapshots_needs_r_first(pool):
+    """`volume destroy --crypto-erase` of a volume with snapshots is refused before the
+    erase when -r is missing (else its keys would be gone and the volume kept); with -r
+    both happen."""
+    require_tools("qemu-io")
+    key = pool.create_volume("snappy")
+    qemu_io_ok(pool.uri("snappy"), "write -P 0x5a 0 1M", "flush")
+    pool.cli("snapshot", "create", "snappy@one")
+    r = pool.cli("volume", "destroy", "snappy", "--crypto-erase", check=False)
+    assert r.returncode != 0
+    assert "snapshot" in r.stderr and "-r" in r.stderr and "nothing was erased" in r.stderr
+    # Nothing was erased: the data still reads with the key.
+    qemu_io_ok(pool.uri("snappy"), "read -P 0x5a 0 1M")
+    pool.wait_detached("snappy")
+    pool.cli("volume", "destroy", "snappy", "--crypto-erase", "-r")
+    names = [v["name"] for v in json.loads(pool.cli("volume", "list", "--json").stdout)]
+    assert "snappy" not in names
+    assert key is not None

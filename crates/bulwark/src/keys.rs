@@ -379,6 +379,20 @@ fn confirm_erase(name: &str) -> Result<()> {
 /// so the data is unrecoverable even if destroying fails afterwards.
 pub fn volume_destroy(dir: &Path, args: &VolumeDestroyArgs) -> Result<()> {
     let name = &args.volume.name;
+    if args.crypto_erase && !args.recursive {
+        // The destroy would be refused after the erase: refuse before it.
+        let snaps: Vec<bulwark_engine::pool::SnapshotStatus> =
+            Client::connect(dir)?.call_typed(&Request::SnapshotList {
+                volume: Some(name.clone()),
+            })?;
+        if !snaps.is_empty() {
+            return Err(Error::msg(format!(
+                "volume {name} has {} snapshot(s); pass -r to destroy them with it \
+                 (nothing was erased)",
+                snaps.len()
+            )));
+        }
+    }
     if args.crypto_erase {
         erase_keys(dir, name).map_err(|e| {
             Error::msg(format!(
