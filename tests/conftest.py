@@ -265,7 +265,9 @@ class Pool:
                         f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}")
         return self
 
-    def start(self) -> "Pool":
+    def start(self, env: dict | None = None) -> "Pool":
+        """Start `bulwark serve`; `env`: extra environment for the daemon only
+        (BULWARK_CRASH_AT=...), never for the CLI calls."""
         assert self.proc is None, "daemon already started"
         self.starts += 1
         self.log_path = self.tmp / f"serve-{self.starts}.log"
@@ -280,7 +282,7 @@ class Pool:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *self.serve_args],
                                      stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self._env(),
+                                     stdin=subprocess.DEVNULL, env={**self._env(), **(env or {})},
                                      preexec_fn=limit)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -673,6 +673,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     };
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
+    // Crash points count from here: this commit is the import's, not an operation's.
+    crate::crashpoint::arm();
     tracing::info!(
         pool = conf.pool_id,
         generation = core.sb.lock().sb.generation,

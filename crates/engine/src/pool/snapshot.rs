@@ -300,7 +300,9 @@ impl Core {
 
     /// Make `volume` what it was at snapshot `name`. Snapshots newer than it are refused,
     /// or destroyed with `destroy_newer`; returns the names destroyed. The volume must be
-    /// detached (no handle open) and not rotating its key.
+    /// detached (no handle on it open; handles on its snapshots may be: the snapshots that
+    /// stay do not change, and the caller refuses to destroy one a client has open) and not
+    /// rotating its key.
     pub fn volume_rollback(
         &self,
         volume: &str,
@@ -310,7 +312,14 @@ impl Core {
         self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
-        if Arc::strong_count(&st) > 2 {
+        // One reference in the table, one here, one per snapshot handle: any other holds
+        // the volume itself. Under `snaps`, a snapshot handle being opened or dropped counts
+        // as a reference and not a snapshot handle, never the other way round.
+        let in_use = {
+            let _snaps = st.snaps.write();
+            Arc::strong_count(&st).saturating_sub(st.snapshot_views.load(Ordering::Acquire)) > 2
+        };
+        if in_use {
             return Err(self.volume_in_use(volume));
         }
         if st.rotation.lock().is_some() {

@@ -140,6 +140,11 @@ pub struct VolumeState {
     /// Destroyed, but kept (hidden, its map empty) for the clones of its snapshots: gone
     /// when the last of them goes.
     pub deferred: AtomicBool,
+    /// Open read-only handles on its snapshots (`VOL@SNAP`): of the references to this
+    /// state, those that do not hold the volume itself (a rollback goes ahead under them).
+    /// It changes under `snaps` (read), inside the lifetime of the handle's reference, so
+    /// that under `snaps` (write) `strong_count - snapshot_views` never undercounts.
+    pub snapshot_views: std::sync::atomic::AtomicUsize,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
 }
@@ -178,6 +183,7 @@ impl VolumeState {
             snapshot_wanted: Mutex::new(None),
             origin: Mutex::new(None),
             deferred: AtomicBool::new(false),
+            snapshot_views: Default::default(),
             guess: Default::default(),
         }
     }
@@ -227,6 +233,16 @@ pub struct Volume {
     view: Option<String>,
 }
 
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if self.view.is_some() {
+            // Under the snapshot list's lock, before `st` is dropped (`snapshot_views`).
+            let _snaps = self.st.snaps.read();
+            self.st.snapshot_views.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 fn is_zero(b: &[u8]) -> bool {
     let (pre, mid, post) = unsafe { b.align_to::<u64>() };
     pre.iter().all(|&x| x == 0) && mid.iter().all(|&x| x == 0) && post.iter().all(|&x| x == 0)
@@ -253,6 +269,11 @@ impl Volume {
         st: Arc<VolumeState>,
         snap: &str,
     ) -> Volume {
+        // Counted under the snapshot list's lock, after `st` was cloned (`snapshot_views`).
+        {
+            let _snaps = st.snaps.read();
+            st.snapshot_views.fetch_add(1, Ordering::AcqRel);
+        }
         Volume {
             store,
             control,
