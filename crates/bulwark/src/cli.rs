@@ -814,8 +814,8 @@ pub enum KeyCommand {
     /// List the key slots: their kind and cost, nothing secret.
     List(KeyListArgs),
     /// Start a key rotation: new writes use a new data key at once, old blocks are
-    /// re-encrypted in the background, then the old data key is destroyed. On a paused
-    /// rotation, resume it.
+    /// re-encrypted in the background, then the old data key is destroyed (kept while
+    /// snapshots still hold blocks under it). On a paused rotation, resume it.
     #[command(after_help = KEY_ROTATE_AFTER_HELP)]
     Rotate(KeyRotateArgs),
     /// Crypto-erase: destroy every key slot and data key; the volume's data is

@@ -238,12 +238,28 @@ fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
     });
     match (started, &paused) {
         (Ok(generation), None) if !args.wait => {
+            // Snapshots keep blocks under the old keys, which then stay.
+            let snapshots = client
+                .call_typed::<Vec<bulwark_engine::pool::SnapshotStatus>>(&Request::SnapshotList {
+                    volume: Some(args.name.clone()),
+                })
+                .map(|s| s.len())
+                .unwrap_or(0);
+            let end = if snapshots == 0 {
+                "the old data key is destroyed at the end".to_string()
+            } else {
+                format!(
+                    "the old data keys are KEPT: {snapshots} snapshot(s) still hold blocks \
+                     encrypted under them; destroy the snapshots and rotate again to destroy \
+                     those keys"
+                )
+            };
             return print(&format!(
                 "key rotation of volume {} started: new writes use data key generation \
-                 {generation}; older blocks are re-encrypted in the background and the old \
-                 data key is destroyed at the end ('bulwark volume list' shows the progress)\n",
+                 {generation}; older blocks are re-encrypted in the background and {end} \
+                 ('bulwark volume list' shows the progress)\n",
                 args.name
-            ))
+            ));
         }
         (Ok(generation), Some(at)) if !args.wait => {
             return print(&format!(
