@@ -28,6 +28,7 @@ have cc             || need_pkgs+=(build-essential)
 installed libssl-dev || need_pkgs+=(libssl-dev)
 have openssl        || need_pkgs+=(openssl)   # TLS tests make their CA and certificates
 have systemd-analyze || need_pkgs+=(systemd)  # the unit file is checked with 'systemd-analyze verify'
+have prometheus     || need_pkgs+=(prometheus)  # tests/test_metrics.py scrapes serve --metrics-listen with it
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     pkgs=($(printf '%s\n' "${need_pkgs[@]}" | sort -u))
