@@ -41,6 +41,7 @@ have_kernel() {  # a /boot/vmlinuz-VERSION with its /lib/modules/VERSION
 }
 have_kernel         || need_pkgs+=(linux-image-cloud-amd64)
 installed busybox-static || need_pkgs+=(busybox-static)
+have prometheus     || need_pkgs+=(prometheus)  # tests/test_metrics.py scrapes serve --metrics-listen with it
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     pkgs=($(printf '%s\n' "${need_pkgs[@]}" | sort -u))

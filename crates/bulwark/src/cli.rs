@@ -397,6 +397,17 @@ pub struct ServeArgs {
     /// [default: 60].
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub payload_timeout: Option<u64>,
+
+    /// Serve Prometheus metrics over plain HTTP at HOST:PORT (GET /metrics); off
+    /// unless given. Loopback addresses only, unless --metrics-allow-remote.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+
+    /// Let --metrics-listen bind an address other than loopback. The endpoint has no
+    /// authentication or TLS: whoever reaches it reads volume names, device paths and
+    /// I/O rates.
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_allow_remote: bool,
 }
 
 #[derive(Debug, Args)]

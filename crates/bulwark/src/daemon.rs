@@ -1,7 +1,9 @@
 //! `bulwark serve`: the daemon that owns one pool, exports its volumes over
 //! NBD and answers the CLI on the control socket.
 //!
-//! Life cycle: import the pool (the engine takes its exclusive lock) → listen
+//! Life cycle: bind the TCP listeners asked for (NBD, metrics: a refused
+//! address fails before the import writes anything) → import the pool (the
+//! engine takes its exclusive lock) → listen
 //! on the NBD unix socket, then TCP if asked, then the control socket last, so
 //! a CLI that reaches the control socket knows NBD is up too → print
 //! "bulwark: serving pool ..." → on SIGTERM or SIGINT stop accepting, drain
@@ -43,6 +45,7 @@ use crate::export::PoolExports;
 use crate::grant;
 use crate::keys;
 use crate::maintenance;
+use crate::metrics::{self, Exposition, Metrics};
 use crate::notify;
 
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
@@ -137,6 +140,10 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
         Some(addr) => Some(bind_tcp(addr, tcp_tls.is_some()).await?),
         None => None,
     };
+    let metrics_listener = match &args.metrics_listen {
+        Some(addr) => Some(metrics::bind(addr, args.metrics_allow_remote).await?),
+        None => None,
+    };
     service_state(&format!("STATUS=importing pool {}", dir.display()));
     let pool = {
         let dir = dir.clone();
@@ -164,7 +171,7 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
             .map_err(|e| Error::msg(format!("audit: {e}")))?;
     }
 
-    let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp).await;
+    let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp, metrics_listener).await;
 
     let closed = blocking(move || Ok(pool.close()?)).await;
     match (served, closed) {
@@ -185,6 +192,7 @@ async fn serve_pool(
     pool: Arc<Pool>,
     tcp_tls: Option<Arc<nbd::TlsConfig>>,
     tcp: Option<(TcpListener, String)>,
+    metrics_listener: Option<(TcpListener, std::net::SocketAddr)>,
 ) -> Result<()> {
     let signal_err = |e: std::io::Error| Error::msg(format!("cannot install signal handlers: {e}"));
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
@@ -198,10 +206,14 @@ async fn serve_pool(
     let nbd_tcp = tcp.as_ref().map(|(_, a)| a.clone());
 
     let access = Arc::new(AccessControl::open(dir).map_err(Error::msg)?);
+    let counters = metrics_listener
+        .as_ref()
+        .map(|_| Arc::new(Metrics::default()));
     let server = nbd::Server::new(
         Arc::new(PoolExports {
             pool: pool.clone(),
             access: access.clone(),
+            metrics: counters.clone(),
         }),
         nbd::ServerConfig {
             max_workers_per_conn: args.nbd_threads.map_or(
@@ -230,6 +242,16 @@ async fn serve_pool(
             ..nbd::ServerConfig::default()
         },
     );
+    let metrics_task = match (metrics_listener, &counters) {
+        (Some((listener, addr)), Some(counters)) => {
+            let exposition = Exposition::new(counters, pool.clone(), server.clone());
+            Some((
+                tokio::spawn(metrics::serve(listener, Arc::new(exposition))),
+                addr,
+            ))
+        }
+        _ => None,
+    };
     let daemon = Arc::new(Daemon {
         pool,
         server: server.clone(),
@@ -259,6 +281,9 @@ async fn serve_pool(
     if let Some(addr) = &nbd_tcp {
         ready.push_str(&format!(", nbd tcp {addr}"));
     }
+    if let Some((_, addr)) = &metrics_task {
+        ready.push_str(&format!(", metrics http://{addr}/metrics"));
+    }
     eprintln!("{ready})");
     // Both sockets listen (bound above; connections queue until accepted):
     // a service manager may start what depends on the daemon now.
@@ -277,11 +302,19 @@ async fn serve_pool(
             None => std::future::pending().await,
         }
     };
+    let mut metrics_task = metrics_task.map(|(task, _)| task);
+    let metrics_stopped = async {
+        match &mut metrics_task {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
     let outcome: Result<()> = tokio::select! {
         _ = sigterm.recv() => { info!("SIGTERM received: shutting down"); Ok(()) }
         _ = sigint.recv() => { info!("SIGINT received: shutting down"); Ok(()) }
         r = &mut nbd_unix_task => Err(listener_stopped("NBD unix socket", r)),
         r = tcp_stopped => Err(listener_stopped("NBD TCP listener", r)),
+        r = metrics_stopped => Err(listener_stopped("metrics listener", r)),
     };
     if let Err(e) = &outcome {
         error!("{e}; shutting down");
@@ -318,6 +351,9 @@ async fn serve_pool(
     }
     nbd_unix_task.abort();
     if let Some(task) = nbd_tcp_task {
+        task.abort();
+    }
+    if let Some(task) = metrics_task {
         task.abort();
     }
     outcome

@@ -10,22 +10,47 @@
 //! (same reply, same audit write, same back-off). Engine errors become errnos here
 //! (`Error::errno`), and the ones that mean data or devices are in trouble are
 //! logged with the volume and range, since the client only sees EIO.
+//!
+//! With metrics on (`serve --metrics-listen`), requests are counted here, where
+//! they enter the engine: each backend holds its export's `VolumeStats`, taken
+//! at open, and a request adds to atomics only. Connection events are counted
+//! in `PoolExports::event`, beside their audit record.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bulwark_engine::{Pool, Volume};
 
 use serde_json::json;
 
 use crate::access::{Access, AccessControl, Record};
+use crate::metrics::{Metrics, Op, VolumeStats};
 use bulwark_nbd::{Backend, Client, Errno, Event, Exports, Extent, Identity, Server};
 
 pub struct VolumeBackend {
     volume: Arc<Volume>,
     read_only: bool,
+    /// This export's counters, with metrics on.
+    stats: Option<Arc<VolumeStats>>,
 }
 
 impl VolumeBackend {
+    /// Runs one request on the volume, counted (and timed) when metrics are on.
+    fn counted<T>(
+        &self,
+        op: Op,
+        bytes: u64,
+        run: impl FnOnce() -> Result<T, bulwark_engine::Error>,
+    ) -> Result<T, bulwark_engine::Error> {
+        let Some(stats) = &self.stats else {
+            return run();
+        };
+        let started = Instant::now();
+        let result = run();
+        stats.record(op, bytes, started.elapsed(), result.is_ok());
+        result
+    }
+
     fn fail(&self, what: &str, offset: u64, length: u64, e: bulwark_engine::Error) -> Errno {
         let errno = e.errno();
         if errno == libc::EIO || errno == libc::ENOSPC {
@@ -62,29 +87,31 @@ impl Backend for VolumeBackend {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
         let length = buf.len() as u64;
-        self.volume
-            .read(offset, buf)
+        self.counted(Op::Read, length, || self.volume.read(offset, buf))
             .map_err(|e| self.fail("read", offset, length, e))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
-        self.volume
-            .write(offset, data, fua)
-            .map_err(|e| self.fail("write", offset, data.len() as u64, e))
+        let length = data.len() as u64;
+        self.counted(Op::Write, length, || self.volume.write(offset, data, fua))
+            .map_err(|e| self.fail("write", offset, length, e))
     }
 
     fn flush(&self) -> Result<(), Errno> {
-        self.volume.flush().map_err(|e| self.fail("flush", 0, 0, e))
+        self.counted(Op::Flush, 0, || self.volume.flush())
+            .map_err(|e| self.fail("flush", 0, 0, e))
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), Errno> {
-        self.volume
-            .trim(offset, length)
-            .map_err(|e| self.fail("trim", offset, length, e))?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        // A FUA trim's flush is part of the trim, not a flush request of its own.
+        self.counted(Op::Trim, length, || {
+            self.volume.trim(offset, length)?;
+            if fua {
+                self.volume.flush()?;
+            }
+            Ok(())
+        })
+        .map_err(|e| self.fail("trim", offset, length, e))
     }
 
     fn write_zeroes(
@@ -96,15 +123,17 @@ impl Backend for VolumeBackend {
     ) -> Result<(), Errno> {
         // The engine frees whole zeroed blocks whether or not the client allows
         // it: a freed block reads as zeros, which is all NBD promises either way.
-        self.volume
-            .write_zeroes(offset, length, fua)
-            .map_err(|e| self.fail("write zeroes", offset, length, e))
+        self.counted(Op::WriteZeroes, length, || {
+            self.volume.write_zeroes(offset, length, fua)
+        })
+        .map_err(|e| self.fail("write zeroes", offset, length, e))
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<Extent>, Errno> {
         let extents = self
-            .volume
-            .block_status(offset, length)
+            .counted(Op::BlockStatus, length, || {
+                self.volume.block_status(offset, length)
+            })
             .map_err(|e| self.fail("block status", offset, length, e))?;
         Ok(extents
             .into_iter()
@@ -121,6 +150,8 @@ impl Backend for VolumeBackend {
 pub struct PoolExports {
     pub pool: Arc<Pool>,
     pub access: Arc<AccessControl>,
+    /// Counters, with `serve --metrics-listen`.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl PoolExports {
@@ -182,12 +213,21 @@ impl Exports for PoolExports {
             (Some(volume), Some(access)) => Some(Arc::new(VolumeBackend {
                 read_only: access == Access::ReadOnly || volume.is_snapshot(),
                 volume,
+                stats: self.metrics.as_ref().map(|m| m.volume(name)),
             })),
             _ => None,
         }
     }
 
     fn event(&self, client: &Client, event: Event<'_>) {
+        if let Some(metrics) = &self.metrics {
+            match event {
+                Event::Attach { export, .. } => metrics.attached(export),
+                Event::Detach { export, .. } => metrics.detached(export),
+                Event::Denied { .. } => metrics.refused_open(),
+                Event::HandshakeFailed { .. } => metrics.handshake_failed(),
+            }
+        }
         let name = client.identity.name();
         let (event, client_name, volume, result, detail) = match event {
             Event::Attach { export, read_only } => (

@@ -6,7 +6,7 @@
 //! `display` (tables) and `bench` (fio over NBD). Errors end as one
 //! `error: <message>` line on stderr, exit code 1, or 2 for usage mistakes.
 //!
-//! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
+//! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control`, `metrics` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
 //! `snapshot` → `image` → `daemon`. A module uses only modules before it (`tests/layers.rs`).
 
@@ -24,6 +24,7 @@ mod history;
 mod image;
 mod keys;
 mod maintenance;
+mod metrics;
 mod notify;
 mod snapshot;
 

@@ -105,6 +105,9 @@ const BULWARK: Table = Table {
         ("notify", &[]),
         // Arguments.
         ("cli", &["error"]),
+        // Prometheus metrics: counters the I/O path bumps, the pool read at scrape
+        // time, the HTTP endpoint.
+        ("metrics", &["error"]),
         // The control protocol, both sides' vocabulary.
         ("control", &["access"]),
         // Text for people.
@@ -112,7 +115,7 @@ const BULWARK: Table = Table {
         // Talking to the daemon; the plain commands.
         ("client", &["cli", "control", "display", "error"]),
         // Volumes as NBD exports.
-        ("export", &["access"]),
+        ("export", &["access", "metrics"]),
         // Commands with both sides: the CLI half and the daemon's `handle`.
         ("grant", &["access", "cli", "client", "control", "error"]),
         // The audit log read back for people (the file itself, no daemon).
@@ -145,6 +148,7 @@ const BULWARK: Table = Table {
                 "grant",
                 "keys",
                 "maintenance",
+                "metrics",
                 "notify",
             ],
         ),

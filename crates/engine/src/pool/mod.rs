@@ -233,6 +233,11 @@ impl Pool {
         self.core.snapshot_list(volume)
     }
 
+    /// Snapshots per volume, by volume name, without walking any tree.
+    pub fn snapshot_counts(&self) -> Vec<(String, usize)> {
+        self.core.snapshot_counts()
+    }
+
     /// Space of `volume` (or all) as used / referenced / by snapshots / written.
     pub fn volume_space(&self, volume: Option<&str>) -> Result<Vec<VolumeSpace>> {
         self.core.volume_space(volume)
