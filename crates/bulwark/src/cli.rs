@@ -358,6 +358,10 @@ pub struct ServeArgs {
     /// every write since that copy is lost.
     #[arg(long)]
     pub accept_rollback: bool,
+    /// Make every client FLUSH a full commit instead of an intent log write and one
+    /// device sync (for comparison; both are durable when the flush returns).
+    #[arg(long)]
+    pub no_intent_log: bool,
 
     /// Scrub and resilver throttle, bytes per second (e.g. 100M) [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = parse_rate_arg)]

@@ -77,6 +77,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         opts.allow_fault_injection = true;
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
+    opts.intent_log = !args.no_intent_log;
     if args.accept_rollback {
         opts.accept_rollback = true;
         warn!(

@@ -30,8 +30,24 @@ pub fn xxh3_64(stored: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(stored)
 }
 
-/// Whether `stored` matches `sum`, of either kind.
+/// The "checksum" of a record that carries its own: its last 32 bytes are the blake3 of
+/// the rest. For records whose checksum cannot be known where they are pointed to from
+/// (an intent log block's slot is chosen before the block is written); never in a map.
+pub const SELF_CHECKED: Checksum = *b"bulwark: self-checked record \0\0\0";
+
+/// `stored`, ended by the blake3 of what precedes it (`SELF_CHECKED`).
+pub fn seal_self_checked(stored: &mut [u8]) {
+    let n = stored.len() - 32;
+    let sum = checksum(&stored[..n]);
+    stored[n..].copy_from_slice(&sum);
+}
+
+/// Whether `stored` matches `sum`, of either kind (or carries its own, `SELF_CHECKED`).
 pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
+    if *sum == SELF_CHECKED {
+        return stored.len() >= 32
+            && checksum(&stored[..stored.len() - 32])[..] == stored[stored.len() - 32..];
+    }
     if sum[16..] == XXH3_TAG {
         checksum_sealed(stored) == *sum
     } else {

@@ -471,6 +471,11 @@ impl Run {
     fn restart(&mut self) {
         self.stats.restarts += 1;
         self.flush();
+        // A commit: until one, the running count also holds the intent log's blocks since
+        // the last commit, which the import (after the close's commit) has no more.
+        if let Err(e) = self.pool().flush() {
+            self.fail(format!("commit before a restart: {e:?}"));
+        }
         let before = self.pool().status().space;
         self.count_written();
         self.close_handles();

@@ -98,6 +98,8 @@ impl Core {
             let wanted = v.snapshot_wanted.lock().take();
             let mut whole = wanted.as_ref().map(|_| v.tree.lock());
             let mut read = |tree: &crate::map::Tree| {
+                // Under the map lock: the client changes noted so far are in these leaves.
+                v.intents.lock().clear();
                 nodes_written += tree.dirty_nodes();
                 let slots = v.slots.lock().clone();
                 let data_keys = v.data_keys.lock().clone();
@@ -209,6 +211,14 @@ impl Core {
         next_sb.generation += 1;
         next_sb.root = table_ptr;
         next_sb.table_key = table_key;
+        // The next generation's intent log chain starts at a fresh slot (none when the pool
+        // has no room for one: flushes then commit).
+        let log_head = if self.intent_log {
+            self.alloc_log_slot().ok()
+        } else {
+            None
+        };
+        next_sb.log_head = log_head;
         next_sb.high_water = self.store.log.high_water();
         let nonce_next = self.store.nonce_next();
         if nonce_next.saturating_add(NONCE_RESERVE_STEP / 2) > next_sb.nonce_reserved {
@@ -255,6 +265,18 @@ impl Core {
         };
         crate::crashpoint::hit("commit.superblocks_written");
         self.store.release(&old_root);
+        // The old chain is replaced: its blocks go with the next commit.
+        let new_chain = log_head.map(|head| super::intent::Chain {
+            generation,
+            seq: 0,
+            next: head,
+            slots: vec![super::intent::slot_ptr(head)],
+        });
+        if let Some(old) = std::mem::replace(&mut *self.intent.lock(), new_chain) {
+            for p in &old.slots {
+                self.store.release(p);
+            }
+        }
         {
             // Wait out reads that looked up a pointer before this commit.
             let _gate = self.store.reuse_gate.write();

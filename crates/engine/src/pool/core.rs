@@ -45,6 +45,10 @@ pub struct Core {
     /// generation and the one the host had committed.
     pub rollback_accepted: Option<(u64, u64)>,
     pub commit_lock: Mutex<()>,
+    /// The intent log chain flushes append to (`intent`); `None` with the log off.
+    pub(crate) intent: Mutex<Option<super::intent::Chain>>,
+    /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
+    pub intent_log: bool,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may
     /// (taking the last two copies offline), or lose one another's pool.json change.
@@ -388,9 +392,26 @@ impl Core {
     pub fn flush(&self) -> Result<()> {
         let arrived = self.commits_begun.load(Ordering::Acquire);
         let _g = self.commit_lock.lock();
-        // A commit that began after we arrived has finished: it covered us.
+        // A commit or log flush that began after we arrived has finished: it covered us.
         if self.commits_done.load(Ordering::Acquire) > arrived {
             return self.store.check_poisoned();
+        }
+        if self.intent_log {
+            self.store.check_poisoned()?;
+            self.commits_begun.fetch_add(1, Ordering::AcqRel);
+            let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
+            let logged = self.log_flush_held(&volumes);
+            self.commits_done.fetch_add(1, Ordering::AcqRel);
+            match logged {
+                Ok(true) => return Ok(()),
+                // No chain, or no room for a block: a commit makes it all durable.
+                Ok(false) | Err(Error::NoSpace) => return self.commit_held(),
+                Err(e) => {
+                    tracing::error!("intent log flush failed, pool poisoned: {e}");
+                    self.store.poison();
+                    return Err(e);
+                }
+            }
         }
         drop(_g);
         self.commit()

@@ -326,6 +326,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                 root: Blkptr::HOLE,
                 member_ids: member_ids.clone(),
                 table_key,
+                log_head: None,
             };
             for off in Superblock::all_slot_offsets(back_region) {
                 d.write_at(&zero, off)

@@ -619,6 +619,113 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             complete = false;
         }
     }
+    // Replay the intent log: the flushed client writes after the last commit.
+    let mut chain_slots: Vec<Blkptr> = Vec::new();
+    let mut replayed = (0u64, 0usize);
+    if let Some(head) = newest.log_head {
+        let mut at = head;
+        let mut buf = Vec::new();
+        let why = 'replay: loop {
+            let slot = super::intent::slot_ptr(at);
+            if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
+                break format!("block {} has a bad address ({e})", replayed.0);
+            }
+            chain_slots.push(slot);
+            count(&slot, &mut live);
+            match store.red.read_quiet(
+                slot.addrs(),
+                slot.len as usize,
+                &crate::checksum::SELF_CHECKED,
+                &mut buf,
+            ) {
+                Ok(true) => {}
+                Ok(false) => break "the end of the log".to_string(),
+                Err(e) => break format!("block {} cannot be read ({e})", replayed.0),
+            }
+            let block = match super::intent::Block::decode(
+                &buf,
+                &newest.pool_id,
+                newest.generation,
+                replayed.0,
+            ) {
+                Ok(Some(b)) => b,
+                Ok(None) => break "the end of the log".to_string(),
+                Err(e) => break format!("block {} is damaged ({e})", replayed.0),
+            };
+            for (i, e) in block.entries.iter().enumerate() {
+                let Some(f) = families.iter_mut().find(|f| f.rec.id == e.volume) else {
+                    break 'replay format!(
+                        "block {} entry {i} names volume id {}, which the table does not have",
+                        replayed.0, e.volume
+                    );
+                };
+                let blocks = f.rec.size_bytes / f.rec.block_size as u64;
+                if e.lba >= blocks {
+                    break 'replay format!(
+                        "block {} entry {i} is past the end of volume '{}'",
+                        replayed.0, f.rec.name
+                    );
+                }
+                if !e.ptr.is_hole() {
+                    // The record must be there, whole: a flush that never returned may have
+                    // left its log block durable without it.
+                    if let Err(err) = store.red.check_record(e.ptr.addrs(), e.ptr.len as usize) {
+                        break 'replay format!("block {} entry {i}: {err}", replayed.0);
+                    }
+                    let mut rec = Vec::new();
+                    if !store
+                        .red
+                        .read_quiet(e.ptr.addrs(), e.ptr.len as usize, &e.ptr.checksum, &mut rec)
+                        .unwrap_or(false)
+                    {
+                        break 'replay format!(
+                            "block {} entry {i}: the record it names is not on the devices \
+                             (a flush that never finished)",
+                            replayed.0
+                        );
+                    }
+                }
+                let old = match f.tree.set(&store, &store.cache, e.lba, e.ptr) {
+                    Ok(old) => old,
+                    Err(err) => break 'replay format!("block {} entry {i}: {err}", replayed.0),
+                };
+                count(&e.ptr, &mut live);
+                for &a in e.ptr.addrs() {
+                    if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
+                        *d = true;
+                    }
+                }
+                f.used = (f.used + e.ptr.len as u64).saturating_sub(old.len as u64);
+                let kept = crate::volume::snap::head_keeps(
+                    &store,
+                    &store.cache,
+                    &f.snaps,
+                    crate::map::At::Data(e.lba),
+                    &old,
+                );
+                if !old.is_hole() && !kept {
+                    for &a in old.addrs() {
+                        if let Some(l) = live.get_mut(segment_of(a) as usize) {
+                            *l = l.saturating_sub(footprint(old.len as usize) as u32);
+                        }
+                    }
+                }
+                replayed.1 += 1;
+            }
+            replayed.0 += 1;
+            at = block.next;
+        };
+        if replayed.0 > 0 {
+            tracing::info!(
+                blocks = replayed.0,
+                entries = replayed.1,
+                "intent log replayed: flushed writes since generation {} restored; stopped at {why}",
+                newest.generation
+            );
+        } else {
+            tracing::debug!("intent log empty: {why}");
+        }
+    }
     for f in families {
         let rec = f.rec;
         let st = VolumeState::new(
@@ -654,6 +761,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             back_region: back_region_of(&newest),
         }),
         commit_lock: Mutex::new(()),
+        intent: Mutex::new(None),
+        intent_log: opts.intent_log,
         device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
@@ -671,6 +780,19 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commit_interval: opts.commit_interval,
         scrub_rate_seen: AtomicU64::new(0),
     };
+    // The replayed chain's slots stay counted until the import's commit replaces it.
+    if !chain_slots.is_empty() {
+        *core.intent.lock() = Some(super::intent::Chain {
+            generation: newest.generation,
+            seq: replayed.0,
+            next: [crate::map::ADDR_NONE; 2],
+            slots: chain_slots,
+        });
+    }
+    for v in core.volumes.read().values() {
+        core.store
+            .note_dirty(&v.dirty_nodes, v.tree.lock().dirty_nodes());
+    }
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
     // Crash points count from here: this commit is the import's, not an operation's.

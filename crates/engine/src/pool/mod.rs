@@ -13,6 +13,7 @@ mod create;
 #[cfg(test)]
 mod hostile;
 mod import;
+pub mod intent;
 pub mod keys;
 pub mod rotate;
 pub mod scrub;
@@ -58,6 +59,9 @@ pub struct OpenOptions {
     /// Take the devices even when they are older than the generation this host last
     /// committed (`DIR/pool.anchor`): the administrator restored them on purpose.
     pub accept_rollback: bool,
+    /// Make a FLUSH durable with an intent log block and one sync, not a commit
+    /// (`intent`, decision 0010). Off: every flush is a commit.
+    pub intent_log: bool,
 }
 
 impl Default for OpenOptions {
@@ -68,6 +72,7 @@ impl Default for OpenOptions {
             scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
             accept_rollback: false,
+            intent_log: true,
         }
     }
 }
@@ -377,9 +382,10 @@ impl Pool {
         self.core.scrub_status()
     }
 
-    /// Make every write completed so far durable (one atomic commit).
+    /// Make every write completed so far durable through one commit (a client's flush,
+    /// `Volume::flush`, takes the intent log instead when it is on).
     pub fn flush(&self) -> Result<()> {
-        self.core.flush()
+        self.core.commit()
     }
 
     /// Final commit; stops background work. The pool is unusable afterwards.

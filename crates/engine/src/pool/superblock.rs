@@ -21,6 +21,8 @@ pub const VERSION: u32 = 1;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
 /// After the member ids (160 + 16 × 16).
 const TABLE_KEY_AT: usize = 416;
+/// After the table key: intent log version (u32; 0 = none), then its head's two addresses.
+const LOG_AT: usize = 448;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -44,6 +46,9 @@ pub struct Superblock {
     /// crypto-erase or key rotation: once both slots are rewritten, older tables in free
     /// space — and the wrapped keys inside them — cannot be read by anyone.
     pub table_key: [u8; 32],
+    /// The first slot of this generation's intent log chain (two copies), if it has one
+    /// (`pool::intent`); a pool written by a bulwark without the log has none.
+    pub log_head: Option<[u64; 2]>,
 }
 
 impl Superblock {
@@ -74,6 +79,11 @@ impl Superblock {
             b[160 + 16 * i..176 + 16 * i].copy_from_slice(id);
         }
         b[TABLE_KEY_AT..TABLE_KEY_AT + 32].copy_from_slice(&self.table_key);
+        if let Some([a, c]) = self.log_head {
+            b[LOG_AT..LOG_AT + 4].copy_from_slice(&1u32.to_le_bytes());
+            b[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&a.to_le_bytes());
+            b[LOG_AT + 16..LOG_AT + 24].copy_from_slice(&c.to_le_bytes());
+        }
         let sum = checksum(&b[..CHECKSUM_AT]);
         b[CHECKSUM_AT..].copy_from_slice(&sum);
         b
@@ -152,6 +162,27 @@ impl Superblock {
         let member_ids = (0..member_count as usize)
             .map(|i| b[160 + 16 * i..176 + 16 * i].try_into().unwrap())
             .collect();
+        let log_head = match u32_at(LOG_AT) {
+            0 => None,
+            1 => {
+                let head = [u64_at(LOG_AT + 8), u64_at(LOG_AT + 16)];
+                for a in head {
+                    if a >= crate::constants::POOL_ADDRESS_END
+                        || a % crate::constants::RECORD_ALIGN != 0
+                    {
+                        return Err(Error::Corrupt(format!(
+                            "superblock's intent log head {a} is not a record address"
+                        )));
+                    }
+                }
+                Some(head)
+            }
+            v => {
+                return Err(Error::Corrupt(format!(
+                    "superblock has intent log version {v}, unknown to this bulwark"
+                )))
+            }
+        };
         Ok(Some(Superblock {
             layout,
             pool_id: b[16..32].try_into().unwrap(),
@@ -166,6 +197,7 @@ impl Superblock {
             root,
             member_ids,
             table_key: b[TABLE_KEY_AT..TABLE_KEY_AT + 32].try_into().unwrap(),
+            log_head,
         }))
     }
 
@@ -209,6 +241,7 @@ mod tests {
             },
             member_ids: vec![[3; 16], [2; 16]],
             table_key: [7; 32],
+            log_head: None,
         };
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b).unwrap().unwrap(), sb);
@@ -247,6 +280,7 @@ mod tests {
             },
             member_ids: (0..count).map(|i| [i as u8; 16]).collect(),
             table_key: [7; 32],
+            log_head: None,
         };
         let valid = vec![
             base(Layout::Single, 1, 60).encode(),

@@ -273,6 +273,57 @@ impl Redundancy {
         self.placement.read_verified(self, addrs, len, sum, out)
     }
 
+    /// `read_verified`, quietly: whether some copy of the record verifies, with nothing
+    /// counted, logged or repaired. For probing a slot that may never have been written
+    /// (the end of the intent log), where a mismatch is the expected answer, not damage.
+    /// Striped layouts reconstruct through `read_verified` and get their counters back.
+    pub fn read_quiet(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        self.check_record(addrs, len)?;
+        if !matches!(self.layout, Layout::Parity { .. }) {
+            out.resize(len, 0);
+            for &addr in addrs {
+                for (m, off) in self.copies(addr)?.iter() {
+                    let Some(dev) = self.members[m].dev() else {
+                        continue;
+                    };
+                    if dev.read_at(out, off).is_ok() && verify(sum, out) {
+                        return Ok(true);
+                    }
+                }
+            }
+            return Ok(false);
+        }
+        let saved: Vec<(u64, u64)> = self
+            .members
+            .iter()
+            .map(|m| {
+                (
+                    m.read_errors.load(Ordering::Relaxed),
+                    m.cksum_errors.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        let unrecoverable = self.unrecoverable_blocks.load(Ordering::Relaxed);
+        match self.read_verified(addrs, len, sum, out) {
+            Ok(()) => Ok(true),
+            Err(_) => {
+                for (m, (r, c)) in self.members.iter().zip(saved) {
+                    m.read_errors.store(r, Ordering::Relaxed);
+                    m.cksum_errors.store(c, Ordering::Relaxed);
+                }
+                self.unrecoverable_blocks
+                    .store(unrecoverable, Ordering::Relaxed);
+                Ok(false)
+            }
+        }
+    }
+
     /// `read_verified` for layouts that keep whole copies.
     pub(super) fn read_copies(
         &self,

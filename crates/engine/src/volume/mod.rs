@@ -129,6 +129,10 @@ pub struct VolumeState {
     /// The tree's dirty node count as of its last change (`Store::note_dirty`).
     pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
+    /// The map changes clients made since the last durable point, in order (block, new
+    /// pointer): what a flush writes to the intent log (`pool::intent`). Appended under the
+    /// map lock; a commit clears them when it takes the leaves they are in.
+    pub intents: Mutex<Vec<(u64, Blkptr)>>,
     /// Snapshots, oldest first (`snap` module: sharing, locks).
     pub snaps: RwLock<Vec<snap::Snap>>,
     /// Dirty nodes of the snapshot trees (the cleaner's moves), as `dirty_nodes` for the head.
@@ -178,6 +182,7 @@ impl VolumeState {
             used_bytes: AtomicU64::new(0),
             dirty_nodes: Default::default(),
             destroyed: AtomicBool::new(false),
+            intents: Mutex::new(Vec::new()),
             snaps: RwLock::new(Vec::new()),
             snap_dirty_nodes: Default::default(),
             snapshot_wanted: Mutex::new(None),
@@ -711,6 +716,11 @@ impl Volume {
                 let old = tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE)?;
                 drop_old(lba, 0, old, &mut gone);
             }
+            {
+                let mut intents = self.st.intents.lock();
+                intents.extend(recs.iter().map(|r| (r.lba, r.ptr)));
+                intents.extend(holes.iter().map(|&lba| (lba, Blkptr::HOLE)));
+            }
             self.store
                 .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
@@ -742,6 +752,7 @@ impl Volume {
             if !snap::head_keeps(&*self.store, &self.store.cache, &snaps, At::Data(lba), &old) {
                 self.store.release(&old);
             }
+            self.st.intents.lock().push((lba, ptr));
             self.st
                 .used_bytes
                 .fetch_add(ptr.len as u64, Ordering::Relaxed);

@@ -1,0 +1,378 @@
+//! The intent log: a FLUSH (or FUA) made durable with one small write and one device sync,
+//! instead of a commit (decision 0010).
+//!
+//! Every change a client makes to a volume's map (a block written, trimmed or zeroed) is
+//! noted, in order, beside the map (`VolumeState::intents`) once the block's record is
+//! written. A flush takes the notes made since the last durable point, keeps the last one
+//! per block, and appends them to the current generation's *chain*: 4 KiB blocks, each in
+//! two copies (the metadata streams), each naming the slot of the next, pre-allocated.
+//! Then every device is synced once. The map itself is still written by the commit, on its
+//! timer or its dirty-data bound; each commit starts a new chain, named by its superblock,
+//! and the old chain's blocks are released once that superblock is written.
+//!
+//! Replay (import): from the superblock's chain head, each block that verifies (its own
+//! blake3, `checksum::SELF_CHECKED`), belongs to this pool and generation and has the next
+//! sequence number, and each entry whose record still verifies against its pointer, is
+//! applied to the map as the write was; the first that does not ends the replay, with a
+//! message. A block can only be durable with all the records its entries name durable when
+//! the flush that wrote it finished (one sync covers both), and no later block exists
+//! unless it did: so what replay stops at is a flush that never returned, and every
+//! acknowledged flush is replayed whole. Nothing is applied twice: replay changes the
+//! in-memory map only, and the import's commit starts a new chain.
+//!
+//! Space: a record a flush made durable must not be reused before the commit that follows
+//! (replay may point at it): the flush ends the current recycle epoch, as a commit's
+//! snapshot does (`Log::begin_snapshot`), so segments written so far are freed only by a
+//! commit. Chain blocks are released after the commit that replaces their chain.
+//!
+//! Bytes from disk: a block is at most one slot, its entry count is bounded by the slot,
+//! every pointer is decoded and checked against the pool before anything reads it.
+
+use std::sync::Arc;
+
+use crate::checksum::{seal_self_checked, SELF_CHECKED};
+use crate::constants::METADATA_COPIES;
+use crate::log::Stream;
+use crate::map::{Blkptr, ADDR_NONE, BLKPTR_BYTES};
+use crate::volume::VolumeState;
+use crate::{Error, Result};
+
+use super::core::Core;
+
+/// One slot of the chain.
+pub const LOG_BLOCK_BYTES: usize = 4096;
+const MAGIC: &[u8; 8] = b"BWINTENT";
+const HEADER_BYTES: usize = 64;
+const ENTRY_BYTES: usize = 16 + BLKPTR_BYTES;
+/// Entries one block holds: 50.
+pub const ENTRIES_PER_BLOCK: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 32) / ENTRY_BYTES;
+
+/// One change to a volume's map: block `lba` of volume `volume` (its id) now points at
+/// `ptr` (a hole: trimmed or zeroed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub volume: u64,
+    pub lba: u64,
+    pub ptr: Blkptr,
+}
+
+/// A chain block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub pool_id: [u8; 16],
+    pub generation: u64,
+    pub seq: u64,
+    /// The slot of the next block (two copies).
+    pub next: [u64; 2],
+    pub entries: Vec<Entry>,
+}
+
+impl Block {
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.entries.len() <= ENTRIES_PER_BLOCK);
+        let mut b = vec![0u8; LOG_BLOCK_BYTES];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..24].copy_from_slice(&self.pool_id);
+        b[24..32].copy_from_slice(&self.generation.to_le_bytes());
+        b[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        b[40..44].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b[48..56].copy_from_slice(&self.next[0].to_le_bytes());
+        b[56..64].copy_from_slice(&self.next[1].to_le_bytes());
+        for (i, e) in self.entries.iter().enumerate() {
+            let at = HEADER_BYTES + i * ENTRY_BYTES;
+            b[at..at + 8].copy_from_slice(&e.volume.to_le_bytes());
+            b[at + 8..at + 16].copy_from_slice(&e.lba.to_le_bytes());
+            e.ptr.encode(&mut b[at + 16..at + ENTRY_BYTES]);
+        }
+        seal_self_checked(&mut b);
+        b
+    }
+
+    /// A block read back (already verified by its own checksum): `Ok(None)` when it is not
+    /// the block `(pool_id, generation, seq)` (stale bytes: the end of the chain).
+    pub fn decode(
+        b: &[u8],
+        pool_id: &[u8; 16],
+        generation: u64,
+        seq: u64,
+    ) -> Result<Option<Block>> {
+        if b.len() != LOG_BLOCK_BYTES || &b[0..8] != MAGIC {
+            return Ok(None);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        if b[8..24] != pool_id[..] || u64_at(24) != generation || u64_at(32) != seq {
+            return Ok(None);
+        }
+        let count = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
+        if count > ENTRIES_PER_BLOCK {
+            return Err(Error::Corrupt(format!(
+                "intent log block {seq} claims {count} entries, more than a block holds"
+            )));
+        }
+        let next = [u64_at(48), u64_at(56)];
+        let mut entries = Vec::with_capacity(count);
+        for i in 0..count {
+            let at = HEADER_BYTES + i * ENTRY_BYTES;
+            let ptr = Blkptr::decode(&b[at + 16..at + ENTRY_BYTES])
+                .map_err(|e| e.within(format!("intent log block {seq} entry {i}")))?;
+            entries.push(Entry {
+                volume: u64_at(at),
+                lba: u64_at(at + 8),
+                ptr,
+            });
+        }
+        Ok(Some(Block {
+            pool_id: *pool_id,
+            generation,
+            seq,
+            next,
+            entries,
+        }))
+    }
+}
+
+/// The pointer to a chain slot: for `read_verified` (the block checks itself) and for
+/// releasing its space.
+pub fn slot_ptr(slot: [u64; 2]) -> Blkptr {
+    Blkptr {
+        addr: slot,
+        nonce: 0,
+        len: LOG_BLOCK_BYTES as u32,
+        flags: 0,
+        key_gen: 0,
+        checksum: SELF_CHECKED,
+    }
+}
+
+/// The chain being appended to.
+pub(crate) struct Chain {
+    /// The generation whose superblock names this chain's head.
+    pub generation: u64,
+    /// Sequence number of the next block.
+    pub seq: u64,
+    /// Where the next block goes.
+    pub next: [u64; 2],
+    /// Every slot of the chain (the written blocks and the next one), released once a
+    /// commit has replaced the chain.
+    pub slots: Vec<Blkptr>,
+}
+
+/// The notes of `v` since the last durable point, the last per block, in the order made.
+pub(crate) fn take_entries(v: &VolumeState) -> Vec<Entry> {
+    let notes = std::mem::take(&mut *v.intents.lock());
+    if notes.is_empty() {
+        return Vec::new();
+    }
+    let mut last = std::collections::HashMap::with_capacity(notes.len());
+    for (i, (lba, _)) in notes.iter().enumerate() {
+        last.insert(*lba, i);
+    }
+    notes
+        .iter()
+        .enumerate()
+        .filter(|(i, (lba, _))| last[lba] == *i)
+        .map(|(_, (lba, ptr))| Entry {
+            volume: v.id,
+            lba: *lba,
+            ptr: *ptr,
+        })
+        .collect()
+}
+
+impl Core {
+    /// A slot for a chain block: one place per metadata copy.
+    pub(crate) fn alloc_log_slot(&self) -> Result<[u64; 2]> {
+        let fp = self.store.red.footprint(LOG_BLOCK_BYTES);
+        let a = self.store.log.alloc(Stream::Meta, fp)?;
+        if METADATA_COPIES < 2 {
+            return Ok([a, ADDR_NONE]);
+        }
+        match self.store.log.alloc(Stream::Meta2, fp) {
+            Ok(b) => Ok([a, b]),
+            Err(e) => {
+                self.store.release(&slot_ptr([a, ADDR_NONE]));
+                Err(e)
+            }
+        }
+    }
+
+    /// Make every write completed before the call durable through the intent log (the
+    /// caller holds the commit lock). `Ok(false)`: no chain (a commit is needed instead);
+    /// `NoSpace`: no room for a chain block (likewise). Any other error is the devices'.
+    pub(crate) fn log_flush_held(&self, volumes: &[Arc<VolumeState>]) -> Result<bool> {
+        let mut chain = self.intent.lock();
+        let Some(chain) = chain.as_mut() else {
+            return Ok(false);
+        };
+        // First end the recycle epoch: every record an entry taken below names lies in a
+        // segment opened before this, which from now on only a commit frees. (Taken first,
+        // an entry could name a record whose segment a writer recycles before the bump.)
+        self.store.log.begin_snapshot();
+        self.store.log.end_snapshot();
+        let mut entries = Vec::new();
+        for v in volumes {
+            entries.extend(take_entries(v));
+        }
+        if entries.is_empty() {
+            // Every completed write is in the last commit or an earlier flush's blocks.
+            return Ok(true);
+        }
+        let pool_id = self.sb.lock().sb.pool_id;
+        for chunk in entries.chunks(ENTRIES_PER_BLOCK) {
+            // On `NoSpace` here the caller commits: the map holds every entry anyway.
+            let next = self.alloc_log_slot()?;
+            chain.slots.push(slot_ptr(next));
+            let block = Block {
+                pool_id,
+                generation: chain.generation,
+                seq: chain.seq,
+                next,
+                entries: chunk.to_vec(),
+            }
+            .encode();
+            for &a in chain.next.iter().filter(|&&a| a != ADDR_NONE) {
+                self.store.red.write(a, &block)?;
+            }
+            chain.next = next;
+            chain.seq += 1;
+        }
+        crate::crashpoint::hit("intent.written");
+        self.store.red.flush()?;
+        crate::crashpoint::hit("intent.synced");
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u64) -> Entry {
+        Entry {
+            volume: 7,
+            lba: i * 3,
+            ptr: Blkptr {
+                addr: [i * 4096, ADDR_NONE],
+                nonce: i,
+                len: 4112,
+                flags: crate::codec::FLAG_ENCRYPTED,
+                key_gen: 1,
+                checksum: [i as u8; 32],
+            },
+        }
+    }
+
+    #[test]
+    fn blocks_round_trip_and_refuse_other_chains() {
+        let b = Block {
+            pool_id: [9; 16],
+            generation: 12,
+            seq: 3,
+            next: [1 << 20, 2 << 20],
+            entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
+        };
+        let bytes = b.encode();
+        assert!(crate::checksum::verify(&SELF_CHECKED, &bytes));
+        assert_eq!(
+            Block::decode(&bytes, &[9; 16], 12, 3).unwrap(),
+            Some(b.clone())
+        );
+        assert_eq!(Block::decode(&bytes, &[8; 16], 12, 3).unwrap(), None);
+        assert_eq!(Block::decode(&bytes, &[9; 16], 13, 3).unwrap(), None);
+        assert_eq!(Block::decode(&bytes, &[9; 16], 12, 4).unwrap(), None);
+        let mut torn = bytes.clone();
+        torn[100] ^= 1;
+        assert!(!crate::checksum::verify(&SELF_CHECKED, &torn));
+    }
+
+    #[test]
+    fn decode_never_panics() {
+        let b = Block {
+            pool_id: [9; 16],
+            generation: 12,
+            seq: 3,
+            next: [1 << 20, 2 << 20],
+            entries: (1..=5).map(entry).collect(),
+        }
+        .encode();
+        crate::fuzz::never_panics(
+            "intent::Block::decode",
+            &[b],
+            3000,
+            Some(&|b: &mut Vec<u8>| {
+                if b.len() == LOG_BLOCK_BYTES {
+                    seal_self_checked(b)
+                }
+            }),
+            &|b| {
+                let _ = Block::decode(b, &[9; 16], 12, 3);
+            },
+        );
+    }
+
+    /// A chain block that does not verify ends the replay there: the flush before it is
+    /// replayed, the one in it and any after are not, and the pool imports.
+    #[test]
+    fn a_damaged_block_ends_the_replay_there() {
+        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        Pool::create(
+            dir.path(),
+            Layout::Single,
+            DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            ..OpenOptions::default()
+        };
+        let pool = Pool::open(dir.path(), opts.clone()).unwrap();
+        let vopts = crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", vopts, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        let block = |b: u8| vec![b; 4096];
+        for lba in 0..10u64 {
+            v.write(lba * 4096, &block(0xA1), false).unwrap();
+        }
+        v.flush().unwrap();
+        for lba in 10..20u64 {
+            v.write(lba * 4096, &block(0xB2), false).unwrap();
+        }
+        v.flush().unwrap();
+        let slots = pool.core.intent.lock().as_ref().unwrap().slots.clone();
+        assert_eq!(
+            slots.len(),
+            3,
+            "head, the second block, the next slot: {slots:?}"
+        );
+        // The second flush's block, both copies, damaged.
+        for &a in slots[1].addrs() {
+            pool.core
+                .store
+                .red
+                .write(a, &vec![0x5a; LOG_BLOCK_BYTES])
+                .unwrap();
+        }
+        drop(v);
+        drop(pool); // a crash: no close, no commit
+        let pool = Pool::open(dir.path(), opts).unwrap();
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..20u64 {
+            v.read(lba * 4096, &mut buf).unwrap();
+            let want = if lba < 10 { 0xA1 } else { 0 };
+            assert!(buf.iter().all(|&b| b == want), "block {lba}");
+        }
+        let st = pool.status();
+        assert_eq!(st.state, "ONLINE");
+        pool.close().unwrap();
+    }
+}
