@@ -248,34 +248,14 @@ impl Core {
             };
             t.holds(&*self.store, &self.store.cache, At::Data(lba), &old)
         };
-        {
-            let _gate = self.store.reuse_gate.read();
-            let held = {
-                let head = v.tree.lock();
-                let snaps = v.snaps.read();
-                holds_at(&head, &snaps, k)?
-            };
-            if !held {
-                return Ok(false);
-            }
-            match self
-                .store
-                .red
-                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
-            {
-                Ok(()) => {}
-                Err(Error::Unrecoverable(e)) => {
-                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let mut pending = self.store.log.pending();
-        let mut rec = [Put { at: 0, ptr: old }];
-        self.store
-            .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
-        let new = rec[0].ptr;
+        let held = || {
+            let head = v.tree.lock();
+            let snaps = v.snaps.read();
+            holds_at(&head, &snaps, k)
+        };
+        let Some((new, _pending)) = self.copy_if(v, lba, &old, stored, held)? else {
+            return Ok(false);
+        };
         match self.install_moved(v, k, lba, &old, &new)? {
             0 => {
                 self.store.release(&new);
@@ -357,6 +337,47 @@ impl Core {
         self.store.note_dirty(&v.snap_dirty_nodes, dirty);
         self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
         Ok(changed + holders.len())
+    }
+
+    /// Copy the record `old` (block `lba` of `v`) to the cleaner's head if `held` still
+    /// says a tree points at it: read verified (by checksum: no key needed) and written
+    /// again as it is (same stored bytes, nonce and checksum; only its address changes).
+    /// Returns the new copy and its hold on the next commit's room, which the caller keeps
+    /// until its leaves are counted dirty; `None` when no tree holds it any more or no
+    /// copy verifies (it stays where it is).
+    fn copy_if(
+        &self,
+        v: &VolumeState,
+        lba: u64,
+        old: &Blkptr,
+        stored: &mut Vec<u8>,
+        held: impl FnOnce() -> Result<bool>,
+    ) -> Result<Option<(Blkptr, crate::log::Pending<'_>)>> {
+        {
+            // Like a client read: a block replaced since the walk may lie in a segment a
+            // writer has recycled (`Store::recycle_if_due`) and rewritten.
+            let _gate = self.store.reuse_gate.read();
+            if !held()? {
+                return Ok(None);
+            }
+            match self
+                .store
+                .red
+                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
+            {
+                Ok(()) => {}
+                Err(Error::Unrecoverable(e)) => {
+                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut pending = self.store.log.pending();
+        let mut rec = [Put { at: 0, ptr: *old }];
+        self.store
+            .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
+        Ok(Some((rec[0].ptr, pending)))
     }
 
     fn find_moves(
@@ -459,33 +480,10 @@ impl Core {
         old: Blkptr,
         stored: &mut Vec<u8>,
     ) -> Result<bool> {
-        {
-            // Like a client read: a block replaced since the walk may lie in a segment a
-            // writer has recycled (`Store::recycle_if_due`) and rewritten.
-            let _gate = self.store.reuse_gate.read();
-            if v.tree.lock().lookup(&*self.store, &self.store.cache, lba)? != old {
-                return Ok(false);
-            }
-            match self
-                .store
-                .red
-                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
-            {
-                Ok(()) => {}
-                Err(Error::Unrecoverable(e)) => {
-                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        // The record counts toward the commit's room until its leaf is counted dirty. It
-        // moves as it is (same stored bytes, same nonce and checksum): only its address changes.
-        let mut pending = self.store.log.pending();
-        let mut rec = [Put { at: 0, ptr: old }];
-        self.store
-            .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
-        let new = rec[0].ptr;
+        let held = || Ok(v.tree.lock().lookup(&*self.store, &self.store.cache, lba)? == old);
+        let Some((new, _pending)) = self.copy_if(v, lba, &old, stored, held)? else {
+            return Ok(false);
+        };
         let mut tree = v.tree.lock();
         if tree.lookup(&*self.store, &self.store.cache, lba)? == old {
             tree.set(&*self.store, &self.store.cache, lba, new)?;
