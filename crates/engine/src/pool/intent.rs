@@ -4,8 +4,9 @@
 //! Every change a client makes to a volume's map (a block written, trimmed or zeroed) is
 //! noted, in order, beside the map (`VolumeState::intents`) once the block's record is
 //! written. A flush takes the notes made since the last durable point, keeps the last one
-//! per block, and appends them to the current generation's *chain*: 4 KiB blocks, each in
-//! two copies (the metadata streams), each naming the slot of the next, pre-allocated.
+//! per block, and appends them to the current generation's *chain*: 4 KiB blocks (two
+//! copies on a `single` pool, one where the layout is redundant), each naming the slot
+//! of the next, pre-allocated.
 //! Then every device is synced once. The map itself is still written by the commit, on its
 //! timer or its dirty-data bound; each commit starts a new chain, named by its superblock,
 //! and the old chain's blocks are released once that superblock is written.
@@ -180,11 +181,15 @@ pub(crate) fn take_entries(v: &VolumeState) -> Vec<Entry> {
 }
 
 impl Core {
-    /// A slot for a chain block: one place per metadata copy.
+    /// A slot for a chain block: two places on a `single` pool (as for metadata), one
+    /// where the layout keeps copies or parity of every record already (a block is needed
+    /// only until the next commit, seconds away; a second copy there would double what
+    /// every flush writes to every device).
     pub(crate) fn alloc_log_slot(&self) -> Result<[u64; 2]> {
         let fp = self.store.red.footprint(LOG_BLOCK_BYTES);
         let a = self.store.log.alloc(Stream::Meta, fp)?;
-        if METADATA_COPIES < 2 {
+        let redundant = !matches!(self.store.red.layout, crate::redundancy::Layout::Single);
+        if METADATA_COPIES < 2 || redundant {
             return Ok([a, ADDR_NONE]);
         }
         match self.store.log.alloc(Stream::Meta2, fp) {
