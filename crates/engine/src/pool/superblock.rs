@@ -166,7 +166,11 @@ impl Superblock {
             0 => None,
             1 => {
                 let head = [u64_at(LOG_AT + 8), u64_at(LOG_AT + 16)];
-                for a in head {
+                // The second copy may be absent (a redundant layout keeps one).
+                for (i, a) in head.into_iter().enumerate() {
+                    if i == 1 && a == crate::map::ADDR_NONE {
+                        continue;
+                    }
                     if a >= crate::constants::POOL_ADDRESS_END
                         || a % crate::constants::RECORD_ALIGN != 0
                     {
@@ -311,5 +315,47 @@ mod tests {
                 Err(e) => panic!("not a Corrupt error: {e}"),
             }
         });
+    }
+
+    /// The intent log head round-trips with one copy or two; an address off the record
+    /// grid is refused.
+    #[test]
+    fn log_head_round_trips() {
+        let base = Superblock {
+            layout: Layout::Mirror(2),
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: 0,
+            member_count: 2,
+            generation: 9,
+            device_bytes: 1 << 30,
+            segments_per_device: 1000,
+            nonce_reserved: 1 << 24,
+            high_water: 10,
+            root: Blkptr::HOLE,
+            member_ids: vec![[2; 16], [3; 16]],
+            table_key: [4; 32],
+            log_head: None,
+        };
+        let rec = crate::constants::RECORD_ALIGN;
+        for head in [
+            None,
+            Some([rec * 8, crate::map::ADDR_NONE]),
+            Some([rec * 8, rec * 99]),
+        ] {
+            let sb = Superblock {
+                log_head: head,
+                ..base.clone()
+            };
+            assert_eq!(Superblock::decode(&sb.encode()).unwrap(), Some(sb));
+        }
+        let bad = Superblock {
+            log_head: Some([rec * 8 + 1, crate::map::ADDR_NONE]),
+            ..base
+        };
+        assert!(matches!(
+            Superblock::decode(&bad.encode()),
+            Err(Error::Corrupt(_))
+        ));
     }
 }
