@@ -21,8 +21,9 @@ pub const VERSION: u32 = 1;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
 /// After the member ids (160 + 16 × 16).
 const TABLE_KEY_AT: usize = 416;
-/// After the table key: intent log version (u32; 0 = none), then its head's two addresses.
-const LOG_AT: usize = 448;
+/// Intent log version (u32; 0 = none), then its head's two addresses (after the pool
+/// name, 448..513).
+const LOG_AT: usize = 520;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
