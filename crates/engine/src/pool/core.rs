@@ -355,6 +355,14 @@ impl Core {
         let written = self.store.log.written();
         PoolStatus {
             pool_id: crate::hex::to_hex(&sb.sb.pool_id),
+            name: if sb.sb.name.is_empty() {
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                sb.sb.name.clone()
+            },
             dir: self.dir.clone(),
             state: if self.store.is_poisoned() {
                 "FAULTED".into()

@@ -9,11 +9,12 @@ pub mod anchor;
 mod clean;
 mod commit;
 mod core;
-mod create;
+pub mod create;
 #[cfg(test)]
 mod hostile;
 mod import;
 pub mod keys;
+pub mod lifecycle;
 pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
@@ -58,6 +59,11 @@ pub struct OpenOptions {
     /// Take the devices even when they are older than the generation this host last
     /// committed (`DIR/pool.anchor`): the administrator restored them on purpose.
     pub accept_rollback: bool,
+    /// Take a pool that `bulwark pool export` marked exported (`bulwark pool import`); a
+    /// plain `serve` refuses it, so an exported pool is not taken back by accident.
+    pub take_exported: bool,
+    /// Give the pool this name at import (its labels; `bulwark pool import --name`).
+    pub rename: Option<String>,
 }
 
 impl Default for OpenOptions {
@@ -68,6 +74,8 @@ impl Default for OpenOptions {
             scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
             accept_rollback: false,
+            take_exported: false,
+            rename: None,
         }
     }
 }
@@ -120,6 +128,9 @@ pub use core::KeptSnapshot;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub pool_id: String,
+    /// The pool's name (`pool create --name`; the directory's name for older pools).
+    #[serde(default)]
+    pub name: String,
     pub dir: PathBuf,
     /// ONLINE, DEGRADED or FAULTED.
     pub state: String,
@@ -149,9 +160,16 @@ impl Pool {
         create::PoolConfig::read(dir).map(|_| ())
     }
 
-    /// Create a new pool in `dir` (created if missing; must not already hold a pool).
+    /// Create a new pool in `dir` (created if missing; must not already hold a pool), named
+    /// after the directory (`create::default_pool_name`).
     pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
-        create::create(dir, layout, devices)
+        let name = create::default_pool_name(dir).unwrap_or_else(|_| "pool".to_string());
+        create::create(dir, layout, devices, &name)
+    }
+
+    /// `create` with the pool's name given (`pool create --name`).
+    pub fn create_named(dir: &Path, layout: Layout, devices: DeviceSpec, name: &str) -> Result<()> {
+        create::create(dir, layout, devices, name)
     }
 
     /// Import the pool in `dir`, taking its exclusive lock for the life of the `Pool`.
