@@ -1,8 +1,8 @@
 //! The CLI side of every command: build a request, send it over the control
 //! socket, print the answer.
 //!
-//! The one exception is `pool create`, which runs the engine directly: there
-//! is no daemon before there is a pool. The CLI never opens a secret file: it
+//! The `pool` commands (`pools`) are the exception: they run the engine
+//! directly, since there is no daemon before there is a pool (nor after export). The CLI never opens a secret file: it
 //! checks the path exists, makes it absolute and sends the path.
 
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -11,12 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bulwark_engine::size::format_size;
-use bulwark_engine::{DeviceSpec, Layout, Pool, VolumeStatus};
+use bulwark_engine::VolumeStatus;
 use serde::de::DeserializeOwned;
 
 use crate::cli::{
-    KeyLoadArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs,
-    VolumeSettingsArgs,
+    KeyLoadArgs, NameArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs, VolumeSettingsArgs,
 };
 use crate::control::{self, Request, Response, SecretRef, StatusReport};
 use crate::display;
@@ -116,34 +115,6 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     let mut text = serde_json::to_string_pretty(value).expect("results always serialize");
     text.push('\n');
     print(&text)
-}
-
-pub fn pool_create(args: &PoolCreateArgs) -> Result<()> {
-    let copies = match args.layout {
-        Layout::Single => 1,
-        Layout::Mirror(n) => n as usize,
-        Layout::Parity { k, m } => k as usize + m as usize,
-    };
-    let (spec, what) = match args.device_size {
-        Some(size_bytes) => {
-            let count = args.devices.unwrap_or(copies);
-            if count == 0 {
-                return Err(Error::usage("--devices must be at least 1"));
-            }
-            let what = format!("{count} device file(s) of {}", format_size(size_bytes));
-            (DeviceSpec::Files { count, size_bytes }, what)
-        }
-        None => {
-            let what = format!("{} device(s)", args.device.len());
-            (DeviceSpec::Paths(args.device.clone()), what)
-        }
-    };
-    Pool::create(&args.dir, args.layout, spec)?;
-    print(&format!(
-        "created pool {}: layout {}, {what}\n",
-        args.dir.display(),
-        args.layout
-    ))
 }
 
 /// The absolute, resolved path of a secret file, checked to exist but not read.

@@ -8,7 +8,8 @@
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
-//! `snapshot` → `image` → `daemon`. A module uses only modules before it (`tests/layers.rs`).
+//! `snapshot` → `image` → `pools` → `daemon`. A module uses only modules before it
+//! (`tests/layers.rs`).
 
 mod access;
 mod bench;
@@ -25,6 +26,7 @@ mod image;
 mod keys;
 mod maintenance;
 mod notify;
+mod pools;
 mod snapshot;
 
 use std::io::IsTerminal;
@@ -53,7 +55,12 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let pool = cli.pool.as_deref();
     match &cli.command {
-        Command::Pool(PoolCommand::Create(args)) => client::pool_create(args),
+        Command::Pool(PoolCommand::Create(args)) => pools::create(args),
+        Command::Pool(PoolCommand::List(args)) => pools::list(args),
+        Command::Pool(PoolCommand::Status(args)) => pools::status(args, pool),
+        Command::Pool(PoolCommand::Export(args)) => pools::export(args),
+        Command::Pool(PoolCommand::Import(args)) => pools::import(args),
+        Command::Pool(PoolCommand::Destroy(args)) => pools::destroy(args),
         Command::Serve(args) => {
             let dir = match &args.dir {
                 Some(dir) => dir.as_path(),

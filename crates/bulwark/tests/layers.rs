@@ -133,6 +133,14 @@ const BULWARK: Table = Table {
             "image",
             &["cli", "client", "control", "display", "error", "snapshot"],
         ),
+        // Pool life cycle without a daemon (create, list, status, export, import, destroy)
+        // and the host's registry of pools.
+        (
+            "pools",
+            &[
+                "access", "cli", "client", "control", "display", "error", "image",
+            ],
+        ),
         // The daemon: serves the pool, dispatches control requests to the handlers above.
         (
             "daemon",

@@ -618,6 +618,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             f.tree,
         );
         *st.rotation.lock() = rec.rotation.clone();
+        *st.description.lock() = rec.description.clone();
+        st.readonly.store(rec.readonly, Ordering::Release);
+        st.thick.store(rec.thick, Ordering::Release);
+        st.created.store(rec.created, Ordering::Relaxed);
         *st.origin.lock() = rec.origin.clone();
         st.deferred.store(rec.deferred, Ordering::Release);
         st.used_bytes.store(f.used, Ordering::Relaxed);

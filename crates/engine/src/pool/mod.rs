@@ -15,6 +15,7 @@ mod hostile;
 mod import;
 pub mod keys;
 pub mod lifecycle;
+pub mod props;
 pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
@@ -101,6 +102,10 @@ pub struct SpaceStatus {
     /// Kept back from client writes for commits (map nodes) and the cleaner.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// What thick volumes reserved and have not stored yet: kept from thin volumes' data
+    /// (not counted in `free_bytes`).
+    #[serde(default)]
+    pub thick_reserved_bytes: u64,
     /// What live data may fill: total less the segments always kept for commits and the
     /// cleaner. Overwrites never fail for space while used stays within it.
     #[serde(default)]
@@ -213,7 +218,35 @@ impl Pool {
         opts: VolumeOptions,
         secret: Option<&Secret>,
     ) -> Result<()> {
-        self.core.create_volume(name, opts, secret)
+        self.core.create_volume(name, opts, secret, false)
+    }
+
+    /// `create_volume`, with `thick` to reserve the volume's whole size in the pool
+    /// (refused when the pool cannot hold it).
+    pub fn create_volume_provisioned(
+        &self,
+        name: &str,
+        opts: VolumeOptions,
+        secret: Option<&Secret>,
+        thick: bool,
+    ) -> Result<()> {
+        self.core.create_volume(name, opts, secret, thick)
+    }
+
+    /// Grow volume `name` to `size` bytes, or with `shrink` make it smaller (only over
+    /// holes, with no handle open). See `Core::volume_resize`.
+    pub fn volume_resize(&self, name: &str, size: u64, shrink: bool) -> Result<props::Resized> {
+        self.core.volume_resize(name, size, shrink)
+    }
+
+    /// Everything `volume get` shows of volume `name`.
+    pub fn volume_props(&self, name: &str) -> Result<props::VolumeProps> {
+        self.core.volume_props(name)
+    }
+
+    /// Set one property of volume `name` (`props::SETTABLE`), durably.
+    pub fn volume_set(&self, name: &str, property: &str, value: &str) -> Result<()> {
+        self.core.volume_set(name, property, value)
     }
 
     /// Destroy a volume and free its space.
