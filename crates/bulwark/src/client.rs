@@ -151,9 +151,25 @@ pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
 }
 
 pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
-    let request = volume_create_request(&args.name, args.size, &args.settings)?;
-    let created: VolumeStatus = Client::connect(dir)?.call_typed(&request)?;
-    print(&display::volume_created(&created))
+    let mut request = volume_create_request(&args.name, args.size, &args.settings)?;
+    if let Request::VolumeCreate { thick, .. } = &mut request {
+        *thick = args.thick;
+    }
+    let mut client = Client::connect(dir)?;
+    let created: VolumeStatus = client.call_typed(&request)?;
+    print(&display::volume_created(&created))?;
+    // A thin volume may promise more than the pool holds: say so, as a warning.
+    if args.thick {
+        return Ok(());
+    }
+    if let Ok(report) = client.call_typed::<StatusReport>(&Request::Status) {
+        if let Some(line) = display::overcommit_line(&report.pool.space) {
+            eprintln!(
+                "warning: {line}: writes to thin volumes fail (ENOSPC) once the pool is full"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The `volume_create` request for a volume of `size_bytes` with these settings
@@ -176,6 +192,7 @@ pub fn volume_create_request(
         compression: settings.compression.as_str().to_string(),
         encryption: secret.is_some(),
         secret,
+        thick: false,
     })
 }
 

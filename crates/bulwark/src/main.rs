@@ -8,7 +8,7 @@
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
-//! `snapshot` → `image` → `pools` → `daemon`. A module uses only modules before it
+//! `snapshot`, `volume` → `image` → `pools` → `daemon`. A module uses only modules before it
 //! (`tests/layers.rs`).
 
 mod access;
@@ -28,6 +28,7 @@ mod maintenance;
 mod notify;
 mod pools;
 mod snapshot;
+mod volume;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -42,7 +43,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    init_logging();
+    // The daemon logs what it does; a command that runs the engine itself (the pool
+    // commands) says what it did on stdout, and logs only warnings.
+    init_logging(if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -77,6 +84,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Volume(VolumeCommand::Clone(args)) => {
             snapshot::clone(client::pool_dir(pool)?, args)
         }
+        Command::Volume(VolumeCommand::Resize(args)) => {
+            volume::resize(client::pool_dir(pool)?, args)
+        }
+        Command::Volume(VolumeCommand::Get(args)) => volume::get(client::pool_dir(pool)?, args),
+        Command::Volume(VolumeCommand::Set(args)) => volume::set(client::pool_dir(pool)?, args),
         Command::Volume(VolumeCommand::Rollback(args)) => {
             snapshot::rollback(client::pool_dir(pool)?, args)
         }
@@ -147,14 +159,14 @@ fn one_line(rendered: &str) -> String {
     parts.join("; ")
 }
 
-/// Logs go to stderr; the filter comes from `BULWARK_LOG`, else `RUST_LOG`, else `info`.
-fn init_logging() {
+/// Logs go to stderr; the filter comes from `BULWARK_LOG`, else `RUST_LOG`, else `default`.
+fn init_logging(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = ["BULWARK_LOG", "RUST_LOG"]
         .iter()
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
         .and_then(|spec| EnvFilter::try_new(spec).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

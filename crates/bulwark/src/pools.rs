@@ -281,10 +281,7 @@ fn refuse_if_served(dir: &Path, name: &str, what: &str) -> Result<()> {
 }
 
 fn config_name(dir: &Path, conf: &PoolConfig) -> String {
-    conf.name
-        .clone()
-        .or_else(|| default_pool_name(dir).ok())
-        .unwrap_or_else(|| conf.pool_id.clone())
+    conf.name.clone().unwrap_or_else(|| default_pool_name(dir))
 }
 
 // ---- commands --------------------------------------------------------------------
@@ -297,7 +294,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     };
     let name = match &args.name {
         Some(n) => n.clone(),
-        None => default_pool_name(&args.dir)?,
+        None => default_pool_name(&args.dir),
     };
     bulwark_engine::pool::create::validate_pool_name(&name)?;
     let dir = absolute(&args.dir);
@@ -620,7 +617,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
     let name = match (&args.name, found.name.is_empty()) {
         (Some(n), _) => n.clone(),
         (None, false) => found.name.clone(),
-        (None, true) => default_pool_name(&dir)?,
+        (None, true) => default_pool_name(&dir),
     };
     check_name_free(&name, &dir, Some(&found.pool_id))?;
     let report = lifecycle::import_into(

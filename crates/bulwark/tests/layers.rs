@@ -128,6 +128,8 @@ const BULWARK: Table = Table {
             "snapshot",
             &["cli", "client", "control", "display", "error"],
         ),
+        // Volume resize and properties (get, set): both sides.
+        ("volume", &["cli", "client", "control", "display", "error"]),
         // Disk images in and out of volumes (qemu-img, nbdcopy): the CLI side only.
         (
             "image",
@@ -154,6 +156,7 @@ const BULWARK: Table = Table {
                 "keys",
                 "maintenance",
                 "notify",
+                "volume",
             ],
         ),
     ],

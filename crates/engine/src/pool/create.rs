@@ -196,8 +196,10 @@ pub fn validate_pool_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The name a pool in `dir` gets when none is given: the directory's last component.
-pub fn default_pool_name(dir: &Path) -> Result<String> {
+/// The name a pool in `dir` gets when none is given: the directory's last component,
+/// made a valid name (leading '.' and '-' dropped, other characters than letters, digits,
+/// '.', '_' and '-' replaced by '_', at most 64 bytes); "pool" when nothing is left.
+pub fn default_pool_name(dir: &Path) -> String {
     let abs = if dir.is_absolute() {
         dir.to_path_buf()
     } else {
@@ -213,13 +215,22 @@ pub fn default_pool_name(dir: &Path) -> Result<String> {
             _ => None,
         })
         .unwrap_or_default();
-    validate_pool_name(&last).map_err(|_| {
-        Error::Invalid(format!(
-            "the directory name '{last}' cannot name a pool (use 1-64 letters, digits, '.', '_' \
-             or '-', not starting with '-' or '.'): give one with --name NAME"
-        ))
-    })?;
-    Ok(last)
+    let mut name: String = last
+        .trim_start_matches(['.', '-'])
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.truncate(super::superblock::NAME_BYTES_MAX);
+    if validate_pool_name(&name).is_err() {
+        name = "pool".into();
+    }
+    name
 }
 
 pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {

@@ -434,7 +434,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
     let name = match (&opts.rename, found.name.is_empty()) {
         (Some(n), _) => n.clone(),
         (None, false) => found.name.clone(),
-        (None, true) => super::create::default_pool_name(dir)?,
+        (None, true) => super::create::default_pool_name(dir),
     };
     // Members taken offline stay offline: the old pool.json (this directory's, or the
     // one the pool came from) says which.
@@ -738,9 +738,9 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::Compression;
     use crate::pool::DeviceSpec;
     use crate::volume::VolumeOptions;
-    use crate::Compression;
 
     fn plain(size: u64) -> VolumeOptions {
         VolumeOptions {

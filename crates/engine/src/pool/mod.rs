@@ -168,8 +168,7 @@ impl Pool {
     /// Create a new pool in `dir` (created if missing; must not already hold a pool), named
     /// after the directory (`create::default_pool_name`).
     pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
-        let name = create::default_pool_name(dir).unwrap_or_else(|_| "pool".to_string());
-        create::create(dir, layout, devices, &name)
+        create::create(dir, layout, devices, &create::default_pool_name(dir))
     }
 
     /// `create` with the pool's name given (`pool create --name`).

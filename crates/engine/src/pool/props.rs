@@ -18,10 +18,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::core::Core;
+use crate::codec::Compression;
 use crate::map::{depth_for, Visit};
 use crate::size::format_size;
 use crate::volume::VolumeOptions;
-use crate::{Compression, Error, Result};
+use crate::{Error, Result};
 
 /// Longest description, in characters.
 pub const DESCRIPTION_CHARS_MAX: usize = 256;
