@@ -677,10 +677,8 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         } else {
             dir.join(&p)
         };
-        if full.parent() == Some(dir) || p.is_relative() {
-            if fs::remove_file(&full).is_ok() {
-                removed.push(full);
-            }
+        if (full.parent() == Some(dir) || p.is_relative()) && fs::remove_file(&full).is_ok() {
+            removed.push(full);
         }
     }
     for f in [CONFIG_FILE, anchor::FILE_NAME, ".pool.json.tmp"] {
@@ -779,12 +777,12 @@ mod tests {
             drop(v);
             pool.close().unwrap();
         }
-        let before = scan(&[a.clone()]).unwrap();
+        let before = scan(std::slice::from_ref(&a)).unwrap();
         assert_eq!(before.len(), 1);
         assert!(!before[0].exported && before[0].name == "tank");
         // Not exported: refused without force.
         let b = t.path().join("b");
-        let e = import_into(&b, &[a.clone()], &ImportOptions::default()).unwrap_err();
+        let e = import_into(&b, std::slice::from_ref(&a), &ImportOptions::default()).unwrap_err();
         assert!(e.to_string().contains("was not exported"), "{e}");
         assert!(!b.exists(), "a refused import leaves nothing");
 
@@ -792,14 +790,14 @@ mod tests {
         assert_eq!(r.name, "tank");
         let e = Pool::open(&a, OpenOptions::default()).err().unwrap();
         assert!(e.to_string().contains("was exported"), "{e}");
-        let found = scan(&[a.clone()]).unwrap();
+        let found = scan(std::slice::from_ref(&a)).unwrap();
         assert!(found[0].exported);
         assert_eq!(found[0].members.len(), 2);
 
-        let report = import_into(&b, &[a.clone()], &ImportOptions::default()).unwrap();
+        let report = import_into(&b, std::slice::from_ref(&a), &ImportOptions::default()).unwrap();
         assert_eq!(report.name, "tank");
         assert_eq!(report.volumes.len(), 1);
-        assert!(!scan(&[a.clone()]).unwrap()[0].exported);
+        assert!(!scan(std::slice::from_ref(&a)).unwrap()[0].exported);
         let pool = Pool::open(&b, OpenOptions::default()).unwrap();
         let mut buf = vec![0u8; 8192];
         pool.volume("v").unwrap().read(4096, &mut buf).unwrap();
@@ -809,7 +807,7 @@ mod tests {
         let c = t.path().join("c");
         let e = import_into(
             &c,
-            &[a.clone()],
+            std::slice::from_ref(&a),
             &ImportOptions {
                 force: true,
                 ..Default::default()
@@ -819,7 +817,7 @@ mod tests {
         assert!(e.to_string().contains("in use"), "{e}");
         pool.close().unwrap();
         drop(pool);
-        let e = import_into(&c, &[a.clone()], &ImportOptions::default()).unwrap_err();
+        let e = import_into(&c, std::slice::from_ref(&a), &ImportOptions::default()).unwrap_err();
         assert!(e.to_string().contains("was not exported"), "{e}");
 
         // Destroy wipes the labels: nothing imports any more; files made by create go.
@@ -829,7 +827,7 @@ mod tests {
         assert!(!b.join(CONFIG_FILE).exists());
         let e = import_into(
             &c,
-            &[a.clone()],
+            std::slice::from_ref(&a),
             &ImportOptions {
                 force: true,
                 ..Default::default()
@@ -851,7 +849,7 @@ mod tests {
         assert!(e.to_string().contains("already exported"), "{e}");
         let r = import_into(
             &a,
-            &[a.clone()],
+            std::slice::from_ref(&a),
             &ImportOptions {
                 rename: Some("tank2".into()),
                 ..Default::default()
@@ -867,7 +865,7 @@ mod tests {
         // Already imported here: refused.
         let e = import_into(
             &a,
-            &[a.clone()],
+            std::slice::from_ref(&a),
             &ImportOptions {
                 force: true,
                 ..Default::default()
@@ -877,6 +875,6 @@ mod tests {
         assert!(e.to_string().contains("already imported"), "{e}");
         let d = destroy(&a, false).unwrap();
         assert_eq!(d.removed, vec![a.join("dev0.img")]);
-        assert!(scan(&[a.clone()]).unwrap().is_empty());
+        assert!(scan(std::slice::from_ref(&a)).unwrap().is_empty());
     }
 }
