@@ -539,12 +539,18 @@ impl Daemon {
                 to_value(&serde_json::json!({ "kept": kept }))
             }
             Request::VolumeResize {
-                ref name, shrink, ..
+                ref name,
+                size_bytes,
+                shrink,
             } => {
                 // A shrink is refused while clients are attached (they were told the old
                 // size); a grow is online.
                 let name = name.clone();
-                if shrink {
+                let smaller = pool
+                    .volumes()
+                    .iter()
+                    .any(|v| v.name == name && size_bytes < v.size_bytes);
+                if shrink && smaller {
                     self.refuse_if_attached(&name).await?;
                 }
                 let mut answer = blocking(move || volume::handle(&pool, request)).await?;

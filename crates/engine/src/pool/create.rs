@@ -56,7 +56,11 @@ impl PoolConfig {
                 // would destroy it.
                 Some(found) => Error::NotFound(format!(
                     "{} has no {CONFIG_FILE}, but {found}: its {CONFIG_FILE} was lost or \
-                     removed; restore it (from a backup) rather than creating a pool on those devices",
+                     removed; restore it (from a backup), or rebuild it from the labels with \
+                     'bulwark pool import --dir {} {} --force', rather than creating a pool on \
+                     those devices",
+                    dir.display(),
+                    dir.display(),
                     dir.display()
                 )),
                 None => Error::NotFound(format!(
