@@ -331,8 +331,8 @@ const POOL_IMPORT_AFTER_HELP: &str = "\
 DEVICES are files, block devices, or directories whose device files are read (the old \
 pool directory, for file-backed pools). Without DEVICES the devices are those of \
 --from-dir's pool.json, else of --dir's (an exported pool taken back in place). \
-Without --dir, the pools found are shown and nothing is imported. \
-\n\nImport refuses a pool whose devices a running daemon holds, a pool some members \
+Without --dir, the pools found are shown and nothing is imported.\n\n\
+Import refuses a pool whose devices a running daemon holds, a pool some members \
 of which are missing beyond what its layout survives, and a pool that was not \
 exported (it may be in use on another host) unless --force. It writes DIR/pool.json \
 naming the devices found and trusts them at the generation shown (a new \
