@@ -113,7 +113,7 @@ fn device_files_in(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The devices `paths` name: files and block devices as given, directories by the device
-/// files in them; each once (by file identity), as an absolute path.
+/// files in them; each once (by file identity), as an absolute path (symlinks kept).
 fn candidates(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     use std::os::unix::fs::MetadataExt;
     let mut out: Vec<PathBuf> = Vec::new();
@@ -137,8 +137,10 @@ fn candidates(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             } else {
                 (u64::MAX, m.rdev())
             };
+            // Absolute, but not canonical: /dev/disk/by-id/... stays what it is (the
+            // /dev/sdX it points to today may be another disk after a reboot).
             if seen.insert(id) {
-                out.push(fs::canonicalize(&f).unwrap_or(f));
+                out.push(std::path::absolute(&f).unwrap_or(f));
             }
         }
     }
