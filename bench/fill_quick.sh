@@ -12,7 +12,7 @@ W=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"
 BS=${BS:-64k}; RT=${RT:-30}
 fio_json() { fio "$@" --output-format=json 2>/dev/null | sed -n '/^{/,$ p'; }
 head -c 32 /dev/urandom >"$W/key"; chmod 600 "$W/key"
-"$B" pool create "$W/p" --layout single --devices 1 --device-size "${DEV:-2300M}" >/dev/null
+BULWARK_REGISTRY="$W/registry.json" "$B" pool create "$W/p" --layout single --devices 1 --device-size "${DEV:-2300M}" >/dev/null
 "$B" serve "$W/p" >"$W/serve.log" 2>&1 &
 export BULWARK_POOL=$W/p
 for _ in $(seq 100); do "$B" status >/dev/null 2>&1 && break; sleep 0.1; done

@@ -330,7 +330,8 @@ start_bulwark() { # DIR LAYOUT COMPRESSION
         device_bytes=${FILL_DEVICE_BYTES[copy]:-$(fill_device_estimate)}
         FILL_DEVICE_BYTES[copy]=$device_bytes
     fi
-    "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
+    # A registry of pools of its own (not the host's): every run's pool is named "pool".
+    BULWARK_REGISTRY="$d/registry.json" "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
         --device-size "$device_bytes" >/dev/null
     head -c 32 /dev/urandom >"$d/volume.key"
     chmod 600 "$d/volume.key"

@@ -48,6 +48,8 @@ teardown
 rm -rf "$DEMO"
 mkdir -p "$DEMO/keys" "$MNT" "$FS"
 
+# The demo's pool is registered in a registry of its own ('bulwark pool list'), not the host's.
+export BULWARK_REGISTRY=$DEMO/registry.json
 say "bulwark pool create $POOL --layout mirror:2 --devices 2 --device-size 1G"
 "$BIN" pool create "$POOL" --layout mirror:2 --devices 2 --device-size 1G
 ls -ls "$POOL"

@@ -204,11 +204,15 @@ class Pool:
     """One pool directory and, while started, the `bulwark serve` daemon on it."""
 
     def __init__(self, tmp_path: Path, layout: str = "single", devices: int = 1,
-                 device_size: str = "512M", serve_args=(), open_files: int | None = None):
+                 device_size: str = "512M", serve_args=(), open_files: int | None = None,
+                 registry: Path | None = None, dir_name: str = "pool"):
         self.tmp = Path(tmp_path)
+        # The host's registry of pools (`bulwark pool list`) for this pool's commands: the
+        # test's own, never /etc/bulwark/pools.json. Pools given one registry share it.
+        self.registry = Path(registry) if registry else self.tmp / "registry.json"
         self.open_files = open_files  # the daemon's soft RLIMIT_NOFILE at start, if set
         self.serve_args = [str(a) for a in serve_args]  # extra `serve` options, every start
-        self.dir = self.tmp / "pool"
+        self.dir = self.tmp / dir_name
         self.layout = layout
         self.devices = devices
         self.device_size = device_size
@@ -240,6 +244,7 @@ class Pool:
     def _env(self) -> dict:
         env = dict(os.environ)
         env["BULWARK_POOL"] = str(self.dir)
+        env["BULWARK_REGISTRY"] = str(self.registry)
         env.setdefault("RUST_BACKTRACE", "1")
         return env
 

@@ -1,8 +1,8 @@
 //! The CLI side of every command: build a request, send it over the control
 //! socket, print the answer.
 //!
-//! The one exception is `pool create`, which runs the engine directly: there
-//! is no daemon before there is a pool. The CLI never opens a secret file: it
+//! The `pool` commands (`pools`) are the exception: they run the engine
+//! directly, since there is no daemon before there is a pool (nor after export). The CLI never opens a secret file: it
 //! checks the path exists, makes it absolute and sends the path.
 
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -11,12 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bulwark_engine::size::format_size;
-use bulwark_engine::{DeviceSpec, Layout, Pool, VolumeStatus};
+use bulwark_engine::VolumeStatus;
 use serde::de::DeserializeOwned;
 
 use crate::cli::{
-    KeyLoadArgs, NameArgs, PoolCreateArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs,
-    VolumeSettingsArgs,
+    KeyLoadArgs, NameArgs, SecretFile, SecretKind, StatusArgs, VolumeCreateArgs, VolumeSettingsArgs,
 };
 use crate::control::{self, Request, Response, SecretRef, StatusReport};
 use crate::display;
@@ -118,34 +117,6 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     print(&text)
 }
 
-pub fn pool_create(args: &PoolCreateArgs) -> Result<()> {
-    let copies = match args.layout {
-        Layout::Single => 1,
-        Layout::Mirror(n) => n as usize,
-        Layout::Parity { k, m } => k as usize + m as usize,
-    };
-    let (spec, what) = match args.device_size {
-        Some(size_bytes) => {
-            let count = args.devices.unwrap_or(copies);
-            if count == 0 {
-                return Err(Error::usage("--devices must be at least 1"));
-            }
-            let what = format!("{count} device file(s) of {}", format_size(size_bytes));
-            (DeviceSpec::Files { count, size_bytes }, what)
-        }
-        None => {
-            let what = format!("{} device(s)", args.device.len());
-            (DeviceSpec::Paths(args.device.clone()), what)
-        }
-    };
-    Pool::create(&args.dir, args.layout, spec)?;
-    print(&format!(
-        "created pool {}: layout {}, {what}\n",
-        args.dir.display(),
-        args.layout
-    ))
-}
-
 /// The absolute, resolved path of a secret file, checked to exist but not read.
 pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
     let what = match file.kind {
@@ -180,9 +151,25 @@ pub(crate) fn secret_ref(file: &SecretFile) -> Result<SecretRef> {
 }
 
 pub fn volume_create(dir: &Path, args: &VolumeCreateArgs) -> Result<()> {
-    let request = volume_create_request(&args.name, args.size, &args.settings)?;
-    let created: VolumeStatus = Client::connect(dir)?.call_typed(&request)?;
-    print(&display::volume_created(&created))
+    let mut request = volume_create_request(&args.name, args.size, &args.settings)?;
+    if let Request::VolumeCreate { thick, .. } = &mut request {
+        *thick = args.thick;
+    }
+    let mut client = Client::connect(dir)?;
+    let created: VolumeStatus = client.call_typed(&request)?;
+    print(&display::volume_created(&created))?;
+    // A thin volume may promise more than the pool holds: say so, as a warning.
+    if args.thick {
+        return Ok(());
+    }
+    if let Ok(report) = client.call_typed::<StatusReport>(&Request::Status) {
+        if let Some(line) = display::overcommit_line(&report.pool.space) {
+            eprintln!(
+                "warning: {line}: writes to thin volumes fail (ENOSPC) once the pool is full"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The `volume_create` request for a volume of `size_bytes` with these settings
@@ -205,6 +192,7 @@ pub fn volume_create_request(
         compression: settings.compression.as_str().to_string(),
         encryption: secret.is_some(),
         secret,
+        thick: false,
     })
 }
 

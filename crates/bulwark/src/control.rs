@@ -10,6 +10,10 @@
 //! {"op":"volume_list"}
 //! {"op":"volume_create","name":"v","size_bytes":1073741824,"block_size":4096,
 //!  "compression":"lz4","encryption":true,"secret":{"kind":"key_file","path":"/abs/key"}}
+//!  (a thick volume: "thick":true)
+//! {"op":"volume_resize","name":"v","size_bytes":2147483648,"shrink":false}
+//!   (answered by {"name":"v","old_bytes":N,"new_bytes":N,"old_depth":3,"new_depth":4,"attached":N})
+//! {"op":"volume_get","name":"v"}  {"op":"volume_set","name":"v","property":"readonly","value":"on"}
 //! {"op":"volume_destroy","name":"v"}  {"op":"volume_destroy","name":"v","recursive":true}
 //!   (answered by {"kept":[{"snapshot":"v@s","referenced_bytes":N,"clones":["c"]}]})
 //! {"op":"volume_space","name":"v"}  {"op":"volume_space","name":null}
@@ -85,6 +89,28 @@ pub enum Request {
         compression: String,
         encryption: bool,
         secret: Option<SecretRef>,
+        /// Reserve the whole size in the pool (refused when it cannot hold it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        thick: bool,
+    },
+    /// Answered by `Resized` and the NBD connections attached (`"attached": N`), which keep
+    /// the old size until they reconnect.
+    VolumeResize {
+        name: String,
+        size_bytes: u64,
+        /// Allow a smaller size (refused while attached or over data).
+        #[serde(default)]
+        shrink: bool,
+    },
+    /// Answered by the volume's `VolumeProps`.
+    VolumeGet {
+        name: String,
+    },
+    /// One property (compression, description, readonly).
+    VolumeSet {
+        name: String,
+        property: String,
+        value: String,
     },
     VolumeDestroy {
         name: String,
@@ -246,6 +272,8 @@ pub enum ErrorKind {
     Busy,
     /// The pool is out of space.
     NoSpace,
+    /// The volume is read-only (`volume set readonly=on`).
+    ReadOnly,
     /// No copy of a block verified: its data is lost.
     Unrecoverable,
     /// Bytes on a device are not what bulwark wrote.
@@ -302,6 +330,7 @@ impl From<bulwark_engine::Error> for ControlError {
             E::WrongKey(_) => ErrorKind::WrongKey,
             E::Busy(_) => ErrorKind::Busy,
             E::NoSpace => ErrorKind::NoSpace,
+            E::ReadOnly(_) => ErrorKind::ReadOnly,
             E::Unrecoverable(_) => ErrorKind::Unrecoverable,
             E::Corrupt(_) => ErrorKind::Corrupt,
             E::Device { .. } | E::Io(_) => ErrorKind::Io,
@@ -501,6 +530,7 @@ mod tests {
             compression: "lz4".into(),
             encryption: true,
             secret: Some(SecretRef::KeyFile("/abs/key".into())),
+            thick: false,
         };
         let line = serde_json::to_string(&r).unwrap();
         assert_eq!(
@@ -533,6 +563,9 @@ mod tests {
             r#"{"op":"device_replace","old":"/abs/dev1","new":"/abs/dev9"}"#,
             r#"{"op":"fault_clear","device":null}"#,
             r#"{"op":"fault_list"}"#,
+            r#"{"op":"volume_resize","name":"v","size_bytes":2147483648,"shrink":false}"#,
+            r#"{"op":"volume_get","name":"v"}"#,
+            r#"{"op":"volume_set","name":"v","property":"readonly","value":"on"}"#,
         ] {
             let r: Request = serde_json::from_str(line).unwrap();
             assert_eq!(serde_json::to_string(&r).unwrap(), line);

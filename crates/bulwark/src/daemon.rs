@@ -47,6 +47,7 @@ use crate::keys;
 use crate::maintenance;
 use crate::metrics::{self, Exposition, Metrics};
 use crate::notify;
+use crate::volume;
 
 /// How long a volume-level command (unload, destroy, erase) waits for NBD
 /// connections that are closing to be counted out before it refuses.
@@ -524,6 +525,7 @@ impl Daemon {
                 compression,
                 encryption,
                 secret,
+                thick,
             } => {
                 let compression: Compression = compression
                     .parse()
@@ -551,7 +553,7 @@ impl Daemon {
                     let name = name.clone();
                     blocking(move || {
                         let secret = secret.as_ref().map(keys::load_secret).transpose()?;
-                        pool.create_volume(&name, opts, secret.as_ref())?;
+                        pool.create_volume_provisioned(&name, opts, secret.as_ref(), thick)?;
                         drop(secret);
                         Ok(pool.volumes().into_iter().find(|v| v.name == name))
                     })
@@ -572,6 +574,30 @@ impl Daemon {
                 let kept =
                     blocking(move || Ok(pool.destroy_volume_recursive(&name, recursive)?)).await?;
                 to_value(&serde_json::json!({ "kept": kept }))
+            }
+            Request::VolumeResize {
+                ref name,
+                size_bytes,
+                shrink,
+            } => {
+                // A shrink is refused while clients are attached (they were told the old
+                // size); a grow is online.
+                let name = name.clone();
+                let smaller = pool
+                    .volumes()
+                    .iter()
+                    .any(|v| v.name == name && size_bytes < v.size_bytes);
+                if shrink && smaller {
+                    self.refuse_if_attached(&name).await?;
+                }
+                let mut answer = blocking(move || volume::handle(&pool, request)).await?;
+                if let Value::Object(o) = &mut answer {
+                    o.insert("attached".into(), self.server.attached(&name).into());
+                }
+                Ok(answer)
+            }
+            request @ (Request::VolumeGet { .. } | Request::VolumeSet { .. }) => {
+                blocking(move || volume::handle(&pool, request)).await
             }
             Request::VolumeSpace { name } => {
                 let space = blocking(move || Ok(pool.volume_space(name.as_deref())?)).await?;

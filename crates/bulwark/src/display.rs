@@ -10,7 +10,7 @@ use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::pool::{SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
-use bulwark_engine::VolumeStatus;
+use bulwark_engine::{SpaceStatus, VolumeStatus};
 
 use crate::control::{FaultEntry, KeyStatus, ScrubReport, StatusReport, VolumeEntry};
 
@@ -245,7 +245,12 @@ pub fn status_text(report: &StatusReport) -> String {
     let p = &report.pool;
     let d = &report.daemon;
     let mut out = String::new();
-    let _ = writeln!(out, "  pool: {}", p.pool_id);
+    if p.name.is_empty() {
+        let _ = writeln!(out, "  pool: {}", p.pool_id);
+    } else {
+        let _ = writeln!(out, "  pool: {}", p.name);
+        let _ = writeln!(out, "    id: {}", p.pool_id);
+    }
     let _ = writeln!(out, "   dir: {}", p.dir.display());
     let _ = writeln!(out, " state: {}", p.state);
     let _ = writeln!(out, "layout: {}", p.layout);
@@ -305,14 +310,25 @@ pub fn status_text(report: &StatusReport) -> String {
         "unrecoverable reads: {} (reads that found no good copy; the ranges are under errors:)",
         p.unrecoverable_blocks
     );
+    let thick = if p.space.thick_reserved_bytes > 0 {
+        format!(
+            ", {} reserved by thick volumes",
+            format_size(p.space.thick_reserved_bytes)
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "space: {} used, {} free, {} total ({} reserved for commits and cleaning)",
+        "space: {} used, {} free, {} total ({} reserved for commits and cleaning{thick})",
         format_size(p.space.used_bytes),
         format_size(p.space.free_bytes),
         format_size(p.space.total_bytes),
         format_size(p.space.reserved_bytes),
     );
+    if let Some(line) = overcommit_line(&p.space) {
+        let _ = writeln!(out, "{line}");
+    }
     out.push('\n');
 
     if p.volumes.is_empty() {
@@ -334,6 +350,20 @@ pub fn status_text(report: &StatusReport) -> String {
 
     out.push_str(&errors_text(&p.errors));
     out
+}
+
+/// "provisioned 12G on 4.00G usable: 3.0x overcommitted", when the volumes' sizes add
+/// up to more than the pool's live data may fill; `None` otherwise.
+pub fn overcommit_line(space: &SpaceStatus) -> Option<String> {
+    if space.usable_bytes == 0 || space.provisioned_bytes <= space.usable_bytes {
+        return None;
+    }
+    Some(format!(
+        "provisioned {} on {} usable: {:.1}x overcommitted",
+        format_size(space.provisioned_bytes),
+        format_size(space.usable_bytes),
+        space.provisioned_bytes as f64 / space.usable_bytes as f64
+    ))
 }
 
 /// For each device not ONLINE, what it means and what to do (zpool's status/action).
@@ -743,6 +773,7 @@ mod tests {
         let report = StatusReport {
             pool: PoolStatus {
                 pool_id: "abc".into(),
+                name: "tank".into(),
                 dir: "/p".into(),
                 state: "ONLINE".into(),
                 layout: "mirror:2".into(),
@@ -772,6 +803,8 @@ mod tests {
                     used_bytes: 1 << 20,
                     free_bytes: 251 << 20,
                     reserved_bytes: 4 << 20,
+                    usable_bytes: 200 << 20,
+                    provisioned_bytes: 600 << 20,
                     ..Default::default()
                 },
                 volumes: vec![vol("v", true, true)],
@@ -801,6 +834,11 @@ mod tests {
         assert!(text.contains(
             "space: 1M used, 251M free, 256M total (4M reserved for commits and cleaning)\n"
         ));
+        assert!(text.starts_with("  pool: tank\n    id: abc\n"), "{text}");
+        assert!(
+            text.contains("provisioned 600M on 200M usable: 3.0x overcommitted\n"),
+            "{text}"
+        );
         assert!(text.contains(" unavailable "), "{text}");
         assert!(text.ends_with("errors: No known data errors\n"));
         assert!(text.contains("  scan: none requested\n"), "{text}");

@@ -211,7 +211,8 @@ impl Exports for PoolExports {
         let access = self.access(client, volume_of(name));
         match (volume, access) {
             (Some(volume), Some(access)) => Some(Arc::new(VolumeBackend {
-                read_only: access == Access::ReadOnly || volume.is_snapshot(),
+                // A snapshot, or a volume set readonly=on, is read-only to everyone.
+                read_only: access == Access::ReadOnly || volume.is_read_only(),
                 volume,
                 stats: self.metrics.as_ref().map(|m| m.volume(name)),
             })),

@@ -241,6 +241,20 @@ impl Audited {
                     "secret": secret.as_ref().map(secret_kind),
                 }),
             ),
+            Request::VolumeResize {
+                name,
+                size_bytes,
+                shrink,
+            } => (
+                "volume_resize",
+                name,
+                json!({ "size_bytes": size_bytes, "shrink": shrink }),
+            ),
+            Request::VolumeSet {
+                name,
+                property,
+                value,
+            } => ("volume_set", name, json!({ property.as_str(): value })),
             Request::VolumeDestroy { name, recursive } => (
                 "volume_destroy",
                 name,

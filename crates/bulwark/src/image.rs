@@ -43,7 +43,7 @@ use crate::snapshot;
 /// The snapshot an import leaves: NAME@image.
 pub const IMAGE_SNAPSHOT: &str = "image";
 /// Folder of the import records inside the pool directory.
-const IMAGES_DIR: &str = "images";
+pub const IMAGES_DIR: &str = "images";
 /// Hex digits of the sha256 shown in `image list`'s table.
 const SHA_SHOWN: usize = 16;
 /// Tries at destroying a failed import's volume, a second apart: a client

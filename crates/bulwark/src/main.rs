@@ -8,7 +8,8 @@
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control`, `metrics` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
-//! `snapshot` → `image` → `daemon`. A module uses only modules before it (`tests/layers.rs`).
+//! `snapshot`, `volume` → `image` → `pools` → `daemon`. A module uses only modules before it
+//! (`tests/layers.rs`).
 
 mod access;
 mod bench;
@@ -26,7 +27,9 @@ mod keys;
 mod maintenance;
 mod metrics;
 mod notify;
+mod pools;
 mod snapshot;
+mod volume;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -41,7 +44,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    init_logging();
+    // The daemon logs what it does; a command that runs the engine itself (the pool
+    // commands) says what it did on stdout, and logs only warnings.
+    init_logging(if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -54,7 +63,12 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let pool = cli.pool.as_deref();
     match &cli.command {
-        Command::Pool(PoolCommand::Create(args)) => client::pool_create(args),
+        Command::Pool(PoolCommand::Create(args)) => pools::create(args),
+        Command::Pool(PoolCommand::List(args)) => pools::list(args),
+        Command::Pool(PoolCommand::Status(args)) => pools::status(args, pool),
+        Command::Pool(PoolCommand::Export(args)) => pools::export(args),
+        Command::Pool(PoolCommand::Import(args)) => pools::import(args),
+        Command::Pool(PoolCommand::Destroy(args)) => pools::destroy(args),
         Command::Serve(args) => {
             let dir = match &args.dir {
                 Some(dir) => dir.as_path(),
@@ -71,6 +85,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Volume(VolumeCommand::Clone(args)) => {
             snapshot::clone(client::pool_dir(pool)?, args)
         }
+        Command::Volume(VolumeCommand::Resize(args)) => {
+            volume::resize(client::pool_dir(pool)?, args)
+        }
+        Command::Volume(VolumeCommand::Get(args)) => volume::get(client::pool_dir(pool)?, args),
+        Command::Volume(VolumeCommand::Set(args)) => volume::set(client::pool_dir(pool)?, args),
         Command::Volume(VolumeCommand::Rollback(args)) => {
             snapshot::rollback(client::pool_dir(pool)?, args)
         }
@@ -141,14 +160,14 @@ fn one_line(rendered: &str) -> String {
     parts.join("; ")
 }
 
-/// Logs go to stderr; the filter comes from `BULWARK_LOG`, else `RUST_LOG`, else `info`.
-fn init_logging() {
+/// Logs go to stderr; the filter comes from `BULWARK_LOG`, else `RUST_LOG`, else `default`.
+fn init_logging(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = ["BULWARK_LOG", "RUST_LOG"]
         .iter()
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
         .and_then(|spec| EnvFilter::try_new(spec).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

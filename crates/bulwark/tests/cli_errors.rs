@@ -6,6 +6,11 @@ use std::process::{Command, Output};
 fn bulwark(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_bulwark"))
         .args(args)
+        // The pools these tests create go in a registry of their own, not this host's.
+        .env(
+            "BULWARK_REGISTRY",
+            concat!(env!("CARGO_TARGET_TMPDIR"), "/cli-errors-registry.json"),
+        )
         .env_remove("BULWARK_POOL")
         .env("BULWARK_LOG", "error")
         .output()

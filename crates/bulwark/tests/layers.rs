@@ -131,10 +131,20 @@ const BULWARK: Table = Table {
             "snapshot",
             &["cli", "client", "control", "display", "error"],
         ),
+        // Volume resize and properties (get, set): both sides.
+        ("volume", &["cli", "client", "control", "display", "error"]),
         // Disk images in and out of volumes (qemu-img, nbdcopy): the CLI side only.
         (
             "image",
             &["cli", "client", "control", "display", "error", "snapshot"],
+        ),
+        // Pool life cycle without a daemon (create, list, status, export, import, destroy)
+        // and the host's registry of pools.
+        (
+            "pools",
+            &[
+                "access", "cli", "client", "control", "display", "error", "image",
+            ],
         ),
         // The daemon: serves the pool, dispatches control requests to the handlers above.
         (
@@ -150,6 +160,7 @@ const BULWARK: Table = Table {
                 "maintenance",
                 "metrics",
                 "notify",
+                "volume",
             ],
         ),
     ],

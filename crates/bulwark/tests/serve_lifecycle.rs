@@ -159,6 +159,8 @@ fn create_pool(tmp: &Path) -> PathBuf {
     let out = Command::new(env!("CARGO_BIN_EXE_bulwark"))
         .args(["pool", "create"])
         .arg(&pool)
+        // The test's own registry of pools, not this host's.
+        .env("BULWARK_REGISTRY", tmp.join("registry.json"))
         .args([
             "--layout",
             "single",

@@ -30,6 +30,9 @@ pub enum Error {
     OutOfRange { offset: u64, length: u64, size: u64 },
     #[error("the pool is out of space")]
     NoSpace,
+    /// A write to a volume set read-only (`volume set readonly=on`).
+    #[error("{0}")]
+    ReadOnly(String),
     /// No copy of a block verified: the data is lost (never returned wrong).
     #[error("unrecoverable block: {0}")]
     Unrecoverable(String),
@@ -55,7 +58,7 @@ impl Error {
         match self {
             Error::Invalid(_) | Error::OutOfRange { .. } => libc::EINVAL,
             Error::NoSpace => libc::ENOSPC,
-            Error::Locked(_) | Error::WrongKey(_) => libc::EPERM,
+            Error::Locked(_) | Error::WrongKey(_) | Error::ReadOnly(_) => libc::EPERM,
             Error::NotFound(_) => libc::ENOENT,
             Error::Exists(_) => libc::EEXIST,
             Error::Busy(_) => libc::EBUSY,

@@ -89,6 +89,29 @@ pub struct DeviceClaim {
 static CLAIMS: Mutex<BTreeMap<(u64, u64), Weak<DeviceClaim>>> = Mutex::new(BTreeMap::new());
 
 impl DeviceClaim {
+    /// Whether the device is claimed now, by this process or another (a running daemon):
+    /// what holds it. Takes no claim that outlives the call.
+    pub fn in_use(path: &Path) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        let key = (meta.dev(), meta.ino());
+        let held_here = CLAIMS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+            .is_some_and(|w| w.strong_count() > 0);
+        if held_here {
+            return Some(format!(
+                "device {} is in use by a pool open in this process",
+                path.display()
+            ));
+        }
+        match DeviceClaim::take(path) {
+            Err(Error::Busy(m)) => Some(m),
+            _ => None,
+        }
+    }
+
     pub fn take(path: &Path) -> Result<Arc<DeviceClaim>> {
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::io::AsRawFd;

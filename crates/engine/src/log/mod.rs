@@ -93,6 +93,8 @@ pub enum Emptied {
 pub struct Log {
     segments: u32,
     live: Vec<AtomicU32>,
+    /// The sum of `live` (kept with it, so the pool's used bytes cost no walk).
+    live_total: AtomicU64,
     /// Map nodes dirty in memory, summed over every volume (`Store::note_dirty`): the next
     /// commit must find room for them (`commit_need`).
     dirty_nodes: AtomicUsize,
@@ -192,10 +194,12 @@ impl Log {
                 state.push(SegState::Sealed);
             }
         }
+        let live_total = live_bytes.iter().map(|&l| l as u64).sum();
         let live = live_bytes.into_iter().map(AtomicU32::new).collect();
         Log {
             segments,
             live,
+            live_total: AtomicU64::new(live_total),
             emptied: AtomicU32::new(0),
             dirty_nodes: AtomicUsize::new(0),
             pending_nodes: AtomicUsize::new(0),
@@ -246,10 +250,7 @@ impl Log {
     }
 
     pub fn live_bytes_total(&self) -> u64 {
-        self.live
-            .iter()
-            .map(|l| l.load(Ordering::Relaxed) as u64)
-            .sum()
+        self.live_total.load(Ordering::Relaxed)
     }
 
     /// Allocate `len` bytes at the head of `stream` (see `alloc_run`).
@@ -345,6 +346,7 @@ impl Log {
         }
         self.written[h].fetch_add(end - off as u64, Ordering::Relaxed);
         self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
+        self.live_total.fetch_add(bytes, Ordering::Relaxed);
         Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
     }
 
@@ -509,6 +511,7 @@ impl Log {
             prev >= len,
             "segment {seg} live count underflow ({prev} - {len})"
         );
+        self.live_total.fetch_sub(len as u64, Ordering::Relaxed);
         if prev != len || !self.holds_data[seg].load(Ordering::Relaxed) {
             return Emptied::Nothing;
         }

@@ -623,6 +623,74 @@ impl Tree {
         }
     }
 
+    /// Give the tree `depth` levels (`volume resize`). A grow puts new levels above the
+    /// root: the old top node becomes child 0 of each new top, and it and every node
+    /// below keep their places (a node's level and index do not change when levels are
+    /// added above it); the new tops are dirty, so the next commit writes them. A shrink
+    /// takes top levels away, keeping child 0 of each: it is refused (`Invalid`, nothing
+    /// changed) when a removed top holds anything else or a dirty node lies outside the
+    /// kept subtree, so the caller makes every block past the new end a hole and commits
+    /// first. `free` is told of each removed node's place. The cache forgets the nodes of
+    /// the levels added or removed: their keys meant other nodes before.
+    pub fn set_depth(
+        &mut self,
+        store: &dyn NodeStore,
+        cache: &NodeCache,
+        depth: u8,
+        free: &mut dyn FnMut(&Blkptr),
+    ) -> Result<()> {
+        if depth == 0 || depth > MAP_DEPTH_MAX {
+            return Err(Error::Invalid(format!("block map depth {depth}")));
+        }
+        if depth < self.depth {
+            // Check everything before changing anything.
+            let outside = self.dirty.keys().any(|&(l, i)| {
+                l >= depth || (i >> (MAP_FANOUT_SHIFT * (depth - 1 - l) as u32)) != 0
+            });
+            let mut tops = Vec::new();
+            let mut ptr = self.root;
+            for level in (depth..self.depth).rev() {
+                let node = match self.node_at(store, cache, level, 0, &ptr)? {
+                    Some(n) => Node::clone(&n),
+                    None => Node::empty(level, 0),
+                };
+                if node.ptrs[1..].iter().any(|p| !p.is_hole()) || outside {
+                    return Err(Error::Invalid(format!(
+                        "block map {}: blocks past the new end are still mapped",
+                        self.id
+                    )));
+                }
+                ptr = node.ptrs[0];
+                tops.push((level, node));
+            }
+            for (level, node) in tops {
+                self.dirty.remove(&(level, 0));
+                cache.remove(&(self.id, level, 0));
+                if !self.root.is_hole() {
+                    free(&self.root);
+                }
+                // The kept child's committed place (a dirty child is written by the next
+                // commit, which frees this place then, as for any root).
+                self.root = node.ptrs[0];
+                self.depth = level;
+            }
+        }
+        while self.depth < depth {
+            let level = self.depth;
+            cache.remove(&(self.id, level, 0));
+            let old_top_dirty = self.dirty.contains_key(&(level - 1, 0));
+            if !self.root.is_hole() || old_top_dirty {
+                let mut top = Node::empty(level, 0);
+                top.ptrs[0] = self.root;
+                self.dirty.insert((level, 0), Box::new(top));
+            }
+            // The new top has no committed place yet.
+            self.root = Blkptr::HOLE;
+            self.depth += 1;
+        }
+        Ok(())
+    }
+
     /// Visit every record reachable from the root (dirty nodes included) whose logical range
     /// meets `[lo, hi)`, in logical order. Hole subtrees are skipped without reading them.
     /// Whether the node at (`level`, `index`) is dirty here (changed since the last commit).
@@ -978,6 +1046,98 @@ mod tests {
     }
 
     /// A `write` for `commit` that keeps nodes in `store`, at addresses from `next` on.
+    /// A grow by levels above the root keeps every block where it was, through the commit
+    /// and from a fresh tree over the new root; a shrink back (after the blocks past the
+    /// end became holes and were committed) frees exactly the removed tops, and a shrink
+    /// over mapped blocks is refused without a change.
+    #[test]
+    fn depth_grows_above_the_root_and_shrinks_back() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(1 << 20);
+        let mut next = 1u64 << 40;
+        let mut t = Tree::new(1, 2, Blkptr::HOLE);
+        let lbas = [0u64, 1, 63, 64, 4000, 4095];
+        for &l in &lbas {
+            t.set(&store, &cache, l, data(l + 1)).unwrap();
+        }
+        let mut freed = Vec::new();
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, p| freed.push(*p),
+        )
+        .unwrap();
+        // Grow a clean tree two levels; one block dirty before, one after.
+        t.set(&store, &cache, 5, data(99)).unwrap();
+        t.set_depth(&store, &cache, 4, &mut |p| freed.push(*p))
+            .unwrap();
+        assert_eq!(t.depth, 4);
+        let far = (1u64 << 18) + 7;
+        t.set(&store, &cache, far, data(1000)).unwrap();
+        for &l in &lbas {
+            let want = if l == 5 { data(99) } else { data(l + 1) };
+            assert_eq!(t.lookup(&store, &cache, l).unwrap(), want, "{l}");
+        }
+        let root = t
+            .commit(
+                &cache,
+                &mut store_nodes(&store, &mut next),
+                &mut |_, _, p| freed.push(*p),
+            )
+            .unwrap();
+        assert!(!root.is_hole());
+        let fresh_cache = new_cache(0);
+        let t2 = Tree::new(2, 4, root);
+        for &l in &lbas {
+            assert_eq!(t2.lookup(&store, &fresh_cache, l).unwrap(), data(l + 1));
+        }
+        assert_eq!(t2.lookup(&store, &fresh_cache, 5).unwrap(), data(99));
+        assert_eq!(t2.lookup(&store, &fresh_cache, far).unwrap(), data(1000));
+
+        // A clean grow alone (no leaf dirty) is written by the commit too.
+        let mut t3 = Tree::new(3, 4, root);
+        t3.set_depth(&store, &cache, 5, &mut |_| {}).unwrap();
+        assert_eq!(t3.dirty_nodes(), 1);
+        let root3 = t3
+            .commit(
+                &cache,
+                &mut store_nodes(&store, &mut next),
+                &mut |_, _, _| {},
+            )
+            .unwrap();
+        let t4 = Tree::new(4, 5, root3);
+        assert_eq!(t4.lookup(&store, &new_cache(0), far).unwrap(), data(1000));
+
+        // Shrink over a mapped block: refused, nothing changed.
+        let dirty = t.dirty_nodes();
+        assert!(t.set_depth(&store, &cache, 2, &mut |_| {}).is_err());
+        assert_eq!((t.depth, t.dirty_nodes(), t.root), (4, dirty, root));
+        // Hole it, commit, shrink: the two removed tops' places are freed.
+        t.set(&store, &cache, far, Blkptr::HOLE).unwrap();
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let mut dropped = Vec::new();
+        t.set_depth(&store, &cache, 2, &mut |p| dropped.push(*p))
+            .unwrap();
+        assert_eq!((t.depth, dropped.len()), (2, 2));
+        for &l in &lbas {
+            let want = if l == 5 { data(99) } else { data(l + 1) };
+            assert_eq!(t.lookup(&store, &new_cache(0), l).unwrap(), want);
+        }
+        let t5 = Tree::new(5, 2, t.root);
+        assert_eq!(t5.lookup(&store, &new_cache(0), 4095).unwrap(), data(4096));
+        // An empty tree changes depth without any node.
+        let mut e = Tree::new(6, 1, Blkptr::HOLE);
+        e.set_depth(&store, &cache, 3, &mut |_| {}).unwrap();
+        assert_eq!((e.depth, e.dirty_nodes()), (3, 0));
+        e.set_depth(&store, &cache, 1, &mut |_| {}).unwrap();
+        assert_eq!(e.depth, 1);
+    }
+
     fn store_nodes<'a>(
         store: &'a MemStore,
         next: &'a mut u64,

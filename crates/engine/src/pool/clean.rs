@@ -389,7 +389,7 @@ impl Core {
         done: &mut usize,
     ) -> Result<()> {
         let rank_of = |p: &Blkptr| victim_rank(rank, p);
-        let blocks = v.size / v.block_size as u64;
+        let blocks = v.size() / v.block_size as u64;
         let tree_id = v.tree.lock().id;
         let mut lo = 0;
         while lo < blocks {

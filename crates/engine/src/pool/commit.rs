@@ -123,7 +123,8 @@ impl Core {
                     }
                 };
                 let snaps = v.snaps.read();
-                if !leaves.is_empty() {
+                // Dirty nodes without a dirty leaf: new top levels of a grown map.
+                if !leaves.is_empty() || tree.dirty_nodes() > 0 {
                     tree.finish_commit(&self.store.cache, leaves, &mut write, &mut |l, i, old| {
                         if !snap::head_keeps(
                             &*self.store,
@@ -165,9 +166,9 @@ impl Core {
                 id: v.id,
                 uuid: v.uuid,
                 name: v.name.clone(),
-                size_bytes: v.size,
+                size_bytes: v.size(),
                 block_size: v.block_size,
-                compression: v.compression,
+                compression: v.compression(),
                 encryption: v.encryption,
                 root: ptr_to_hex(&root),
                 slots,
@@ -176,11 +177,22 @@ impl Core {
                 snapshots,
                 origin: v.origin.lock().clone(),
                 deferred: v.deferred.load(Ordering::Acquire),
+                description: v.description.lock().clone(),
+                readonly: v.readonly.load(Ordering::Acquire),
+                created: v.created.load(Ordering::Relaxed),
+                thick: v.thick.load(Ordering::Acquire),
             });
         }
         // Every pointer this commit stores has been read: segments opened from now on are
         // the next commit's.
         drop(snapshot);
+        // What thick volumes keep from thin ones, recounted with what they now store.
+        let unused: u64 = volumes
+            .iter()
+            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .map(|v| v.reservation_unused())
+            .sum();
+        self.store.thick_unused.store(unused, Ordering::Relaxed);
         self.estimate_node_bytes(node_bytes.0, node_bytes.1);
         self.note_map_size();
         let next_volume_id = self.sb.lock().next_volume_id;

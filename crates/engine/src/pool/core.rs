@@ -116,7 +116,7 @@ impl Core {
             .read()
             .values()
             .map(|v| {
-                let blocks = v.size / v.block_size as u64;
+                let blocks = v.size() / v.block_size as u64;
                 let records = v.used_bytes.load(Ordering::Relaxed) / 4096 + 1;
                 let leaves = blocks.div_ceil(MAP_FANOUT as u64).min(records);
                 leaves + leaves / 63 + v.tree.lock().depth as u64
@@ -150,11 +150,14 @@ impl Core {
         }))
     }
 
+    /// Create volume `name`; `thick` reserves its whole size (refused when the pool
+    /// cannot hold it).
     pub fn create_volume(
         &self,
         name: &str,
         opts: VolumeOptions,
         secret: Option<&Secret>,
+        thick: bool,
     ) -> Result<()> {
         self.store.check_poisoned()?;
         validate_name(name)?;
@@ -173,6 +176,15 @@ impl Core {
         let keys = secret
             .map(|s| super::keys::new_volume_keys(s, &uuid))
             .transpose()?;
+        // Held from the reservation check to the commit (after the keys' slow KDF): two
+        // thick creates cannot both take the last room.
+        let _c = self.commit_lock.lock();
+        if self.volumes.read().contains_key(name) {
+            return Err(self.name_taken(name).expect("the name is taken"));
+        }
+        if thick {
+            self.check_reservation(opts.size_bytes)?;
+        }
         {
             let mut vols = self.volumes.write();
             if vols.contains_key(name) {
@@ -191,6 +203,9 @@ impl Core {
                 .map(|k| (k.slots.clone(), k.data_keys.clone()))
                 .unwrap_or_default();
             let st = VolumeState::new(id, uuid, name.to_string(), &opts, slots, data_keys, tree);
+            st.thick.store(thick, Ordering::Release);
+            st.created
+                .store(crate::volume::now_secs(), Ordering::Relaxed);
             if let Some(k) = keys {
                 *st.ring.write() = Some(Arc::new(k.ring));
                 *st.vmk.lock() = Some(k.vmk);
@@ -198,11 +213,13 @@ impl Core {
             vols.insert(name.to_string(), Arc::new(st));
         }
         self.table_dirty.store(true, Ordering::Release);
-        self.commit()?;
+        self.commit_held()?;
+        self.count_reservations();
         tracing::info!(
             volume = name,
             size = opts.size_bytes,
             encryption = opts.encryption,
+            thick,
             "volume created"
         );
         Ok(())
@@ -354,11 +371,28 @@ impl Core {
             .read()
             .values()
             .filter(|v| !v.deferred.load(Ordering::Acquire))
-            .map(|v| v.size)
+            .map(|v| v.size())
             .sum();
         let written = self.store.log.written();
+        // What thick volumes reserved and have not stored: kept from thin volumes' data.
+        let thick = self
+            .volumes
+            .read()
+            .values()
+            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .map(|v| v.reservation_unused())
+            .sum::<u64>()
+            .min(total - used - reserved);
         PoolStatus {
             pool_id: crate::hex::to_hex(&sb.sb.pool_id),
+            name: if sb.sb.name.is_empty() {
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                sb.sb.name.clone()
+            },
             dir: self.dir.clone(),
             state: if self.store.is_poisoned() {
                 "FAULTED".into()
@@ -373,8 +407,9 @@ impl Core {
             space: SpaceStatus {
                 total_bytes: total,
                 used_bytes: used,
-                free_bytes: total - used - reserved,
+                free_bytes: total - used - reserved - thick,
                 reserved_bytes: reserved,
+                thick_reserved_bytes: thick,
                 usable_bytes: (self.store.log.usable_bytes() * per).min(total),
                 provisioned_bytes: provisioned,
                 data_written_bytes: written.data * per,

@@ -30,6 +30,18 @@ pub struct PoolConfig {
     /// the labels): they stay offline across restarts until `bulwark device online`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub offline: Vec<String>,
+    /// The pool's name (`pool create --name`, also in the labels); absent for pools made
+    /// before names, which go by their directory's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `bulwark pool export` ran: the devices are marked exported and no daemon may serve
+    /// this directory until `bulwark pool import` takes the pool back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exported: bool,
+    /// Device files `pool create` made (`--devices N --device-size SIZE`), which
+    /// `pool destroy` removes; files and disks given with `--device` are never removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub created: Vec<PathBuf>,
 }
 
 impl PoolConfig {
@@ -44,7 +56,11 @@ impl PoolConfig {
                 // would destroy it.
                 Some(found) => Error::NotFound(format!(
                     "{} has no {CONFIG_FILE}, but {found}: its {CONFIG_FILE} was lost or \
-                     removed; restore it (from a backup) rather than creating a pool on those devices",
+                     removed; restore it (from a backup), or rebuild it from the labels with \
+                     'bulwark pool import --dir {} {} --force', rather than creating a pool on \
+                     those devices",
+                    dir.display(),
+                    dir.display(),
                     dir.display()
                 )),
                 None => Error::NotFound(format!(
@@ -168,7 +184,61 @@ pub fn front_label(dev: &dyn Device) -> Option<Superblock> {
     best
 }
 
-pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
+/// Checks a pool name: 1 to 64 letters, digits, '.', '_' or '-', not starting with '-' or '.'.
+pub fn validate_pool_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= super::superblock::NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !name.starts_with(['-', '.']);
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "invalid pool name '{name}': use 1-64 letters, digits, '.', '_' or '-', not starting with '-' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// The name a pool in `dir` gets when none is given: the directory's last component,
+/// made a valid name (leading '.' and '-' dropped, other characters than letters, digits,
+/// '.', '_' and '-' replaced by '_', at most 64 bytes); "pool" when nothing is left.
+pub fn default_pool_name(dir: &Path) -> String {
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|c| c.join(dir))
+            .unwrap_or_else(|_| dir.to_path_buf())
+    };
+    let last = abs
+        .components()
+        .rev()
+        .find_map(|c| match c {
+            std::path::Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let mut name: String = last
+        .trim_start_matches(['.', '-'])
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.truncate(super::superblock::NAME_BYTES_MAX);
+    if validate_pool_name(&name).is_err() {
+        name = "pool".into();
+    }
+    name
+}
+
+pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {
+    validate_pool_name(name)?;
     let made_dir = !dir.exists();
     fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
     if dir.join(CONFIG_FILE).exists() {
@@ -184,7 +254,7 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::device(dir, e))?;
     }
-    let result = create_in(dir, layout, spec);
+    let result = create_in(dir, layout, spec, name);
     if result.is_err() && made_dir {
         // Nothing of a failed create stays behind: a retry starts clean.
         let _ = fs::remove_dir(dir);
@@ -192,7 +262,7 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
     result
 }
 
-fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
+fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {
     let count = match &spec {
         DeviceSpec::Files { count, .. } => *count,
         DeviceSpec::Paths(p) => p.len(),
@@ -327,6 +397,8 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
                 member_ids: member_ids.clone(),
                 table_key,
                 log_head: None,
+                name: name.to_string(),
+                exported: false,
             };
             for off in Superblock::all_slot_offsets(back_region) {
                 d.write_at(&zero, off)
@@ -358,6 +430,12 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec) -> Result<()> {
             layout: layout.to_string(),
             devices: devices.iter().map(|(p, _)| p.clone()).collect(),
             offline: Vec::new(),
+            name: Some(name.to_string()),
+            exported: false,
+            created: match &spec {
+                DeviceSpec::Files { .. } => devices.iter().map(|(p, _)| p.clone()).collect(),
+                DeviceSpec::Paths(_) => Vec::new(),
+            },
         }
         .write(dir)
     })();

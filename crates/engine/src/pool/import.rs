@@ -71,7 +71,7 @@ struct Found {
     sb: Superblock,
 }
 
-fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superblock> {
+pub(crate) fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superblock> {
     let mut buf = vec![0u8; SUPERBLOCK_BYTES];
     let mut best: Option<Superblock> = None;
     let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
@@ -174,8 +174,21 @@ fn back_region_of(sb: &Superblock) -> u64 {
     DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES
 }
 
+/// Why a pool marked exported is not served: `bulwark pool import` takes it back.
+fn exported_refusal(dir: &Path, name: &str) -> Error {
+    Error::Invalid(format!(
+        "pool {name} was exported ('bulwark pool export'): it is not served until \
+         'bulwark pool import --dir {}' takes it back (on this host or another)",
+        dir.display()
+    ))
+}
+
 pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let conf = PoolConfig::read(dir)?;
+    let conf_name = conf.name.clone().unwrap_or_else(|| conf.pool_id.clone());
+    if conf.exported && !opts.take_exported {
+        return Err(exported_refusal(dir, &conf_name));
+    }
     let listed = conf.resolve(dir);
     let mut opened: Vec<(PathBuf, FileDevice)> = Vec::new();
     for p in &listed {
@@ -244,6 +257,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 conf.pool_id, listed
             ))
         })?;
+    if newest.exported && !opts.take_exported {
+        let name = if newest.name.is_empty() {
+            &conf_name
+        } else {
+            &newest.name
+        };
+        return Err(exported_refusal(dir, name));
+    }
     let mut members: Vec<Member> = Vec::new();
     let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
     let mut stale: Vec<String> = Vec::new();
@@ -738,6 +759,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             f.tree,
         );
         *st.rotation.lock() = rec.rotation.clone();
+        *st.description.lock() = rec.description.clone();
+        st.readonly.store(rec.readonly, Ordering::Release);
+        st.thick.store(rec.thick, Ordering::Release);
+        st.created.store(rec.created, Ordering::Relaxed);
         *st.origin.lock() = rec.origin.clone();
         st.deferred.store(rec.deferred, Ordering::Release);
         st.used_bytes.store(f.used, Ordering::Relaxed);
@@ -756,7 +781,17 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         anchor: Mutex::new(anchor),
         rollback_accepted,
         sb: Mutex::new(SbState {
-            sb: newest.clone(),
+            // The import's commit takes the pool: it is no longer exported, and it carries
+            // the name pool.json gives it (a pool made before names gets one now).
+            sb: Superblock {
+                exported: false,
+                name: match (&opts.rename, &conf.name) {
+                    (Some(new), _) => new.clone(),
+                    (None, Some(n)) if newest.name.is_empty() => n.clone(),
+                    _ => newest.name.clone(),
+                },
+                ..newest.clone()
+            },
             next_volume_id: table.next_volume_id,
             back_region: back_region_of(&newest),
         }),

@@ -9,12 +9,14 @@ pub mod anchor;
 mod clean;
 mod commit;
 mod core;
-mod create;
+pub mod create;
 #[cfg(test)]
 mod hostile;
 mod import;
 pub mod intent;
 pub mod keys;
+pub mod lifecycle;
+pub mod props;
 pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
@@ -62,6 +64,11 @@ pub struct OpenOptions {
     /// Make a FLUSH durable with an intent log block and one sync, not a commit
     /// (`intent`, decision 0010). Off: every flush is a commit.
     pub intent_log: bool,
+    /// Take a pool that `bulwark pool export` marked exported (`bulwark pool import`); a
+    /// plain `serve` refuses it, so an exported pool is not taken back by accident.
+    pub take_exported: bool,
+    /// Give the pool this name at import (its labels; `bulwark pool import --name`).
+    pub rename: Option<String>,
 }
 
 impl Default for OpenOptions {
@@ -73,6 +80,8 @@ impl Default for OpenOptions {
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
             accept_rollback: false,
             intent_log: true,
+            take_exported: false,
+            rename: None,
         }
     }
 }
@@ -98,6 +107,10 @@ pub struct SpaceStatus {
     /// Kept back from client writes for commits (map nodes) and the cleaner.
     #[serde(default)]
     pub reserved_bytes: u64,
+    /// What thick volumes reserved and have not stored yet: kept from thin volumes' data
+    /// (not counted in `free_bytes`).
+    #[serde(default)]
+    pub thick_reserved_bytes: u64,
     /// What live data may fill: total less the segments always kept for commits and the
     /// cleaner. Overwrites never fail for space while used stays within it.
     #[serde(default)]
@@ -125,6 +138,9 @@ pub use core::KeptSnapshot;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub pool_id: String,
+    /// The pool's name (`pool create --name`; the directory's name for older pools).
+    #[serde(default)]
+    pub name: String,
     pub dir: PathBuf,
     /// ONLINE, DEGRADED or FAULTED.
     pub state: String,
@@ -154,9 +170,15 @@ impl Pool {
         create::PoolConfig::read(dir).map(|_| ())
     }
 
-    /// Create a new pool in `dir` (created if missing; must not already hold a pool).
+    /// Create a new pool in `dir` (created if missing; must not already hold a pool), named
+    /// after the directory (`create::default_pool_name`).
     pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
-        create::create(dir, layout, devices)
+        create::create(dir, layout, devices, &create::default_pool_name(dir))
+    }
+
+    /// `create` with the pool's name given (`pool create --name`).
+    pub fn create_named(dir: &Path, layout: Layout, devices: DeviceSpec, name: &str) -> Result<()> {
+        create::create(dir, layout, devices, name)
     }
 
     /// Import the pool in `dir`, taking its exclusive lock for the life of the `Pool`.
@@ -200,7 +222,35 @@ impl Pool {
         opts: VolumeOptions,
         secret: Option<&Secret>,
     ) -> Result<()> {
-        self.core.create_volume(name, opts, secret)
+        self.core.create_volume(name, opts, secret, false)
+    }
+
+    /// `create_volume`, with `thick` to reserve the volume's whole size in the pool
+    /// (refused when the pool cannot hold it).
+    pub fn create_volume_provisioned(
+        &self,
+        name: &str,
+        opts: VolumeOptions,
+        secret: Option<&Secret>,
+        thick: bool,
+    ) -> Result<()> {
+        self.core.create_volume(name, opts, secret, thick)
+    }
+
+    /// Grow volume `name` to `size` bytes, or with `shrink` make it smaller (only over
+    /// holes, with no handle open). See `Core::volume_resize`.
+    pub fn volume_resize(&self, name: &str, size: u64, shrink: bool) -> Result<props::Resized> {
+        self.core.volume_resize(name, size, shrink)
+    }
+
+    /// Everything `volume get` shows of volume `name`.
+    pub fn volume_props(&self, name: &str) -> Result<props::VolumeProps> {
+        self.core.volume_props(name)
+    }
+
+    /// Set one property of volume `name` (`props::SETTABLE`), durably.
+    pub fn volume_set(&self, name: &str, property: &str, value: &str) -> Result<()> {
+        self.core.volume_set(name, property, value)
     }
 
     /// Destroy a volume and free its space.

@@ -231,7 +231,7 @@ impl Core {
     /// `paused`: the rotation was paused; the first batch that goes through says it resumed.
     fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>, paused: &mut bool) -> Result<()> {
         let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
-        let blocks = st.size / st.block_size as u64;
+        let blocks = st.size() / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
             let Some(rot) = st.rotation.lock().clone() else {

@@ -370,7 +370,7 @@ impl Core {
             if v.id < cursor_vol {
                 continue;
             }
-            let blocks = v.size / v.block_size as u64;
+            let blocks = v.size() / v.block_size as u64;
             let bs = v.block_size as u64;
             let mut lba = if v.id == cursor_vol { cursor_lba } else { 0 };
             while lba < blocks {
@@ -407,7 +407,7 @@ impl Core {
                                     self.record_error(
                                         &v.name,
                                         off,
-                                        len.min(v.size - off.min(v.size)),
+                                        len.min(v.size() - off.min(v.size())),
                                         DataErrorKind::Map,
                                     );
                                 }
@@ -418,7 +418,7 @@ impl Core {
                                 self.record_error(
                                     &v.name,
                                     off,
-                                    (span * bs).min(v.size - off.min(v.size)),
+                                    (span * bs).min(v.size() - off.min(v.size())),
                                     DataErrorKind::Map,
                                 );
                             }
@@ -521,7 +521,7 @@ impl Core {
                                 self.record_error(
                                     &format!("{}@{}", v.name, s.name),
                                     off,
-                                    (span * bs).min(v.size - off.min(v.size)),
+                                    (span * bs).min(v.size() - off.min(v.size())),
                                     DataErrorKind::Map,
                                 );
                             }
@@ -561,7 +561,7 @@ impl Core {
                     let off = index * span * bs;
                     (
                         off,
-                        (span * bs).min(v.size - off.min(v.size)),
+                        (span * bs).min(v.size() - off.min(v.size())),
                         DataErrorKind::Map,
                     )
                 }

@@ -573,9 +573,9 @@ impl Core {
                 tree: Tree::new(base_id, s.tree.depth, s.tree.root),
             };
             let opts = crate::volume::VolumeOptions {
-                size_bytes: st.size,
+                size_bytes: st.size(),
                 block_size: st.block_size,
-                compression: st.compression,
+                compression: st.compression(),
                 encryption: st.encryption,
             };
             (base, s.referenced, opts)
@@ -599,6 +599,9 @@ impl Core {
             *clone.vmk.lock() = Some(k.vmk);
         }
         clone.used_bytes.store(used, Ordering::Relaxed);
+        clone
+            .created
+            .store(crate::volume::now_secs(), Ordering::Relaxed);
         *clone.origin.lock() = Some(snap::Origin {
             volume: volume.to_string(),
             snapshot: name.to_string(),

@@ -21,6 +21,12 @@ pub const VERSION: u32 = 1;
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
 /// After the member ids (160 + 16 × 16).
 const TABLE_KEY_AT: usize = 416;
+/// The pool's state: 0 active (imported on some host), 1 exported (`bulwark pool export`).
+const STATE_AT: usize = 15;
+/// The pool's name: one length byte, then that many bytes of UTF-8 (after the table key).
+const NAME_AT: usize = 448;
+/// Longest pool name a label holds.
+pub const NAME_BYTES_MAX: usize = 64;
 /// Intent log version (u32; 0 = none), then its head's two addresses (after the pool
 /// name, 448..513).
 const LOG_AT: usize = 520;
@@ -47,6 +53,11 @@ pub struct Superblock {
     /// crypto-erase or key rotation: once both slots are rewritten, older tables in free
     /// space — and the wrapped keys inside them — cannot be read by anyone.
     pub table_key: [u8; 32],
+    /// The pool's name (`pool create --name`); empty on pools made before names.
+    pub name: String,
+    /// Set by `bulwark pool export`: no host has the pool imported, and the next
+    /// `bulwark pool import` may take it without `--force`. Cleared by the import's commit.
+    pub exported: bool,
     /// The first slot of this generation's intent log chain (two copies), if it has one
     /// (`pool::intent`); a pool written by a bulwark without the log has none.
     pub log_head: Option<[u64; 2]>,
@@ -80,6 +91,15 @@ impl Superblock {
             b[160 + 16 * i..176 + 16 * i].copy_from_slice(id);
         }
         b[TABLE_KEY_AT..TABLE_KEY_AT + 32].copy_from_slice(&self.table_key);
+        b[STATE_AT] = u8::from(self.exported);
+        let name = self.name.as_bytes();
+        assert!(
+            name.len() <= NAME_BYTES_MAX,
+            "pool name of {} bytes",
+            name.len()
+        );
+        b[NAME_AT] = name.len() as u8;
+        b[NAME_AT + 1..NAME_AT + 1 + name.len()].copy_from_slice(name);
         if let Some([a, c]) = self.log_head {
             b[LOG_AT..LOG_AT + 4].copy_from_slice(&1u32.to_le_bytes());
             b[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&a.to_le_bytes());
@@ -160,6 +180,24 @@ impl Superblock {
         }
         let root =
             Blkptr::decode(&b[96..96 + BLKPTR_BYTES]).map_err(|e| e.within("superblock root"))?;
+        let exported = match b[STATE_AT] {
+            0 => false,
+            1 => true,
+            s => {
+                return Err(Error::Corrupt(format!(
+                    "superblock has unknown pool state {s}"
+                )))
+            }
+        };
+        let name_len = b[NAME_AT] as usize;
+        if name_len > NAME_BYTES_MAX {
+            return Err(Error::Corrupt(format!(
+                "superblock has a pool name of {name_len} bytes (at most {NAME_BYTES_MAX})"
+            )));
+        }
+        let name = std::str::from_utf8(&b[NAME_AT + 1..NAME_AT + 1 + name_len])
+            .map_err(|_| Error::Corrupt("superblock has a pool name that is not UTF-8".into()))?
+            .to_string();
         let member_ids = (0..member_count as usize)
             .map(|i| b[160 + 16 * i..176 + 16 * i].try_into().unwrap())
             .collect();
@@ -202,6 +240,8 @@ impl Superblock {
             root,
             member_ids,
             table_key: b[TABLE_KEY_AT..TABLE_KEY_AT + 32].try_into().unwrap(),
+            name,
+            exported,
             log_head,
         }))
     }
@@ -246,6 +286,8 @@ mod tests {
             },
             member_ids: vec![[3; 16], [2; 16]],
             table_key: [7; 32],
+            name: "tank".into(),
+            exported: true,
             log_head: None,
         };
         let mut b = sb.encode();
@@ -285,6 +327,12 @@ mod tests {
             },
             member_ids: (0..count).map(|i| [i as u8; 16]).collect(),
             table_key: [7; 32],
+            name: if count > 1 {
+                format!("pool{count}")
+            } else {
+                String::new()
+            },
+            exported: count == 2,
             log_head: None,
         };
         let valid = vec![
@@ -336,6 +384,8 @@ mod tests {
             root: Blkptr::HOLE,
             member_ids: vec![[2; 16], [3; 16]],
             table_key: [4; 32],
+            name: "logpool".into(),
+            exported: false,
             log_head: None,
         };
         let rec = crate::constants::RECORD_ALIGN;

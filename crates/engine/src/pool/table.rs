@@ -61,6 +61,22 @@ pub struct VolumeRecord {
     /// Destroyed, kept for the clones of its snapshots (`VolumeState::deferred`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deferred: bool,
+    /// Free text (`volume set NAME description=...`), at most 256 characters.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// Exported read-only, every write refused (`volume set NAME readonly=on`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub readonly: bool,
+    /// When it was created (seconds since the epoch; 0 for volumes made before this field).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub created: u64,
+    /// Its whole size is reserved in the pool (`volume create --thick`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub thick: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One snapshot in the table: its map's root and what `snapshot list` shows.
@@ -232,6 +248,10 @@ mod tests {
             snapshots: vec![],
             origin: None,
             deferred: false,
+            description: String::new(),
+            readonly: false,
+            created: 0,
+            thick: false,
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];

@@ -86,6 +86,10 @@ pub struct Store {
     clean_rounds: AtomicU64,
     /// Client reads and writes (the scrub backs off while they come).
     pub client_ops: AtomicU64,
+    /// Bytes thick volumes have reserved and not yet stored (their sizes less their used
+    /// bytes), as of the control plane's last count (`Core::count_reservations`: every
+    /// commit, and each change of a volume's size or provisioning).
+    pub thick_unused: AtomicU64,
 }
 
 impl NodeStore for Store {
@@ -116,7 +120,33 @@ impl Store {
             space_wanted: AtomicBool::new(false),
             clean_rounds: AtomicU64::new(0),
             client_ops: AtomicU64::new(0),
+            thick_unused: AtomicU64::new(0),
         }
+    }
+
+    /// Live data (after redundancy, as `status` counts it) and what it may fill at most
+    /// (`Log::usable_bytes`).
+    pub fn used_and_usable(&self) -> (u64, u64) {
+        let per = self.red.data_per_segment_byte();
+        (
+            self.log.live_bytes_total() * per,
+            self.log.usable_bytes() * per,
+        )
+    }
+
+    /// Whether a thin volume may add data: refused (`NoSpace`) once the pool's live data
+    /// and the space thick volumes have reserved but not used fill what live data may
+    /// fill. Nothing to check (and nothing counted) while no volume is thick.
+    pub fn thin_room(&self) -> Result<()> {
+        let unused = self.thick_unused.load(Ordering::Relaxed);
+        if unused == 0 {
+            return Ok(());
+        }
+        let (used, usable) = self.used_and_usable();
+        if used.saturating_add(unused) >= usable {
+            return Err(Error::NoSpace);
+        }
+        Ok(())
     }
 
     // --- poisoning ---

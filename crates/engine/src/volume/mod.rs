@@ -98,6 +98,12 @@ pub struct VolumeStatus {
     /// The snapshot this volume was cloned from, as `VOL@SNAP`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<String>,
+    /// `volume set readonly=on`: exported read-only, writes refused.
+    #[serde(default)]
+    pub readonly: bool,
+    /// Its whole size is reserved in the pool (`volume create --thick`).
+    #[serde(default)]
+    pub thick: bool,
 }
 
 /// The engine's record of one volume, shared by the table and every handle.
@@ -105,10 +111,20 @@ pub struct VolumeState {
     pub id: u64,
     pub uuid: [u8; 16],
     pub name: String,
-    pub size: u64,
+    /// Bytes (`size()`); changed only by `volume resize`, under the commit lock.
+    size: AtomicU64,
     pub block_size: u32,
-    pub compression: Compression,
+    /// How new writes are stored (`compression()`; `volume set compression=`).
+    compression: std::sync::atomic::AtomicU8,
     pub encryption: bool,
+    /// `volume set readonly=on`: every write through any handle is refused.
+    pub readonly: AtomicBool,
+    /// Its whole size is reserved in the pool (`volume create --thick`).
+    pub thick: AtomicBool,
+    /// Free text (`volume set description=`).
+    pub description: Mutex<String>,
+    /// Seconds since the epoch when it was created (0: before this was recorded).
+    pub created: AtomicU64,
     pub slots: Mutex<Vec<KeySlot>>,
     /// The map lock.
     pub tree: Mutex<Tree>,
@@ -167,10 +183,14 @@ impl VolumeState {
             id,
             uuid,
             name,
-            size: opts.size_bytes,
+            size: AtomicU64::new(opts.size_bytes),
             block_size: opts.block_size,
-            compression: opts.compression,
+            compression: std::sync::atomic::AtomicU8::new(compression_code(opts.compression)),
             encryption: opts.encryption,
+            readonly: AtomicBool::new(false),
+            thick: AtomicBool::new(false),
+            description: Mutex::new(String::new()),
+            created: AtomicU64::new(0),
             slots: Mutex::new(slots),
             tree: Mutex::new(tree),
             vmk: Mutex::new(None),
@@ -193,12 +213,46 @@ impl VolumeState {
         }
     }
 
+    /// The volume's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// `volume resize`: the caller holds the commit lock and has made the map fit.
+    pub(crate) fn set_size(&self, bytes: u64) {
+        self.size.store(bytes, Ordering::Release);
+    }
+
+    /// How new writes are stored.
+    pub fn compression(&self) -> Compression {
+        match self.compression.load(Ordering::Relaxed) {
+            0 => Compression::Off,
+            _ => Compression::Lz4,
+        }
+    }
+
+    pub fn set_compression(&self, c: Compression) {
+        self.compression
+            .store(compression_code(c), Ordering::Relaxed);
+    }
+
+    /// Bytes the pool keeps for this volume beyond what it stores: a thick volume's size
+    /// less its used bytes; nothing for a thin one.
+    pub fn reservation_unused(&self) -> u64 {
+        if self.thick.load(Ordering::Acquire) {
+            self.size()
+                .saturating_sub(self.used_bytes.load(Ordering::Relaxed))
+        } else {
+            0
+        }
+    }
+
     pub fn status(&self) -> VolumeStatus {
         VolumeStatus {
             name: self.name.clone(),
-            size_bytes: self.size,
+            size_bytes: self.size(),
             block_size: self.block_size,
-            compression: self.compression.to_string(),
+            compression: self.compression().to_string(),
             encryption: self.encryption,
             locked: self.encryption && self.ring.read().is_none(),
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
@@ -216,7 +270,24 @@ impl VolumeState {
                 .lock()
                 .as_ref()
                 .map(|o| format!("{}@{}", o.volume, o.snapshot)),
+            readonly: self.readonly.load(Ordering::Acquire),
+            thick: self.thick.load(Ordering::Acquire),
         }
+    }
+}
+
+/// Seconds since the epoch, now (0 if the clock is before it).
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn compression_code(c: Compression) -> u8 {
+    match c {
+        Compression::Off => 0,
+        Compression::Lz4 => 1,
     }
 }
 
@@ -317,6 +388,23 @@ impl Volume {
         }
     }
 
+    /// Client writes (not the key rotation's rewrites): refused on a snapshot, on a volume
+    /// set readonly=on, and, for a thin volume, once the pool's live data reaches into
+    /// what thick volumes have reserved (`Store::thin_room`).
+    fn refuse_client_write(&self, adds_data: bool) -> Result<()> {
+        self.refuse_if_snapshot()?;
+        if self.st.readonly.load(Ordering::Acquire) {
+            return Err(Error::ReadOnly(format!(
+                "volume '{}' is read-only (readonly=on)",
+                self.st.name
+            )));
+        }
+        if adds_data && !self.st.thick.load(Ordering::Relaxed) {
+            self.store.thin_room()?;
+        }
+        Ok(())
+    }
+
     /// The key ring for this request; an encrypted volume locked under us is an error, never
     /// a reason to write plaintext.
     fn ring(&self) -> Result<Option<Arc<KeyRing>>> {
@@ -331,7 +419,12 @@ impl Volume {
         &self.st.name
     }
     pub fn size(&self) -> u64 {
-        self.st.size
+        self.st.size()
+    }
+
+    /// Whether writes are refused: a snapshot's view, or a volume set readonly=on.
+    pub fn is_read_only(&self) -> bool {
+        self.view.is_some() || self.st.readonly.load(Ordering::Acquire)
     }
     pub fn block_size(&self) -> u32 {
         self.st.block_size
@@ -345,14 +438,12 @@ impl Volume {
                 self.st.name
             )));
         }
-        if offset
-            .checked_add(length)
-            .is_none_or(|end| end > self.st.size)
-        {
+        let size = self.st.size();
+        if offset.checked_add(length).is_none_or(|end| end > size) {
             return Err(Error::OutOfRange {
                 offset,
                 length,
-                size: self.st.size,
+                size,
             });
         }
         Ok(())
@@ -621,7 +712,7 @@ impl Volume {
             let at = end;
             let (flags, len) = codec::encode_at(
                 plain,
-                self.st.compression,
+                self.st.compression(),
                 &self.st.guess,
                 ring.as_deref().map(KeyRing::current),
                 &self.aad(lba),
@@ -803,7 +894,7 @@ impl Volume {
 
     /// Write `data` at `offset`; with `fua` it is durable when this returns.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.refuse_if_snapshot()?;
+        self.refuse_client_write(true)?;
         self.check(offset, data.len() as u64)?;
         let bs = self.st.block_size as usize;
         SCRATCH.with(|s| {
@@ -844,7 +935,7 @@ impl Volume {
 
     /// Make the range read as zeros (whole blocks are freed).
     pub fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<()> {
-        self.refuse_if_snapshot()?;
+        self.refuse_client_write(false)?;
         self.check(offset, length)?;
         let bs = self.st.block_size as usize;
         SCRATCH.with(|s| {
@@ -871,7 +962,7 @@ impl Volume {
 
     /// Discard the range: whole blocks are freed; partial blocks are left as they are.
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
-        self.refuse_if_snapshot()?;
+        self.refuse_client_write(false)?;
         self.check(offset, length)?;
         let bs = self.st.block_size as usize;
         for (lba, _, n) in self.pieces(offset, length) {

@@ -1,0 +1,817 @@
+//! `bulwark pool create|list|status|export|import|destroy`, and the host's registry
+//! of pools (what `pool list` lists and pool names resolve through).
+//!
+//! None of these needs a daemon: they run the engine's pool life cycle
+//! (`bulwark_engine::pool::lifecycle`) directly, and refuse a pool a daemon serves
+//! (one answers on its control socket; the engine's pool lock and device claims
+//! refuse it too). `pool status` of a served pool is `bulwark status`.
+//!
+//! The registry is a small JSON file: `$BULWARK_REGISTRY`, else
+//! `/etc/bulwark/pools.json` for root and `$XDG_CONFIG_HOME/bulwark/pools.json`
+//! (`~/.config/...`) for other users. It maps names to directories; the state of
+//! each pool is read live (its control socket, its `pool.json`). Entries whose
+//! directory no longer holds the pool are stale: they are listed as `missing` and
+//! dropped at the next change. Updates hold an flock on `FILE.lock` and replace the
+//! file atomically; a registry that cannot be written is a warning, never a reason
+//! to fail a command whose work is done.
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bulwark_engine::pool::create::{default_pool_name, PoolConfig};
+use bulwark_engine::pool::lifecycle::{self, FoundPool, ImportOptions};
+use bulwark_engine::size::format_size;
+use bulwark_engine::{DeviceSpec, Layout, Pool};
+use serde::{Deserialize, Serialize};
+
+use crate::access;
+use crate::cli::{
+    ListArgs, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs, PoolTargetArgs,
+    StatusArgs,
+};
+use crate::client::{self, print, print_json};
+use crate::control::{self, Request, Response, StatusReport};
+use crate::display::{Align, Table};
+use crate::error::{Error, Result};
+
+/// How long `pool list` and the served-pool checks wait for a daemon's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+// ---- the registry --------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    pub dir: PathBuf,
+    pub pool_id: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RegistryFile {
+    #[serde(default)]
+    pools: Vec<Entry>,
+}
+
+/// Where this user's registry lives.
+pub fn registry_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("BULWARK_REGISTRY").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/etc/bulwark/pools.json");
+    }
+    let config = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    config.join("bulwark").join("pools.json")
+}
+
+fn read_registry(path: &Path) -> Result<Vec<Entry>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice::<RegistryFile>(&bytes)
+            .map(|r| r.pools)
+            .map_err(|e| Error::msg(format!("pool registry {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::msg(format!(
+            "cannot read the pool registry {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// The pools registered on this host (an unreadable registry is empty, with a warning).
+pub fn registered() -> Vec<Entry> {
+    let path = registry_path();
+    read_registry(&path).unwrap_or_else(|e| {
+        eprintln!("warning: {e}");
+        Vec::new()
+    })
+}
+
+/// Whether `e` still names the pool it was registered for.
+fn live(e: &Entry) -> bool {
+    PoolConfig::read(&e.dir).is_ok_and(|c| c.pool_id == e.pool_id)
+}
+
+/// Change the registry under its lock; stale entries are dropped on the way.
+fn update(change: impl FnOnce(&mut Vec<Entry>)) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::io::AsRawFd;
+    let path = registry_path();
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let cannot = |what: &str, p: &Path, e: std::io::Error| {
+        Error::msg(format!("cannot {what} {}: {e}", p.display()))
+    };
+    std::fs::create_dir_all(parent).map_err(|e| cannot("create", parent, e))?;
+    let lock_path = path.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| cannot("open", &lock_path, e))?;
+    // SAFETY: flock on a descriptor we own; released when `lock` is closed.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(cannot("lock", &lock_path, std::io::Error::last_os_error()));
+    }
+    let mut pools = read_registry(&path)?;
+    change(&mut pools);
+    pools.retain(live);
+    pools.sort_by(|a, b| a.name.cmp(&b.name).then(a.dir.cmp(&b.dir)));
+    pools.dedup();
+    let mut text = serde_json::to_vec_pretty(&RegistryFile { pools }).expect("serializes");
+    text.push(b'\n');
+    let tmp = path.with_extension("json.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| cannot("write", &path, e))
+}
+
+/// `update`, a failure of which is only a warning: the command's work is done.
+fn update_or_warn(change: impl FnOnce(&mut Vec<Entry>)) {
+    if let Err(e) = update(change) {
+        eprintln!("warning: the pool registry was not updated: {e}");
+    }
+}
+
+/// Register pool `name` (id `pool_id`) in `dir`, replacing entries of the same pool.
+fn register(name: &str, dir: &Path, pool_id: &str) {
+    let entry = Entry {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        pool_id: pool_id.to_string(),
+    };
+    update_or_warn(|pools| {
+        pools.retain(|e| e.pool_id != entry.pool_id && e.dir != entry.dir);
+        pools.push(entry);
+    });
+}
+
+/// Refuses `name` when another live pool on this host has it.
+fn check_name_free(name: &str, dir: &Path, pool_id: Option<&str>) -> Result<()> {
+    let clash = registered()
+        .into_iter()
+        .find(|e| e.name == name && e.dir != dir && Some(e.pool_id.as_str()) != pool_id && live(e));
+    match clash {
+        Some(e) => Err(Error::msg(format!(
+            "a pool named {name} is already registered on this host ({}): choose another \
+             name with --name NAME",
+            e.dir.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Absolute form of `dir` (its parent resolved, the directory itself need not exist).
+fn absolute(dir: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(dir) {
+        return p;
+    }
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|c| c.join(dir))
+            .unwrap_or(dir.to_path_buf())
+    };
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|p| p.join(name))
+            .unwrap_or(abs),
+        _ => abs,
+    }
+}
+
+/// The directory `target` means: a path (it has a '/', or is a directory holding a
+/// pool) as it is, else a name looked up in the registry.
+pub fn resolve(target: &str) -> Result<PathBuf> {
+    let as_path = Path::new(target);
+    if target.contains('/') || as_path.join("pool.json").exists() {
+        return Ok(absolute(as_path));
+    }
+    let matches: Vec<Entry> = registered()
+        .into_iter()
+        .filter(|e| e.name == target)
+        .collect();
+    match matches.len() {
+        0 => Err(Error::msg(format!(
+            "no pool named {target} is registered on this host ({}): give its directory, \
+             or see 'bulwark pool list'",
+            registry_path().display()
+        ))),
+        1 => Ok(matches[0].dir.clone()),
+        _ => Err(Error::msg(format!(
+            "{} pools named {target} are registered ({}): give the directory",
+            matches.len(),
+            matches
+                .iter()
+                .map(|e| e.dir.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+// ---- a daemon serving the pool -------------------------------------------------
+
+/// What a daemon serving `dir` answers to `status`, if one does (within `PROBE_TIMEOUT`).
+fn probe(dir: &Path) -> Probe {
+    let path = control::control_socket_path(dir);
+    let stream = match UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Probe::NoAccess,
+        Err(_) => return Probe::None,
+    };
+    let ask = || -> std::io::Result<Option<StatusReport>> {
+        stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
+        stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
+        let mut line = serde_json::to_string(&Request::Status).expect("serializes");
+        line.push('\n');
+        (&stream).write_all(line.as_bytes())?;
+        let mut answer = String::new();
+        BufReader::new(&stream).read_line(&mut answer)?;
+        Ok(match Response::from_line(answer.trim_end()) {
+            Ok(Response::Ok(v)) => serde_json::from_value(v).ok(),
+            _ => None,
+        })
+    };
+    match ask() {
+        Ok(Some(report)) => Probe::Serving(Box::new(report)),
+        // Something listens but does not answer as a daemon should: treat it as serving.
+        _ => Probe::Unanswered,
+    }
+}
+
+enum Probe {
+    None,
+    Serving(Box<StatusReport>),
+    Unanswered,
+    NoAccess,
+}
+
+/// Refuses when a daemon serves `dir`: `what` cannot run under it.
+fn refuse_if_served(dir: &Path, name: &str, what: &str) -> Result<()> {
+    let by = match probe(dir) {
+        Probe::None => return Ok(()),
+        Probe::Serving(r) => format!("a bulwark daemon (pid {})", r.daemon.pid),
+        Probe::Unanswered | Probe::NoAccess => "a bulwark daemon".to_string(),
+    };
+    Err(Error::msg(format!(
+        "pool {name} is being served by {by} from {}: stop it first (systemctl stop \
+         bulwark@$(systemd-escape --path {}), or SIGTERM), then {what}",
+        dir.display(),
+        dir.display()
+    )))
+}
+
+fn config_name(dir: &Path, conf: &PoolConfig) -> String {
+    conf.name.clone().unwrap_or_else(|| default_pool_name(dir))
+}
+
+// ---- commands --------------------------------------------------------------------
+
+pub fn create(args: &PoolCreateArgs) -> Result<()> {
+    let copies = match args.layout {
+        Layout::Single => 1,
+        Layout::Mirror(n) => n as usize,
+        Layout::Parity { k, m } => k as usize + m as usize,
+    };
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => default_pool_name(&args.dir),
+    };
+    bulwark_engine::pool::create::validate_pool_name(&name)?;
+    let dir = absolute(&args.dir);
+    check_name_free(&name, &dir, None)?;
+    let (spec, what) = match args.device_size {
+        Some(size_bytes) => {
+            let count = args.devices.unwrap_or(copies);
+            if count == 0 {
+                return Err(Error::usage("--devices must be at least 1"));
+            }
+            let what = format!("{count} device file(s) of {}", format_size(size_bytes));
+            (DeviceSpec::Files { count, size_bytes }, what)
+        }
+        None => {
+            let what = format!("{} device(s)", args.device.len());
+            (DeviceSpec::Paths(args.device.clone()), what)
+        }
+    };
+    Pool::create_named(&args.dir, args.layout, spec, &name)?;
+    let dir = absolute(&args.dir);
+    if let Ok(conf) = PoolConfig::read(&dir) {
+        register(&name, &dir, &conf.pool_id);
+    }
+    print(&format!(
+        "created pool {name} in {}: layout {}, {what}\n",
+        args.dir.display(),
+        args.layout
+    ))
+}
+
+/// One row of `pool list`.
+#[derive(Debug, Serialize)]
+struct Listed {
+    name: String,
+    dir: PathBuf,
+    pool_id: String,
+    /// serving, exported, stopped, missing (the directory no longer holds the pool),
+    /// or unknown (a daemon runs as another user).
+    state: String,
+    /// ONLINE, DEGRADED, FAULTED from a serving daemon.
+    health: Option<String>,
+    size_bytes: Option<u64>,
+    used_bytes: Option<u64>,
+}
+
+fn listed(e: &Entry) -> Listed {
+    let mut row = Listed {
+        name: e.name.clone(),
+        dir: e.dir.clone(),
+        pool_id: e.pool_id.clone(),
+        state: String::new(),
+        health: None,
+        size_bytes: None,
+        used_bytes: None,
+    };
+    let conf = match PoolConfig::read(&e.dir) {
+        Ok(c) if c.pool_id == e.pool_id => c,
+        _ => {
+            row.state = "missing".into();
+            return row;
+        }
+    };
+    match probe(&e.dir) {
+        Probe::Serving(r) => {
+            row.state = "serving".into();
+            row.health = Some(r.pool.state.clone());
+            row.size_bytes = Some(r.pool.space.total_bytes);
+            row.used_bytes = Some(r.pool.space.used_bytes);
+            return row;
+        }
+        Probe::Unanswered => {
+            row.state = "serving".into();
+            return row;
+        }
+        Probe::NoAccess => {
+            row.state = "unknown".into();
+            return row;
+        }
+        Probe::None => {}
+    }
+    row.state = if conf.exported { "exported" } else { "stopped" }.into();
+    row.size_bytes = lifecycle::inspect(&e.dir).ok().map(|f| f.capacity_bytes);
+    row
+}
+
+pub fn list(args: &ListArgs) -> Result<()> {
+    let rows: Vec<Listed> = registered().iter().map(listed).collect();
+    if args.json {
+        return print_json(&rows);
+    }
+    if rows.is_empty() {
+        return print(&format!(
+            "no pools registered on this host ({})\n",
+            registry_path().display()
+        ));
+    }
+    use Align::*;
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("DIR", Left),
+        ("STATE", Left),
+        ("SIZE", Right),
+        ("USED", Right),
+        ("HEALTH", Left),
+    ]);
+    let size = |b: Option<u64>| b.map(format_size).unwrap_or_else(|| "-".into());
+    for r in &rows {
+        t.row(vec![
+            r.name.clone(),
+            r.dir.display().to_string(),
+            r.state.clone(),
+            size(r.size_bytes),
+            size(r.used_bytes),
+            r.health.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    print(&t.render(""))
+}
+
+/// The pool `pool status` means: NAME|DIR given, else `--pool`, else the only one registered.
+fn status_target(args: &PoolStatusArgs, pool: Option<&Path>) -> Result<PathBuf> {
+    if let Some(t) = &args.target {
+        return resolve(t);
+    }
+    if let Some(p) = pool {
+        return Ok(absolute(p));
+    }
+    let all = registered();
+    match all.as_slice() {
+        [one] => Ok(one.dir.clone()),
+        [] => Err(Error::usage(
+            "no pool given and none registered: use 'bulwark pool status NAME|DIR'",
+        )),
+        _ => Err(Error::usage(format!(
+            "{} pools are registered: name one ('bulwark pool status NAME', see 'bulwark pool list')",
+            all.len()
+        ))),
+    }
+}
+
+pub fn status(args: &PoolStatusArgs, pool: Option<&Path>) -> Result<()> {
+    let dir = status_target(args, pool)?;
+    match probe(&dir) {
+        Probe::None => {}
+        _ => {
+            return client::status(&dir, &StatusArgs { json: args.json });
+        }
+    }
+    let conf = PoolConfig::read(&dir)?;
+    let found = lifecycle::inspect(&dir)?;
+    let state = if conf.exported { "EXPORTED" } else { "STOPPED" };
+    if args.json {
+        #[derive(Serialize)]
+        struct Offline<'a> {
+            dir: &'a Path,
+            state: &'a str,
+            #[serde(flatten)]
+            found: &'a FoundPool,
+        }
+        return print_json(&Offline {
+            dir: &dir,
+            state,
+            found: &found,
+        });
+    }
+    let name = if found.name.is_empty() {
+        config_name(&dir, &conf)
+    } else {
+        found.name.clone()
+    };
+    let mut out = format!(
+        "  pool: {name}\n    id: {}\n   dir: {}\n",
+        found.pool_id,
+        dir.display()
+    );
+    let why = if conf.exported {
+        format!(
+            "exported: no daemon may serve it until 'bulwark pool import --dir {}' (here) or an \
+             import on another host takes it",
+            dir.display()
+        )
+    } else {
+        format!("no daemon serves it: 'bulwark serve {}'", dir.display())
+    };
+    out.push_str(&format!(" state: {state} ({why})\n"));
+    out.push_str(&found_text(&found));
+    print(&out)
+}
+
+/// The layout, generation, capacity and member table of a pool found on devices.
+fn found_text(found: &FoundPool) -> String {
+    let mut out = format!(
+        "layout: {}\n   gen: {}{}\n  size: {}\nconfig:\n\n",
+        found.layout,
+        found.generation,
+        if found.exported { " (exported)" } else { "" },
+        format_size(found.capacity_bytes)
+    );
+    use Align::*;
+    let mut t = Table::new(&[("MEMBER", Left), ("STATE", Left), ("GEN", Right)]);
+    for m in &found.members {
+        let place = match &m.path {
+            Some(p) => p.display().to_string(),
+            None => format!("<member {} id {}>", m.index, m.device_id),
+        };
+        let state = match &m.in_use {
+            Some(_) => format!("{} (in use by a running daemon)", m.state),
+            None => m.state.clone(),
+        };
+        t.row(vec![
+            place,
+            state,
+            m.generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    out.push_str(&t.render("\t"));
+    out
+}
+
+pub fn export(args: &PoolTargetArgs) -> Result<()> {
+    let dir = resolve(&args.target)?;
+    let conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "export it")?;
+    let report = lifecycle::export(&dir)?;
+    audit(
+        &dir,
+        "pool.export",
+        serde_json::json!({ "generation": report.generation }),
+    );
+    register(&name, &dir, &conf.pool_id);
+    let mut out = format!(
+        "exported pool {name} (id {}) at generation {}: its devices may now be moved\n",
+        report.pool_id, report.generation
+    );
+    for d in &report.devices {
+        out.push_str(&format!("\t{}\n", d.display()));
+    }
+    out.push_str(&format!(
+        "import it with 'bulwark pool import --dir NEWDIR DEVICES...' (carry {}/grants.json, \
+         or give --from-dir {})\n",
+        dir.display(),
+        dir.display()
+    ));
+    print(&out)
+}
+
+/// Appends one record to the pool's audit log (`DIR/audit.log`); a failure is a warning.
+fn audit(dir: &Path, event: &str, detail: serde_json::Value) {
+    match access::Audit::open(dir) {
+        Ok(a) => a.record(access::Record {
+            event,
+            client: "owner",
+            peer: "command line",
+            volume: None,
+            result: "ok",
+            detail,
+        }),
+        Err(e) => eprintln!("warning: not recorded in the audit log: {e}"),
+    }
+}
+
+/// The devices `pool import` reads: those given, else `--from-dir`'s, else `--dir`'s.
+fn import_devices(args: &PoolImportArgs) -> Result<Vec<PathBuf>> {
+    if !args.devices.is_empty() {
+        return Ok(args.devices.clone());
+    }
+    let from = args
+        .from_dir
+        .as_ref()
+        .or(args.dir.as_ref())
+        .ok_or_else(|| {
+            Error::usage("give the DEVICES to read, or --from-dir OLD_DIR, or --dir DIR")
+        })?;
+    let conf = PoolConfig::read(from)?;
+    let mut devices: Vec<PathBuf> = conf
+        .resolve(from)
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    devices.push(from.clone());
+    Ok(devices)
+}
+
+pub fn import(args: &PoolImportArgs) -> Result<()> {
+    let devices = import_devices(args)?;
+    let Some(dir) = &args.dir else {
+        // What zpool import says without a pool name: what is there, and whether it imports.
+        let found = lifecycle::scan(&devices)?;
+        if args.json {
+            return print_json(&found);
+        }
+        if found.is_empty() {
+            return print("no bulwark labels found\n");
+        }
+        let mut out = String::new();
+        for f in &found {
+            out.push_str(&found_header(f));
+            out.push_str(&found_text(f));
+            match lifecycle::import_refusal(f, args.force) {
+                Some(e) => out.push_str(&format!("action: cannot import: {e}\n\n")),
+                None => out.push_str(&format!(
+                    "action: 'bulwark pool import --dir DIR {}' imports it\n\n",
+                    f.present()
+                        .map(|(_, p)| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )),
+            }
+        }
+        return print(&out);
+    };
+    let dir = absolute(dir);
+    let found = lifecycle::one_pool(&devices)?;
+    if !args.json {
+        print(&format!("{}{}\n", found_header(&found), found_text(&found)))?;
+    }
+    let name = match (&args.name, found.name.is_empty()) {
+        (Some(n), _) => n.clone(),
+        (None, false) => found.name.clone(),
+        (None, true) => default_pool_name(&dir),
+    };
+    check_name_free(&name, &dir, Some(&found.pool_id))?;
+    let report = lifecycle::import_into(
+        &dir,
+        &devices,
+        &ImportOptions {
+            force: args.force,
+            rename: args.name.clone(),
+            from_dir: args.from_dir.clone(),
+        },
+    )?;
+    register(&report.name, &dir, &report.found.pool_id);
+    let carried = match &args.from_dir {
+        Some(old) => carry(old, &dir)?,
+        None => Vec::new(),
+    };
+    audit(
+        &dir,
+        "pool.import",
+        serde_json::json!({
+            "generation": report.generation,
+            "exported": report.found.exported,
+            "force": args.force,
+            "carried": carried,
+        }),
+    );
+    if args.json {
+        return print_json(&report);
+    }
+    let mut out = format!(
+        "imported pool {} (id {}) into {} at generation {}\n",
+        report.name,
+        report.found.pool_id,
+        dir.display(),
+        report.generation
+    );
+    for c in &carried {
+        out.push_str(&format!(
+            "copied {c} from {}\n",
+            args.from_dir.as_ref().unwrap().display()
+        ));
+    }
+    let locked: Vec<&str> = report
+        .volumes
+        .iter()
+        .filter(|v| v.encryption)
+        .map(|v| v.name.as_str())
+        .collect();
+    out.push_str(&format!(
+        "volumes: {}\n",
+        if report.volumes.is_empty() {
+            "none".to_string()
+        } else {
+            report
+                .volumes
+                .iter()
+                .map(|v| v.name.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    ));
+    out.push_str(&format!("next: 'bulwark serve {}'", dir.display()));
+    if !locked.is_empty() {
+        out.push_str(&format!(
+            ", then 'bulwark key load VOLUME --key-file F | --passphrase-file F' for the \
+             encrypted volumes ({})",
+            locked.join(", ")
+        ));
+    }
+    out.push('\n');
+    if !dir.join(access::GRANTS_FILE).exists() {
+        out.push_str(&format!(
+            "grants: none in {} (TLS clients open nothing until 'bulwark grant add', or copy \
+             the old directory's {} here before serving)\n",
+            dir.display(),
+            access::GRANTS_FILE
+        ));
+    }
+    print(&out)
+}
+
+fn found_header(f: &FoundPool) -> String {
+    format!(
+        "  pool: {}\n    id: {}\n state: {}\n",
+        f.display_name(),
+        f.pool_id,
+        if f.exported {
+            "EXPORTED"
+        } else {
+            "ACTIVE (not exported: imported on some host)"
+        }
+    )
+}
+
+/// Copy what lives in the old pool directory and not on the devices (grants, image
+/// records) into `dir`, where `dir` has none; returns what was copied.
+fn carry(old: &Path, dir: &Path) -> Result<Vec<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut copied = Vec::new();
+    let grants = old.join(access::GRANTS_FILE);
+    let to = dir.join(access::GRANTS_FILE);
+    if grants.is_file() && !to.exists() && old != dir {
+        std::fs::copy(&grants, &to)
+            .and_then(|_| std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)))
+            .map_err(|e| Error::msg(format!("cannot copy {}: {e}", grants.display())))?;
+        copied.push(access::GRANTS_FILE.to_string());
+    }
+    let images = old.join(crate::image::IMAGES_DIR);
+    let to = dir.join(crate::image::IMAGES_DIR);
+    if images.is_dir() && !to.exists() && old != dir {
+        std::fs::create_dir_all(&to)
+            .and_then(|_| std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|e| Error::msg(format!("cannot create {}: {e}", to.display())))?;
+        for e in std::fs::read_dir(&images).into_iter().flatten().flatten() {
+            if e.path().is_file() {
+                let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+            }
+        }
+        copied.push(format!("{}/", crate::image::IMAGES_DIR));
+    }
+    Ok(copied)
+}
+
+/// Ask for the pool's name at a terminal, as a guard against destroying the wrong pool.
+fn confirm_destroy(name: &str, dir: &Path) -> Result<()> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Error::usage(format!(
+            "'pool destroy' wipes pool {name} for good: confirm by typing its name at a \
+             terminal, or pass --yes"
+        )));
+    }
+    let mut stderr = std::io::stderr();
+    let _ = write!(
+        stderr,
+        "This wipes the labels of every device of pool {name} ({}) and removes its pool \
+         files: it can never be imported again.\nType the pool's name to confirm: ",
+        dir.display()
+    );
+    let _ = stderr.flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::msg(format!("cannot read the confirmation: {e}")))?;
+    if answer.trim_end_matches(['\n', '\r']) != name {
+        return Err(Error::msg(format!(
+            "not confirmed: pool {name} is unchanged"
+        )));
+    }
+    Ok(())
+}
+
+pub fn destroy(args: &PoolDestroyArgs) -> Result<()> {
+    let dir = resolve(&args.target)?;
+    let conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "destroy it")?;
+    if !args.yes {
+        confirm_destroy(&name, &dir)?;
+    }
+    let report = lifecycle::destroy(&dir, args.force)?;
+    // The binary's own files: grants and image records go with the pool; the audit log
+    // stays, with this last record.
+    let _ = std::fs::remove_file(dir.join(access::GRANTS_FILE));
+    let _ = std::fs::remove_dir_all(dir.join(crate::image::IMAGES_DIR));
+    for s in [control::CONTROL_SOCKET_NAME, control::NBD_SOCKET_NAME] {
+        let _ = std::fs::remove_file(dir.join(s));
+    }
+    audit(
+        &dir,
+        "pool.destroy",
+        serde_json::json!({ "pool_id": report.pool_id, "wiped": report.wiped }),
+    );
+    update_or_warn(|pools| pools.retain(|e| e.pool_id != report.pool_id));
+    let mut out = format!(
+        "destroyed pool {name} (id {}): labels wiped on {} device(s)\n",
+        report.pool_id,
+        report.wiped.len()
+    );
+    for d in &report.wiped {
+        out.push_str(&format!("\twiped {}\n", d.display()));
+    }
+    for d in &report.removed {
+        out.push_str(&format!("\tremoved {}\n", d.display()));
+    }
+    for m in &report.missing {
+        out.push_str(&format!(
+            "warning: {m} was not found: its labels, wherever it is, were not wiped\n"
+        ));
+    }
+    out.push_str(&format!(
+        "kept {} (the pool's history)\n",
+        dir.join(access::AUDIT_FILE).display()
+    ));
+    print(&out)
+}
