@@ -605,7 +605,7 @@ def test_space_accounting_is_exact(make_pool, tmp_path, seed, layout, encrypted)
         used = {s["name"]: s["used_bytes"] for s in snapshots(pool, "sp")}[name]
         before = space(pool, "sp")
         r = pool.cli("snapshot", "destroy", name)
-        assert f"freed {format_size(used)}" in r.stdout, \
+        assert f"freed {format_size(used)} ({used} bytes)" in r.stdout, \
             f"`snapshot destroy {name}` printed {r.stdout.strip()!r}; its USED was {used} ({format_size(used)})"
         after = space(pool, "sp")
         assert before["used_bytes"] - after["used_bytes"] == used, \

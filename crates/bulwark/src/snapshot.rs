@@ -61,7 +61,7 @@ fn destroy(dir: &Path, args: &SnapshotNameArgs) -> Result<()> {
         .and_then(|v| v.as_u64())
         .unwrap_or(0);
     print(&format!(
-        "destroyed snapshot {}: freed {}\n",
+        "destroyed snapshot {}: freed {} ({freed} bytes)\n",
         args.snapshot,
         format_size(freed)
     ))
