@@ -38,38 +38,8 @@ const CELL: u64 = 4096;
 /// pool is then checked after a crash): near full the pool can stay out of space.
 const NOSPACE_MAX: usize = 8;
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|s| {
-        let s = s.trim();
-        match s.strip_prefix("0x") {
-            Some(h) => u64::from_str_radix(h, 16),
-            None => s.parse(),
-        }
-        .unwrap_or_else(|_| panic!("{name}={s} is not a number"))
-    })
-}
-
-/// splitmix64: the test's generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-    fn range(&mut self, lo: u64, hi_incl: u64) -> u64 {
-        lo + self.below(hi_incl - lo + 1)
-    }
-}
+mod common;
+use common::{env_u64, Rng};
 
 /// The bytes of a cell holding value `tag` (0: zeros): a header naming the value and the
 /// cell, then incompressible bytes drawn from both.
