@@ -57,6 +57,18 @@ fn vmk_key(vmk: &Zeroizing<[u8; 32]>) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &vmk[..]).expect("32-byte key"))
 }
 
+/// The generation after every one in `records` (own or inherited): a volume's next data
+/// key. `Invalid` once all 65536 are used.
+pub fn next_generation(records: &[DataKeyRecord], volume: &str) -> Result<u16> {
+    records
+        .iter()
+        .map(|k| k.generation)
+        .max()
+        .unwrap_or(0)
+        .checked_add(1)
+        .ok_or_else(|| Error::Invalid(format!("volume '{volume}' has used every key generation")))
+}
+
 /// A fresh data key for `generation`, wrapped by `vmk`.
 pub fn new_data_key(vmk: &Zeroizing<[u8; 32]>, uuid: &[u8; 16], generation: u16) -> DataKeyRecord {
     let dek = Zeroizing::new(random_bytes::<32>());

@@ -74,15 +74,7 @@ impl Core {
         }
         let generation = {
             let mut keys = st.data_keys.lock();
-            let g = keys
-                .iter()
-                .map(|k| k.generation)
-                .max()
-                .unwrap_or(0)
-                .checked_add(1)
-                .ok_or_else(|| {
-                    Error::Invalid("this volume has used every key generation".into())
-                })?;
+            let g = ring::next_generation(&keys, &st.name)?;
             keys.push(ring::new_data_key(&vmk, &st.uuid, g));
             *st.ring.write() = Some(Arc::new(KeyRing::open(&vmk, &st.uuid, &keys)?));
             g

@@ -527,15 +527,7 @@ impl Core {
                     .clone()
                     .ok_or_else(|| Error::Locked(volume.to_string()))?;
                 let origin_keys = st.data_keys.lock().clone();
-                let next_gen = origin_keys
-                    .iter()
-                    .map(|k| k.generation)
-                    .max()
-                    .unwrap_or(0)
-                    .checked_add(1)
-                    .ok_or_else(|| {
-                        Error::Invalid(format!("volume '{volume}' has used every key generation"))
-                    })?;
+                let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
                 let mut k = super::keys::new_volume_keys(secret, &uuid)?;
                 let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
                 for r in &origin_keys {
