@@ -431,7 +431,12 @@ impl Core {
         if self.commits_done.load(Ordering::Acquire) > arrived {
             return self.store.check_poisoned();
         }
-        if self.intent_log {
+        // Near full, a commit instead: it gives back the room the dirty map holds and frees
+        // the segments emptied since the last one, which a log write would not. Likewise
+        // while thick volumes hold reservations: the room thin volumes may take is counted
+        // against the map's size as of the last commit, which must stay recent.
+        let thick = self.store.thick_unused.load(Ordering::Relaxed) > 0;
+        if self.intent_log && !thick && !self.low_on_space() {
             self.store.check_poisoned()?;
             self.commits_begun.fetch_add(1, Ordering::AcqRel);
             let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
