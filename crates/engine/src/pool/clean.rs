@@ -63,6 +63,17 @@ impl NodeStore for CachedOnly {
     }
 }
 
+/// Under the map lock: the volume's map now points block `lba` at the moved copy `new`.
+/// While the volume has notes for the intent log, note the move too: a note made before it
+/// names the old copy, whose segment the move may empty and a writer recycle before the
+/// next commit; the flush keeps the last note per block, this one.
+fn note_move(v: &VolumeState, lba: u64, new: &Blkptr) {
+    let mut notes = v.intents.lock();
+    if !notes.is_empty() {
+        notes.push((lba, *new));
+    }
+}
+
 /// The rank in this pass of the best victim holding a copy of `p`; `None`: no victim does.
 fn victim_rank(rank: &[(u32, usize)], p: &Blkptr) -> Option<usize> {
     p.addrs()
@@ -332,6 +343,9 @@ impl Core {
                 &mut *head
             };
             t.set(&*self.store, &self.store.cache, lba, *new)?;
+            if j == n {
+                note_move(v, lba, new);
+            }
         }
         let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
         self.store.note_dirty(&v.snap_dirty_nodes, dirty);
@@ -487,6 +501,7 @@ impl Core {
         let mut tree = v.tree.lock();
         if tree.lookup(&*self.store, &self.store.cache, lba)? == old {
             tree.set(&*self.store, &self.store.cache, lba, new)?;
+            note_move(v, lba, &new);
             self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
             self.store.release(&old);
             Ok(true)

@@ -642,6 +642,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // Replay the intent log: the flushed client writes after the last commit.
     let mut chain_slots: Vec<Blkptr> = Vec::new();
+    // Records replayed entries replaced: the committed generation still points at them
+    // until the import's own commit, so they are released only after it.
+    let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
     if let Some(head) = newest.log_head {
         let mut at = head;
@@ -653,11 +656,19 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
             chain_slots.push(slot);
             count(&slot, &mut live);
+            let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
+            let this_block = |b: &[u8]| {
+                matches!(
+                    super::intent::Block::decode(b, &pool_id, generation, seq),
+                    Ok(Some(_))
+                )
+            };
             match store.red.read_quiet(
                 slot.addrs(),
                 slot.len as usize,
                 &crate::checksum::SELF_CHECKED,
                 &mut buf,
+                &this_block,
             ) {
                 Ok(true) => {}
                 Ok(false) => break "the end of the log".to_string(),
@@ -696,7 +707,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     let mut rec = Vec::new();
                     if !store
                         .red
-                        .read_quiet(e.ptr.addrs(), e.ptr.len as usize, &e.ptr.checksum, &mut rec)
+                        .read_quiet(
+                            e.ptr.addrs(),
+                            e.ptr.len as usize,
+                            &e.ptr.checksum,
+                            &mut rec,
+                            &|_| true,
+                        )
                         .unwrap_or(false)
                     {
                         break 'replay format!(
@@ -725,11 +742,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     &old,
                 );
                 if !old.is_hole() && !kept {
-                    for &a in old.addrs() {
-                        if let Some(l) = live.get_mut(segment_of(a) as usize) {
-                            *l = l.saturating_sub(footprint(old.len as usize) as u32);
-                        }
-                    }
+                    replaced.push(old);
                 }
                 replayed.1 += 1;
             }
@@ -830,6 +843,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
+    for p in &replaced {
+        core.store.release(p);
+    }
     // Crash points count from here: this commit is the import's, not an operation's.
     crate::crashpoint::arm();
     tracing::info!(

@@ -158,9 +158,9 @@ pub(crate) struct Chain {
     pub slots: Vec<Blkptr>,
 }
 
-/// The notes of `v` since the last durable point, the last per block, in the order made.
-pub(crate) fn take_entries(v: &VolumeState) -> Vec<Entry> {
-    let notes = std::mem::take(&mut *v.intents.lock());
+/// Volume `volume`'s notes since the last durable point, the last per block, in the
+/// order made.
+pub(crate) fn dedup_notes(volume: u64, notes: Vec<(u64, Blkptr)>) -> Vec<Entry> {
     if notes.is_empty() {
         return Vec::new();
     }
@@ -173,7 +173,7 @@ pub(crate) fn take_entries(v: &VolumeState) -> Vec<Entry> {
         .enumerate()
         .filter(|(i, (lba, _))| last[lba] == *i)
         .map(|(_, (lba, ptr))| Entry {
-            volume: v.id,
+            volume,
             lba: *lba,
             ptr: *ptr,
         })
@@ -209,14 +209,20 @@ impl Core {
         let Some(chain) = chain.as_mut() else {
             return Ok(false);
         };
-        // First end the recycle epoch: every record an entry taken below names lies in a
-        // segment opened before this, which from now on only a commit frees. (Taken first,
-        // an entry could name a record whose segment a writer recycles before the bump.)
+        // The recycle epoch stays odd while the notes are taken (as during a commit's
+        // snapshot): nothing is recyclable meanwhile, and every record a note names lies in
+        // a segment opened before the epoch ends, which from then on only a commit frees.
+        // (Ended before the take, a segment opened in between could hold a noted record
+        // and be recycled before the next commit.)
         self.store.log.begin_snapshot();
+        let notes: Vec<_> = volumes
+            .iter()
+            .map(|v| (v.id, std::mem::take(&mut *v.intents.lock())))
+            .collect();
         self.store.log.end_snapshot();
         let mut entries = Vec::new();
-        for v in volumes {
-            entries.extend(take_entries(v));
+        for (id, n) in notes {
+            entries.extend(dedup_notes(id, n));
         }
         if entries.is_empty() {
             // Every completed write is in the last commit or an earlier flush's blocks.

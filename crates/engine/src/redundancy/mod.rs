@@ -277,12 +277,16 @@ impl Redundancy {
     /// counted, logged or repaired. For probing a slot that may never have been written
     /// (the end of the intent log), where a mismatch is the expected answer, not damage.
     /// Striped layouts reconstruct through `read_verified` and get their counters back.
+    ///
+    /// `accept` may refuse a copy that verifies (a stale block left by another chain on
+    /// one member): the next copy is tried.
     pub fn read_quiet(
         &self,
         addrs: &[u64],
         len: usize,
         sum: &Checksum,
         out: &mut Vec<u8>,
+        accept: &dyn Fn(&[u8]) -> bool,
     ) -> Result<bool> {
         self.check_record(addrs, len)?;
         if !matches!(self.layout, Layout::Parity { .. }) {
@@ -292,7 +296,7 @@ impl Redundancy {
                     let Some(dev) = self.members[m].dev() else {
                         continue;
                     };
-                    if dev.read_at(out, off).is_ok() && verify(sum, out) {
+                    if dev.read_at(out, off).is_ok() && verify(sum, out) && accept(out) {
                         return Ok(true);
                     }
                 }
@@ -311,8 +315,8 @@ impl Redundancy {
             .collect();
         let unrecoverable = self.unrecoverable_blocks.load(Ordering::Relaxed);
         match self.read_verified(addrs, len, sum, out) {
-            Ok(()) => Ok(true),
-            Err(_) => {
+            Ok(()) if accept(out) => Ok(true),
+            _ => {
                 for (m, (r, c)) in self.members.iter().zip(saved) {
                     m.read_errors.store(r, Ordering::Relaxed);
                     m.cksum_errors.store(c, Ordering::Relaxed);

@@ -792,6 +792,12 @@ impl Volume {
                 match tree.set(&*self.store, &self.store.cache, r.lba, r.ptr) {
                     Ok(old) => drop_old(r.lba, r.ptr.len, old, &mut gone),
                     Err(e) => {
+                        // What the map took before the failure is noted like any write:
+                        // an older note for those blocks names what `gone` releases.
+                        self.st
+                            .intents
+                            .lock()
+                            .extend(recs[..i].iter().map(|r| (r.lba, r.ptr)));
                         drop((snaps, tree));
                         for r in &recs[i..] {
                             self.store.release(&r.ptr);
@@ -803,9 +809,21 @@ impl Volume {
                     }
                 }
             }
-            for &lba in &holes {
-                let old = tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE)?;
-                drop_old(lba, 0, old, &mut gone);
+            for (k, &lba) in holes.iter().enumerate() {
+                match tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE) {
+                    Ok(old) => drop_old(lba, 0, old, &mut gone),
+                    Err(e) => {
+                        let mut intents = self.st.intents.lock();
+                        intents.extend(recs.iter().map(|r| (r.lba, r.ptr)));
+                        intents.extend(holes[..k].iter().map(|&lba| (lba, Blkptr::HOLE)));
+                        drop(intents);
+                        drop((snaps, tree));
+                        for old in &gone {
+                            self.store.release(old);
+                        }
+                        return Err(e);
+                    }
+                }
             }
             {
                 let mut intents = self.st.intents.lock();
