@@ -24,6 +24,33 @@ use crate::error::{Error, Result};
 /// How long the CLI waits for one answer; Argon2id and a commit fit well inside.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Guard a destructive command: `name` typed back at a terminal after `prompt`, or the
+/// command refused (`not_terminal` without one: say `--yes`; `refused` on a mismatch).
+pub fn confirm_by_typing(
+    name: &str,
+    not_terminal: &str,
+    prompt: &str,
+    refused: &str,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Error::usage(not_terminal.to_string()));
+    }
+    let mut stderr = std::io::stderr();
+    let _ = write!(stderr, "{prompt}");
+    let _ = stderr.flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::msg(format!("cannot read the confirmation: {e}")))?;
+    if answer.trim_end_matches(['\n', '\r']) != name {
+        return Err(Error::msg(refused.to_string()));
+    }
+    Ok(())
+}
+
 /// The pool directory from `--pool` or `BULWARK_POOL`.
 pub fn pool_dir(pool: Option<&Path>) -> Result<&Path> {
     pool.ok_or_else(|| Error::usage("no pool given: use --pool DIR or set BULWARK_POOL"))

@@ -17,7 +17,6 @@
 //! Each request is audited by `grant::Audited` (the secrets' kinds, never
 //! their paths or bytes).
 
-use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -364,31 +363,18 @@ fn erase_keys(dir: &Path, name: &str) -> Result<()> {
 
 /// Ask for the volume's name at a terminal, as a guard against erasing the wrong volume.
 fn confirm_erase(name: &str) -> Result<()> {
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return Err(Error::usage(format!(
+    crate::client::confirm_by_typing(
+        name,
+        &format!(
             "'key erase' destroys the data of volume {name} for good: confirm by typing its \
              name at a terminal, or pass --yes"
-        )));
-    }
-    let mut stderr = std::io::stderr();
-    let _ = write!(
-        stderr,
-        "This destroys every key of volume {name}: its data becomes unrecoverable, even with \
-         the passphrase or key file.\nType the volume's name to confirm: "
-    );
-    let _ = stderr.flush();
-    let mut answer = String::new();
-    stdin
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| Error::msg(format!("cannot read the confirmation: {e}")))?;
-    if answer.trim_end_matches(['\n', '\r']) != name {
-        return Err(Error::msg(format!(
-            "not confirmed: the keys of volume {name} are unchanged"
-        )));
-    }
-    Ok(())
+        ),
+        &format!(
+            "This destroys every key of volume {name}: its data becomes unrecoverable, even \
+             with the passphrase or key file.\nType the volume's name to confirm: "
+        ),
+        &format!("not confirmed: the keys of volume {name} are unchanged"),
+    )
 }
 
 /// `volume destroy NAME [--crypto-erase]`: with it, the keys are erased first,

@@ -15,7 +15,7 @@
 //! file atomically; a registry that cannot be written is a warning, never a reason
 //! to fail a command whose work is done.
 
-use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -743,32 +743,19 @@ fn carry(old: &Path, dir: &Path) -> Result<Vec<String>> {
 
 /// Ask for the pool's name at a terminal, as a guard against destroying the wrong pool.
 fn confirm_destroy(name: &str, dir: &Path) -> Result<()> {
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return Err(Error::usage(format!(
+    crate::client::confirm_by_typing(
+        name,
+        &format!(
             "'pool destroy' wipes pool {name} for good: confirm by typing its name at a \
              terminal, or pass --yes"
-        )));
-    }
-    let mut stderr = std::io::stderr();
-    let _ = write!(
-        stderr,
-        "This wipes the labels of every device of pool {name} ({}) and removes its pool \
-         files: it can never be imported again.\nType the pool's name to confirm: ",
-        dir.display()
-    );
-    let _ = stderr.flush();
-    let mut answer = String::new();
-    stdin
-        .lock()
-        .read_line(&mut answer)
-        .map_err(|e| Error::msg(format!("cannot read the confirmation: {e}")))?;
-    if answer.trim_end_matches(['\n', '\r']) != name {
-        return Err(Error::msg(format!(
-            "not confirmed: pool {name} is unchanged"
-        )));
-    }
-    Ok(())
+        ),
+        &format!(
+            "This wipes the labels of every device of pool {name} ({}) and removes its pool \
+             files: it can never be imported again.\nType the pool's name to confirm: ",
+            dir.display()
+        ),
+        &format!("not confirmed: pool {name} is unchanged"),
+    )
 }
 
 pub fn destroy(args: &PoolDestroyArgs) -> Result<()> {

@@ -39,7 +39,7 @@ const CELL: u64 = 4096;
 const NOSPACE_MAX: usize = 8;
 
 mod common;
-use common::{env_u64, Rng};
+use common::{env_u64, run_seeds, Rng};
 
 /// The bytes of a cell holding value `tag` (0: zeros): a header naming the value and the
 /// cell, then incompressible bytes drawn from both.
@@ -762,17 +762,11 @@ fn run_seed(seed: u64, ops: u64) {
 
 #[test]
 fn random_overwrites_trims_destroys_and_crashes_near_full_match_the_model() {
-    let first = env_u64("BULWARK_TEST_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
-    let seeds = env_u64("BULWARK_MODEL_SEEDS").unwrap_or(3);
-    let ops = env_u64("BULWARK_MODEL_OPS").unwrap_or(8000);
-    for i in 0..seeds {
-        let seed = first.wrapping_add(i);
-        eprintln!("seed {seed:#x} (BULWARK_TEST_SEED={seed:#x} replays it)");
-        run_seed(seed, ops);
-    }
+    run_seeds(
+        "BULWARK_MODEL_SEEDS",
+        3,
+        "BULWARK_MODEL_OPS",
+        8000,
+        run_seed,
+    );
 }

@@ -30,7 +30,7 @@ const SNAPS_MAX: usize = 2;
 const VOLS_MAX: usize = 4;
 
 mod common;
-use common::{env_u64, Rng};
+use common::{run_seeds, Rng};
 
 /// The bytes of a cell holding value `tag` (0: zeros): the tag, then incompressible bytes.
 fn fill_cell(tag: u64, cell: u64, out: &mut [u8]) {
@@ -792,17 +792,5 @@ fn run_seed(seed: u64, ops: u64) {
 
 #[test]
 fn snapshots_match_the_model_through_cleaning_crashes_and_rollbacks() {
-    let first = env_u64("BULWARK_TEST_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
-    let seeds = env_u64("BULWARK_SNAP_SEEDS").unwrap_or(3);
-    let ops = env_u64("BULWARK_SNAP_OPS").unwrap_or(2500);
-    for i in 0..seeds {
-        let seed = first.wrapping_add(i);
-        eprintln!("seed {seed:#x} (BULWARK_TEST_SEED={seed:#x} replays it)");
-        run_seed(seed, ops);
-    }
+    run_seeds("BULWARK_SNAP_SEEDS", 3, "BULWARK_SNAP_OPS", 2500, run_seed);
 }

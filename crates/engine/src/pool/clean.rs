@@ -147,9 +147,6 @@ impl Core {
         Ok(done)
     }
 
-    /// Walk volume `v` (number `vi` of the pass) a chunk of its map at a time: mark its map
-    /// nodes in a victim for rewriting, and note its data records in a victim in `moves`.
-    /// `NoSpace`: the commit's room for marked nodes ran out (not an error of the pool).
     /// `find_moves` for a volume with snapshots: every tree of the volume is walked
     /// against the one before it, so a record or node shared by several trees is found
     /// once, in the oldest that holds it. A node in a victim is marked for rewriting in
@@ -394,6 +391,9 @@ impl Core {
         Ok(Some((rec[0].ptr, pending)))
     }
 
+    /// Walk volume `v` (number `vi` of the pass) a chunk of its map at a time: mark its map
+    /// nodes in a victim for rewriting, and note its data records in a victim in `moves`.
+    /// `NoSpace`: the commit's room for marked nodes ran out (not an error of the pool).
     fn find_moves(
         &self,
         v: &Arc<VolumeState>,

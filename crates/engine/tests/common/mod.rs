@@ -34,3 +34,22 @@ impl Rng {
         lo + self.below(hi_incl - lo + 1)
     }
 }
+
+/// Run `run_seed(seed, ops)` for `$seeds_var` seeds (default `seeds`) from
+/// `BULWARK_TEST_SEED` (default: the clock), `$ops_var` operations each (default `ops`),
+/// printing each seed so a failure can be replayed.
+pub fn run_seeds(seeds_var: &str, seeds: u64, ops_var: &str, ops: u64, run_seed: fn(u64, u64)) {
+    let first = env_u64("BULWARK_TEST_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    let seeds = env_u64(seeds_var).unwrap_or(seeds);
+    let ops = env_u64(ops_var).unwrap_or(ops);
+    for i in 0..seeds {
+        let seed = first.wrapping_add(i);
+        eprintln!("seed {seed:#x} (BULWARK_TEST_SEED={seed:#x} replays it)");
+        run_seed(seed, ops);
+    }
+}
