@@ -452,7 +452,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let count = |p: &Blkptr, live: &mut Vec<u32>| {
         for &a in p.addrs() {
             if let Some(l) = live.get_mut(segment_of(a) as usize) {
-                *l += footprint(p.len as usize) as u32;
+                // Saturating: forged pointers (or a forged intent log) naming one segment
+                // many times must not wrap its count.
+                *l = l.saturating_add(footprint(p.len as usize) as u32);
             }
         }
     };
