@@ -70,7 +70,12 @@ def test_export_move_import_destroy(tmp_path):
     moved = [shutil.move(d, disks / d.split("/")[-1]) for d in devices]
     b = Pool(tmp_path / "host-b", layout="mirror:2", registry=reg, dir_name="tank")
     b.tmp.mkdir()
-    r = b.bulwark("pool", "import", "--dir", b.dir, *moved)
+    # The pool key is not on the devices (a thief of the disks does not get it): the
+    # import needs it, and a refused import leaves nothing behind.
+    r = b.bulwark("pool", "import", "--dir", b.dir, *moved, check=False)
+    refused(r, "--pool-key", "not on the devices")
+    assert not b.dir.exists() or not (b.dir / "pool.json").exists()
+    r = b.bulwark("pool", "import", "--dir", b.dir, "--pool-key", a.dir / "pool.key", *moved)
     out = r.stdout
     assert "pool: tank" in out and "EXPORTED" in out, out
     assert f"imported pool tank" in out and str(b.dir) in out, out

@@ -308,7 +308,20 @@ pub enum PoolCommand {
     /// Destroy a pool: wipe the labels of every device so it can never be imported again.
     #[command(after_help = POOL_DESTROY_AFTER_HELP)]
     Destroy(PoolDestroyArgs),
+    /// Upgrade a format 1 pool in place to format 2 (labels authenticated by DIR/pool.key).
+    #[command(after_help = POOL_UPGRADE_AFTER_HELP)]
+    Upgrade(PoolTargetArgs),
 }
+
+const POOL_UPGRADE_AFTER_HELP: &str = "\
+Format 1 pools (made by bulwark before format 2) are not served: their labels and \
+metadata are not authenticated, so someone who can write the devices could change them \
+undetected. The upgrade imports the pool once as it finds it (every map is walked and \
+verified against its checksums), makes DIR/pool.key (32 random bytes, mode 0600) and \
+writes format 2 labels to every device in two commits; data records are kept as they are. \
+It authenticates the pool as it finds it: run 'bulwark scrub' on the old bulwark first if \
+the devices may have been out of your hands. Refused while a daemon serves the pool. \
+Back up DIR/pool.key: without it the pool cannot be imported (docs/runbook.md).";
 
 const POOL_LIST_AFTER_HELP: &str = "\
 The pools known on this host are those 'pool create' and 'pool import' put in the \
@@ -338,6 +351,8 @@ exported (it may be in use on another host) unless --force. It writes DIR/pool.j
 naming the devices found and trusts them at the generation shown (a new \
 DIR/pool.anchor), imports the pool once and closes it: then 'bulwark serve DIR'. \
 Keys stay in the volume table: encrypted volumes are locked until 'bulwark key load'. \
+The pool key (pool.key) is not on the devices: give it with --pool-key FILE, or \
+--from-dir OLD takes OLD's. \
 Grants (grants.json) live in the pool directory, not on the devices: --from-dir OLD \
 copies OLD's grants.json and image records into DIR.
   bulwark pool import /dev/disk/by-id/ata-A /dev/disk/by-id/ata-B
@@ -385,6 +400,10 @@ pub struct PoolImportArgs {
     /// Import a pool that was not exported (its last host is gone for good).
     #[arg(long)]
     pub force: bool,
+    /// The pool's key file (the pool.key of its old directory, or your backup of it); copied
+    /// into --dir. Default: --dir's own pool.key, else --from-dir's.
+    #[arg(long, value_name = "FILE")]
+    pub pool_key: Option<PathBuf>,
     /// Give the pool a new name (its labels and the registry).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,

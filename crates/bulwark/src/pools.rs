@@ -318,11 +318,33 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     if let Ok(conf) = PoolConfig::read(&dir) {
         register(&name, &dir, &conf.pool_id);
     }
-    print(&format!(
+    let key = dir.join("pool.key");
+    let mut out = format!(
         "created pool {name} in {}: layout {}, {what}\n",
         args.dir.display(),
         args.layout
-    ))
+    );
+    if key.exists() {
+        out.push_str(&format!(
+            "pool key: {} (the pool's labels are authenticated by it: back it up away from \
+             the devices; without it the pool cannot be imported)\n",
+            key.display()
+        ));
+        if !args.device.is_empty() {
+            if let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(&key, &args.device) {
+                if !beside.is_empty() {
+                    eprintln!(
+                        "warning: {} lies on the same filesystem as {} device(s) of the pool: \
+                         whoever takes that disk gets the key too; keep the pool directory on \
+                         another disk",
+                        key.display(),
+                        beside.len()
+                    );
+                }
+            }
+        }
+    }
+    print(&out)
 }
 
 /// One row of `pool list`.
@@ -544,6 +566,28 @@ pub fn export(args: &PoolTargetArgs) -> Result<()> {
     print(&out)
 }
 
+pub fn upgrade(args: &PoolTargetArgs) -> Result<()> {
+    let dir = resolve(&args.target)?;
+    let conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "upgrade it")?;
+    eprintln!("upgrading pool {name}: importing it as it is (every map is walked and verified)...");
+    let report = lifecycle::upgrade(&dir)?;
+    audit(
+        &dir,
+        "pool.upgrade",
+        serde_json::json!({ "generation": report.generation, "format": report.format }),
+    );
+    print(&format!(
+        "upgraded pool {name} to format {} at generation {}: its labels are authenticated by \
+         {}\nback up that file now, away from the devices: without it the pool cannot be \
+         imported\n",
+        report.format,
+        report.generation,
+        report.key.display()
+    ))
+}
+
 /// Appends one record to the pool's audit log (`DIR/audit.log`); a failure is a warning.
 fn audit(dir: &Path, event: &str, detail: serde_json::Value) {
     match access::Audit::open(dir) {
@@ -627,6 +671,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
             force: args.force,
             rename: args.name.clone(),
             from_dir: args.from_dir.clone(),
+            pool_key: args.pool_key.clone(),
         },
     )?;
     register(&report.name, &dir, &report.found.pool_id);

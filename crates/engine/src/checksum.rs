@@ -23,6 +23,29 @@ pub fn checksum_sealed(stored: &[u8]) -> Checksum {
     sum
 }
 
+/// Last 8 bytes of a checksum field that holds xxh3-64 (bytes 0..8) and the 16-byte run
+/// salt its block's key was derived with (bytes 8..24): data blocks of encrypted volumes
+/// written by format 2 (decision 0011, "Nonces"). A blake3 output ends so with
+/// probability 2^-64, and `/bulwark`, the end of [`XXH3_TAG`], is not it.
+const SALTED_TAG: [u8; 8] = *b"xxh3+slt";
+
+/// Checksum of a data block sealed under a salted block key: xxh3-64, little-endian, the
+/// salt, then [`SALTED_TAG`]. The pointer is authenticated (its leaf's blake3, up to a
+/// superblock under the pool key), so the salt it names is the one the block was sealed
+/// with; the AEAD tag authenticates the block itself.
+pub fn checksum_salted(stored: &[u8], salt: &[u8; 16]) -> Checksum {
+    let mut sum = [0u8; 32];
+    sum[..8].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(stored).to_le_bytes());
+    sum[8..24].copy_from_slice(salt);
+    sum[24..].copy_from_slice(&SALTED_TAG);
+    sum
+}
+
+/// The run salt a `checksum_salted` field names; `None` for the other kinds.
+pub fn salt_of(sum: &Checksum) -> Option<[u8; 16]> {
+    (sum[24..] == SALTED_TAG).then(|| sum[8..24].try_into().expect("16 bytes"))
+}
+
 /// xxh3-64 of stored bytes: the unkeyed checksum of format 2 (decision 0008), in
 /// block pointers and intent-log blocks, that tells a good copy from a bad one
 /// without a key.
@@ -48,6 +71,9 @@ pub fn verify(sum: &Checksum, stored: &[u8]) -> bool {
         return stored.len() >= 32
             && checksum(&stored[..stored.len() - 32])[..] == stored[stored.len() - 32..];
     }
+    if sum[24..] == SALTED_TAG {
+        return xxhash_rust::xxh3::xxh3_64(stored).to_le_bytes()[..] == sum[..8];
+    }
     if sum[16..] == XXH3_TAG {
         checksum_sealed(stored) == *sum
     } else {
@@ -65,7 +91,11 @@ mod tests {
         for (i, b) in block.iter_mut().enumerate() {
             *b = (i * 131 % 251) as u8;
         }
-        for sum in [checksum(&block), checksum_sealed(&block)] {
+        for sum in [
+            checksum(&block),
+            checksum_sealed(&block),
+            checksum_salted(&block, &[7; 16]),
+        ] {
             assert!(verify(&sum, &block));
             for bit in [0, 7, 4096 * 8 - 1, 12345] {
                 let mut bad = block.clone();
@@ -78,6 +108,9 @@ mod tests {
         }
         // The kinds are told apart by the field, not guessed.
         assert_ne!(checksum(&block), checksum_sealed(&block));
+        assert_eq!(salt_of(&checksum_salted(&block, &[7; 16])), Some([7; 16]));
+        assert_eq!(salt_of(&checksum_sealed(&block)), None);
+        assert_eq!(salt_of(&checksum(&block)), None);
         assert_eq!(checksum_sealed(&block)[16..], XXH3_TAG);
     }
 }

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use bulwark_engine::checksum::checksum;
 use bulwark_engine::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
+use bulwark_engine::keys::pool_key::PoolKey;
 use bulwark_engine::keys::SlotKind;
 use bulwark_engine::map::{Blkptr, ADDR_NONE};
-use bulwark_engine::pool::superblock::Superblock;
+use bulwark_engine::pool::superblock::{Check, Superblock};
 use bulwark_engine::pool::table::TableRecord;
 use bulwark_engine::{
     Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, VolumeOptions,
@@ -84,10 +85,15 @@ fn edit_table(dev: &Path, edit: impl FnOnce(&mut TableRecord)) {
     let front = [0u64, 256 << 10];
     let sb = front
         .iter()
-        .filter_map(|&o| Superblock::decode(&read_at(dev, o, 4096)).ok().flatten())
+        .filter_map(|&o| {
+            Superblock::decode(&read_at(dev, o, 4096), Check::Unkeyed)
+                .ok()
+                .flatten()
+        })
         .max_by_key(|sb| sb.generation)
         .expect("a superblock");
     let back_region = DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES;
+    let key = PoolKey::load(&dev.parent().unwrap().join("pool.key")).unwrap();
     let dev_off = |addr: u64| DEVICE_RESERVED_FRONT + addr;
     let root = sb.root;
     let stored = read_at(dev, dev_off(root.addr[0]), root.len as usize);
@@ -115,11 +121,16 @@ fn edit_table(dev: &Path, edit: impl FnOnce(&mut TableRecord)) {
         checksum: checksum(&stored),
     };
     for off in Superblock::slot_offsets(next.generation, back_region) {
-        write_at(dev, off, &next.encode());
+        write_at(
+            dev,
+            off,
+            &next.encode(Some(&key.superblock_key(&sb.pool_id))),
+        );
     }
     // The host's anchor would refuse this generation before the table is read (it never
     // wrote it: `engine_rollback.rs`); this file is about the table's decoders, so the
-    // forger here holds the host directory too and removes the anchor.
+    // forger here holds the host directory too (the pool key that authenticates the
+    // labels, decision 0011) and removes the anchor.
     std::fs::remove_file(dev.parent().unwrap().join("pool.anchor")).unwrap();
 }
 

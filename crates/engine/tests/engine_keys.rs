@@ -225,7 +225,10 @@ fn table_keys(devs: &[std::path::PathBuf]) -> Vec<[u8; 32]> {
         let back = bytes.len() as u64 - (1 << 20);
         for off in Superblock::all_slot_offsets(back) {
             let off = off as usize;
-            if let Ok(Some(sb)) = Superblock::decode(&bytes[off..off + 4096]) {
+            if let Ok(Some(sb)) = Superblock::decode(
+                &bytes[off..off + 4096],
+                bulwark_engine::pool::superblock::Check::Unkeyed,
+            ) {
                 if !keys.contains(&sb.table_key) {
                     keys.push(sb.table_key);
                 }

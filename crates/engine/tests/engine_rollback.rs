@@ -7,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use bulwark_engine::pool::superblock::Superblock;
+use bulwark_engine::keys::pool_key::PoolKey;
+use bulwark_engine::pool::superblock::{Check, Superblock};
 use bulwark_engine::{Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, VolumeOptions};
 
 fn opts() -> VolumeOptions {
@@ -135,7 +136,8 @@ fn devices_at_the_committed_or_the_announced_generation_import() {
 }
 
 /// A superblock of a generation the host never wrote (forged one newer, with every
-/// checksum right) is refused: the devices were changed by someone else.
+/// checksum right and even the pool key's MAC: a host that holds the key, or another copy
+/// of the pool) is refused: the devices were changed by someone else.
 #[test]
 fn a_generation_the_host_never_wrote_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,9 +146,14 @@ fn a_generation_the_host_never_wrote_is_refused() {
     drop(pool);
     let dev = &devices(dir.path())[0];
     let bytes = std::fs::read(dev).unwrap();
+    let key = PoolKey::load(&dir.path().join("pool.key")).unwrap();
     let sb = [0usize, 256 << 10]
         .iter()
-        .filter_map(|&o| Superblock::decode(&bytes[o..o + 4096]).ok().flatten())
+        .filter_map(|&o| {
+            Superblock::decode(&bytes[o..o + 4096], Check::Unkeyed)
+                .ok()
+                .flatten()
+        })
         .max_by_key(|sb| sb.generation)
         .unwrap();
     let mut forged = sb.clone();
@@ -155,7 +162,8 @@ fn a_generation_the_host_never_wrote_is_refused() {
         + sb.segments_per_device * bulwark_engine::constants::SEGMENT_BYTES;
     let mut b = bytes;
     for off in Superblock::slot_offsets(forged.generation, back) {
-        b[off as usize..off as usize + 4096].copy_from_slice(&forged.encode());
+        b[off as usize..off as usize + 4096]
+            .copy_from_slice(&forged.encode(Some(&key.superblock_key(&sb.pool_id))));
     }
     std::fs::write(dev, &b).unwrap();
     let e = match Pool::open(dir.path(), OpenOptions::default()) {

@@ -47,8 +47,8 @@ fn setup(dir: &Path) -> Vec<(u64, u32)> {
     setup_with(dir, false)
 }
 
-/// 512 blocks on a mirror; `encrypted` volumes' data blocks carry the
-/// xxh3-128 checksum (their AEAD tag authenticates them), others blake3.
+/// 512 blocks on a mirror; `encrypted` volumes' data blocks carry the salted
+/// xxh3-64 checksum (their AEAD tag authenticates them), others blake3.
 fn setup_with(dir: &Path, encrypted: bool) -> Vec<(u64, u32)> {
     Pool::create(
         dir,
@@ -75,7 +75,7 @@ fn setup_with(dir: &Path, encrypted: bool) -> Vec<(u64, u32)> {
     let places = (0..BLOCKS)
         .map(|i| {
             let p = v.debug_block_ptr(i).unwrap();
-            assert_eq!(&p.checksum[16..] == b"xxh3-128/bulwark", encrypted);
+            assert_eq!(&p.checksum[24..] == b"xxh3+slt", encrypted);
             (p.addr[0], p.len)
         })
         .collect();

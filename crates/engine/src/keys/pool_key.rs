@@ -28,7 +28,15 @@ impl PoolKey {
     /// overwritten: it may be the only copy of another pool's key), mode 0600, synced with
     /// its directory before it is used.
     pub fn create(path: &Path) -> Result<PoolKey> {
-        let key = Zeroizing::new(super::wrap::random_bytes::<32>());
+        let key = PoolKey(Zeroizing::new(super::wrap::random_bytes::<32>()));
+        key.save(path)?;
+        Ok(key)
+    }
+
+    /// Write this key to a new file at `path` (as `create` does): `bulwark pool import`
+    /// puts the key it is given into the pool's new directory.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let key = &self.0;
         let cannot = |e: std::io::Error| {
             Error::Invalid(format!(
                 "cannot create the pool key {}: {e}",
@@ -60,7 +68,7 @@ impl PoolKey {
                 .and_then(|d| d.sync_all())
                 .map_err(cannot)?;
         }
-        Ok(PoolKey(key))
+        Ok(())
     }
 
     /// Read the pool key at `path`: a private regular file of this user or root (as every

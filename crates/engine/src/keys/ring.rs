@@ -7,7 +7,11 @@
 //! blocks are re-encrypted in the background, and drop the old data key once no
 //! block uses it. Changing a slot's secret touches only the slot.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
@@ -154,11 +158,30 @@ fn open_data_key(
     Ok(k)
 }
 
+/// The block key of `data_key` under a run salt (format 2, decision 0011): every writer
+/// run draws a fresh 128-bit salt, so no state read back from the devices (a counter, a
+/// rolled-back superblock) can make two blocks share a key and a nonce.
+pub fn salted_block_key(data_key: &Zeroizing<[u8; 32]>, salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
+    super::epoch::hkdf(&data_key[..], salt, &[b"bulwark block key v2"])
+}
+
+/// Most salted block ciphers a ring keeps for reading blocks of earlier runs (one per run
+/// that wrote the volume and generation); past it the cache starts over.
+const SALTED_CACHED_MAX: usize = 64;
+
 /// Block ciphers of every generation, and the one new writes use.
 pub struct KeyRing {
     pub current: u16,
-    /// Generation, cipher, and the uuid its blocks were sealed under.
-    ciphers: Vec<(u16, BlockCipher, [u8; 16])>,
+    /// Generation, format 1 cipher (`wrap::block_key`), and the uuid its blocks were
+    /// sealed under.
+    ciphers: Vec<(u16, Arc<BlockCipher>, [u8; 16])>,
+    /// Each generation's data key, to derive salted block keys for blocks of other runs.
+    data_keys: Vec<(u16, Zeroizing<[u8; 32]>)>,
+    /// This run's salt (`Store::run_salt`): new writes seal under the current generation's
+    /// key salted with it.
+    pub salt: [u8; 16],
+    current_salted: Arc<BlockCipher>,
+    salted: Mutex<HashMap<(u16, [u8; 16]), Arc<BlockCipher>>>,
 }
 
 impl KeyRing {
@@ -166,15 +189,18 @@ impl KeyRing {
         vmk: &Zeroizing<[u8; 32]>,
         uuid: &[u8; 16],
         records: &[DataKeyRecord],
+        salt: [u8; 16],
     ) -> Result<KeyRing> {
         let mut ciphers = Vec::with_capacity(records.len());
+        let mut data_keys = Vec::with_capacity(records.len());
         for r in records {
             let dek = open_data_key(vmk, uuid, r)?;
             ciphers.push((
                 r.generation,
-                BlockCipher::new(&super::wrap::block_key(&dek)),
+                Arc::new(BlockCipher::new(&super::wrap::block_key(&dek))),
                 r.lineage_or(uuid)?,
             ));
+            data_keys.push((r.generation, dek));
         }
         // New writes use the newest of the volume's own generations (never an inherited one).
         let current = records
@@ -183,26 +209,52 @@ impl KeyRing {
             .map(|r| r.generation)
             .max()
             .ok_or_else(|| Error::Corrupt("volume has no data key of its own".into()))?;
-        Ok(KeyRing { current, ciphers })
-    }
-
-    pub fn current(&self) -> &BlockCipher {
-        self.get(self.current)
+        let dek = &data_keys
+            .iter()
+            .find(|(g, _)| *g == current)
             .expect("the current generation is in the ring")
+            .1;
+        let current_salted = Arc::new(BlockCipher::new(&salted_block_key(dek, &salt)));
+        Ok(KeyRing {
+            current,
+            ciphers,
+            data_keys,
+            salt,
+            current_salted,
+            salted: Mutex::new(HashMap::new()),
+        })
     }
 
-    pub fn get(&self, generation: u16) -> Option<&BlockCipher> {
-        self.ciphers
-            .iter()
-            .find(|(g, _, _)| *g == generation)
-            .map(|(_, c, _)| c)
+    /// The cipher new writes seal with: the current generation's key under this run's salt.
+    pub fn current(&self) -> &BlockCipher {
+        &self.current_salted
     }
 
-    /// The cipher of `generation` and the uuid its blocks' associated data names.
-    pub fn get_with_lineage(&self, generation: u16) -> Option<(&BlockCipher, &[u8; 16])> {
-        self.ciphers
-            .iter()
-            .find(|(g, _, _)| *g == generation)
-            .map(|(_, c, l)| (c, l))
+    /// The cipher that opens a block sealed under `generation` (and `salt`, from its
+    /// pointer's checksum: `checksum::salt_of`; `None` for a format 1 block), and the uuid
+    /// its associated data names.
+    pub fn cipher_for(
+        &self,
+        generation: u16,
+        salt: Option<[u8; 16]>,
+    ) -> Option<(Arc<BlockCipher>, [u8; 16])> {
+        let (_, v1, lineage) = self.ciphers.iter().find(|(g, _, _)| *g == generation)?;
+        let Some(salt) = salt else {
+            return Some((v1.clone(), *lineage));
+        };
+        if generation == self.current && salt == self.salt {
+            return Some((self.current_salted.clone(), *lineage));
+        }
+        let mut cache = self.salted.lock();
+        if let Some(c) = cache.get(&(generation, salt)) {
+            return Some((c.clone(), *lineage));
+        }
+        let (_, dek) = self.data_keys.iter().find(|(g, _)| *g == generation)?;
+        let c = Arc::new(BlockCipher::new(&salted_block_key(dek, &salt)));
+        if cache.len() >= SALTED_CACHED_MAX {
+            cache.clear();
+        }
+        cache.insert((generation, salt), c.clone());
+        Some((c, *lineage))
     }
 }

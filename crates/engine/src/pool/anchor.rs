@@ -64,7 +64,13 @@ pub fn digest(sb: &Superblock) -> [u8; 32] {
         device_id: [0; 16],
         ..sb.clone()
     };
-    checksum(&common.encode())
+    // Format 1 hashed the whole slot (its checksum included); format 2 the fields, since
+    // its MAC needs the key and adds nothing the fields do not say.
+    if sb.format == super::superblock::VERSION_1 {
+        checksum(&common.encode(None))
+    } else {
+        checksum(&common.encode_body())
+    }
 }
 
 pub fn path(dir: &Path) -> PathBuf {

@@ -411,7 +411,7 @@ impl Core {
                 device_id: sb.member_ids[i],
                 ..sb.clone()
             };
-            let bytes = mine.encode();
+            let bytes = mine.encode(Some(&self.sb_key));
             let mut ok = true;
             for off in Superblock::slot_offsets(sb.generation, back_region) {
                 if let Err(e) = dev.write_at(&bytes, off) {

@@ -38,6 +38,11 @@ pub struct Core {
     pub store: Arc<Store>,
     pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
     pub(crate) sb: Mutex<SbState>,
+    /// Authenticates every superblock this pool writes and reads (from `DIR/pool.key`,
+    /// decision 0011).
+    pub(crate) sb_key: super::superblock::SbKey,
+    /// Keys the MAC of every intent log block (from `DIR/pool.key`).
+    pub(crate) log_key: super::superblock::SbKey,
     /// What `DIR/pool.anchor` should say next: the generation last committed (the next
     /// commit writes it together with the generation it is about to write).
     pub(crate) anchor: Mutex<super::anchor::Anchor>,
@@ -174,7 +179,7 @@ impl Core {
         }
         let uuid = wrap::random_bytes::<16>();
         let keys = secret
-            .map(|s| super::keys::new_volume_keys(s, &uuid))
+            .map(|s| super::keys::new_volume_keys(s, &uuid, self.store.run_salt))
             .transpose()?;
         // Held from the reservation check to the commit (after the keys' slow KDF): two
         // thick creates cannot both take the last room.
@@ -673,7 +678,12 @@ impl Core {
                 crate::size::format_size(need)
             )));
         }
-        let label = super::import::label_of(&dev, back_region).ok_or_else(|| {
+        let label = super::import::label_of(
+            &dev,
+            back_region,
+            super::superblock::Check::Key(&self.sb_key),
+        )
+        .ok_or_else(|| {
             Error::Invalid(format!(
                 "{} carries no bulwark label; use 'bulwark device replace' for a new device",
                 path.display()

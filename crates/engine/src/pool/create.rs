@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::superblock::Superblock;
+use super::superblock::{Check, Superblock};
 use super::{DeviceSpec, Layout};
 use crate::constants::*;
 use crate::device::{Device, FileDevice};
@@ -174,7 +174,7 @@ pub fn front_label(dev: &dyn Device) -> Option<Superblock> {
     let mut best: Option<Superblock> = None;
     for off in SUPERBLOCK_SLOT_OFFSETS {
         if dev.read_at(&mut buf, off).is_ok() {
-            if let Ok(Some(sb)) = Superblock::decode(&buf) {
+            if let Ok(Some(sb)) = Superblock::decode(&buf, Check::Unkeyed) {
                 if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
                     best = Some(sb);
                 }
@@ -376,6 +376,20 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
         }
         let back_region = DEVICE_RESERVED_FRONT + segments_per_device * SEGMENT_BYTES;
         let pool_id = wrap::random_bytes::<16>();
+        // Format 2 (decision 0011): the labels carry a MAC under the pool key, which lives
+        // on the host. Format 1 only for tests of `bulwark pool upgrade`.
+        let format = match std::env::var("BULWARK_CREATE_FORMAT").as_deref() {
+            Ok("1") => super::superblock::VERSION_1,
+            _ => super::superblock::VERSION,
+        };
+        let sb_key = if format == super::superblock::VERSION {
+            let key_path = dir.join(super::import::POOL_KEY_FILE);
+            let key = crate::keys::pool_key::PoolKey::create(&key_path)?;
+            created.push(key_path);
+            Some(key.superblock_key(&pool_id))
+        } else {
+            None
+        };
         let table_key = wrap::random_bytes::<32>();
         let member_ids: Vec<[u8; 16]> =
             devices.iter().map(|_| wrap::random_bytes::<16>()).collect();
@@ -383,6 +397,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
         let mut first: Option<Superblock> = None;
         for (i, (_, d)) in devices.iter().enumerate() {
             let sb = Superblock {
+                format,
                 layout,
                 pool_id,
                 device_id: member_ids[i],
@@ -405,7 +420,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
                     .map_err(|e| Error::device(d.path(), e))?;
             }
             for off in Superblock::slot_offsets(1, back_region) {
-                d.write_at(&sb.encode(), off)
+                d.write_at(&sb.encode(sb_key.as_ref()), off)
                     .map_err(|e| Error::device(d.path(), e))?;
             }
             d.flush().map_err(|e| Error::device(d.path(), e))?;

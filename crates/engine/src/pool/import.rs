@@ -19,13 +19,14 @@ use parking_lot::{Mutex, RwLock};
 use super::anchor::{self, Anchor};
 use super::core::{Core, SbState};
 use super::create::PoolConfig;
-use super::superblock::Superblock;
+use super::superblock::{Check, SbKey, Superblock};
 use super::table::{ptr_from_hex, TableRecord};
 use super::OpenOptions;
 use crate::constants::*;
 use crate::device::fault::FaultyDevice;
 use crate::device::{Device, FileDevice};
 use crate::hex::to_hex;
+use crate::keys::pool_key::PoolKey;
 use crate::log::{segment_of, Log};
 use crate::map::{depth_for, new_cache, Blkptr, Tree, Visit};
 use crate::redundancy::{Member, Redundancy};
@@ -71,7 +72,11 @@ struct Found {
     sb: Superblock,
 }
 
-pub(crate) fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Option<Superblock> {
+pub(crate) fn best_superblock(
+    dev: &dyn Device,
+    back_region: Option<u64>,
+    check: Check,
+) -> Option<Superblock> {
     let mut buf = vec![0u8; SUPERBLOCK_BYTES];
     let mut best: Option<Superblock> = None;
     let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
@@ -82,7 +87,7 @@ pub(crate) fn best_superblock(dev: &dyn Device, back_region: Option<u64>) -> Opt
         if dev.read_at(&mut buf, off).is_err() {
             continue;
         }
-        match Superblock::decode(&buf) {
+        match Superblock::decode(&buf, check) {
             Ok(Some(sb)) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
                 best = Some(sb)
             }
@@ -166,12 +171,82 @@ fn check_anchor(
 }
 
 /// The newest superblock on `dev` (front and back slots).
-pub(crate) fn label_of(dev: &dyn Device, back_region: u64) -> Option<Superblock> {
-    best_superblock(dev, Some(back_region))
+pub(crate) fn label_of(dev: &dyn Device, back_region: u64, check: Check) -> Option<Superblock> {
+    best_superblock(dev, Some(back_region), check)
 }
 
 fn back_region_of(sb: &Superblock) -> u64 {
     DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES
+}
+
+/// The pool key's file in a pool directory (`keys::pool_key`, decision 0011).
+pub const POOL_KEY_FILE: &str = "pool.key";
+
+/// A format 1 pool is read only by `bulwark pool upgrade`.
+fn format_1_refusal(dir: &Path) -> Error {
+    Error::Invalid(format!(
+        "pool at {} is format 1 (labels and metadata not authenticated); this bulwark serves \
+         format {} only. Upgrade it in place with 'bulwark pool upgrade {}' (scrub it first: \
+         the upgrade authenticates the pool as it finds it), or copy its volumes out with an \
+         older bulwark",
+        dir.display(),
+        super::superblock::VERSION,
+        dir.display()
+    ))
+}
+
+/// No `DIR/pool.key`: a format 1 pool (say how to upgrade) or a lost key (say where it goes).
+fn missing_key(dir: &Path, key_path: &Path, opened: &[(PathBuf, FileDevice)]) -> Error {
+    let v1 = opened.iter().any(|(_, d)| {
+        best_superblock(d, None, Check::Unkeyed)
+            .is_some_and(|sb| sb.format == super::superblock::VERSION_1)
+    });
+    if v1 {
+        return format_1_refusal(dir);
+    }
+    Error::NotFound(format!(
+        "{} is missing: a format {} pool's labels and metadata are authenticated by it, and \
+         nothing on the devices can replace it. Restore it from your backup (docs/runbook.md, \
+         'The pool key')",
+        key_path.display(),
+        super::superblock::VERSION
+    ))
+}
+
+/// No label of the pool verified under its key: say whether the key is wrong or the labels
+/// were altered (every slot's own error, as `best_superblock` logged them).
+fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
+    let mut wrong_key = 0;
+    let mut altered = 0;
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    for p in listed {
+        let Ok(d) = FileDevice::open(p) else { continue };
+        for off in SUPERBLOCK_SLOT_OFFSETS {
+            if d.read_at(&mut buf, off).is_err() {
+                continue;
+            }
+            if !matches!(Superblock::decode(&buf, Check::Unkeyed), Ok(Some(_))) {
+                continue;
+            }
+            if Superblock::key_matches(&buf, key) {
+                altered += 1;
+            } else {
+                wrong_key += 1;
+            }
+        }
+    }
+    if wrong_key > 0 && altered == 0 {
+        Error::Invalid(format!(
+            "no label of pool {pool_id} matches pool.key: it is another pool's key (restore \
+             this pool's from your backup)"
+        ))
+    } else {
+        Error::Corrupt(format!(
+            "no label of pool {pool_id} on {listed:?} verifies under pool.key ({altered} \
+             slots altered or damaged, {wrong_key} under another key): refusing to import \
+             labels that were not written with this pool's key"
+        ))
+    }
 }
 
 /// Why a pool marked exported is not served: `bulwark pool import` takes it back.
@@ -189,6 +264,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     if conf.exported && !opts.take_exported {
         return Err(exported_refusal(dir, &conf_name));
     }
+    let pool_id: [u8; 16] = crate::hex::from_hex(&conf.pool_id)
+        .and_then(|v| v.try_into().ok())
+        .ok_or_else(|| {
+            Error::Corrupt(format!(
+                "pool.json has a malformed pool id '{}'",
+                conf.pool_id
+            ))
+        })?;
     let listed = conf.resolve(dir);
     let mut opened: Vec<(PathBuf, FileDevice)> = Vec::new();
     for p in &listed {
@@ -220,17 +303,47 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
         }
     }
+    // The pool key: only labels that carry its MAC are read (format 2, decision 0011).
+    let key_path = dir.join(POOL_KEY_FILE);
+    let pool_key = if key_path.exists() {
+        Some(PoolKey::load(&key_path)?)
+    } else if opts.upgrade {
+        None
+    } else {
+        return Err(missing_key(dir, &key_path, &opened));
+    };
+    let sb_key: Option<SbKey> = pool_key.as_ref().map(|k| k.superblock_key(&pool_id));
+    let check = match (&sb_key, opts.upgrade) {
+        (Some(k), false) => Check::Key(k),
+        (Some(k), true) => Check::Upgrade(k),
+        (None, _) => Check::Unkeyed,
+    };
     // Front slots first: they tell where the back slots are.
     let spd = opened
         .iter()
-        .filter_map(|(_, d)| best_superblock(d, None))
+        .filter_map(|(_, d)| best_superblock(d, None, check))
         .map(|sb| sb.segments_per_device)
         .max();
     let back = spd.map(|s| DEVICE_RESERVED_FRONT + s * SEGMENT_BYTES);
     let mut found: Vec<Found> = Vec::new();
     for (path, dev) in opened {
         let listed_here = listed.contains(&path);
-        match best_superblock(&dev, back) {
+        // A device none of whose labels verify: another pool's (say so), or this pool's
+        // with labels altered or damaged (not used: it may say anything).
+        let label = best_superblock(&dev, back, check).or_else(|| {
+            let sb = best_superblock(&dev, back, Check::Unkeyed)?;
+            if to_hex(&sb.pool_id) == conf.pool_id {
+                tracing::warn!(
+                    device = %path.display(),
+                    "no label of this device verifies under the pool key: altered or damaged, \
+                     not used"
+                );
+                None
+            } else {
+                Some(sb)
+            }
+        });
+        match label {
             Some(sb) if to_hex(&sb.pool_id) == conf.pool_id => found.push(Found { path, dev, sb }),
             Some(sb) if listed_here => {
                 return Err(Error::Invalid(format!(
@@ -251,12 +364,34 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         .iter()
         .max_by_key(|f| f.sb.generation)
         .map(|f| f.sb.clone())
-        .ok_or_else(|| {
-            Error::NotFound(format!(
+        .ok_or_else(|| match &sb_key {
+            Some(k) => unauthenticated(&conf.pool_id, k, &listed),
+            None => Error::NotFound(format!(
                 "no device of pool {} could be read: {:?}",
                 conf.pool_id, listed
-            ))
+            )),
         })?;
+    if newest.format == super::superblock::VERSION_1 && !opts.upgrade {
+        return Err(format_1_refusal(dir));
+    }
+    if newest.format == super::superblock::VERSION && opts.upgrade {
+        return Err(Error::Invalid(format!(
+            "pool {} is already format {}: nothing to upgrade",
+            conf_name,
+            super::superblock::VERSION
+        )));
+    }
+    // The upgrade makes the pool key now (kept if an interrupted upgrade made it), and
+    // the import's commit writes the first authenticated labels.
+    let (pool_key, sb_key) = match (pool_key, sb_key) {
+        (Some(k), Some(s)) => (k, s),
+        _ => {
+            let k = PoolKey::create(&key_path)?;
+            let s = k.superblock_key(&pool_id);
+            (k, s)
+        }
+    };
+    let log_key = pool_key.log_key(&pool_id);
     if newest.exported && !opts.take_exported {
         let name = if newest.name.is_empty() {
             &conf_name
@@ -648,6 +783,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // until the import's own commit, so they are released only after it.
     let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
+    // Format 1 chains (no MAC) are replayed only by `pool upgrade`: the labels that name
+    // them were verified by their checksum, not by a key.
+    let block_key = (newest.format == super::superblock::VERSION).then_some(&log_key);
     if let Some(head) = newest.log_head {
         let mut at = head;
         let mut buf = Vec::new();
@@ -661,7 +799,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
             let this_block = |b: &[u8]| {
                 matches!(
-                    super::intent::Block::decode(b, &pool_id, generation, seq),
+                    super::intent::Block::decode(b, block_key, &pool_id, generation, seq),
                     Ok(Some(_))
                 )
             };
@@ -678,6 +816,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
             let block = match super::intent::Block::decode(
                 &buf,
+                block_key,
                 &newest.pool_id,
                 newest.generation,
                 replayed.0,
@@ -799,6 +938,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             // The import's commit takes the pool: it is no longer exported, and it carries
             // the name pool.json gives it (a pool made before names gets one now).
             sb: Superblock {
+                // `pool upgrade`: the import's commit writes the first format 2 labels.
+                format: super::superblock::VERSION,
                 exported: false,
                 name: match (&opts.rename, &conf.name) {
                     (Some(new), _) => new.clone(),
@@ -810,6 +951,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             next_volume_id: table.next_volume_id,
             back_region: back_region_of(&newest),
         }),
+        sb_key,
+        log_key,
         commit_lock: Mutex::new(()),
         intent: Mutex::new(None),
         intent_log: opts.intent_log,

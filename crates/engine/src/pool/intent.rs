@@ -26,6 +26,12 @@
 //! snapshot does (`Log::begin_snapshot`), so segments written so far are freed only by a
 //! commit. Chain blocks are released after the commit that replaces their chain.
 //!
+//! Authentication (format 2, decision 0011): a block carries, before its unkeyed blake3
+//! (which tells a good copy from a bad one), a MAC of everything before it, keyed by the
+//! pool key (`Core::log_key`). Someone who writes the devices cannot append a block that
+//! replay would apply: a block that fails its MAC ends the replay, as a torn one does.
+//! Format 1 blocks (no MAC, 50 entries) are read only by `bulwark pool upgrade`.
+//!
 //! Bytes from disk: a block is at most one slot, its entry count is bounded by the slot,
 //! every pointer is decoded and checked against the pool before anything reads it.
 
@@ -45,8 +51,18 @@ pub const LOG_BLOCK_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"BWINTENT";
 const HEADER_BYTES: usize = 64;
 const ENTRY_BYTES: usize = 16 + BLKPTR_BYTES;
-/// Entries one block holds: 50.
-pub const ENTRIES_PER_BLOCK: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 32) / ENTRY_BYTES;
+/// The MAC of bytes 0..MAC_AT (format 2), before the blake3 of bytes 0..4064.
+const MAC_AT: usize = LOG_BLOCK_BYTES - 64;
+/// Entries one block holds: 49 (format 1's blocks, without the MAC, held 50).
+pub const ENTRIES_PER_BLOCK: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 64) / ENTRY_BYTES;
+const ENTRIES_PER_BLOCK_V1: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 32) / ENTRY_BYTES;
+
+/// The key of the log blocks' MACs (`keys::pool_key::PoolKey::log_key`).
+pub type LogKey = super::superblock::SbKey;
+
+fn mac(key: &LogKey, b: &[u8]) -> [u8; 32] {
+    *blake3::keyed_hash(key, &b[..MAC_AT]).as_bytes()
+}
 
 /// One change to a volume's map: block `lba` of volume `volume` (its id) now points at
 /// `ptr` (a hole: trimmed or zeroed).
@@ -69,7 +85,7 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self, key: &LogKey) -> Vec<u8> {
         assert!(self.entries.len() <= ENTRIES_PER_BLOCK);
         let mut b = vec![0u8; LOG_BLOCK_BYTES];
         b[0..8].copy_from_slice(MAGIC);
@@ -85,14 +101,19 @@ impl Block {
             b[at + 8..at + 16].copy_from_slice(&e.lba.to_le_bytes());
             e.ptr.encode(&mut b[at + 16..at + ENTRY_BYTES]);
         }
+        let m = mac(key, &b);
+        b[MAC_AT..MAC_AT + 32].copy_from_slice(&m);
         seal_self_checked(&mut b);
         b
     }
 
     /// A block read back (already verified by its own checksum): `Ok(None)` when it is not
-    /// the block `(pool_id, generation, seq)` (stale bytes: the end of the chain).
+    /// the block `(pool_id, generation, seq)` (stale bytes: the end of the chain),
+    /// `Corrupt` when its MAC under `key` fails. `key` `None`: a format 1 block (no MAC),
+    /// for `bulwark pool upgrade` only.
     pub fn decode(
         b: &[u8],
+        key: Option<&LogKey>,
         pool_id: &[u8; 16],
         generation: u64,
         seq: u64,
@@ -100,12 +121,23 @@ impl Block {
         if b.len() != LOG_BLOCK_BYTES || &b[0..8] != MAGIC {
             return Ok(None);
         }
+        let most = match key {
+            Some(key) => {
+                if mac(key, b)[..] != b[MAC_AT..MAC_AT + 32] {
+                    return Err(Error::Corrupt(format!(
+                        "intent log block {seq} fails authentication under the pool key"
+                    )));
+                }
+                ENTRIES_PER_BLOCK
+            }
+            None => ENTRIES_PER_BLOCK_V1,
+        };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         if b[8..24] != pool_id[..] || u64_at(24) != generation || u64_at(32) != seq {
             return Ok(None);
         }
         let count = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
-        if count > ENTRIES_PER_BLOCK {
+        if count > most {
             return Err(Error::Corrupt(format!(
                 "intent log block {seq} claims {count} entries, more than a block holds"
             )));
@@ -240,7 +272,7 @@ impl Core {
                 next,
                 entries: chunk.to_vec(),
             }
-            .encode();
+            .encode(&self.log_key);
             for &a in chain.next.iter().filter(|&&a| a != ADDR_NONE) {
                 self.store.red.write(a, &block)?;
             }
@@ -257,6 +289,10 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn key() -> LogKey {
+        zeroize::Zeroizing::new([0x3c; 32])
+    }
 
     fn entry(i: u64) -> Entry {
         Entry {
@@ -282,18 +318,42 @@ mod tests {
             next: [1 << 20, 2 << 20],
             entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
         };
-        let bytes = b.encode();
+        let bytes = b.encode(&key());
         assert!(crate::checksum::verify(&SELF_CHECKED, &bytes));
         assert_eq!(
-            Block::decode(&bytes, &[9; 16], 12, 3).unwrap(),
+            Block::decode(&bytes, Some(&key()), &[9; 16], 12, 3).unwrap(),
             Some(b.clone())
         );
-        assert_eq!(Block::decode(&bytes, &[8; 16], 12, 3).unwrap(), None);
-        assert_eq!(Block::decode(&bytes, &[9; 16], 13, 3).unwrap(), None);
-        assert_eq!(Block::decode(&bytes, &[9; 16], 12, 4).unwrap(), None);
+        assert_eq!(
+            Block::decode(&bytes, Some(&key()), &[8; 16], 12, 3).unwrap(),
+            None
+        );
+        assert_eq!(
+            Block::decode(&bytes, Some(&key()), &[9; 16], 13, 3).unwrap(),
+            None
+        );
+        assert_eq!(
+            Block::decode(&bytes, Some(&key()), &[9; 16], 12, 4).unwrap(),
+            None
+        );
         let mut torn = bytes.clone();
         torn[100] ^= 1;
         assert!(!crate::checksum::verify(&SELF_CHECKED, &torn));
+        // Forged without the pool key: an entry changed and the unkeyed blake3 made
+        // right, as anyone can; or the whole block made under another key.
+        let mut forged = bytes.clone();
+        forged[HEADER_BYTES + 8] ^= 1;
+        seal_self_checked(&mut forged);
+        assert!(crate::checksum::verify(&SELF_CHECKED, &forged));
+        assert!(matches!(
+            Block::decode(&forged, Some(&key()), &[9; 16], 12, 3),
+            Err(Error::Corrupt(_))
+        ));
+        let other = b.encode(&zeroize::Zeroizing::new([1; 32]));
+        assert!(matches!(
+            Block::decode(&other, Some(&key()), &[9; 16], 12, 3),
+            Err(Error::Corrupt(_))
+        ));
     }
 
     #[test]
@@ -305,7 +365,7 @@ mod tests {
             next: [1 << 20, 2 << 20],
             entries: (1..=5).map(entry).collect(),
         }
-        .encode();
+        .encode(&key());
         crate::fuzz::never_panics(
             "intent::Block::decode",
             &[b],
@@ -316,7 +376,7 @@ mod tests {
                 }
             }),
             &|b| {
-                let _ = Block::decode(b, &[9; 16], 12, 3);
+                let _ = Block::decode(b, Some(&key()), &[9; 16], 12, 3);
             },
         );
     }

@@ -29,11 +29,15 @@ pub(crate) struct NewKeys {
 }
 
 /// Keys of a new encrypted volume: a VMK in one slot under `secret`, data key generation 0.
-pub(crate) fn new_volume_keys(secret: &Secret, uuid: &[u8; 16]) -> Result<NewKeys> {
+pub(crate) fn new_volume_keys(
+    secret: &Secret,
+    uuid: &[u8; 16],
+    run_salt: [u8; 16],
+) -> Result<NewKeys> {
     let vmk = wrap::new_data_key();
     let slots = vec![wrap::wrap(&vmk, secret, uuid)?];
     let data_keys = vec![ring::new_data_key(&vmk, uuid, 0)];
-    let ring = KeyRing::open(&vmk, uuid, &data_keys)?;
+    let ring = KeyRing::open(&vmk, uuid, &data_keys, run_salt)?;
     Ok(NewKeys {
         vmk,
         slots,
@@ -165,7 +169,7 @@ impl Core {
         let (_, vmk) = self
             .open_slot(&st, secret)
             .inspect_err(|e| tracing::warn!(volume = name, "key load refused: {e}"))?;
-        let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock())?;
+        let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock(), self.store.run_salt)?;
         *st.ring.write() = Some(Arc::new(ring));
         *st.vmk.lock() = Some(vmk);
         tracing::info!(volume = name, "key loaded");

@@ -17,11 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use super::anchor::{self, Anchor};
 use super::create::{PoolConfig, CONFIG_FILE};
-use super::superblock::Superblock;
+use super::superblock::{Check, Superblock};
 use super::{OpenOptions, Pool};
 use crate::constants::*;
 use crate::device::{Device, DeviceClaim, FileDevice};
 use crate::hex::to_hex;
+use crate::keys::pool_key::PoolKey;
 use crate::redundancy::Layout;
 use crate::{Error, Result};
 
@@ -148,18 +149,20 @@ fn candidates(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 /// Read the newest label of each device (front slots, then the back ones they point to).
-fn read_labels(paths: &[PathBuf]) -> Vec<Labelled> {
+/// The labels on `paths`. `Check::Unkeyed` (scan, destroy) reads format 2 labels without
+/// authenticating them: what they say is shown, never trusted for an import.
+fn read_labels(paths: &[PathBuf], check: Check) -> Vec<Labelled> {
     let mut out = Vec::new();
     for p in paths {
         let Ok(dev) = FileDevice::open(p) else {
             tracing::debug!(device = %p.display(), "cannot be opened: skipped");
             continue;
         };
-        let Some(front) = super::import::best_superblock(&dev, None) else {
+        let Some(front) = super::import::best_superblock(&dev, None, check) else {
             continue;
         };
         let back = DEVICE_RESERVED_FRONT + front.segments_per_device * SEGMENT_BYTES;
-        let sb = super::import::best_superblock(&dev, Some(back)).unwrap_or(front);
+        let sb = super::import::best_superblock(&dev, Some(back), check).unwrap_or(front);
         out.push(Labelled {
             path: p.clone(),
             size: dev.size(),
@@ -188,7 +191,7 @@ fn claimed_elsewhere(path: &Path) -> Option<String> {
 /// The pools whose labels are on `devices` (files, block devices, or directories whose
 /// device files are read), each with its members present, stale and missing.
 pub fn scan(devices: &[PathBuf]) -> Result<Vec<FoundPool>> {
-    let labelled = read_labels(&candidates(devices)?);
+    let labelled = read_labels(&candidates(devices)?, Check::Unkeyed);
     let mut ids: Vec<[u8; 16]> = labelled.iter().map(|l| l.sb.pool_id).collect();
     ids.sort();
     ids.dedup();
@@ -313,8 +316,12 @@ pub struct ImportOptions {
     pub force: bool,
     /// Give the pool this name.
     pub rename: Option<String>,
-    /// The pool's old directory, whose `pool.json` gives the members taken offline.
+    /// The pool's old directory, whose `pool.json` gives the members taken offline (and
+    /// whose `pool.key` is taken when `pool_key` is not given).
     pub from_dir: Option<PathBuf>,
+    /// The pool's key file (`DIR/pool.key` of the directory it came from): copied into
+    /// `dir`. Needed for a format 2 pool unless `dir` or `from_dir` holds it.
+    pub pool_key: Option<PathBuf>,
 }
 
 /// What `import_into` did.
@@ -485,6 +492,30 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
     };
     let old_anchor = anchor::read(dir).ok().flatten();
+    // The pool key: the directory's own, or the one given, or the old directory's.
+    let key_dst = dir.join(super::import::POOL_KEY_FILE);
+    let key_src = opts.pool_key.clone().or_else(|| {
+        opts.from_dir
+            .as_ref()
+            .map(|d| d.join(super::import::POOL_KEY_FILE))
+            .filter(|p| p.exists())
+    });
+    let key = match (key_dst.exists(), &key_src) {
+        (true, _) => Some(PoolKey::load(&key_dst)?),
+        (false, Some(src)) => Some(PoolKey::load(src)?),
+        (false, None) => None,
+    };
+    let key_made = !key_dst.exists() && key.is_some();
+    let sb_key = key.as_ref().map(|k| {
+        let id: [u8; 16] = crate::hex::from_hex(&found.pool_id)
+            .and_then(|v| v.try_into().ok())
+            .unwrap_or([0; 16]);
+        k.superblock_key(&id)
+    });
+    let check = match &sb_key {
+        Some(k) => Check::Key(k),
+        None => Check::Unkeyed,
+    };
     let undo = |dir: &Path| match &old {
         Some(c) => {
             let _ = c.write(dir);
@@ -493,16 +524,31 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
             let _ = fs::remove_file(dir.join(CONFIG_FILE));
             let _ = fs::remove_file(anchor::path(dir));
             let _ = fs::remove_file(dir.join("pool.lock"));
+            if key_made {
+                let _ = fs::remove_file(&key_dst);
+            }
             if made_dir {
                 let _ = fs::remove_dir(dir);
             }
         }
     };
     let result = (|| {
+        let newest = newest_label(&found, check)?;
+        if newest.format != super::superblock::VERSION_1 && key.is_none() {
+            return Err(Error::NotFound(format!(
+                "pool {} is format {}: its labels and metadata are authenticated by its pool \
+                 key, which is not on the devices. Give it with --pool-key FILE (the pool.key \
+                 of the directory it was exported from, or your backup of it)",
+                found.display_name(),
+                newest.format
+            )));
+        }
+        if let (true, Some(k)) = (key_made, &key) {
+            k.save(&key_dst)?;
+        }
         conf.write(dir)?;
         // The devices as found are the pool now: the anchor starts at their generation,
         // above every nonce this directory's anchor ever announced.
-        let newest = newest_label(&found)?;
         let pool_id: [u8; 16] = newest.pool_id;
         let nonce = old_anchor
             .as_ref()
@@ -549,9 +595,9 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
 }
 
 /// The newest label among the members found (the one import takes).
-fn newest_label(found: &FoundPool) -> Result<Superblock> {
+fn newest_label(found: &FoundPool, check: Check) -> Result<Superblock> {
     let paths: Vec<PathBuf> = found.present().map(|(_, p)| p.to_path_buf()).collect();
-    read_labels(&paths)
+    read_labels(&paths, check)
         .into_iter()
         .map(|l| l.sb)
         .filter(|sb| to_hex(&sb.pool_id) == found.pool_id)
@@ -562,6 +608,37 @@ fn newest_label(found: &FoundPool) -> Result<Superblock> {
                 found.display_name()
             ))
         })
+}
+
+/// What `upgrade` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    pub format: u32,
+    pub generation: u64,
+    /// The pool key it made.
+    pub key: PathBuf,
+}
+
+/// Upgrade the format 1 pool in `dir` to format 2 in place (decision 0011): import it once
+/// as found (every map walked and verified), make `DIR/pool.key`, and write format 2
+/// labels in two commits, so neither superblock slot keeps a format 1 label. An upgrade
+/// interrupted between them is finished by running it again (the key it made is kept).
+pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
+    let pool = Pool::open(
+        dir,
+        OpenOptions {
+            upgrade: true,
+            ..OpenOptions::default()
+        },
+    )?;
+    pool.core.commit()?;
+    let generation = pool.core.sb.lock().sb.generation;
+    pool.close()?;
+    Ok(UpgradeReport {
+        format: super::superblock::VERSION,
+        generation,
+        key: dir.join(super::import::POOL_KEY_FILE),
+    })
 }
 
 /// What `destroy` did.
@@ -594,7 +671,7 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         .filter(|p| p.exists())
         .collect();
     paths.extend(device_files_in(dir));
-    let labelled: Vec<Labelled> = read_labels(&candidates(&paths)?)
+    let labelled: Vec<Labelled> = read_labels(&candidates(&paths)?, Check::Unkeyed)
         .into_iter()
         .filter(|l| to_hex(&l.sb.pool_id) == conf.pool_id)
         .collect();
@@ -683,7 +760,12 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
             removed.push(full);
         }
     }
-    for f in [CONFIG_FILE, anchor::FILE_NAME, ".pool.json.tmp"] {
+    for f in [
+        CONFIG_FILE,
+        anchor::FILE_NAME,
+        super::import::POOL_KEY_FILE,
+        ".pool.json.tmp",
+    ] {
         let _ = fs::remove_file(dir.join(f));
     }
     drop(lock);
@@ -796,8 +878,21 @@ mod tests {
         assert!(found[0].exported);
         assert_eq!(found[0].members.len(), 2);
 
-        let report = import_into(&b, std::slice::from_ref(&a), &ImportOptions::default()).unwrap();
+        // The pool key is not on the devices: without it the import is refused, and leaves
+        // nothing behind.
+        let e = import_into(&b, std::slice::from_ref(&a), &ImportOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("--pool-key"), "{e}");
+        assert!(!b.exists(), "a refused import leaves nothing");
+        let with_key = ImportOptions {
+            pool_key: Some(a.join(super::super::import::POOL_KEY_FILE)),
+            ..Default::default()
+        };
+        let report = import_into(&b, std::slice::from_ref(&a), &with_key).unwrap();
         assert_eq!(report.name, "tank");
+        assert!(
+            b.join("pool.key").exists(),
+            "the key is copied into the new directory"
+        );
         assert_eq!(report.volumes.len(), 1);
         assert!(!scan(std::slice::from_ref(&a)).unwrap()[0].exported);
         let pool = Pool::open(&b, OpenOptions::default()).unwrap();

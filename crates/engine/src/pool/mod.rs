@@ -69,6 +69,9 @@ pub struct OpenOptions {
     pub take_exported: bool,
     /// Give the pool this name at import (its labels; `bulwark pool import --name`).
     pub rename: Option<String>,
+    /// `bulwark pool upgrade`: take a format 1 pool, make its pool key, and write format 2
+    /// labels (decision 0011). Refused on a pool that is already format 2.
+    pub upgrade: bool,
 }
 
 impl Default for OpenOptions {
@@ -81,6 +84,7 @@ impl Default for OpenOptions {
             accept_rollback: false,
             intent_log: true,
             take_exported: false,
+            upgrade: false,
             rename: None,
         }
     }

@@ -76,7 +76,12 @@ impl Core {
             let mut keys = st.data_keys.lock();
             let g = ring::next_generation(&keys, &st.name)?;
             keys.push(ring::new_data_key(&vmk, &st.uuid, g));
-            *st.ring.write() = Some(Arc::new(KeyRing::open(&vmk, &st.uuid, &keys)?));
+            *st.ring.write() = Some(Arc::new(KeyRing::open(
+                &vmk,
+                &st.uuid,
+                &keys,
+                self.store.run_salt,
+            )?));
             g
         };
         let total = st.used_bytes.load(Ordering::Relaxed) / st.block_size.max(1) as u64;
@@ -303,7 +308,12 @@ impl Core {
             if snapshots == 0 {
                 keys.retain(|k| k.generation == to);
             }
-            *st.ring.write() = Some(Arc::new(KeyRing::open(&vmk, &st.uuid, &keys)?));
+            *st.ring.write() = Some(Arc::new(KeyRing::open(
+                &vmk,
+                &st.uuid,
+                &keys,
+                self.store.run_salt,
+            )?));
             if snapshots > 0 {
                 tracing::info!(volume = %st.name, snapshots, "older data keys kept: snapshots hold blocks encrypted under them");
             }

@@ -528,7 +528,7 @@ impl Core {
                     .ok_or_else(|| Error::Locked(volume.to_string()))?;
                 let origin_keys = st.data_keys.lock().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
-                let mut k = super::keys::new_volume_keys(secret, &uuid)?;
+                let mut k = super::keys::new_volume_keys(secret, &uuid, self.store.run_salt)?;
                 let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
                 for r in &origin_keys {
                     data_keys.push(crate::keys::ring::inherit(
@@ -536,7 +536,12 @@ impl Core {
                     )?);
                 }
                 data_keys.push(crate::keys::ring::new_data_key(&k.vmk, &uuid, next_gen));
-                k.ring = crate::keys::ring::KeyRing::open(&k.vmk, &uuid, &data_keys)?;
+                k.ring = crate::keys::ring::KeyRing::open(
+                    &k.vmk,
+                    &uuid,
+                    &data_keys,
+                    self.store.run_salt,
+                )?;
                 k.data_keys = data_keys;
                 // The origin writes under a new generation of its own from now on.
                 let mut ok = st.data_keys.lock();
@@ -544,7 +549,10 @@ impl Core {
                     &from_vmk, &st.uuid, next_gen,
                 ));
                 *st.ring.write() = Some(Arc::new(crate::keys::ring::KeyRing::open(
-                    &from_vmk, &st.uuid, &ok,
+                    &from_vmk,
+                    &st.uuid,
+                    &ok,
+                    self.store.run_salt,
                 )?));
                 Some(k)
             }

@@ -17,8 +17,48 @@ use crate::redundancy::Layout;
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"BWSUPER1";
-pub const VERSION: u32 = 1;
+/// The format `pool create` writes: 2, the labels authenticated by the pool key (decision
+/// 0011). Format 1 is read only to be upgraded (`bulwark pool upgrade`) or listed.
+pub const VERSION: u32 = 2;
+/// Format 1: the same bytes, with an unkeyed blake3 where format 2 has its MAC.
+pub const VERSION_1: u32 = 1;
+/// Format 1's blake3 of bytes 0..4064, or format 2's MAC of them (keyed blake3 under the
+/// pool's superblock key, `keys::pool_key::PoolKey::superblock_key`).
 const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
+/// Format 2: a key check value, the keyed blake3 of `KEY_CHECK_LABEL ‖ pool id` under the
+/// superblock key. It tells a wrong `pool.key` (every device fails it) from an altered label.
+const KEY_CHECK_AT: usize = 1024;
+const KEY_CHECK_LABEL: &[u8] = b"bulwark superblock key check v2";
+
+/// The key that authenticates a format 2 pool's superblocks (and its intent log blocks'
+/// MACs are keyed from the same pool key): derived from `DIR/pool.key` for one pool id.
+pub type SbKey = zeroize::Zeroizing<[u8; 32]>;
+
+/// How `decode` checks a slot.
+#[derive(Clone, Copy)]
+pub enum Check<'a> {
+    /// A format 2 label must carry this key's MAC; format 1 labels are refused (`Corrupt`
+    /// naming the version: a pool that has a key is never read unauthenticated).
+    Key(&'a SbKey),
+    /// No key: format 1 labels are verified by their checksum, format 2 labels are parsed
+    /// but NOT authenticated. For listing (`pool scan`), for recognising a device that
+    /// belongs to some pool, and for the upgrade of a format 1 pool: never for import.
+    Unkeyed,
+    /// `bulwark pool upgrade`: format 1 labels verified by their checksum, format 2 labels
+    /// (an upgrade interrupted after its first commit) by the key.
+    Upgrade(&'a SbKey),
+}
+
+fn key_check(key: &SbKey, pool_id: &[u8; 16]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(KEY_CHECK_LABEL);
+    h.update(pool_id);
+    *h.finalize().as_bytes()
+}
+
+fn mac(key: &SbKey, body: &[u8]) -> [u8; 32] {
+    *blake3::keyed_hash(key, body).as_bytes()
+}
 /// After the member ids (160 + 16 × 16).
 const TABLE_KEY_AT: usize = 416;
 /// The pool's state: 0 active (imported on some host), 1 exported (`bulwark pool export`).
@@ -33,6 +73,8 @@ const LOG_AT: usize = 520;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// 1 or 2 (`VERSION`): what `encode` writes and `decode` found.
+    pub format: u32,
     pub layout: Layout,
     pub pool_id: [u8; 16],
     pub device_id: [u8; 16],
@@ -64,11 +106,32 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    pub fn encode(&self) -> Vec<u8> {
+    /// The slot's bytes: format 2 sealed with `key`'s MAC (a format 2 superblock without a
+    /// key is a bug), format 1 with its checksum.
+    pub fn encode(&self, key: Option<&SbKey>) -> Vec<u8> {
+        let mut b = self.encode_body();
+        match (self.format, key) {
+            (VERSION, Some(key)) => {
+                let check = key_check(key, &self.pool_id);
+                b[KEY_CHECK_AT..KEY_CHECK_AT + 32].copy_from_slice(&check);
+                let sum = mac(key, &b[..CHECKSUM_AT]);
+                b[CHECKSUM_AT..].copy_from_slice(&sum);
+            }
+            (VERSION_1, _) => {
+                let sum = checksum(&b[..CHECKSUM_AT]);
+                b[CHECKSUM_AT..].copy_from_slice(&sum);
+            }
+            (f, _) => panic!("a format {f} superblock encoded without its key"),
+        }
+        b
+    }
+
+    /// The fields, without key check or checksum (`anchor::digest` hashes this).
+    pub fn encode_body(&self) -> Vec<u8> {
         assert!(self.member_ids.len() <= DEVICES_MAX);
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(MAGIC);
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[8..12].copy_from_slice(&self.format.to_le_bytes());
         let (kind, n, m) = match self.layout {
             Layout::Single => (0u8, 1u8, 0u8),
             Layout::Mirror(n) => (1, n, 0),
@@ -105,22 +168,51 @@ impl Superblock {
             b[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&a.to_le_bytes());
             b[LOG_AT + 16..LOG_AT + 24].copy_from_slice(&c.to_le_bytes());
         }
-        let sum = checksum(&b[..CHECKSUM_AT]);
-        b[CHECKSUM_AT..].copy_from_slice(&sum);
         b
     }
 
     /// `Ok(None)` when the slot holds no bulwark superblock at all (never written, or wiped).
-    pub fn decode(b: &[u8]) -> Result<Option<Superblock>> {
+    pub fn decode(b: &[u8], check: Check) -> Result<Option<Superblock>> {
         if b.len() != SUPERBLOCK_BYTES || &b[0..8] != MAGIC {
             return Ok(None);
         }
-        if checksum(&b[..CHECKSUM_AT]) != b[CHECKSUM_AT..] {
-            return Err(Error::Corrupt("superblock checksum mismatch".into()));
-        }
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
-        if version != VERSION {
-            return Err(Error::Corrupt(format!("superblock format version {version} is not supported (this bulwark reads {VERSION})")));
+        match (version, check) {
+            (VERSION_1, Check::Unkeyed | Check::Upgrade(_)) => {
+                if checksum(&b[..CHECKSUM_AT]) != b[CHECKSUM_AT..] {
+                    return Err(Error::Corrupt("superblock checksum mismatch".into()));
+                }
+            }
+            (VERSION_1, Check::Key(_)) => {
+                return Err(Error::Corrupt(
+                    "superblock of format 1 (unauthenticated) in a pool that has a pool key: \
+                     ignored"
+                        .into(),
+                ))
+            }
+            (VERSION, Check::Unkeyed) => {}
+            (VERSION, Check::Key(key) | Check::Upgrade(key)) => {
+                let pool_id: [u8; 16] = b[16..32].try_into().unwrap();
+                if key_check(key, &pool_id)[..] != b[KEY_CHECK_AT..KEY_CHECK_AT + 32] {
+                    return Err(Error::Invalid(
+                        "the pool key does not match this superblock (the pool key is not \
+                         this pool's, or the label was altered)"
+                            .into(),
+                    ));
+                }
+                if mac(key, &b[..CHECKSUM_AT])[..] != b[CHECKSUM_AT..] {
+                    return Err(Error::Corrupt(
+                        "superblock fails authentication under the pool key (altered or damaged)"
+                            .into(),
+                    ));
+                }
+            }
+            (v, _) => {
+                return Err(Error::Corrupt(format!(
+                    "superblock format version {v} is not supported (this bulwark reads \
+                     {VERSION_1} and {VERSION})"
+                )))
+            }
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
@@ -227,6 +319,7 @@ impl Superblock {
             }
         };
         Ok(Some(Superblock {
+            format: version,
             layout,
             pool_id: b[16..32].try_into().unwrap(),
             device_id: b[32..48].try_into().unwrap(),
@@ -246,6 +339,14 @@ impl Superblock {
         }))
     }
 
+    /// Whether a format 2 slot's key check value is `key`'s (the key is this pool's);
+    /// says nothing of the rest of the slot.
+    pub fn key_matches(b: &[u8], key: &SbKey) -> bool {
+        b.len() == SUPERBLOCK_BYTES
+            && key_check(key, b[16..32].try_into().unwrap())[..]
+                == b[KEY_CHECK_AT..KEY_CHECK_AT + 32]
+    }
+
     /// Device offsets of the slot that generation `generation` goes to (front and back copies).
     pub fn slot_offsets(generation: u64, back_region: u64) -> [u64; 2] {
         let s = SUPERBLOCK_SLOT_OFFSETS[(generation % 2) as usize];
@@ -263,9 +364,14 @@ impl Superblock {
 mod tests {
     use super::*;
 
+    fn test_key() -> SbKey {
+        zeroize::Zeroizing::new([0x5a; 32])
+    }
+
     #[test]
     fn round_trip_and_corruption() {
         let sb = Superblock {
+            format: VERSION,
             layout: Layout::Mirror(2),
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -290,13 +396,20 @@ mod tests {
             exported: true,
             log_head: None,
         };
-        let mut b = sb.encode();
-        assert_eq!(Superblock::decode(&b).unwrap().unwrap(), sb);
+        let mut b = sb.encode(Some(&test_key()));
+        assert_eq!(
+            Superblock::decode(&b, Check::Key(&test_key()))
+                .unwrap()
+                .unwrap(),
+            sb
+        );
         b[100] ^= 0x40;
-        assert!(Superblock::decode(&b).is_err());
-        assert!(Superblock::decode(&[0u8; SUPERBLOCK_BYTES])
-            .unwrap()
-            .is_none());
+        assert!(Superblock::decode(&b, Check::Key(&test_key())).is_err());
+        assert!(
+            Superblock::decode(&[0u8; SUPERBLOCK_BYTES], Check::Key(&test_key()))
+                .unwrap()
+                .is_none()
+        );
     }
 
     /// Any bytes give `Ok(None)`, `Ok(Some)` or `Corrupt`, also with the checksum made
@@ -307,6 +420,7 @@ mod tests {
     #[test]
     fn decode_never_panics_and_accepts_only_consistent_superblocks() {
         let base = |layout, count: u32, spd: u64| Superblock {
+            format: VERSION,
             layout,
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -336,19 +450,19 @@ mod tests {
             log_head: None,
         };
         let valid = vec![
-            base(Layout::Single, 1, 60).encode(),
-            base(Layout::Single, 3, 12).encode(),
-            base(Layout::Mirror(2), 2, 1000).encode(),
-            base(Layout::Parity { k: 4, m: 2 }, 6, 40).encode(),
+            base(Layout::Single, 1, 60).encode(Some(&test_key())),
+            base(Layout::Single, 3, 12).encode(Some(&test_key())),
+            base(Layout::Mirror(2), 2, 1000).encode(Some(&test_key())),
+            base(Layout::Parity { k: 4, m: 2 }, 6, 40).encode(Some(&test_key())),
         ];
         let fix = |b: &mut Vec<u8>| {
             if b.len() == SUPERBLOCK_BYTES {
-                let sum = checksum(&b[..CHECKSUM_AT]);
+                let sum = mac(&test_key(), &b[..CHECKSUM_AT]);
                 b[CHECKSUM_AT..].copy_from_slice(&sum);
             }
         };
         crate::fuzz::never_panics("Superblock::decode", &valid, 20_000, Some(&fix), &|b| {
-            match Superblock::decode(b) {
+            match Superblock::decode(b, Check::Key(&test_key())) {
                 Ok(Some(sb)) => {
                     assert!(sb.member_index < sb.member_count);
                     assert_eq!(sb.member_ids.len(), sb.member_count as usize);
@@ -358,9 +472,15 @@ mod tests {
                     assert!(used <= sb.device_bytes);
                     assert!(sb.root.len as u64 <= crate::constants::RECORD_BYTES_MAX);
                     // Bytes the encoder does not write (padding) may differ.
-                    assert_eq!(Superblock::decode(&sb.encode()).unwrap().unwrap(), sb);
+                    assert_eq!(
+                        Superblock::decode(&sb.encode(Some(&test_key())), Check::Key(&test_key()))
+                            .unwrap()
+                            .unwrap(),
+                        sb
+                    );
                 }
-                Ok(None) | Err(Error::Corrupt(_)) => {}
+                // A mutated key check value reads as another pool's key.
+                Ok(None) | Err(Error::Corrupt(_)) | Err(Error::Invalid(_)) => {}
                 Err(e) => panic!("not a Corrupt error: {e}"),
             }
         });
@@ -371,6 +491,7 @@ mod tests {
     #[test]
     fn log_head_round_trips() {
         let base = Superblock {
+            format: VERSION,
             layout: Layout::Mirror(2),
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -398,14 +519,85 @@ mod tests {
                 log_head: head,
                 ..base.clone()
             };
-            assert_eq!(Superblock::decode(&sb.encode()).unwrap(), Some(sb));
+            assert_eq!(
+                Superblock::decode(&sb.encode(Some(&test_key())), Check::Key(&test_key())).unwrap(),
+                Some(sb)
+            );
         }
         let bad = Superblock {
             log_head: Some([rec * 8 + 1, crate::map::ADDR_NONE]),
             ..base
         };
         assert!(matches!(
-            Superblock::decode(&bad.encode()),
+            Superblock::decode(&bad.encode(Some(&test_key())), Check::Key(&test_key())),
+            Err(Error::Corrupt(_))
+        ));
+    }
+
+    /// What an attacker who writes the devices can do to a format 2 label without the pool
+    /// key: change any field and recompute every unkeyed checksum. Each is refused; a wrong
+    /// key is told apart from an altered label; a format 1 label is read only unkeyed.
+    #[test]
+    fn a_label_altered_without_the_key_is_refused() {
+        let sb = Superblock {
+            format: VERSION,
+            layout: Layout::Mirror(2),
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: 0,
+            member_count: 2,
+            generation: 9,
+            device_bytes: 1 << 30,
+            segments_per_device: 1000,
+            nonce_reserved: 1 << 24,
+            high_water: 10,
+            root: Blkptr::HOLE,
+            member_ids: vec![[2; 16], [3; 16]],
+            table_key: [4; 32],
+            name: "authpool".into(),
+            exported: false,
+            log_head: None,
+        };
+        let key = test_key();
+        let good = sb.encode(Some(&key));
+        assert_eq!(
+            Superblock::decode(&good, Check::Key(&key)).unwrap(),
+            Some(sb.clone())
+        );
+        // Layout mirror:2 → single, copies, member count, generation, nonce counter: each
+        // with format 1's checksum recomputed over the edit (all an attacker can compute).
+        for (at, value) in [(12usize, 0u8), (13, 3), (52, 1), (56, 10), (80, 0)] {
+            let mut b = good.clone();
+            b[at] = value;
+            let sum = checksum(&b[..CHECKSUM_AT]);
+            b[CHECKSUM_AT..].copy_from_slice(&sum);
+            assert!(
+                matches!(
+                    Superblock::decode(&b, Check::Key(&key)),
+                    Err(Error::Corrupt(_))
+                ),
+                "byte {at} edited"
+            );
+        }
+        let other = zeroize::Zeroizing::new([0x11; 32]);
+        assert!(matches!(
+            Superblock::decode(&good, Check::Key(&other)),
+            Err(Error::Invalid(_))
+        ));
+        // Unkeyed, the same label parses (for listing) but is not authenticated.
+        assert_eq!(
+            Superblock::decode(&good, Check::Unkeyed).unwrap(),
+            Some(sb.clone())
+        );
+        // Format 1: verified by its checksum unkeyed, never accepted where a key is.
+        let v1 = Superblock {
+            format: VERSION_1,
+            ..sb
+        };
+        let b1 = v1.encode(None);
+        assert_eq!(Superblock::decode(&b1, Check::Unkeyed).unwrap(), Some(v1));
+        assert!(matches!(
+            Superblock::decode(&b1, Check::Key(&key)),
             Err(Error::Corrupt(_))
         ));
     }

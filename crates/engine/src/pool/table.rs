@@ -285,7 +285,10 @@ mod tests {
                             ok(wrap::unwrap(s, &kf, &v.uuid).map(|_| ()));
                         }
                     }
-                    ok(crate::keys::ring::KeyRing::open(&vmk, &v.uuid, &v.data_keys).map(|_| ()));
+                    ok(
+                        crate::keys::ring::KeyRing::open(&vmk, &v.uuid, &v.data_keys, [0; 16])
+                            .map(|_| ()),
+                    );
                 }
             },
         );

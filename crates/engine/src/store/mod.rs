@@ -63,6 +63,10 @@ pub struct Store {
     pub red: Redundancy,
     pub log: Log,
     pub cache: NodeCache,
+    /// Drawn at random for this run (never read from the devices): every data block this
+    /// run seals is under its volume's data key salted with it (`keys::ring`), so the
+    /// nonce counter below needs to be unique only within the run (decision 0011).
+    pub run_salt: [u8; 16],
     nonce_next: AtomicU64,
     nonce_limit: AtomicU64,
     /// Read-held by every read of a block from the time its pointer is looked up until its
@@ -108,6 +112,11 @@ impl Store {
             red,
             log,
             cache,
+            run_salt: {
+                let mut salt = [0u8; 16];
+                aws_lc_rs::rand::fill(&mut salt).expect("system random source");
+                salt
+            },
             nonce_next: AtomicU64::new(nonce_reserved),
             nonce_limit: AtomicU64::new(nonce_reserved),
             reuse_gate: RwLock::new(()),

@@ -519,14 +519,15 @@ impl Volume {
         // A block a clone inherited names its first volume in its associated data.
         let (cipher, aad) = match ring.as_deref() {
             Some(r) => {
-                let (c, lineage) = r.get_with_lineage(ptr.key_gen).ok_or_else(|| {
+                let salt = crate::checksum::salt_of(&ptr.checksum);
+                let (c, lineage) = r.cipher_for(ptr.key_gen, salt).ok_or_else(|| {
                     Error::Corrupt(format!("block {lba} is encrypted under key generation {}, which this volume no longer has", ptr.key_gen))
                 })?;
-                (Some(c), codec::block_aad(lineage, lba))
+                (Some(c), codec::block_aad(&lineage, lba))
             }
             None => (None, self.aad(lba)),
         };
-        codec::decode(stored, ptr.flags, cipher, &aad, ptr.nonce, out).map_err(|e| {
+        codec::decode(stored, ptr.flags, cipher.as_deref(), &aad, ptr.nonce, out).map_err(|e| {
             tracing::error!(volume = %self.st.name, lba, "block verified by checksum but failed to decode: {e}");
             e
         })
@@ -648,10 +649,10 @@ impl Volume {
             let (lba, p) = (first + k as u64, &ptrs[k]);
             let opened = read
                 && ring
-                    .get_with_lineage(p.key_gen)
+                    .cipher_for(p.key_gen, crate::checksum::salt_of(&p.checksum))
                     .is_some_and(|(cipher, lineage)| {
-                        let aad = codec::block_aad(lineage, lba);
-                        codec::open_sealed(cipher, &aad, p.nonce, block, tag).is_ok()
+                        let aad = codec::block_aad(&lineage, lba);
+                        codec::open_sealed(&cipher, &aad, p.nonce, block, tag).is_ok()
                     });
             if !opened {
                 self.read_ptr(lba, p, block, &mut Vec::new())?;
@@ -720,8 +721,8 @@ impl Volume {
                 stored,
                 at,
             )?;
-            let checksum = if ring.is_some() {
-                crate::checksum::checksum_sealed(&stored[at..at + len])
+            let checksum = if let Some(r) = ring.as_deref() {
+                crate::checksum::checksum_salted(&stored[at..at + len], &r.salt)
             } else {
                 crate::checksum::checksum(&stored[at..at + len])
             };
