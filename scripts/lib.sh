@@ -18,6 +18,8 @@ have nbdinfo        || need_pkgs+=(libnbd-bin)
 have nbdcopy        || need_pkgs+=(libnbd-bin)
 have nbdfuse        || need_pkgs+=(libnbd-bin)
 /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1 || need_pkgs+=(python3-libnbd)
+# tests/helpers/bwforge.py opens the volume table (AES-256-GCM) as an attacker would
+/usr/bin/python3 -c 'import cryptography' >/dev/null 2>&1 || need_pkgs+=(python3-cryptography)
 have nbdkit         || need_pkgs+=(nbdkit)
 have fio            || need_pkgs+=(fio)
 have fusermount3    || need_pkgs+=(fuse3)

@@ -404,6 +404,10 @@ pub struct PoolImportArgs {
     /// into --dir. Default: --dir's own pool.key, else --from-dir's.
     #[arg(long, value_name = "FILE")]
     pub pool_key: Option<PathBuf>,
+    /// Import devices older than the generation the anchor of --dir or --from-dir last
+    /// committed (an older copy restored on purpose; audited).
+    #[arg(long)]
+    pub accept_rollback: bool,
     /// Give the pool a new name (its labels and the registry).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,

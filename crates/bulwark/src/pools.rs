@@ -672,6 +672,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
             rename: args.name.clone(),
             from_dir: args.from_dir.clone(),
             pool_key: args.pool_key.clone(),
+            accept_rollback: args.accept_rollback,
         },
     )?;
     register(&report.name, &dir, &report.found.pool_id);
@@ -686,6 +687,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
             "generation": report.generation,
             "exported": report.found.exported,
             "force": args.force,
+            "accept_rollback": args.accept_rollback,
             "carried": carried,
         }),
     );

@@ -184,8 +184,6 @@ const ENGINE: Table = Table {
         ("fuzz", &[]),
         // Named crash points for tests (`BULWARK_CRASH_AT`).
         ("crashpoint", &[]),
-        // Format 2's byte layouts (decision 0008): pure codecs, no I/O, no keys.
-        ("format", &["checksum", "constants", "fuzz"]),
         // Devices by byte offset (files, block devices, fault injection).
         ("device", &["constants"]),
         // Where copies and shards of a record lie; verified reads that repair.
@@ -194,22 +192,8 @@ const ENGINE: Table = Table {
         ("log", &["constants"]),
         // lz4 and AES-256-GCM of one record.
         ("codec", &["constants", "fuzz"]),
-        // Key slots, data key rings.
+        // Key slots, data key rings, the pool key.
         ("keys", &["codec", "hex"]),
-        // Format 2's record authentication: sealed and authenticated records, node
-        // MACs, the policy check from keyrings (decision 0008, not wired in yet).
-        (
-            "auth",
-            &[
-                "checksum",
-                "codec",
-                "constants",
-                "format",
-                "fuzz",
-                "hex",
-                "keys",
-            ],
-        ),
         // The copy-on-write radix tree of block pointers.
         ("map", &["checksum", "codec", "constants", "fuzz"]),
         // The data plane: one put path, one release point, back-pressure.

@@ -85,27 +85,9 @@ pub const STRIPE_LOCKS: usize = 1024;
 /// AES-256-GCM tag length.
 pub const AEAD_TAG_BYTES: usize = 16;
 
-/// Format 2 (decision 0008; `format`): a pool's segments are `2^segment_shift` bytes,
-/// the shift fixed at `pool create` in this range (1 MiB local default … 256 MiB).
-pub const SEGMENT_SHIFT_MIN: u8 = 20;
-pub const SEGMENT_SHIFT_MAX: u8 = 28;
-/// Format 2: bits of the segment id in a pool address (the other 24 hold offset / 16).
-pub const SEGMENT_ID_BITS: u32 = 40;
-/// Format 2: every record in a segment starts with a header of this size.
-pub const RECORD_HEADER_BYTES: usize = 16;
-/// Format 2: a map node holds levels below this (64^11 > 2^64, as `map::MAP_DEPTH_MAX`).
-pub const NODE_LEVELS_MAX: u8 = 11;
-/// Format 2: an intent-log block is a multiple of `LOG_BLOCK_ALIGN` in this range.
-pub const LOG_BLOCK_ALIGN: usize = 4096;
-pub const LOG_BLOCK_BYTES_MAX: usize = 128 << 10;
-/// Format 2: longest dataset name (`VOL@SNAP`) and snapshot hold tag, in bytes.
-pub const DATASET_NAME_BYTES_MAX: usize = 255;
-
 const _: () = assert!(SEGMENT_BYTES % RECORD_ALIGN == 0);
 const _: () = assert!(TABLE_SEGMENTS < SEGMENTS_RESERVED);
 const _: () = assert!(SEGMENT_BYTES >= 2 * (BLOCK_BYTES_MAX as u64 + AEAD_TAG_BYTES as u64));
 const _: () = assert!(DEVICE_RESERVED_FRONT > SUPERBLOCK_SLOT_OFFSETS[1] + SUPERBLOCK_BYTES as u64);
 const _: () = assert!(DEVICE_RESERVED_FRONT % SEGMENT_BYTES == 0);
 const _: () = assert!(BLOCK_BYTES_DEFAULT.is_power_of_two());
-const _: () = assert!(SEGMENT_ID_BITS + SEGMENT_SHIFT_MAX as u32 - 4 == 64);
-const _: () = assert!(LOG_BLOCK_BYTES_MAX % LOG_BLOCK_ALIGN == 0);

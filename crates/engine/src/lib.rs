@@ -2,12 +2,10 @@
 //!
 //! Layers, bottom up (each module knows only the ones below it; the table in
 //! `crates/bulwark/tests/layers.rs` checks it): leaves (`error`, `constants`,
-//! `checksum`, `hex`, `size`) → `format` (format 2's byte layouts, decision 0008:
-//! pure codecs, not yet written by any pool) → `device` (files and block devices by offset) →
+//! `checksum`, `hex`, `size`) → `device` (files and block devices by offset) →
 //! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
 //! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
-//! AES-256-GCM) → `keys` (key slots, data key rings) → `auth` (format 2's record
-//! authentication, not yet used by any pool) → `map` (copy-on-write radix
+//! AES-256-GCM) → `keys` (key slots, data key rings, the pool key) → `map` (copy-on-write radix
 //! tree of block pointers) → `store` (the data plane: one put path, one release
 //! point, nonces, back-pressure) → `volume` (byte-addressed reads and writes,
 //! through the store only) → `pool` (the control plane: labels, superblocks,
@@ -16,14 +14,12 @@
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
-pub mod auth;
 pub mod checksum;
 pub mod codec;
 pub mod constants;
 pub mod crashpoint;
 pub mod device;
 pub mod error;
-pub mod format;
 #[cfg(test)]
 pub(crate) mod fuzz;
 pub mod hex;

@@ -7,7 +7,7 @@ use zeroize::Zeroizing;
 
 use crate::{Error, Result};
 
-pub mod epoch;
+pub mod hkdf;
 pub mod pool_key;
 pub mod ring;
 pub mod wrap;

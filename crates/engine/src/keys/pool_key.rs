@@ -1,10 +1,7 @@
-//! The pool key (decision 0008, "Keys"): 32 random bytes in `DIR/pool.key`, made by
-//! `pool create`, read at `serve`, never written to a member device. Every pool-level key
-//! of format 2 is derived from it (superblock and anchor HMACs, the epoch table, the erase
-//! root, the intent log, pool-metadata and unencrypted-lineage epochs), so someone who can
-//! write the devices but not read this file can forge none of them.
-//!
-//! Not wired into the v1 pool yet (step 4 of decision 0008 makes `pool create` write it).
+//! The pool key (decision 0011): 32 random bytes in `DIR/pool.key`, made by `pool create`
+//! (or `pool upgrade`), read at every import, never written to a member device. The keys
+//! of the superblocks' and intent log blocks' MACs are derived from it, so someone who can
+//! write the devices but not read this file can forge neither.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -12,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
 
-use super::epoch::hkdf;
+use super::hkdf::hkdf;
 use crate::{Error, Result};
 
 pub struct PoolKey(Zeroizing<[u8; 32]>);
@@ -77,35 +74,14 @@ impl PoolKey {
         super::read_key32(path, "pool key", "it is not a pool key (32 random bytes)").map(PoolKey)
     }
 
-    /// The base of pool-metadata and unencrypted-lineage epochs (`epoch::EpochWriter`).
-    pub fn base(&self) -> Zeroizing<[u8; 32]> {
-        self.0.clone()
-    }
-
-    /// HMAC key of every superblock (and log-device label) of pool `pool_id`.
+    /// MAC key of every superblock (and log-device label) of pool `pool_id`.
     pub fn superblock_key(&self, pool_id: &[u8; 16]) -> Zeroizing<[u8; 32]> {
         hkdf(&self.0[..], pool_id, &[b"bulwark2 superblock"])
     }
 
-    /// HMAC key of the anchor slots of pool `pool_id`.
-    pub fn anchor_key(&self, pool_id: &[u8; 16]) -> Zeroizing<[u8; 32]> {
-        hkdf(&self.0[..], pool_id, &[b"bulwark2 anchor"])
-    }
-
-    /// One-time GMAC key of the epoch table a superblock with `epoch_salt` points at.
-    pub fn epoch_table_key(&self, epoch_salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
-        hkdf(&self.0[..], epoch_salt, &[b"bulwark2 epochs"])
-    }
-
-    /// The erase root of a superblock with `erase_salt`: keyrings are sealed under keys
-    /// derived from it, so a new erase salt makes a crypto-erased keyring unreadable.
-    pub fn erase_root(&self, erase_salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
-        hkdf(&self.0[..], erase_salt, &[b"bulwark2 erase"])
-    }
-
-    /// GMAC key of the intent-log blocks written after a superblock with `log_salt`.
-    pub fn log_key(&self, log_salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
-        hkdf(&self.0[..], log_salt, &[b"bulwark2 log"])
+    /// MAC key of the intent-log blocks of pool `pool_id`.
+    pub fn log_key(&self, pool_id: &[u8; 16]) -> Zeroizing<[u8; 32]> {
+        hkdf(&self.0[..], pool_id, &[b"bulwark2 log"])
     }
 }
 
@@ -144,7 +120,7 @@ mod tests {
         assert_eq!(mode, 0o600);
         assert!(matches!(PoolKey::create(&path), Err(Error::Exists(_))));
         let read = PoolKey::load(&path).unwrap();
-        assert_eq!(*made.base(), *read.base());
+        assert_eq!(*made.0, *read.0);
         assert_eq!(format!("{read:?}"), "PoolKey(<redacted>)");
     }
 
@@ -171,15 +147,13 @@ mod tests {
         let keys = [
             k.superblock_key(&[1; 16]),
             k.superblock_key(&[2; 16]),
-            k.anchor_key(&[1; 16]),
-            k.epoch_table_key(&[1; 16]),
-            k.erase_root(&[1; 16]),
             k.log_key(&[1; 16]),
+            k.log_key(&[2; 16]),
         ];
         let distinct: std::collections::HashSet<[u8; 32]> = keys.iter().map(|k| **k).collect();
         assert_eq!(distinct.len(), keys.len());
         assert!(
-            !keys.iter().any(|d| **d == *k.base()),
+            !keys.iter().any(|d| **d == *k.0),
             "no derived key is the pool key"
         );
     }

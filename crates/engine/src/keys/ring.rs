@@ -162,7 +162,7 @@ fn open_data_key(
 /// run draws a fresh 128-bit salt, so no state read back from the devices (a counter, a
 /// rolled-back superblock) can make two blocks share a key and a nonce.
 pub fn salted_block_key(data_key: &Zeroizing<[u8; 32]>, salt: &[u8; 16]) -> Zeroizing<[u8; 32]> {
-    super::epoch::hkdf(&data_key[..], salt, &[b"bulwark block key v2"])
+    super::hkdf::hkdf(&data_key[..], salt, &[b"bulwark block key v2"])
 }
 
 /// Most salted block ciphers a ring keeps for reading blocks of earlier runs (one per run

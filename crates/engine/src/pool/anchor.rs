@@ -1,4 +1,4 @@
-//! The freshness anchor (decision 0008, "Freshness"), in its format-1 form: `DIR/pool.anchor`
+//! The freshness anchor (decision 0011, "Freshness"): `DIR/pool.anchor`
 //! on the host names the generation this host last committed and the one it is about to
 //! write, each with a digest of its superblock. Import takes the devices only at one of
 //! those two: devices restored from an older copy (a rollback of the whole pool, which
@@ -26,9 +26,9 @@
 //! starts above it even when the devices' superblock says less (a rollback accepted with
 //! `--accept-rollback`, an edited counter), so no nonce is handed out twice under a key.
 //!
-//! Format 1 has no pool key, so the slot checksum is unkeyed: the anchor detects what is
-//! done to the devices, not an edit of the anchor itself, which lives on the host (trusted,
-//! docs/security.md). Format 2 keys it (HMAC under the pool key).
+//! The slot checksum is unkeyed: the anchor detects what is done to the devices, not an
+//! edit of the anchor itself, which lives on the host beside the pool key (trusted,
+//! docs/security.md).
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};

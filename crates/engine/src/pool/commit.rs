@@ -266,11 +266,19 @@ impl Core {
             let old = st.sb.root;
             st.sb = next_sb;
             self.write_superblocks(&st.sb, st.back_region)?;
-            *anchor = super::anchor::Anchor {
+            // Settled before anything this generation holds is acknowledged (this commit's
+            // flush, the intent log blocks of its chain): from here devices put back to
+            // the generation before are refused as rolled back. Left announced, the
+            // anchor would accept them until the next commit, losing what was flushed in
+            // between.
+            let settled = super::anchor::Anchor {
+                seq: announce.seq + 1,
                 committed: point,
                 next: (0, [0; 32]),
                 ..announce
             };
+            super::anchor::write(&self.dir, &settled)?;
+            *anchor = settled;
             drop(anchor);
             self.store.set_nonce_limit(st.sb.nonce_reserved);
             (old, st.sb.generation)

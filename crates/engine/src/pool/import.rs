@@ -225,10 +225,11 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
             if d.read_at(&mut buf, off).is_err() {
                 continue;
             }
-            if !matches!(Superblock::decode(&buf, Check::Unkeyed), Ok(Some(_))) {
+            let Ok(Some(sb)) = Superblock::decode(&buf, Check::Unkeyed) else {
                 continue;
-            }
-            if Superblock::key_matches(&buf, key) {
+            };
+            // A format 1 label in a pool that has a key was written without it.
+            if sb.format == super::superblock::VERSION_1 || Superblock::key_matches(&buf, key) {
                 altered += 1;
             } else {
                 wrong_key += 1;
@@ -247,6 +248,35 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
              labels that were not written with this pool's key"
         ))
     }
+}
+
+/// Label slots on `paths` that name pool `pool_id` but fail authentication under `key`.
+fn altered_slots(paths: &[PathBuf], pool_id: &[u8; 16], key: &SbKey) -> usize {
+    let mut n = 0;
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    for p in paths {
+        let Ok(d) = FileDevice::open(p) else { continue };
+        let Some(front) = best_superblock(&d, None, Check::Unkeyed) else {
+            continue;
+        };
+        let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
+        offsets.extend(
+            SUPERBLOCK_SLOT_OFFSETS
+                .iter()
+                .map(|o| back_region_of(&front) + o),
+        );
+        for off in offsets {
+            if d.read_at(&mut buf, off).is_err() {
+                continue;
+            }
+            if matches!(Superblock::decode(&buf, Check::Unkeyed), Ok(Some(sb)) if &sb.pool_id == pool_id)
+                && Superblock::decode(&buf, Check::Key(key)).is_err()
+            {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Why a pool marked exported is not served: `bulwark pool import` takes it back.
@@ -305,6 +335,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // The pool key: only labels that carry its MAC are read (format 2, decision 0011).
     let key_path = dir.join(POOL_KEY_FILE);
+    // With a key, only labels under it are read, also by an upgrade: format 1 labels in a
+    // pool that has a key were written without it (altered), or an upgrade was cut short
+    // before its first commit.
     let pool_key = if key_path.exists() {
         Some(PoolKey::load(&key_path)?)
     } else if opts.upgrade {
@@ -313,10 +346,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         return Err(missing_key(dir, &key_path, &opened));
     };
     let sb_key: Option<SbKey> = pool_key.as_ref().map(|k| k.superblock_key(&pool_id));
-    let check = match (&sb_key, opts.upgrade) {
-        (Some(k), false) => Check::Key(k),
-        (Some(k), true) => Check::Upgrade(k),
-        (None, _) => Check::Unkeyed,
+    let check = match &sb_key {
+        Some(k) => Check::Key(k),
+        None => Check::Unkeyed,
     };
     // Front slots first: they tell where the back slots are.
     let spd = opened
@@ -365,6 +397,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         .max_by_key(|f| f.sb.generation)
         .map(|f| f.sb.clone())
         .ok_or_else(|| match &sb_key {
+            Some(_) if opts.upgrade => Error::Invalid(format!(
+                "{} exists, but no label verifies under it: the labels were written without \
+                 this key (altered on the devices), or an upgrade was interrupted before it \
+                 wrote any label. Only in the latter case: move that file away and run the \
+                 upgrade again",
+                key_path.display()
+            )),
             Some(k) => unauthenticated(&conf.pool_id, k, &listed),
             None => Error::NotFound(format!(
                 "no device of pool {} could be read: {:?}",
@@ -554,7 +593,19 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // After the checks of which members are here (a more precise reason to refuse, such
     // as an offline device alone): are these devices at a generation this host wrote?
-    let (anchor, rollback_accepted) = check_anchor(dir, &newest, opts.accept_rollback)?;
+    let (anchor, rollback_accepted) =
+        check_anchor(dir, &newest, opts.accept_rollback).map_err(|e| match e {
+            // The newest labels may have been altered, not rolled back: then say so.
+            Error::Corrupt(m) => match altered_slots(&listed, &pool_id, &sb_key) {
+                0 => Error::Corrupt(m),
+                n => Error::Corrupt(format!(
+                    "{m}. Note: {n} label slot(s) of this pool fail authentication under \
+                     pool.key and were ignored: the newest labels were altered or damaged on \
+                     the devices, which is not a rollback"
+                )),
+            },
+            e => e,
+        })?;
     let red = Redundancy::new(newest.layout, members, newest.segments_per_device);
     let segments = red.segments() as usize;
     let cache = new_cache(opts.cache_bytes);
@@ -783,6 +834,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // until the import's own commit, so they are released only after it.
     let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
+    // The replay stopped at something other than the log's end: said as a warning.
+    let mut alarm = false;
     // Format 1 chains (no MAC) are replayed only by `pool upgrade`: the labels that name
     // them were verified by their checksum, not by a key.
     let block_key = (newest.format == super::superblock::VERSION).then_some(&log_key);
@@ -797,11 +850,18 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             chain_slots.push(slot);
             count(&slot, &mut live);
             let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
-            let this_block = |b: &[u8]| {
-                matches!(
-                    super::intent::Block::decode(b, block_key, &pool_id, generation, seq),
-                    Ok(Some(_))
-                )
+            // A copy with the log's magic that fails its MAC (or is malformed) was not
+            // written by this pool's key: replay stops there, and says so loudly.
+            let unauthentic = std::cell::Cell::new(false);
+            let this_block = |b: &[u8]| match super::intent::Block::decode(
+                b, block_key, &pool_id, generation, seq,
+            ) {
+                Ok(Some(_)) => true,
+                Ok(None) => false,
+                Err(_) => {
+                    unauthentic.set(true);
+                    false
+                }
             };
             match store.red.read_quiet(
                 slot.addrs(),
@@ -811,8 +871,20 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 &this_block,
             ) {
                 Ok(true) => {}
+                Ok(false) if unauthentic.get() => {
+                    alarm = true;
+                    break format!(
+                        "block {}, which fails authentication under the pool key or is \
+                         malformed (altered on the devices?): flushes made after it are not \
+                         replayed",
+                        replayed.0
+                    );
+                }
                 Ok(false) => break "the end of the log".to_string(),
-                Err(e) => break format!("block {} cannot be read ({e})", replayed.0),
+                Err(e) => {
+                    alarm = true;
+                    break format!("block {}, which cannot be read ({e})", replayed.0);
+                }
             }
             let block = match super::intent::Block::decode(
                 &buf,
@@ -823,7 +895,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             ) {
                 Ok(Some(b)) => b,
                 Ok(None) => break "the end of the log".to_string(),
-                Err(e) => break format!("block {} is damaged ({e})", replayed.0),
+                Err(e) => {
+                    alarm = true;
+                    break format!("block {}, which is damaged ({e})", replayed.0);
+                }
             };
             for (i, e) in block.entries.iter().enumerate() {
                 let Some(f) = families.iter_mut().find(|f| f.rec.id == e.volume) else {
@@ -890,7 +965,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             replayed.0 += 1;
             at = block.next;
         };
-        if replayed.0 > 0 {
+        if alarm {
+            tracing::warn!(
+                blocks = replayed.0,
+                entries = replayed.1,
+                "intent log replay stopped at {why}"
+            );
+        } else if replayed.0 > 0 {
             tracing::info!(
                 blocks = replayed.0,
                 entries = replayed.1,

@@ -322,6 +322,9 @@ pub struct ImportOptions {
     /// The pool's key file (`DIR/pool.key` of the directory it came from): copied into
     /// `dir`. Needed for a format 2 pool unless `dir` or `from_dir` holds it.
     pub pool_key: Option<PathBuf>,
+    /// Take devices older than the generation the anchor of `dir` or `from_dir` last
+    /// committed (an older copy of the pool, restored on purpose).
+    pub accept_rollback: bool,
 }
 
 /// What `import_into` did.
@@ -534,6 +537,35 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
     };
     let result = (|| {
         let newest = newest_label(&found, check)?;
+        // An anchor of this pool (the directory's own, or the old directory's) knows the
+        // generation last committed: devices older than it are an older copy.
+        let from_anchor = opts
+            .from_dir
+            .as_ref()
+            .and_then(|d| anchor::read(d).ok().flatten());
+        let known = [old_anchor.as_ref(), from_anchor.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter(|a| a.pool_id == newest.pool_id)
+            .map(|a| a.committed.0)
+            .max();
+        if let Some(last) = known.filter(|&g| newest.generation < g) {
+            if !opts.accept_rollback {
+                return Err(Error::Corrupt(format!(
+                    "the devices of pool {} are at generation {}, but its anchor says \
+                     generation {last} was committed: they are an older copy (restored from \
+                     a backup?), and every write since is gone. Give the newest devices, or \
+                     import this copy anyway with --accept-rollback",
+                    found.display_name(),
+                    newest.generation
+                )));
+            }
+            tracing::warn!(
+                devices = newest.generation,
+                anchor = last,
+                "importing devices older than the pool's anchor (--accept-rollback)"
+            );
+        }
         if newest.format != super::superblock::VERSION_1 && key.is_none() {
             return Err(Error::NotFound(format!(
                 "pool {} is format {}: its labels and metadata are authenticated by its pool \
@@ -621,8 +653,8 @@ pub struct UpgradeReport {
 
 /// Upgrade the format 1 pool in `dir` to format 2 in place (decision 0011): import it once
 /// as found (every map walked and verified), make `DIR/pool.key`, and write format 2
-/// labels in two commits, so neither superblock slot keeps a format 1 label. An upgrade
-/// interrupted between them is finished by running it again (the key it made is kept).
+/// labels in two commits (the import's and the close's), so neither superblock slot keeps
+/// a format 1 label. Refused once `DIR/pool.key` exists.
 pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
     let pool = Pool::open(
         dir,
@@ -631,9 +663,10 @@ pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
             ..OpenOptions::default()
         },
     )?;
-    pool.core.commit()?;
-    let generation = pool.core.sb.lock().sb.generation;
+    // The import's commit wrote format 2 labels to one slot; the close's commit writes
+    // the other.
     pool.close()?;
+    let generation = pool.core.sb.lock().sb.generation;
     Ok(UpgradeReport {
         format: super::superblock::VERSION,
         generation,
@@ -831,6 +864,38 @@ mod tests {
             compression: Compression::Off,
             encryption: false,
         }
+    }
+
+    /// An older exported copy of the devices, imported where the pool's anchor knows a
+    /// newer generation: refused as rolled back unless accepted. (It used to be taken as
+    /// found, losing every write since the copy without a word.)
+    #[test]
+    fn an_older_copy_is_not_imported_over_the_anchor() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        make(&a, Layout::Single, 1);
+        export(&a).unwrap();
+        let dev = a.join("dev0.img");
+        let old = std::fs::read(&dev).unwrap();
+        let in_place = ImportOptions::default();
+        import_into(&a, std::slice::from_ref(&a), &in_place).unwrap();
+        {
+            let pool = Pool::open(&a, OpenOptions::default()).unwrap();
+            pool.create_volume("v", plain(1 << 20), None).unwrap();
+            pool.close().unwrap();
+        }
+        export(&a).unwrap();
+        std::fs::write(&dev, &old).unwrap();
+        let e = import_into(&a, std::slice::from_ref(&a), &in_place).unwrap_err();
+        assert!(e.to_string().contains("older copy"), "{e}");
+        let accept = ImportOptions {
+            accept_rollback: true,
+            ..Default::default()
+        };
+        import_into(&a, std::slice::from_ref(&a), &accept).unwrap();
+        let pool = Pool::open(&a, OpenOptions::default()).unwrap();
+        assert!(pool.volume("v").is_err(), "the copy is from before 'v'");
+        pool.close().unwrap();
     }
 
     fn make(dir: &Path, layout: Layout, n: usize) {

@@ -44,9 +44,6 @@ pub enum Check<'a> {
     /// but NOT authenticated. For listing (`pool scan`), for recognising a device that
     /// belongs to some pool, and for the upgrade of a format 1 pool: never for import.
     Unkeyed,
-    /// `bulwark pool upgrade`: format 1 labels verified by their checksum, format 2 labels
-    /// (an upgrade interrupted after its first commit) by the key.
-    Upgrade(&'a SbKey),
 }
 
 fn key_check(key: &SbKey, pool_id: &[u8; 16]) -> [u8; 32] {
@@ -178,7 +175,7 @@ impl Superblock {
         }
         let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
         match (version, check) {
-            (VERSION_1, Check::Unkeyed | Check::Upgrade(_)) => {
+            (VERSION_1, Check::Unkeyed) => {
                 if checksum(&b[..CHECKSUM_AT]) != b[CHECKSUM_AT..] {
                     return Err(Error::Corrupt("superblock checksum mismatch".into()));
                 }
@@ -191,7 +188,7 @@ impl Superblock {
                 ))
             }
             (VERSION, Check::Unkeyed) => {}
-            (VERSION, Check::Key(key) | Check::Upgrade(key)) => {
+            (VERSION, Check::Key(key)) => {
                 let pool_id: [u8; 16] = b[16..32].try_into().unwrap();
                 if key_check(key, &pool_id)[..] != b[KEY_CHECK_AT..KEY_CHECK_AT + 32] {
                     return Err(Error::Invalid(
