@@ -4,7 +4,8 @@
 //! `crates/bulwark/tests/layers.rs` checks it): leaves (`error`, `constants`,
 //! `checksum`, `hex`, `size`) → `format` (format 2's byte layouts, decision 0008:
 //! pure codecs, not yet written by any pool) → `device` (files and block devices by offset) →
-//! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
+//! `redundancy` (one `Placement` per layout; verified reads with repair) → `cachedev`
+//! (copies of hot records on a cache device, verified at every hit) → `log`
 //! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
 //! AES-256-GCM) → `keys` (key slots, data key rings) → `auth` (format 2's record
 //! authentication, not yet used by any pool) → `map` (copy-on-write radix
@@ -17,6 +18,7 @@
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
 pub mod auth;
+pub mod cachedev;
 pub mod checksum;
 pub mod codec;
 pub mod constants;

@@ -242,6 +242,40 @@ pub(super) fn encode_status(
         s.write_amplification,
     )?;
 
+    // The cache device, when one is configured.
+    if let Some(c) = &st.cache_device {
+        gauge(
+            e,
+            "cache_device_size_bytes",
+            "Bytes of the cache device's ring",
+            c.size_bytes,
+        )?;
+        gauge(
+            e,
+            "cache_device_used_bytes",
+            "Bytes of the cache device's ring its entries take",
+            c.used_bytes,
+        )?;
+        counter(
+            e,
+            "cache_device_hits",
+            "Reads of a record served by the cache device since the daemon started",
+            c.hits,
+        )?;
+        counter(
+            e,
+            "cache_device_misses",
+            "Reads of a record the cache device did not serve since the daemon started",
+            c.misses,
+        )?;
+        counter(
+            e,
+            "cache_device_errors",
+            "Cache device copies that failed their checksum (dropped; read from the pool)",
+            c.errors,
+        )?;
+    }
+
     // Devices.
     let devices: Vec<(String, &bulwark_engine::DeviceStatus)> = st
         .devices

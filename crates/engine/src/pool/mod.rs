@@ -69,6 +69,9 @@ pub struct OpenOptions {
     pub take_exported: bool,
     /// Give the pool this name at import (its labels; `bulwark pool import --name`).
     pub rename: Option<String>,
+    /// A cache device for this run (`serve --cache-device`), in place of the one
+    /// `pool.json` names. One that cannot be opened is warned about; the pool serves.
+    pub cache_device: Option<PathBuf>,
 }
 
 impl Default for OpenOptions {
@@ -82,6 +85,7 @@ impl Default for OpenOptions {
             intent_log: true,
             take_exported: false,
             rename: None,
+            cache_device: None,
         }
     }
 }
@@ -154,6 +158,9 @@ pub struct PoolStatus {
     pub scrub: scrub::ScrubStatus,
     /// Byte ranges no copy could supply (volume, offset, length).
     pub errors: Vec<scrub::DataError>,
+    /// The cache device (`--cache-device`), if one is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_device: Option<crate::cachedev::CacheDeviceStatus>,
 }
 
 pub struct Pool {
