@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::access;
 use crate::cli::{
-    ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs, PoolTargetArgs,
-    StatusArgs,
+    ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs,
+    PoolTargetArgs, StatusArgs,
 };
 use crate::client::{self, print, print_json};
 use crate::control::{self, Request, Response, StatusReport};

@@ -392,7 +392,8 @@ impl CacheDevice {
                 CACHEDEV_BYTES_MIN
             )));
         }
-        let ring = (size - CACHEDEV_LABEL_BYTES as u64) / CACHEDEV_ENTRY_ALIGN * CACHEDEV_ENTRY_ALIGN;
+        let ring =
+            (size - CACHEDEV_LABEL_BYTES as u64) / CACHEDEV_ENTRY_ALIGN * CACHEDEV_ENTRY_ALIGN;
         let mut raw = vec![0u8; CACHEDEV_LABEL_BYTES];
         file.read_at(&mut raw, 0)
             .map_err(|e| Error::device(path, e))?;
@@ -404,9 +405,23 @@ impl CacheDevice {
                     "cache device was another pool's ({}) or of another size: formatting it",
                     crate::hex::to_hex(&l.pool_id)
                 );
-                (Label { uuid, pool_id, ring }, false)
+                (
+                    Label {
+                        uuid,
+                        pool_id,
+                        ring,
+                    },
+                    false,
+                )
             }
-            None if raw.iter().all(|&b| b == 0) => (Label { uuid, pool_id, ring }, false),
+            None if raw.iter().all(|&b| b == 0) => (
+                Label {
+                    uuid,
+                    pool_id,
+                    ring,
+                },
+                false,
+            ),
             None => return Err(foreign(path)),
         };
         if !warm {
@@ -514,13 +529,14 @@ impl CacheDevice {
         false
     }
 
-    /// A copy that verified by its checksum failed to decode (its AEAD tag, say): drop it
-    /// and count it, so the read goes to the pool.
-    pub fn reject(&self, addr: u64, sum: &Checksum, len: usize) {
+    /// A copy that verified by its checksum failed to decode (its AEAD tag, say): drop it,
+    /// counted as an error when the pool's copy decoded (`count`).
+    pub fn reject(&self, addr: u64, sum: &Checksum, len: usize, count: bool) {
         let mut idx = self.index.lock();
         if let Some(slot) = idx.get(addr, sum, len) {
-            idx.remove_if(addr, slot.lp);
-            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            if idx.remove_if(addr, slot.lp) && count {
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -634,6 +650,9 @@ impl CacheDevice {
         let hb = CACHEDEV_HEADER_BYTES as u64;
         while pos + hb <= self.ring {
             if pos < at || pos + hb > at + valid as u64 {
+                if self.queue.lock().closing {
+                    return; // the pool closes: no need of an index
+                }
                 at = pos;
                 valid = (self.ring - pos).min(chunk.len() as u64) as usize;
                 if let Err(e) = self.dev.read_at(&mut chunk[..valid], self.offset(pos)) {

@@ -29,8 +29,14 @@ fn index_evicts_first_in_first_out_and_skips_the_lap_tail() {
     assert_eq!(lp % RING, 0);
     assert_eq!(lp, RING);
     idx.insert(1 << 40, &sum, 4112, lp);
-    assert!(idx.get(placed[0].0, &sum, 4112).is_none(), "the oldest entry was evicted");
-    assert!(idx.get(placed[1].0, &sum, 4112).is_some(), "the next one is still there");
+    assert!(
+        idx.get(placed[0].0, &sum, 4112).is_none(),
+        "the oldest entry was evicted"
+    );
+    assert!(
+        idx.get(placed[1].0, &sum, 4112).is_some(),
+        "the next one is still there"
+    );
     assert!(idx.get(1 << 40, &sum, 4112).is_some());
     // A second lap evicts every entry of the first.
     for i in 0..per_lap {
@@ -51,7 +57,10 @@ fn index_tells_a_reused_address_apart_and_drops_only_the_entry_it_names() {
     let lp = idx.place(entry_bytes(100), 4096);
     idx.insert(4096, &old, 100, lp);
     assert!(idx.get(4096, &old, 100).is_some());
-    assert!(idx.get(4096, &new, 100).is_none(), "another checksum at the address");
+    assert!(
+        idx.get(4096, &new, 100).is_none(),
+        "another checksum at the address"
+    );
     assert!(idx.get(4096, &old, 99).is_none(), "another length");
     // A newer entry for the address replaces the older; dropping the older's place
     // leaves the newer alone.
@@ -124,7 +133,12 @@ fn a_cache_device_serves_verified_copies_survives_reopen_and_drops_bad_ones() {
     let path = device_file(dir.path(), 8 << 20);
     let pool = [1u8; 16];
     let records: Vec<(u64, Vec<u8>)> = (0..200u64)
-        .map(|i| (i * 8192, (0..4112).map(|j| (i as usize * 31 + j) as u8).collect()))
+        .map(|i| {
+            (
+                i * 8192,
+                (0..4112).map(|j| (i as usize * 31 + j) as u8).collect(),
+            )
+        })
         .collect();
     {
         let c = CacheDevice::open(&path, pool, [2; 16]).unwrap();
@@ -152,13 +166,21 @@ fn a_cache_device_serves_verified_copies_survives_reopen_and_drops_bad_ones() {
     assert_eq!(out, records[5].1);
     // Damage one entry's bytes on the device: the read fails verification, is counted,
     // and the entry is gone.
-    let slot = c.index.lock().get(records[9].0, &sum_of(&records[9].1), 4112).unwrap();
+    let slot = c
+        .index
+        .lock()
+        .get(records[9].0, &sum_of(&records[9].1), 4112)
+        .unwrap();
     let off = c.offset(slot.lp) + CACHEDEV_HEADER_BYTES as u64 + 10;
     c.dev.write_at(&[0xff ^ records[9].1[10]], off).unwrap();
     assert!(!c.read(records[9].0, 4112, &sum_of(&records[9].1), &mut out));
     assert_eq!(c.status().errors, 1);
     assert!(!c.read(records[9].0, 4112, &sum_of(&records[9].1), &mut out));
-    assert_eq!(c.status().errors, 1, "dropped: a miss now, not a second error");
+    assert_eq!(
+        c.status().errors,
+        1,
+        "dropped: a miss now, not a second error"
+    );
     c.close();
     // Another pool's label is formatted over; foreign bytes are refused.
     let c = CacheDevice::open(&path, [9; 16], [4; 16]).unwrap();

@@ -509,19 +509,32 @@ impl Volume {
         if self.decode_quiet(lba, ptr, stored, out).is_ok() {
             return Ok(());
         }
-        // A cached copy that verified by its checksum but does not decode: drop it and
-        // read the pool's copies (which say what is wrong, if they fail too).
-        if let Some(c) = self.store.cachedev() {
-            c.reject(ptr.addr[0], &ptr.checksum, ptr.len as usize);
-        }
+        // A cached copy that verified by its checksum but does not decode: read the pool's
+        // copies (which say what is wrong, if they fail too) and drop the cached one,
+        // counted as the cache's error only when the pool's decoded.
         self.store
             .read_data_from_pool(ptr, stored)
             .map_err(unrecoverable)?;
-        self.decode_into(lba, ptr, stored, out)
+        let decoded = self.decode_into(lba, ptr, stored, out);
+        if let Some(c) = self.store.cachedev() {
+            c.reject(
+                ptr.addr[0],
+                &ptr.checksum,
+                ptr.len as usize,
+                decoded.is_ok(),
+            );
+        }
+        decoded
     }
 
     /// `decode_into` without logging or noting an error (a cache hit tried first).
-    fn decode_quiet(&self, lba: u64, ptr: &Blkptr, stored: &mut [u8], out: &mut [u8]) -> Result<()> {
+    fn decode_quiet(
+        &self,
+        lba: u64,
+        ptr: &Blkptr,
+        stored: &mut [u8],
+        out: &mut [u8],
+    ) -> Result<()> {
         codec::check_policy(self.st.encryption, ptr.flags)?;
         let ring = self.ring()?;
         let (cipher, aad) = match ring.as_deref() {
@@ -579,8 +592,7 @@ impl Volume {
         let mut cached: Vec<bool> = Vec::new();
         if let Some(c) = cache {
             c.cached(
-                ptrs.iter()
-                    .map(|p| (p.addr[0], p.checksum, p.len as usize)),
+                ptrs.iter().map(|p| (p.addr[0], p.checksum, p.len as usize)),
                 &mut cached,
             );
         }
