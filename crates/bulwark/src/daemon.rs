@@ -915,6 +915,12 @@ async fn bind_tcp(addr: &str, tls: bool) -> Result<(TcpListener, String)> {
     Ok((listener, local.to_string()))
 }
 
+/// `p` made absolute against the working directory (the daemon's own paths are not
+/// relative to the pool directory).
+fn absolute_path(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -945,10 +951,4 @@ mod tests {
         assert!(bind_private_socket(&file).is_err());
         assert!(file.exists());
     }
-}
-
-/// `p` made absolute against the working directory (the daemon's own paths are not
-/// relative to the pool directory).
-fn absolute_path(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }

@@ -490,6 +490,12 @@ mod tests {
                 write_amplification: 1.125,
                 ..Default::default()
             },
+            cache_device: Some(bulwark_engine::cachedev::CacheDeviceStatus {
+                size_bytes: 1 << 30,
+                hits: 7,
+                errors: 2,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let mut r = Registry::with_prefix(crate::metrics::PREFIX);
@@ -506,6 +512,9 @@ mod tests {
             "bulwark_pool_space_used_bytes 100",
             r#"bulwark_pool_written_bytes_total{stream="metadata"} 512"#,
             "bulwark_pool_write_amplification 1.125",
+            "bulwark_cache_device_size_bytes 1073741824",
+            "bulwark_cache_device_hits_total 7",
+            "bulwark_cache_device_errors_total 2",
             r#"bulwark_device_checksum_errors_total{device="/p/dev0.img"} 3"#,
             r#"bulwark_device_write_errors_total{device="/p/dev1.img"} 1"#,
             r#"bulwark_device_state{device="/p/dev1.img",state="FAULTED"} 1"#,
