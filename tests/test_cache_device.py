@@ -32,6 +32,7 @@ def marker(token: bytes, n: int) -> bytes:
 def make_cache_file(path, size=CACHE_BYTES):
     with open(path, "wb") as f:
         f.truncate(size)
+    os.chmod(path, 0o600)
     return path
 
 
@@ -176,6 +177,19 @@ def test_serve_cache_device_and_refusals(make_pool, tmp_path):
     pool.create_volume("v", size="16M", encryption=False)
     data = os.urandom(MiB)
     fill(pool, "v", tmp_path, data, MiB // (4 * KiB))
+    # `pool cache remove|add` change what the next start uses (no daemon may serve).
+    pool.stop()
+    pool.serve_args = []
+    pool.cli("pool", "cache", "remove", str(pool.dir))
+    pool.start()
+    assert "cache_device" not in pool.status()
+    pool.stop()
+    pool.cli("pool", "cache", "add", str(pool.dir), str(cache))
+    pool.start()
+    c = wait_until(lambda: cache_status(pool), lambda c: c["state"] == "ONLINE")
+    assert c["state"] == "ONLINE" and c["entries"] >= MiB // (4 * KiB), c
+    r = pool.cli("pool", "cache", "remove", str(pool.dir), check=False)
+    assert r.returncode != 0, "pool cache remove changed a served pool's pool.json"
     # A file holding something else is never taken (nor formatted) as a cache device.
     foreign = tmp_path / "foreign.img"
     foreign.write_bytes(b"precious" * (CACHE_BYTES // 8))

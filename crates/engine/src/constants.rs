@@ -123,6 +123,9 @@ pub const CACHEDEV_FILL_QUEUE_BYTES: usize = 16 << 20;
 pub const CACHEDEV_FILL_BATCH_BYTES: usize = 1 << 20;
 /// Bytes the scan at open reads at a time.
 pub const CACHEDEV_SCAN_CHUNK_BYTES: usize = 4 << 20;
+/// Largest log position a cache entry header may carry (2^62 bytes written: never
+/// reached; a header past it is not an entry).
+pub const CACHEDEV_LOG_POSITION_MAX: u64 = 1 << 62;
 /// Smallest cache device: its label and a ring of a few batches.
 pub const CACHEDEV_BYTES_MIN: u64 = 4 << 20;
 

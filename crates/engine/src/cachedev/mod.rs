@@ -273,11 +273,28 @@ fn decode_header(uuid: &[u8; 16], h: &[u8]) -> Option<(u64, u64, u32, u64)> {
     let lp = u64::from_le_bytes(h[24..32].try_into().unwrap());
     let addr = u64::from_le_bytes(h[32..40].try_into().unwrap());
     let len = u32::from_le_bytes(h[40..44].try_into().unwrap());
-    if len == 0 || len as usize > CACHEDEV_RECORD_BYTES_MAX {
+    // Bounded, so that no sum of positions and lengths made from it can overflow.
+    if len == 0 || len as usize > CACHEDEV_RECORD_BYTES_MAX || lp > CACHEDEV_LOG_POSITION_MAX {
         return None;
     }
     let fp = u64::from_le_bytes(h[48..56].try_into().unwrap());
     Some((lp, addr, len, fp))
+}
+
+/// The cache holds what the pool holds (an unencrypted volume's data in the clear): say so
+/// when others than its owner may read it (the pool's own device files are mode 0600).
+fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if let Ok(m) = std::fs::metadata(path) {
+        if (m.file_type().is_file() || m.file_type().is_block_device()) && m.mode() & 0o077 != 0 {
+            tracing::warn!(
+                device = %path.display(),
+                "cache device has mode {:o}: others than its owner may read the copies it \
+                 holds (make it 0600)",
+                m.mode() & 0o777
+            );
+        }
+    }
 }
 
 /// The refusal of a device that holds something else than a cache device label.
@@ -384,6 +401,7 @@ impl CacheDevice {
         let mut file = FileDevice::open(path)?;
         file.claim()?;
         let size = file.size();
+        warn_if_readable_by_others(path);
         if size < CACHEDEV_BYTES_MIN {
             return Err(Error::Invalid(format!(
                 "cache device {} is {} bytes: the minimum is {}",
