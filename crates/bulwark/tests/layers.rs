@@ -191,7 +191,10 @@ const ENGINE: Table = Table {
         // Where copies and shards of a record lie; verified reads that repair.
         ("redundancy", &["checksum", "constants", "device"]),
         // Copies of hot records on a cache device (an L2ARC), verified at every hit.
-        ("cachedev", &["checksum", "constants", "device", "hex"]),
+        (
+            "cachedev",
+            &["checksum", "constants", "device", "fuzz", "hex"],
+        ),
         // Segments, streams, space floors, victims for the cleaner.
         ("log", &["constants"]),
         // lz4 and AES-256-GCM of one record.

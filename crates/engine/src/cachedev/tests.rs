@@ -190,3 +190,49 @@ fn a_cache_device_serves_verified_copies_survives_reopen_and_drops_bad_ones() {
     std::fs::write(&path, vec![0x55u8; 8 << 20]).unwrap();
     assert!(CacheDevice::open(&path, pool, [5; 16]).is_err());
 }
+
+#[test]
+fn header_and_label_decoders_never_panic_and_keep_their_bounds() {
+    let uuid = [7u8; 16];
+    let headers: Vec<Vec<u8>> = [
+        (0u64, 16u64, 4112u32),
+        (1 << 40, 1 << 30, 1),
+        (128, 0, 256 << 10),
+    ]
+    .iter()
+    .map(|&(lp, addr, len)| encode_header(&uuid, lp, addr, &sum_of(b"h"), len).to_vec())
+    .collect();
+    // Re-sealed mutants get past the header's own checksum.
+    let reseal = |b: &mut Vec<u8>| {
+        if b.len() >= CACHEDEV_HEADER_BYTES {
+            let x = checksum::xxh3_64(&b[..120]);
+            b[120..128].copy_from_slice(&x.to_le_bytes());
+        }
+    };
+    crate::fuzz::never_panics("cachedev header", &headers, 3000, Some(&reseal), &|b| {
+        if let Some((lp, _, len, _)) = decode_header(&uuid, b) {
+            assert!(len > 0 && len as usize <= CACHEDEV_RECORD_BYTES_MAX);
+            assert!(lp <= CACHEDEV_LOG_POSITION_MAX);
+            // What the scan and the index do with it cannot overflow.
+            let _ = Index::rebuild(
+                RING,
+                vec![(lp, entry_bytes(len as usize) as u32, 0, len, 0)],
+            );
+        }
+    });
+    let labels = vec![encode_label(&Label {
+        uuid,
+        pool_id: [1; 16],
+        ring: RING,
+    })];
+    let reseal_label = |b: &mut Vec<u8>| {
+        if b.len() == CACHEDEV_LABEL_BYTES {
+            let n = CACHEDEV_LABEL_BYTES - 32;
+            let sum = checksum::checksum(&b[..n]);
+            b[n..].copy_from_slice(&sum);
+        }
+    };
+    crate::fuzz::never_panics("cachedev label", &labels, 2000, Some(&reseal_label), &|b| {
+        let _ = decode_label(b);
+    });
+}
