@@ -674,10 +674,12 @@ impl CacheDevice {
                 at = pos;
                 valid = (self.ring - pos).min(chunk.len() as u64) as usize;
                 if let Err(e) = self.dev.read_at(&mut chunk[..valid], self.offset(pos)) {
+                    // The entries in an unreadable stretch are lost; the rest are kept.
                     self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = %self.path.display(), "cache device scan: {e}; starting cold");
-                    found.clear();
-                    break;
+                    tracing::warn!(device = %self.path.display(), offset = self.offset(pos), "cache device scan: {e}; skipping {valid} bytes");
+                    pos += valid as u64;
+                    valid = 0;
+                    continue;
                 }
             }
             let h = &chunk[(pos - at) as usize..(pos - at + hb) as usize];
