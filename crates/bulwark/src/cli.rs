@@ -311,6 +311,10 @@ pub enum PoolCommand {
     /// Upgrade a format 1 pool in place to format 2 (labels authenticated by DIR/pool.key).
     #[command(after_help = POOL_UPGRADE_AFTER_HELP)]
     Upgrade(PoolTargetArgs),
+    /// Name or forget the pool's cache device in DIR/pool.json (no daemon may serve the
+    /// pool; the next 'bulwark serve' uses it).
+    #[command(subcommand)]
+    Cache(PoolCacheCommand),
 }
 
 const POOL_UPGRADE_AFTER_HELP: &str = "\
@@ -376,6 +380,25 @@ pub struct PoolStatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCacheCommand {
+    /// Use PATH as the pool's cache device from the next start.
+    Add(PoolCacheAddArgs),
+    /// Stop using a cache device from the next start (the device is left as it is).
+    Remove(PoolTargetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PoolCacheAddArgs {
+    /// The pool: its name in the registry ('bulwark pool list') or its directory.
+    #[arg(value_name = "NAME|DIR")]
+    pub target: String,
+    /// An existing file or block device; its first 4 KiB must be zeros or a bulwark
+    /// cache label.
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -461,6 +484,12 @@ pub struct PoolCreateArgs {
     /// Use an existing file or block device (repeat for several).
     #[arg(long, value_name = "PATH")]
     pub device: Vec<PathBuf>,
+
+    /// A cache device: an existing file or block device (faster than the pool's) that
+    /// keeps copies of hot records, as stored (ciphertext for encrypted volumes); its
+    /// first 4 KiB must be zeros or a bulwark cache label. Remembered in DIR/pool.json.
+    #[arg(long, value_name = "PATH")]
+    pub cache_device: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -495,6 +524,11 @@ pub struct ServeArgs {
     /// Bound on the block-map cache (e.g. 256M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub cache_size: Option<u64>,
+
+    /// Use this cache device (copies of hot records) for this run, in place of the one
+    /// DIR/pool.json names. One that cannot be used is warned about; the pool serves.
+    #[arg(long, value_name = "PATH")]
+    pub cache_device: Option<PathBuf>,
 
     /// Let 'bulwark fault set' inject faults into this pool's devices (drills and tests only).
     #[arg(long)]

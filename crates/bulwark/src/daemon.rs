@@ -71,6 +71,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     if let Some(cache_bytes) = args.cache_size {
         opts.cache_bytes = cache_bytes;
     }
+    opts.cache_device = args.cache_device.as_ref().map(|p| absolute_path(p));
     if let Some(rate) = args.scrub_rate {
         opts.scrub_rate_bytes = rate;
     }
@@ -912,6 +913,12 @@ async fn bind_tcp(addr: &str, tls: bool) -> Result<(TcpListener, String)> {
         )));
     }
     Ok((listener, local.to_string()))
+}
+
+/// `p` made absolute against the working directory (the daemon's own paths are not
+/// relative to the pool directory).
+fn absolute_path(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 #[cfg(test)]

@@ -290,6 +290,9 @@ pub fn status_text(report: &StatusReport) -> String {
     }
     out.push_str(&t.render("\t"));
     out.push('\n');
+    if let Some(c) = &p.cache_device {
+        out.push_str(&cache_device_text(c));
+    }
 
     if !report.faults.is_empty() {
         let _ = writeln!(
@@ -463,6 +466,34 @@ pub fn done_of_total(s: &ScrubStatus) -> String {
         format_size(s.bytes_done),
         format_size(total)
     )
+}
+
+/// The `cache:` section: the cache device, its fill and its counters.
+pub fn cache_device_text(c: &bulwark_engine::cachedev::CacheDeviceStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, " cache: {} {}", c.path.display(), c.state);
+    if let Some(why) = &c.reason {
+        let _ = writeln!(out, "\t{why} (the pool serves without it)");
+    } else {
+        let _ = writeln!(
+            out,
+            "\tsize {}, used {} ({} records); hits {}, misses {}, hit rate {:.1}%",
+            format_size(c.size_bytes),
+            format_size(c.used_bytes),
+            c.entries,
+            c.hits,
+            c.misses,
+            c.hit_rate * 100.0
+        );
+        let _ = writeln!(
+            out,
+            "\terrors detected {} (copies that failed their checksum, read from the pool \
+             instead); read errors {}, write errors {}",
+            c.errors, c.read_errors, c.write_errors
+        );
+    }
+    out.push('\n');
+    out
 }
 
 /// The `errors:` section: each unrecoverable range as `VOLUME: bytes FIRST-LAST (kind)`,
@@ -810,6 +841,7 @@ mod tests {
                 volumes: vec![vol("v", true, true)],
                 scrub: scrub(),
                 errors: Vec::new(),
+                cache_device: None,
             },
             daemon: DaemonInfo {
                 version: "0".into(),

@@ -70,6 +70,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pool(PoolCommand::Import(args)) => pools::import(args),
         Command::Pool(PoolCommand::Destroy(args)) => pools::destroy(args),
         Command::Pool(PoolCommand::Upgrade(args)) => pools::upgrade(args),
+        Command::Pool(PoolCommand::Cache(cmd)) => pools::cache(cmd),
         Command::Serve(args) => {
             let dir = match &args.dir {
                 Some(dir) => dir.as_path(),

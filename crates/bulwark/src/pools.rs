@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::access;
 use crate::cli::{
-    ListArgs, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs, PoolTargetArgs,
-    StatusArgs,
+    ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs,
+    PoolTargetArgs, StatusArgs,
 };
 use crate::client::{self, print, print_json};
 use crate::control::{self, Request, Response, StatusReport};
@@ -313,8 +313,16 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
             (DeviceSpec::Paths(args.device.clone()), what)
         }
     };
+    let cache = args.cache_device.as_ref().map(|p| absolute(p));
+    if let Some(c) = &cache {
+        // Before the pool exists: a cache device that cannot serve refuses the create.
+        bulwark_engine::cachedev::CacheDevice::check(c)?;
+    }
     Pool::create_named(&args.dir, args.layout, spec, &name)?;
     let dir = absolute(&args.dir);
+    if let Some(c) = &cache {
+        set_cache_device(&dir, Some(c))?;
+    }
     if let Ok(conf) = PoolConfig::read(&dir) {
         register(&name, &dir, &conf.pool_id);
     }
@@ -586,6 +594,35 @@ pub fn upgrade(args: &PoolTargetArgs) -> Result<()> {
         report.generation,
         report.key.display()
     ))
+}
+
+/// `pool cache add|remove`: name or forget the cache device in pool.json.
+pub fn cache(cmd: &PoolCacheCommand) -> Result<()> {
+    let (target, path) = match cmd {
+        PoolCacheCommand::Add(a) => (&a.target, Some(absolute(&a.path))),
+        PoolCacheCommand::Remove(a) => (&a.target, None),
+    };
+    let dir = resolve(target)?;
+    let conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "change its cache device")?;
+    set_cache_device(&dir, path.as_deref())?;
+    audit(
+        &dir,
+        "pool.cache",
+        serde_json::json!({ "cache_device": path }),
+    );
+    match path {
+        Some(p) => print(&format!(
+            "pool {name}: cache device {} (used from the next start)\n",
+            p.display()
+        )),
+        None => print(&format!("pool {name}: no cache device\n")),
+    }
+}
+
+fn set_cache_device(dir: &Path, cache: Option<&Path>) -> Result<()> {
+    Ok(bulwark_engine::pool::create::set_cache_device(dir, cache)?)
 }
 
 /// Appends one record to the pool's audit log (`DIR/audit.log`); a failure is a warning.

@@ -188,6 +188,11 @@ const ENGINE: Table = Table {
         ("device", &["constants"]),
         // Where copies and shards of a record lie; verified reads that repair.
         ("redundancy", &["checksum", "constants", "device"]),
+        // Copies of hot records on a cache device (an L2ARC), verified at every hit.
+        (
+            "cachedev",
+            &["checksum", "constants", "device", "fuzz", "hex"],
+        ),
         // Segments, streams, space floors, victims for the cleaner.
         ("log", &["constants"]),
         // lz4 and AES-256-GCM of one record.
@@ -199,7 +204,15 @@ const ENGINE: Table = Table {
         // The data plane: one put path, one release point, back-pressure.
         (
             "store",
-            &["checksum", "codec", "constants", "log", "map", "redundancy"],
+            &[
+                "cachedev",
+                "checksum",
+                "codec",
+                "constants",
+                "log",
+                "map",
+                "redundancy",
+            ],
         ),
         // Byte-addressed reads and writes of one volume, through the store only.
         (
@@ -218,6 +231,7 @@ const ENGINE: Table = Table {
         (
             "pool",
             &[
+                "cachedev",
                 "checksum",
                 "codec",
                 "constants",

@@ -46,6 +46,12 @@ pub fn salt_of(sum: &Checksum) -> Option<[u8; 16]> {
     (sum[24..] == SALTED_TAG).then(|| sum[8..24].try_into().expect("16 bytes"))
 }
 
+/// xxh3-64 of bytes: the unkeyed check of small headers that carry their own (the cache
+/// device's entry headers), and the first half of `checksum_salted`.
+pub fn xxh3_64(stored: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(stored)
+}
+
 /// The "checksum" of a record that carries its own: its last 32 bytes are the blake3 of
 /// the rest. For records whose checksum cannot be known where they are pointed to from
 /// (an intent log block's slot is chosen before the block is written); never in a map.

@@ -91,3 +91,32 @@ const _: () = assert!(SEGMENT_BYTES >= 2 * (BLOCK_BYTES_MAX as u64 + AEAD_TAG_BY
 const _: () = assert!(DEVICE_RESERVED_FRONT > SUPERBLOCK_SLOT_OFFSETS[1] + SUPERBLOCK_BYTES as u64);
 const _: () = assert!(DEVICE_RESERVED_FRONT % SEGMENT_BYTES == 0);
 const _: () = assert!(BLOCK_BYTES_DEFAULT.is_power_of_two());
+
+/// Cache device (`cachedev`): its label at offset 0, then a ring of entries, each a header
+/// and the record's stored bytes, padded to `CACHEDEV_ENTRY_ALIGN`.
+pub const CACHEDEV_LABEL_BYTES: usize = 4096;
+pub const CACHEDEV_HEADER_BYTES: usize = 128;
+pub const CACHEDEV_ENTRY_ALIGN: u64 = 128;
+/// Largest record the cache keeps (a 128 KiB block and its tag fit).
+pub const CACHEDEV_RECORD_BYTES_MAX: usize = 256 << 10;
+/// Fills waiting for the cache's writer thread, in bytes; more are dropped.
+pub const CACHEDEV_FILL_QUEUE_BYTES: usize = 16 << 20;
+/// Entries written with one device write, at most.
+pub const CACHEDEV_FILL_BATCH_BYTES: usize = 1 << 20;
+/// Bytes the scan at open reads at a time.
+pub const CACHEDEV_SCAN_CHUNK_BYTES: usize = 4 << 20;
+/// Largest log position a cache entry header may carry (2^62 bytes written: never
+/// reached; a header past it is not an entry).
+pub const CACHEDEV_LOG_POSITION_MAX: u64 = 1 << 62;
+/// Smallest cache device: its label and a ring of a few batches.
+pub const CACHEDEV_BYTES_MIN: u64 = 4 << 20;
+
+const _: () = assert!(CACHEDEV_LABEL_BYTES as u64 % CACHEDEV_ENTRY_ALIGN == 0);
+const _: () = assert!(CACHEDEV_HEADER_BYTES as u64 % CACHEDEV_ENTRY_ALIGN == 0);
+const _: () =
+    assert!(CACHEDEV_RECORD_BYTES_MAX as u64 >= BLOCK_BYTES_MAX as u64 + AEAD_TAG_BYTES as u64);
+const _: () =
+    assert!(CACHEDEV_HEADER_BYTES + CACHEDEV_RECORD_BYTES_MAX <= CACHEDEV_FILL_BATCH_BYTES);
+const _: () = assert!(
+    CACHEDEV_BYTES_MIN - CACHEDEV_LABEL_BYTES as u64 >= 2 * CACHEDEV_FILL_BATCH_BYTES as u64
+);

@@ -3,7 +3,8 @@
 //! Layers, bottom up (each module knows only the ones below it; the table in
 //! `crates/bulwark/tests/layers.rs` checks it): leaves (`error`, `constants`,
 //! `checksum`, `hex`, `size`) → `device` (files and block devices by offset) →
-//! `redundancy` (one `Placement` per layout; verified reads with repair) → `log`
+//! `redundancy` (one `Placement` per layout; verified reads with repair) → `cachedev`
+//! (copies of hot records on a cache device, verified at every hit) → `log`
 //! (segments, streams, space floors, cleaning victims) → `codec` (lz4,
 //! AES-256-GCM) → `keys` (key slots, data key rings, the pool key) → `map` (copy-on-write radix
 //! tree of block pointers) → `store` (the data plane: one put path, one release
@@ -14,6 +15,7 @@
 //! The engine is synchronous and thread-safe: callers (the NBD export, the
 //! control socket) run it on a bounded blocking pool. It knows nothing of NBD.
 
+pub mod cachedev;
 pub mod checksum;
 pub mod codec;
 pub mod constants;

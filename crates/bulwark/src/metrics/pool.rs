@@ -242,6 +242,40 @@ pub(super) fn encode_status(
         s.write_amplification,
     )?;
 
+    // The cache device, when one is configured.
+    if let Some(c) = &st.cache_device {
+        gauge(
+            e,
+            "cache_device_size_bytes",
+            "Bytes of the cache device's ring",
+            c.size_bytes,
+        )?;
+        gauge(
+            e,
+            "cache_device_used_bytes",
+            "Bytes of the cache device's ring its entries take",
+            c.used_bytes,
+        )?;
+        counter(
+            e,
+            "cache_device_hits",
+            "Reads of a record served by the cache device since the daemon started",
+            c.hits,
+        )?;
+        counter(
+            e,
+            "cache_device_misses",
+            "Reads of a record the cache device did not serve since the daemon started",
+            c.misses,
+        )?;
+        counter(
+            e,
+            "cache_device_errors",
+            "Cache device copies that failed their checksum (dropped; read from the pool)",
+            c.errors,
+        )?;
+    }
+
     // Devices.
     let devices: Vec<(String, &bulwark_engine::DeviceStatus)> = st
         .devices
@@ -456,6 +490,12 @@ mod tests {
                 write_amplification: 1.125,
                 ..Default::default()
             },
+            cache_device: Some(bulwark_engine::cachedev::CacheDeviceStatus {
+                size_bytes: 1 << 30,
+                hits: 7,
+                errors: 2,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let mut r = Registry::with_prefix(crate::metrics::PREFIX);
@@ -472,6 +512,9 @@ mod tests {
             "bulwark_pool_space_used_bytes 100",
             r#"bulwark_pool_written_bytes_total{stream="metadata"} 512"#,
             "bulwark_pool_write_amplification 1.125",
+            "bulwark_cache_device_size_bytes 1073741824",
+            "bulwark_cache_device_hits_total 7",
+            "bulwark_cache_device_errors_total 2",
             r#"bulwark_device_checksum_errors_total{device="/p/dev0.img"} 3"#,
             r#"bulwark_device_write_errors_total{device="/p/dev1.img"} 1"#,
             r#"bulwark_device_state{device="/p/dev1.img",state="FAULTED"} 1"#,

@@ -86,6 +86,8 @@ pub struct Core {
     /// Time between commits of the maintenance loop (`OpenOptions::commit_interval`).
     pub commit_interval: Duration,
     pub scrub_rate_seen: AtomicU64,
+    /// A cache device was configured but is not in use, and why (`status` shows it).
+    pub cachedev_unavailable: Mutex<Option<crate::cachedev::CacheDeviceStatus>>,
 }
 
 impl Core {
@@ -109,6 +111,9 @@ impl Core {
         let workers = std::mem::take(&mut *self.workers.lock());
         for h in workers {
             let _ = h.join();
+        }
+        if let Some(c) = self.store.cachedev() {
+            c.close();
         }
     }
 
@@ -425,6 +430,10 @@ impl Core {
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),
             errors: self.data_errors(),
+            cache_device: match self.store.cachedev() {
+                Some(c) => Some(c.status()),
+                None => self.cachedev_unavailable.lock().clone(),
+            },
         }
     }
 

@@ -42,6 +42,10 @@ pub struct PoolConfig {
     /// `pool destroy` removes; files and disks given with `--device` are never removed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub created: Vec<PathBuf>,
+    /// The cache device (`pool create --cache-device`, `pool cache add`); relative paths
+    /// are inside the pool directory. Not a member: it holds only copies of records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_device: Option<PathBuf>,
 }
 
 impl PoolConfig {
@@ -107,6 +111,17 @@ impl PoolConfig {
             let _ = d.sync_all();
         }
         Ok(())
+    }
+
+    /// The cache device's path, resolved like the devices'.
+    pub fn cache_device_path(&self, dir: &Path) -> Option<PathBuf> {
+        self.cache_device.as_ref().map(|d| {
+            if d.is_absolute() {
+                d.clone()
+            } else {
+                dir.join(d)
+            }
+        })
     }
 
     pub fn resolve(&self, dir: &Path) -> Vec<PathBuf> {
@@ -447,6 +462,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
             offline: Vec::new(),
             name: Some(name.to_string()),
             exported: false,
+            cache_device: None,
             created: match &spec {
                 DeviceSpec::Files { .. } => devices.iter().map(|(p, _)| p.clone()).collect(),
                 DeviceSpec::Paths(_) => Vec::new(),
@@ -460,4 +476,25 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
         }
     }
     result
+}
+
+/// Name `cache` as the pool's cache device in `DIR/pool.json` (`None`: no cache device).
+/// The device must be able to serve as one (`CacheDevice::check`) and must not be one of
+/// the pool's members. The next `serve` uses it.
+pub fn set_cache_device(dir: &Path, cache: Option<&Path>) -> Result<()> {
+    let mut conf = PoolConfig::read(dir)?;
+    if let Some(c) = cache {
+        let id = file_identity(c)?;
+        for m in conf.resolve(dir) {
+            if file_identity(&m).ok() == Some(id) {
+                return Err(Error::Invalid(format!(
+                    "{} is a member of this pool: a cache device must be a device of its own",
+                    c.display()
+                )));
+            }
+        }
+        crate::cachedev::CacheDevice::check(c)?;
+    }
+    conf.cache_device = cache.map(Path::to_path_buf);
+    conf.write(dir)
 }

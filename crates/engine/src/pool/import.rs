@@ -1053,6 +1053,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
         commit_interval: opts.commit_interval,
         scrub_rate_seen: AtomicU64::new(0),
+        cachedev_unavailable: Mutex::new(None),
     };
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {
@@ -1072,6 +1073,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     for p in &replaced {
         core.store.release(p);
     }
+    attach_cachedev(&core, &conf, opts, &newest.pool_id);
     // Crash points count from here: this commit is the import's, not an operation's.
     crate::crashpoint::arm();
     tracing::info!(
@@ -1081,4 +1083,33 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         "pool imported"
     );
     Ok(core)
+}
+
+/// Open the cache device (`serve --cache-device`, else the one `pool.json` names) and let
+/// the data plane use it. One that is missing or refused is warned about and shown in
+/// `status` as UNAVAIL: the pool serves without it (it holds only copies).
+fn attach_cachedev(core: &Core, conf: &PoolConfig, opts: &OpenOptions, pool_id: &[u8; 16]) {
+    let Some(path) = opts
+        .cache_device
+        .clone()
+        .or_else(|| conf.cache_device_path(&core.dir))
+    else {
+        return;
+    };
+    let uuid = crate::keys::wrap::random_bytes::<16>();
+    match crate::cachedev::CacheDevice::open(&path, *pool_id, uuid) {
+        Ok(c) => {
+            tracing::info!(device = %path.display(), "cache device in use");
+            core.store.set_cachedev(c);
+        }
+        Err(e) => {
+            tracing::warn!(
+                device = %path.display(),
+                "cache device not in use: {e}; the pool serves without it"
+            );
+            *core.cachedev_unavailable.lock() = Some(
+                crate::cachedev::CacheDeviceStatus::unavailable(&path, e.to_string()),
+            );
+        }
+    }
 }

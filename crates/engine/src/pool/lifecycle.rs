@@ -493,6 +493,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         name: Some(name.clone()),
         exported: false,
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
+        cache_device: old.as_ref().and_then(|c| c.cache_device.clone()),
     };
     let old_anchor = anchor::read(dir).ok().flatten();
     // The pool key: the directory's own, or the one given, or the old directory's.

@@ -72,6 +72,9 @@ pub struct OpenOptions {
     /// `bulwark pool upgrade`: take a format 1 pool, make its pool key, and write format 2
     /// labels (decision 0011). Refused on a pool that is already format 2.
     pub upgrade: bool,
+    /// A cache device for this run (`serve --cache-device`), in place of the one
+    /// `pool.json` names. One that cannot be opened is warned about; the pool serves.
+    pub cache_device: Option<PathBuf>,
 }
 
 impl Default for OpenOptions {
@@ -86,6 +89,7 @@ impl Default for OpenOptions {
             take_exported: false,
             upgrade: false,
             rename: None,
+            cache_device: None,
         }
     }
 }
@@ -158,6 +162,9 @@ pub struct PoolStatus {
     pub scrub: scrub::ScrubStatus,
     /// Byte ranges no copy could supply (volume, offset, length).
     pub errors: Vec<scrub::DataError>,
+    /// The cache device (`--cache-device`), if one is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_device: Option<crate::cachedev::CacheDeviceStatus>,
 }
 
 pub struct Pool {

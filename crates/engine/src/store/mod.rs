@@ -25,10 +25,12 @@
 //!   passes the limit the last commit made durable.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::cachedev::CacheDevice;
 use crate::checksum::checksum;
 use crate::codec::{self, Compression};
 use crate::constants::*;
@@ -94,6 +96,9 @@ pub struct Store {
     /// bytes), as of the control plane's last count (`Core::count_reservations`: every
     /// commit, and each change of a volume's size or provisioning).
     pub thick_unused: AtomicU64,
+    /// The cache device, once the pool attached one (`set_cachedev`): copies of data
+    /// records read, tried before the pool's copies (`read_data`).
+    cachedev: std::sync::OnceLock<Arc<CacheDevice>>,
 }
 
 impl NodeStore for Store {
@@ -130,6 +135,7 @@ impl Store {
             clean_rounds: AtomicU64::new(0),
             client_ops: AtomicU64::new(0),
             thick_unused: AtomicU64::new(0),
+            cachedev: std::sync::OnceLock::new(),
         }
     }
 
@@ -405,6 +411,47 @@ impl Store {
         let mut out = vec![0u8; raw_len];
         codec::decode(&mut stored, ptr.flags, None, &[], 0, &mut out)?;
         Ok(out)
+    }
+
+    // --- the cache device ---
+
+    /// Use `c` as the pool's cache device (once; false if one is already in use).
+    pub fn set_cachedev(&self, c: Arc<CacheDevice>) -> bool {
+        self.cachedev.set(c).is_ok()
+    }
+
+    /// The cache device, if one is in use. Without one, reads cost one atomic load more.
+    pub fn cachedev(&self) -> Option<&CacheDevice> {
+        self.cachedev.get().map(|c| &**c)
+    }
+
+    /// Read the data record `ptr` points to into `out`, verified by its checksum: from the
+    /// cache device when it holds a copy that verifies, else from the pool's copies
+    /// (repairing bad ones), then offered to the cache. Returns whether it came from the
+    /// cache (a caller that then finds it undecodable calls `CacheDevice::reject` and reads
+    /// again with `from_pool`).
+    pub fn read_data(&self, ptr: &Blkptr, out: &mut Vec<u8>) -> Result<bool> {
+        let len = ptr.len as usize;
+        let Some(c) = self.cachedev() else {
+            self.red
+                .read_verified(ptr.addrs(), len, &ptr.checksum, out)?;
+            return Ok(false);
+        };
+        // Bounded like any read by pointer before the cache sizes a buffer by it.
+        self.red.check_record(ptr.addrs(), len)?;
+        if c.read(ptr.addr[0], len, &ptr.checksum, out) {
+            return Ok(true);
+        }
+        self.red
+            .read_verified(ptr.addrs(), len, &ptr.checksum, out)?;
+        c.offer(ptr.addr[0], &ptr.checksum, &[&out[..len]]);
+        Ok(false)
+    }
+
+    /// `read_data` from the pool's copies only.
+    pub fn read_data_from_pool(&self, ptr: &Blkptr, out: &mut Vec<u8>) -> Result<()> {
+        self.red
+            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, out)
     }
 
     // --- the release point ---

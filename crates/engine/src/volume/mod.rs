@@ -489,23 +489,81 @@ impl Volume {
             out.fill(0);
             return Ok(());
         }
+        let unrecoverable = |e| match e {
+            Error::Unrecoverable(_) => {
+                let bs = self.st.block_size as u64;
+                self.control.record_error(&self.st.name, lba * bs, bs);
+                Error::Unrecoverable(format!(
+                    "volume '{}' bytes {}..{}: no copy verified",
+                    self.st.name,
+                    lba * bs,
+                    (lba + 1) * bs
+                ))
+            }
+            e => e,
+        };
+        let cached = self.store.read_data(ptr, stored).map_err(unrecoverable)?;
+        if !cached {
+            return self.decode_into(lba, ptr, stored, out);
+        }
+        if self.decode_quiet(lba, ptr, stored, out).is_ok() {
+            return Ok(());
+        }
+        // A cached copy that verified by its checksum but does not decode: read the pool's
+        // copies (which say what is wrong, if they fail too) and drop the cached one,
+        // counted as the cache's error only when the pool's decoded.
         self.store
-            .red
-            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, stored)
-            .map_err(|e| match e {
-                Error::Unrecoverable(_) => {
-                    let bs = self.st.block_size as u64;
-                    self.control.record_error(&self.st.name, lba * bs, bs);
-                    Error::Unrecoverable(format!(
-                        "volume '{}' bytes {}..{}: no copy verified",
-                        self.st.name,
-                        lba * bs,
-                        (lba + 1) * bs
+            .read_data_from_pool(ptr, stored)
+            .map_err(unrecoverable)?;
+        let decoded = self.decode_into(lba, ptr, stored, out);
+        if let Some(c) = self.store.cachedev() {
+            c.reject(
+                ptr.addr[0],
+                &ptr.checksum,
+                ptr.len as usize,
+                decoded.is_ok(),
+            );
+        }
+        decoded
+    }
+
+    /// `decode_into` without logging or noting an error (a cache hit tried first).
+    fn decode_quiet(
+        &self,
+        lba: u64,
+        ptr: &Blkptr,
+        stored: &mut [u8],
+        out: &mut [u8],
+    ) -> Result<()> {
+        codec::check_policy(self.st.encryption, ptr.flags)?;
+        let (cipher, aad) = self.cipher_and_aad(lba, ptr)?;
+        // Opened in place: a retry reads `stored` again from the pool.
+        codec::decode(stored, ptr.flags, cipher.as_deref(), &aad, ptr.nonce, out)
+    }
+
+    /// The cipher that opens block `lba`'s record `ptr` (its generation and run salt; none
+    /// for an unencrypted volume) and the associated data it was sealed with: a block a
+    /// clone inherited names its first volume.
+    fn cipher_and_aad(
+        &self,
+        lba: u64,
+        ptr: &Blkptr,
+    ) -> Result<(Option<Arc<crate::codec::BlockCipher>>, [u8; 24])> {
+        let ring = self.ring()?;
+        Ok(match ring.as_deref() {
+            Some(r) => {
+                let salt = crate::checksum::salt_of(&ptr.checksum);
+                let (c, lineage) = r.cipher_for(ptr.key_gen, salt).ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "block {lba} is encrypted under key generation {}, which this volume \
+                         no longer has",
+                        ptr.key_gen
                     ))
-                }
-                e => e,
-            })?;
-        self.decode_into(lba, ptr, stored, out)
+                })?;
+                (Some(c), codec::block_aad(&lineage, lba))
+            }
+            None => (None, self.aad(lba)),
+        })
     }
 
     fn decode_into(&self, lba: u64, ptr: &Blkptr, stored: &mut [u8], out: &mut [u8]) -> Result<()> {
@@ -515,18 +573,7 @@ impl Volume {
             self.control.record_error(&self.st.name, lba * bs, bs);
             return Err(e);
         }
-        let ring = self.ring()?;
-        // A block a clone inherited names its first volume in its associated data.
-        let (cipher, aad) = match ring.as_deref() {
-            Some(r) => {
-                let salt = crate::checksum::salt_of(&ptr.checksum);
-                let (c, lineage) = r.cipher_for(ptr.key_gen, salt).ok_or_else(|| {
-                    Error::Corrupt(format!("block {lba} is encrypted under key generation {}, which this volume no longer has", ptr.key_gen))
-                })?;
-                (Some(c), codec::block_aad(&lineage, lba))
-            }
-            None => (None, self.aad(lba)),
-        };
+        let (cipher, aad) = self.cipher_and_aad(lba, ptr)?;
         codec::decode(stored, ptr.flags, cipher.as_deref(), &aad, ptr.nonce, out).map_err(|e| {
             tracing::error!(volume = %self.st.name, lba, "block verified by checksum but failed to decode: {e}");
             e
@@ -545,10 +592,21 @@ impl Volume {
         let mut ptrs = vec![Blkptr::HOLE; n];
         self.with_tree(|t| t.lookup_run(&*self.store, &self.store.cache, first, &mut ptrs))?;
         let contiguous = self.store.red.runs_end_to_end();
+        // With a cache device, blocks it holds are read one by one from it (`read_ptr`),
+        // the rest in runs from the pool as ever. Without one, nothing is looked up.
+        let cache = self.store.cachedev();
+        let mut cached: Vec<bool> = Vec::new();
+        if let Some(c) = cache {
+            c.cached(
+                ptrs.iter().map(|p| (p.addr[0], p.checksum, p.len as usize)),
+                &mut cached,
+            );
+        }
+        let in_cache = |k: usize| cached.get(k).copied().unwrap_or(false);
         let mut i = 0;
         while i < n {
             let p = ptrs[i];
-            if p.is_hole() || !contiguous {
+            if p.is_hole() || !contiguous || in_cache(i) {
                 self.read_ptr(first + i as u64, &p, &mut out[i * bs..(i + 1) * bs], stored)?;
                 i += 1;
                 continue;
@@ -558,6 +616,7 @@ impl Volume {
             let mut j = i + 1;
             while j < n
                 && !ptrs[j].is_hole()
+                && !in_cache(j)
                 && ptrs[j].addr[0] == end.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
             {
                 end = ptrs[j].addr[0] + ptrs[j].len as u64;
@@ -586,6 +645,10 @@ impl Volume {
                     let at = (q.addr[0] - start) as usize;
                     let rec = &mut stored[at..at + q.len as usize];
                     if crate::checksum::verify(&q.checksum, rec) {
+                        if let Some(c) = cache {
+                            c.count_misses(1);
+                            c.offer(q.addr[0], &q.checksum, &[rec]);
+                        }
                         self.decode_into(first + k as u64, q, rec, dst)?;
                         continue;
                     }
@@ -641,12 +704,20 @@ impl Volume {
         }
         let read = self.store.red.read_run_scattered(addr, &mut bufs).is_ok();
         drop(bufs);
+        // With a cache device, each block's stored bytes (ciphertext and tag) are kept
+        // before they are opened in place, and offered once the tag verified them.
+        let cache = self.store.cachedev().filter(|_| read);
+        let mut sealed: Vec<u8> = Vec::new();
         for (k, (block, tag)) in out
             .chunks_exact_mut(bs)
             .zip(tags.chunks_exact(tb))
             .enumerate()
         {
             let (lba, p) = (first + k as u64, &ptrs[k]);
+            if cache.is_some() {
+                sealed.clear();
+                sealed.extend_from_slice(block);
+            }
             let opened = read
                 && ring
                     .cipher_for(p.key_gen, crate::checksum::salt_of(&p.checksum))
@@ -656,6 +727,9 @@ impl Volume {
                     });
             if !opened {
                 self.read_ptr(lba, p, block, &mut Vec::new())?;
+            } else if let Some(c) = cache {
+                c.count_misses(1);
+                c.offer(p.addr[0], &p.checksum, &[&sealed, tag]);
             }
         }
         Ok(true)
