@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use bulwark_engine::device::fault::Fault;
 use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
-use bulwark_engine::pool::{SnapshotStatus, VolumeSpace};
+use bulwark_engine::pool::{LogStatus, SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
 use bulwark_engine::{SpaceStatus, VolumeStatus};
 
@@ -290,6 +290,9 @@ pub fn status_text(report: &StatusReport) -> String {
     }
     out.push_str(&t.render("\t"));
     out.push('\n');
+    if let Some(log) = &p.log {
+        out.push_str(&log_text(log));
+    }
 
     if !report.faults.is_empty() {
         let _ = writeln!(
@@ -349,6 +352,47 @@ pub fn status_text(report: &StatusReport) -> String {
     out.push('\n');
 
     out.push_str(&errors_text(&p.errors));
+    out
+}
+
+/// The separate intent log devices under `logs:`, as zpool shows them, with why the log
+/// fell back, or what the import could not replay.
+pub fn log_text(log: &LogStatus) -> String {
+    use Align::*;
+    let mut out = String::new();
+    let _ = writeln!(out, "logs:\n");
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("STATE", Left),
+        ("READ", Right),
+        ("WRITE", Right),
+        ("CKSUM", Right),
+    ]);
+    t.row(vec![
+        if log.devices.len() > 1 {
+            "mirror".into()
+        } else {
+            "log".into()
+        },
+        log.state.clone(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ]);
+    for dev in &log.devices {
+        t.row(vec![
+            format!("  {}", dev.path.display()),
+            dev.state.clone(),
+            dev.read_errors.to_string(),
+            dev.write_errors.to_string(),
+            dev.cksum_errors.to_string(),
+        ]);
+    }
+    out.push_str(&t.render("\t"));
+    if let Some(note) = &log.note {
+        let _ = writeln!(out, "\tnote: {note}");
+    }
+    out.push('\n');
     out
 }
 

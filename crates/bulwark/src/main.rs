@@ -69,6 +69,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pool(PoolCommand::Export(args)) => pools::export(args),
         Command::Pool(PoolCommand::Import(args)) => pools::import(args),
         Command::Pool(PoolCommand::Destroy(args)) => pools::destroy(args),
+        Command::Pool(PoolCommand::Log(command)) => pools::log(command, pool),
         Command::Serve(args) => {
             let dir = match &args.dir {
                 Some(dir) => dir.as_path(),

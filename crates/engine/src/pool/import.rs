@@ -642,49 +642,108 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             complete = false;
         }
     }
+    // The separate log devices the superblock names, found among pool.json's by label.
+    let logdev = if newest.log_devices.is_empty() {
+        for p in conf.resolve_log(dir) {
+            tracing::warn!(
+                "{} is listed as a log device in pool.json, but the pool does not use it \
+                 (a 'bulwark pool log' change that did not finish); ignored",
+                p.display()
+            );
+        }
+        None
+    } else {
+        let (l, problems) =
+            super::logdev::open_all(&conf.resolve_log(dir), &newest.log_devices, &newest.pool_id);
+        for p in &problems {
+            tracing::warn!("{p}");
+        }
+        if l.fell_back.load(Ordering::Acquire) {
+            *l.note.lock() = Some(format!(
+                "no log device could be used at import ({}): flushes commit or use the main \
+                 devices' log; 'bulwark pool log remove' forgets the log devices, 'bulwark \
+                 pool log add' adds new ones",
+                problems.join("; ")
+            ));
+        }
+        Some(Arc::new(l))
+    };
     // Replay the intent log: the flushed client writes after the last commit.
     let mut chain_slots: Vec<Blkptr> = Vec::new();
     // Records replayed entries replaced: the committed generation still points at them
     // until the import's own commit, so they are released only after it.
     let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
-    if let Some(head) = newest.log_head {
+    // The chain on the log devices, when this generation's is there and one is readable.
+    let dev_chain = match (newest.log_dev_head, &logdev) {
+        (Some(head), Some(l)) if l.devices.iter().any(|d| d.dev.is_some()) => {
+            Some((head, l.clone()))
+        }
+        (Some(_), _) => {
+            let msg = format!(
+                "the intent log of generation {} was on the log devices, and none of them is \
+                 here: the writes that FLUSHes made durable after that generation's commit \
+                 (at most one commit interval of them, as of the crash) cannot be replayed and \
+                 read as they were at that commit; the pool is consistent as of it",
+                newest.generation
+            );
+            tracing::error!("{msg}");
+            if let Some(l) = &logdev {
+                *l.note.lock() = Some(msg);
+            }
+            None
+        }
+        (None, _) => None,
+    };
+    let main_head = newest
+        .log_head
+        .or(dev_chain.as_ref().map(|_| [crate::map::ADDR_NONE; 2]));
+    if let Some(head) = main_head {
         let mut at = head;
         let mut buf = Vec::new();
         let why = 'replay: loop {
-            let slot = super::intent::slot_ptr(at);
-            if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
-                break format!("block {} has a bad address ({e})", replayed.0);
-            }
-            chain_slots.push(slot);
-            count(&slot, &mut live);
-            let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
-            let this_block = |b: &[u8]| {
-                matches!(
-                    super::intent::Block::decode(b, &pool_id, generation, seq),
-                    Ok(Some(_))
-                )
-            };
-            match store.red.read_quiet(
-                slot.addrs(),
-                slot.len as usize,
-                &crate::checksum::SELF_CHECKED,
-                &mut buf,
-                &this_block,
-            ) {
-                Ok(true) => {}
-                Ok(false) => break "the end of the log".to_string(),
-                Err(e) => break format!("block {} cannot be read ({e})", replayed.0),
-            }
-            let block = match super::intent::Block::decode(
-                &buf,
-                &newest.pool_id,
-                newest.generation,
-                replayed.0,
-            ) {
-                Ok(Some(b)) => b,
-                Ok(None) => break "the end of the log".to_string(),
-                Err(e) => break format!("block {} is damaged ({e})", replayed.0),
+            let block = if let Some((dev_head, l)) = &dev_chain {
+                match l.read_block(*dev_head, replayed.0, &newest.pool_id, newest.generation) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break "the end of the log".to_string(),
+                    Err(e) => break format!("block {} is damaged ({e})", replayed.0),
+                }
+            } else {
+                let slot = super::intent::slot_ptr(at);
+                if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
+                    break format!("block {} has a bad address ({e})", replayed.0);
+                }
+                chain_slots.push(slot);
+                count(&slot, &mut live);
+                let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
+                let this_block = |b: &[u8]| {
+                    matches!(
+                        super::intent::Block::decode(b, &pool_id, generation, seq),
+                        Ok(Some(_))
+                    )
+                };
+                match store.red.read_quiet(
+                    slot.addrs(),
+                    slot.len as usize,
+                    &crate::checksum::SELF_CHECKED,
+                    &mut buf,
+                    &this_block,
+                ) {
+                    Ok(true) => {}
+                    Ok(false) => break "the end of the log".to_string(),
+                    Err(e) => break format!("block {} cannot be read ({e})", replayed.0),
+                }
+                let block = match super::intent::Block::decode(
+                    &buf,
+                    &newest.pool_id,
+                    newest.generation,
+                    replayed.0,
+                ) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break "the end of the log".to_string(),
+                    Err(e) => break format!("block {} is damaged ({e})", replayed.0),
+                };
+                block
             };
             for (i, e) in block.entries.iter().enumerate() {
                 let Some(f) = families.iter_mut().find(|f| f.rec.id == e.volume) else {
@@ -755,7 +814,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::info!(
                 blocks = replayed.0,
                 entries = replayed.1,
-                "intent log replayed: flushed writes since generation {} restored; stopped at {why}",
+                "intent log replayed{}: flushed writes since generation {} restored; stopped at {why}",
+                if dev_chain.is_some() { " from the log devices" } else { "" },
                 newest.generation
             );
         } else {
@@ -813,6 +873,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commit_lock: Mutex::new(()),
         intent: Mutex::new(None),
         intent_log: opts.intent_log,
+        logdev: RwLock::new(logdev.clone()),
         device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
@@ -830,6 +891,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commit_interval: opts.commit_interval,
         scrub_rate_seen: AtomicU64::new(0),
     };
+    // The next chain on the log devices starts after the replayed one.
+    if let (Some((head, _)), Some(l)) = (&dev_chain, &logdev) {
+        l.state.lock().next_head = (head + replayed.0) % l.slots.max(1);
+    }
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {
         *core.intent.lock() = Some(super::intent::Chain {

@@ -206,9 +206,11 @@ impl Core {
     /// `NoSpace`: no room for a chain block (likewise). Any other error is the devices'.
     pub(crate) fn log_flush_held(&self, volumes: &[Arc<VolumeState>]) -> Result<bool> {
         let mut chain = self.intent.lock();
-        let Some(chain) = chain.as_mut() else {
+        // The chain is on the log devices when they hold one, else on the main devices.
+        let logdev = self.logdev.read().clone().filter(|l| l.has_chain());
+        if chain.is_none() && logdev.is_none() {
             return Ok(false);
-        };
+        }
         // The recycle epoch stays odd while the notes are taken (as during a commit's
         // snapshot): nothing is recyclable meanwhile, and every record a note names lies in
         // a segment opened before the epoch ends, which from then on only a commit frees.
@@ -229,6 +231,32 @@ impl Core {
             return Ok(true);
         }
         let pool_id = self.sb.lock().sb.pool_id;
+        if let Some(logdev) = logdev {
+            // The log holds pointers: the records they name are on the main devices,
+            // synced once meanwhile; the blocks are written and synced on the log devices.
+            let (main, appended) = std::thread::scope(|s| {
+                let main = s.spawn(|| self.store.red.flush());
+                let appended = logdev.append(pool_id, &entries, &|| {
+                    crate::crashpoint::hit("intent.written")
+                });
+                (
+                    main.join().expect("a device flush does not panic"),
+                    appended,
+                )
+            });
+            main?;
+            return Ok(match appended {
+                super::logdev::Appended::Done => {
+                    crate::crashpoint::hit("intent.synced");
+                    true
+                }
+                // A commit makes it all durable (the map holds every entry).
+                _ => false,
+            });
+        }
+        let Some(chain) = chain.as_mut() else {
+            return Ok(false);
+        };
         for chunk in entries.chunks(ENTRIES_PER_BLOCK) {
             // On `NoSpace` here the caller commits: the map holds every entry anyway.
             let next = self.alloc_log_slot()?;

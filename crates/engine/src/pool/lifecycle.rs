@@ -483,6 +483,10 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         name: Some(name.clone()),
         exported: false,
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
+        log_devices: old
+            .as_ref()
+            .map(|c| c.log_devices.clone())
+            .unwrap_or_default(),
     };
     let old_anchor = anchor::read(dir).ok().flatten();
     let undo = |dir: &Path| match &old {
