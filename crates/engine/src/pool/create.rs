@@ -471,6 +471,12 @@ fn create_in(
             d.flush().map_err(|e| Error::device(d.path(), e))?;
             first.get_or_insert(sb);
         }
+        // One ring size on every log device: the smallest one's.
+        let log_slots = logs
+            .iter()
+            .map(|(_, d)| super::logdev::slots_of(d.size()))
+            .min()
+            .unwrap_or(0);
         for ((_, d), id) in logs.iter().zip(&log_ids) {
             super::logdev::write_label(
                 d,
@@ -478,7 +484,7 @@ fn create_in(
                     pool_id,
                     device_id: *id,
                     role: super::logdev::ROLE_INTENT_LOG,
-                    slots: super::logdev::slots_of(d.size()),
+                    slots: log_slots,
                 },
             )?;
         }

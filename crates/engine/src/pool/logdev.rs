@@ -217,6 +217,9 @@ pub(crate) struct LogDevice {
     state: AtomicU8,
     pub write_errors: AtomicU64,
     pub size_bytes: u64,
+    /// The ring's slots, as its label says (every log device of a pool says the same:
+    /// block `seq` must lie in the same slot on each, whichever are present).
+    pub slots: u64,
 }
 
 impl LogDevice {
@@ -237,6 +240,7 @@ impl LogDevice {
                     state: AtomicU8::new(UNAVAIL),
                     write_errors: AtomicU64::new(0),
                     size_bytes: 0,
+                    slots: 0,
                 },
                 Some(why),
             )
@@ -250,8 +254,8 @@ impl LogDevice {
                 ))
             }
         };
-        match read_label(&d) {
-            Some(l) if &l.pool_id == pool_id && l.device_id == id => {}
+        let slots = match read_label(&d) {
+            Some(l) if &l.pool_id == pool_id && l.device_id == id => l.slots,
             Some(l) if &l.pool_id == pool_id => {
                 return missing(format!(
                     "{} is another log device of this pool (id {}), not the one expected (id {})",
@@ -268,7 +272,7 @@ impl LogDevice {
                 ))
             }
             None => return missing(format!("{} carries no log device label", path.display())),
-        }
+        };
         if let Err(e) = d.claim() {
             return missing(format!("log device {}: {e}", path.display()));
         }
@@ -284,6 +288,7 @@ impl LogDevice {
                 state: AtomicU8::new(ONLINE),
                 write_errors: AtomicU64::new(0),
                 size_bytes,
+                slots,
             },
             None,
         )
@@ -409,7 +414,7 @@ impl LogDevices {
         let slots = devices
             .iter()
             .filter(|d| d.dev.is_some())
-            .map(|d| slots_of(d.size_bytes))
+            .map(|d| d.slots)
             .min()
             .unwrap_or(0);
         let usable = devices.iter().any(|d| d.online()) && slots >= 2;
@@ -691,6 +696,23 @@ impl super::core::Core {
                     .collect()
             })
             .unwrap_or_default();
+        // Every device of the new set says the same ring size, the smallest one's. The
+        // commit first leaves the current chain empty, so a crash after a kept device's
+        // label changed its ring size loses no flush (an empty chain reads the same in
+        // any ring).
+        self.commit_held()?;
+        let kept: Vec<(&LogDevice, Arc<FaultyDevice>)> = old
+            .iter()
+            .flat_map(|l| l.devices.iter())
+            .filter(|d| ids.contains(&d.id))
+            .filter_map(|d| d.dev.clone().map(|dev| (d, dev)))
+            .collect();
+        let slots = fresh
+            .iter()
+            .map(|(_, d, _)| slots_of(d.size()))
+            .chain(kept.iter().map(|(d, _)| slots_of(d.size_bytes)))
+            .min()
+            .unwrap_or(0);
         for (_, dev, id) in &fresh {
             write_label(
                 dev,
@@ -698,9 +720,22 @@ impl super::core::Core {
                     pool_id,
                     device_id: *id,
                     role: ROLE_INTENT_LOG,
-                    slots: slots_of(dev.size()),
+                    slots,
                 },
             )?;
+        }
+        for (d, dev) in &kept {
+            if d.slots != slots {
+                write_label(
+                    &**dev,
+                    &Label {
+                        pool_id,
+                        device_id: d.id,
+                        role: ROLE_INTENT_LOG,
+                        slots,
+                    },
+                )?;
+            }
         }
         let mut conf = super::create::PoolConfig::read(&self.dir)?;
         let stored = |p: &PathBuf| {
@@ -766,6 +801,121 @@ mod tests {
         torn[30] ^= 1;
         assert!(matches!(Label::decode(&torn), Err(Error::Corrupt(_))));
         assert_eq!(Label::decode(&[0u8; SUPERBLOCK_BYTES]).unwrap(), None);
+    }
+
+    /// Flushes go to the log device (the main devices hold no chain), a crash replays them
+    /// from it; with the log device gone, the import goes on at the last commit, says what
+    /// was lost, and the log has fallen back.
+    #[test]
+    fn flushes_survive_a_crash_on_the_log_device_and_its_loss_is_reported() {
+        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.img");
+        std::fs::File::create(&log)
+            .unwrap()
+            .set_len(LOG_DEVICE_BYTES_MIN)
+            .unwrap();
+        Pool::create_with_log(
+            &dir.path().join("p"),
+            Layout::Single,
+            DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+            "p",
+            std::slice::from_ref(&log),
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            ..OpenOptions::default()
+        };
+        let pdir = dir.path().join("p");
+        let vopts = crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        };
+        let read = |pool: &Pool, lba: u64| {
+            let mut buf = vec![0u8; 4096];
+            pool.volume("v")
+                .unwrap()
+                .read(lba * 4096, &mut buf)
+                .unwrap();
+            buf[0]
+        };
+        {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            pool.create_volume("v", vopts, None).unwrap();
+            let v = pool.volume("v").unwrap();
+            // More than a ring's worth of blocks over many flushes: the chain commits when
+            // it would wrap, and goes on from there.
+            let slots = pool.core.logdev.read().as_ref().unwrap().slots;
+            let generation = pool.status().generation;
+            for round in 0..(slots / 4 + 3) {
+                for lba in 0..(ENTRIES_PER_BLOCK as u64 * 4) {
+                    v.write(lba * 4096, &vec![(round % 200) as u8 + 1; 4096], false)
+                        .unwrap();
+                }
+                v.flush().unwrap();
+                assert!(
+                    pool.core.intent.lock().is_none(),
+                    "a chain on the main devices"
+                );
+            }
+            let last = (slots / 4 + 2) % 200 + 1;
+            assert!(
+                pool.status().generation > generation,
+                "the chain filled the ring: a flush committed"
+            );
+            let head = pool
+                .core
+                .logdev
+                .read()
+                .as_ref()
+                .unwrap()
+                .state
+                .lock()
+                .next_head;
+            assert!(head < slots);
+            assert_eq!(read(&pool, 7), last as u8);
+            let st = pool.status();
+            assert_eq!(st.log.as_ref().unwrap().state, "ONLINE");
+            assert_eq!(st.state, "ONLINE");
+            for lba in 0..10u64 {
+                v.write(lba * 4096, &vec![0xA1; 4096], false).unwrap();
+            }
+            v.flush().unwrap();
+            drop(v);
+            drop(pool); // a crash: no close, no commit
+        }
+        {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            for lba in 0..10 {
+                assert_eq!(read(&pool, lba), 0xA1, "block {lba}");
+            }
+            let v = pool.volume("v").unwrap();
+            v.write(0, &vec![0xB2; 4096], false).unwrap();
+            v.flush().unwrap();
+            drop(v);
+            drop(pool);
+        }
+        std::fs::remove_file(&log).unwrap();
+        let pool = Pool::open(&pdir, opts).unwrap();
+        // The flush that lived only on the log is lost: the last commit's data.
+        assert_eq!(read(&pool, 0), 0xA1);
+        let st = pool.status();
+        let l = st.log.unwrap();
+        assert_eq!(l.state, "FELL_BACK");
+        assert_eq!(l.devices[0].state, "UNAVAIL");
+        assert!(l.note.unwrap().contains("cannot be replayed"));
+        assert_eq!(st.state, "DEGRADED");
+        // Flushes go the main devices' way now, and hold.
+        let v = pool.volume("v").unwrap();
+        v.write(4096, &vec![0xC3; 4096], false).unwrap();
+        v.flush().unwrap();
+        pool.close().unwrap();
     }
 
     #[test]
