@@ -196,3 +196,48 @@ def test_pool_log_add_and_remove(make_pool):
     # The removed devices' labels are wiped: another pool may take them.
     other = make_pool()
     other.create("--devices", "1", "--device-size", "64M", "--log-device", log)
+
+
+@pytest.mark.parametrize("point,must_be_new", [
+    ("intent.written", False),
+    ("intent.synced", True),
+])
+def test_crash_inside_a_flush_on_the_log_device(make_pool, tmp_path, point, must_be_new):
+    require_tools("qemu-io", "nbdcopy")
+    pool = make_pool(layout="mirror:2", devices=2)
+    logs = [make_log_file(pool, "log0.img"), make_log_file(pool, "log1.img")]
+    create_with_log(pool, *logs).start()
+    key = pool.create_volume("v", size="16M")
+    qemu_io_ok(pool.uri("v"), "write -P 0xaa 0 4M", "flush", what="old data")
+    pool.stop()  # the old data committed
+    pool.start(env={"BULWARK_CRASH_AT": point})
+    pool.load_key("v", key)
+    run(["qemu-io", "-f", "raw", "-c", "write -P 0xbb 0 4M", "-c", "flush", pool.uri("v")],
+        check=False)
+    pool.proc.wait(timeout=60)
+    assert pool.proc.returncode != 0, "the daemon did not stop at the crash point"
+    assert f"BULWARK_CRASH_AT={point}" in pool.log_tail()
+    pool.proc = None
+    pool.start()
+    pool.load_key("v", key)
+    out = tmp_path / "v.img"
+    run(["nbdcopy", pool.uri("v"), str(out)])
+    data = out.read_bytes()
+    old, new = b"\xaa" * 4096, b"\xbb" * 4096
+    blocks = [data[i:i + 4096] for i in range(0, 4 * MiB, 4096)]
+    bad = [i for i, b in enumerate(blocks) if b not in (old, new)]
+    assert not bad, f"blocks neither old nor new after a crash at {point}: {bad[:10]}"
+    if must_be_new:
+        assert all(b == new for b in blocks), f"a synced flush lost writes (crash at {point})"
+        assert "intent log replayed from the log devices" in pool.log_tail(), pool.log_tail()
+    assert data[4 * MiB:] == bytes(len(data) - 4 * MiB)
+    assert pool.status()["log"]["state"] == "ONLINE"
+
+
+def test_pool_destroy_wipes_the_log_device_label(make_pool):
+    pool = make_pool()
+    log = make_log_file(pool, "log.img")
+    create_with_log(pool, log)
+    pool.bulwark("pool", "destroy", str(pool.dir), "--yes")
+    other = make_pool()
+    other.create("--devices", "1", "--device-size", "64M", "--log-device", log)

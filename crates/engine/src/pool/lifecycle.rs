@@ -641,6 +641,17 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         wiped.push(l.path.clone());
     }
     drop(claimed);
+    // This pool's log devices lose their labels too: another pool may take them.
+    for p in conf.resolve_log(dir) {
+        let Ok(mut d) = FileDevice::open(&p) else {
+            continue;
+        };
+        if super::logdev::read_label(&d).is_some_and(|l| to_hex(&l.pool_id) == conf.pool_id) {
+            d.claim()?;
+            super::logdev::wipe_label(&d)?;
+            wiped.push(p);
+        }
+    }
     let member_ids: Vec<String> = newest
         .map(|sb| sb.member_ids.iter().map(|id| to_hex(id)).collect())
         .unwrap_or_default();
