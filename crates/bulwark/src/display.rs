@@ -854,6 +854,16 @@ mod tests {
                 volumes: vec![vol("v", true, true)],
                 scrub: scrub(),
                 errors: Vec::new(),
+                log: Some(LogStatus {
+                    state: "FELL_BACK".into(),
+                    devices: vec![DeviceStatus {
+                        path: "/nvme/log".into(),
+                        state: "FAULTED".into(),
+                        write_errors: 1,
+                        ..Default::default()
+                    }],
+                    note: Some("the intent log fell back".into()),
+                }),
             },
             daemon: DaemonInfo {
                 version: "0".into(),
@@ -872,6 +882,10 @@ mod tests {
         );
         assert!(
             text.contains("\t  /p/dev0  ONLINE     0      0     12\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("logs:\n\n\tNAME         STATE      READ  WRITE  CKSUM\n\tlog          FELL_BACK\n\t  /nvme/log  FAULTED       0      1      0\n\tnote: the intent log fell back\n"),
             "{text}"
         );
         assert!(text.contains("repaired blocks: 12\n"));
