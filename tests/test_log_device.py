@@ -241,3 +241,30 @@ def test_pool_destroy_wipes_the_log_device_label(make_pool):
     pool.bulwark("pool", "destroy", str(pool.dir), "--yes")
     other = make_pool()
     other.create("--devices", "1", "--device-size", "64M", "--log-device", log)
+
+
+def test_export_and_import_with_a_log_device(make_pool, tmp_path):
+    require_tools("qemu-io")
+    a = make_pool(layout="mirror:2", devices=2)
+    log = make_log_file(a, "log.img")
+    create_with_log(a, log).start()
+    key = a.create_volume("v", size="16M")
+    qemu_io_ok(a.uri("v"), *flushed_writes(16))
+    devices = a.device_paths()
+    a.stop()
+    a.bulwark("pool", "export", str(a.dir))
+    # Another directory takes the pool: the log device is found among the devices given.
+    b = make_pool(layout="mirror:2", devices=2, dir_name="moved")
+    b.bulwark("pool", "import", "--dir", str(b.dir), *devices, log)
+    b.start()
+    st = b.status()
+    assert st["state"] == "ONLINE", st["state"]
+    assert [d["path"] for d in st["log"]["devices"]] == [log], st["log"]
+    b.load_key("v", key)
+    qemu_io_ok(b.uri("v"), *reads(16))
+    qemu_io_ok(b.uri("v"), *flushed_writes(8, pattern_base=50))
+    b.kill()
+    b.start()
+    assert "intent log replayed from the log devices" in b.log_tail(), b.log_tail()
+    b.load_key("v", key)
+    qemu_io_ok(b.uri("v"), *reads(8, pattern_base=50))
