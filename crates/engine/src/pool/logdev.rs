@@ -173,7 +173,9 @@ pub fn open_new(path: &Path, reuse: &dyn Fn(&Label) -> bool) -> Result<FileDevic
             path.display()
         )));
     }
-    let abs = std::fs::canonicalize(path).map_err(|e| Error::device(path, e))?;
+    // Absolute, but not canonical: /dev/disk/by-id/... stays what it is (the /dev/sdX
+    // it points to today may be another disk after a reboot).
+    let abs = std::path::absolute(path).map_err(|e| Error::device(path, e))?;
     let mut d = FileDevice::open(&abs)?;
     d.claim()?;
     if d.size() < LOG_DEVICE_BYTES_MIN {
@@ -645,7 +647,9 @@ impl super::core::Core {
             .map(|m| canon(&m.path()))
             .collect();
         let mut ids = Vec::new();
+        // Canonical paths to compare, the paths as given (absolute) to keep.
         let mut listed: Vec<PathBuf> = Vec::new();
+        let mut given: Vec<PathBuf> = Vec::new();
         let mut fresh: Vec<(PathBuf, FileDevice, [u8; 16])> = Vec::new();
         for p in paths {
             let c = canon(p);
@@ -685,6 +689,7 @@ impl super::core::Core {
                 }
             }
             listed.push(c);
+            given.push(std::path::absolute(p).map_err(|e| Error::device(p, e))?);
         }
         let dropped: Vec<PathBuf> = old
             .as_ref()
@@ -744,7 +749,7 @@ impl super::core::Core {
                 .unwrap_or(p.clone())
         };
         let mut both: Vec<PathBuf> = conf.log_devices.clone();
-        for p in &listed {
+        for p in &given {
             if !both.contains(&stored(p)) {
                 both.push(stored(p));
             }
@@ -754,7 +759,7 @@ impl super::core::Core {
         let new = if ids.is_empty() {
             None
         } else {
-            let (l, problems) = open_all(&listed, &ids, &pool_id);
+            let (l, problems) = open_all(&given, &ids, &pool_id);
             if let Some(p) = problems.first() {
                 return Err(Error::Invalid(p.clone()));
             }
@@ -766,7 +771,7 @@ impl super::core::Core {
         }
         *self.logdev.write() = new;
         self.commit_held()?;
-        conf.log_devices = listed.iter().map(stored).collect();
+        conf.log_devices = given.iter().map(stored).collect();
         conf.write(&self.dir)?;
         drop(old);
         for p in dropped {
