@@ -7,7 +7,9 @@
 //! per block, and appends them to the current generation's *chain*: 4 KiB blocks (two
 //! copies on a `single` pool, one where the layout is redundant), each naming the slot
 //! of the next, pre-allocated.
-//! Then every device is synced once. The map itself is still written by the commit, on its
+//! Then every device is synced once. With separate log devices (`logdev`) the same blocks
+//! go to a ring on them instead, written and synced there while the main devices are
+//! synced for the records the entries name. The map itself is still written by the commit, on its
 //! timer or its dirty-data bound; each commit starts a new chain, named by its superblock,
 //! and the old chain's blocks are released once that superblock is written.
 //!
