@@ -674,6 +674,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // until the import's own commit, so they are released only after it.
     let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
+    // Records written back from the log devices.
+    let mut rewritten = 0usize;
     // The chain on the log devices, when this generation's is there and one is readable.
     let dev_chain = match (newest.log_dev_head, &logdev) {
         (Some(head), Some(l)) if l.devices.iter().any(|d| d.dev.is_some()) => {
@@ -695,6 +697,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
         (None, _) => None,
     };
+    // On the log devices: the slot of the next block, from the head.
+    let mut dev_at = 0u64;
     let main_head = newest
         .log_head
         .or(dev_chain.as_ref().map(|_| [crate::map::ADDR_NONE; 2]));
@@ -702,9 +706,18 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let mut at = head;
         let mut buf = Vec::new();
         let why = 'replay: loop {
+            // The records a block on a log device carries (`logdev`), verified.
+            let mut inline = Vec::new();
             let block = if let Some((dev_head, l)) = &dev_chain {
-                match l.read_block(*dev_head, replayed.0, &newest.pool_id, newest.generation) {
-                    Ok(Some(b)) => b,
+                match l.read_block(*dev_head, dev_at, &newest.pool_id, newest.generation) {
+                    Ok(Some((b, data))) => {
+                        inline = super::logdev::inline_records(&b, &data)
+                            .into_iter()
+                            .map(|r| r.map(<[u8]>::to_vec))
+                            .collect();
+                        dev_at += 1 + b.data_slots as u64;
+                        b
+                    }
                     Ok(None) => break "the end of the log".to_string(),
                     Err(e) => break format!("block {} is damaged ({e})", replayed.0),
                 }
@@ -766,7 +779,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                         break 'replay format!("block {} entry {i}: {err}", replayed.0);
                     }
                     let mut rec = Vec::new();
-                    if !store
+                    let on_devices = store
                         .red
                         .read_quiet(
                             e.ptr.addrs(),
@@ -775,13 +788,31 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                             &mut rec,
                             &|_| true,
                         )
-                        .unwrap_or(false)
-                    {
-                        break 'replay format!(
-                            "block {} entry {i}: the record it names is not on the devices \
-                             (a flush that never finished)",
-                            replayed.0
-                        );
+                        .unwrap_or(false);
+                    match inline.get(i) {
+                        _ if on_devices => {}
+                        // The log device carries it (the flush did not sync the main
+                        // devices): written back where its pointer says, made durable by
+                        // the import's commit. Replay again after a crash writes the same.
+                        Some(Some(bytes)) => {
+                            for &a in e.ptr.addrs() {
+                                if let Err(err) = store.red.write(a, bytes) {
+                                    break 'replay format!(
+                                        "block {} entry {i}: its record cannot be written back \
+                                         from the log device ({err})",
+                                        replayed.0
+                                    );
+                                }
+                            }
+                            rewritten += 1;
+                        }
+                        _ => {
+                            break 'replay format!(
+                                "block {} entry {i}: the record it names is not on the devices \
+                                 (a flush that never finished)",
+                                replayed.0
+                            )
+                        }
                     }
                 }
                 let old = match f.tree.set(&store, &store.cache, e.lba, e.ptr) {
@@ -814,6 +845,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::info!(
                 blocks = replayed.0,
                 entries = replayed.1,
+                records_written_back = rewritten,
                 "intent log replayed{}: flushed writes since generation {} restored; stopped at {why}",
                 if dev_chain.is_some() { " from the log devices" } else { "" },
                 newest.generation
@@ -893,7 +925,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     };
     // The next chain on the log devices starts after the replayed one.
     if let (Some((head, _)), Some(l)) = (&dev_chain, &logdev) {
-        l.state.lock().next_head = (head + replayed.0) % l.slots.max(1);
+        l.state.lock().next_head = (head + dev_at) % l.slots.max(1);
     }
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {

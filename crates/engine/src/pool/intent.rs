@@ -67,6 +67,10 @@ pub struct Block {
     pub seq: u64,
     /// The slot of the next block (two copies).
     pub next: [u64; 2],
+    /// On a log device (`logdev`): how many slots after this block hold the stored bytes
+    /// of its entries' records, one after another, each padded to 16 bytes (0: the
+    /// records are on the main devices only). Always 0 on the main devices' chain.
+    pub data_slots: u32,
     pub entries: Vec<Entry>,
 }
 
@@ -79,6 +83,7 @@ impl Block {
         b[24..32].copy_from_slice(&self.generation.to_le_bytes());
         b[32..40].copy_from_slice(&self.seq.to_le_bytes());
         b[40..44].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b[44..48].copy_from_slice(&self.data_slots.to_le_bytes());
         b[48..56].copy_from_slice(&self.next[0].to_le_bytes());
         b[56..64].copy_from_slice(&self.next[1].to_le_bytes());
         for (i, e) in self.entries.iter().enumerate() {
@@ -113,6 +118,7 @@ impl Block {
             )));
         }
         let next = [u64_at(48), u64_at(56)];
+        let data_slots = u32::from_le_bytes(b[44..48].try_into().unwrap());
         let mut entries = Vec::with_capacity(count);
         for i in 0..count {
             let at = HEADER_BYTES + i * ENTRY_BYTES;
@@ -129,6 +135,7 @@ impl Block {
             generation,
             seq,
             next,
+            data_slots,
             entries,
         }))
     }
@@ -203,6 +210,28 @@ impl Core {
         }
     }
 
+    /// The stored bytes of each entry's record (empty for a hole), verified; `None` when
+    /// one cannot be read whole (the flush then names them and syncs the main devices).
+    fn read_records(&self, entries: &[Entry]) -> Option<Vec<Vec<u8>>> {
+        entries
+            .iter()
+            .map(|e| {
+                let mut rec = Vec::new();
+                if e.ptr.is_hole() {
+                    return Some(rec);
+                }
+                let ok = self.store.red.read_quiet(
+                    e.ptr.addrs(),
+                    e.ptr.len as usize,
+                    &e.ptr.checksum,
+                    &mut rec,
+                    &|_| true,
+                );
+                matches!(ok, Ok(true)).then_some(rec)
+            })
+            .collect()
+    }
+
     /// Make every write completed before the call durable through the intent log (the
     /// caller holds the commit lock). `Ok(false)`: no chain (a commit is needed instead);
     /// `NoSpace`: no room for a chain block (likewise). Any other error is the devices'.
@@ -234,19 +263,34 @@ impl Core {
         }
         let pool_id = self.sb.lock().sb.pool_id;
         if let Some(logdev) = logdev {
-            // The log holds pointers: the records they name are on the main devices,
-            // synced once meanwhile; the blocks are written and synced on the log devices.
-            let (main, appended) = std::thread::scope(|s| {
-                let main = s.spawn(|| self.store.red.flush());
-                let appended = logdev.append(pool_id, &entries, &|| {
-                    crate::crashpoint::hit("intent.written")
-                });
-                (
-                    main.join().expect("a device flush does not panic"),
-                    appended,
-                )
-            });
-            main?;
+            let written = || crate::crashpoint::hit("intent.written");
+            // A small flush puts its records' stored bytes into the log too (read back
+            // from the main devices' page cache, verified): the log device alone makes it
+            // durable, and the main devices are not synced.
+            let inline: usize = entries
+                .iter()
+                .map(|e| (e.ptr.len as usize).next_multiple_of(16))
+                .sum();
+            let data = (inline <= logdev.inline_bytes_max())
+                .then(|| self.read_records(&entries))
+                .flatten();
+            let appended = match &data {
+                Some(data) => logdev.append(pool_id, &entries, Some(data), &written),
+                None => {
+                    // The log holds pointers only: the records they name are on the main
+                    // devices, synced once meanwhile.
+                    let (main, appended) = std::thread::scope(|s| {
+                        let main = s.spawn(|| self.store.red.flush());
+                        let appended = logdev.append(pool_id, &entries, None, &written);
+                        (
+                            main.join().expect("a device flush does not panic"),
+                            appended,
+                        )
+                    });
+                    main?;
+                    appended
+                }
+            };
             return Ok(match appended {
                 super::logdev::Appended::Done => {
                     crate::crashpoint::hit("intent.synced");
@@ -268,6 +312,7 @@ impl Core {
                 generation: chain.generation,
                 seq: chain.seq,
                 next,
+                data_slots: 0,
                 entries: chunk.to_vec(),
             }
             .encode();
@@ -310,6 +355,7 @@ mod tests {
             generation: 12,
             seq: 3,
             next: [1 << 20, 2 << 20],
+            data_slots: 3,
             entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
         };
         let bytes = b.encode();
@@ -333,6 +379,7 @@ mod tests {
             generation: 12,
             seq: 3,
             next: [1 << 20, 2 << 20],
+            data_slots: 3,
             entries: (1..=5).map(entry).collect(),
         }
         .encode();

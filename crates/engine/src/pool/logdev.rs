@@ -369,6 +369,34 @@ pub(crate) fn open_all(
     (LogDevices::new(devices), problems)
 }
 
+/// Most stored bytes one flush puts into the log (`LogDevices::inline_bytes_max`).
+const INLINE_BYTES_MAX: usize = 256 << 10;
+
+/// The records block `b` carries after it (`data`, its `data_slots` slots), one per entry,
+/// each verified against the entry's pointer: `None` for a record that does not verify,
+/// and for every entry when the block carries none (`data_slots` 0: the records are on
+/// the main devices). A hole's record is empty.
+pub(crate) fn inline_records<'a>(b: &Block, data: &'a [u8]) -> Vec<Option<&'a [u8]>> {
+    let mut at = 0usize;
+    b.entries
+        .iter()
+        .map(|e| {
+            if e.ptr.is_hole() {
+                return Some(&data[..0]);
+            }
+            if b.data_slots == 0 {
+                return None;
+            }
+            let len = e.ptr.len as usize;
+            let r = data
+                .get(at..at + len)
+                .filter(|r| verify(&e.ptr.checksum, r));
+            at = (at + len).next_multiple_of(16);
+            r
+        })
+        .collect()
+}
+
 /// This generation's chain on the log devices.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DevChain {
@@ -459,12 +487,23 @@ impl LogDevices {
         !self.fell_back.load(Ordering::Acquire) && self.state.lock().chain.is_some()
     }
 
-    /// Append `entries` to the chain on every working log device and sync them.
-    /// `written` is called once the blocks are written, before the syncs (crash point).
+    /// Most stored bytes a flush puts into the log beside its entries (`append`): a
+    /// quarter of a MiB, and an eighth of the ring. A flush of more names records the
+    /// main devices hold, and syncs them.
+    pub(crate) fn inline_bytes_max(&self) -> usize {
+        (INLINE_BYTES_MAX as u64).min(self.slots / 8 * LOG_BLOCK_BYTES as u64) as usize
+    }
+
+    /// Append `entries` to the chain on every working log device and sync them. With
+    /// `data` (each entry's record, stored bytes; empty for a hole), the records go into
+    /// the log too, after each block, and the flush needs nothing of the main devices;
+    /// without, the caller syncs the main devices for them. `written` is called once the
+    /// blocks are written, before the syncs (crash point).
     pub(crate) fn append(
         &self,
         pool_id: [u8; 16],
         entries: &[Entry],
+        data: Option<&[Vec<u8>]>,
         written: &dyn Fn(),
     ) -> Appended {
         let mut st = self.state.lock();
@@ -474,24 +513,35 @@ impl LogDevices {
         let Some(mut chain) = st.chain else {
             return Appended::NoChain;
         };
-        let count = entries.len().div_ceil(ENTRIES_PER_BLOCK) as u64;
-        if chain.seq + count >= self.slots {
-            return Appended::Full;
-        }
-        let slot = |seq: u64| (chain.head + seq) % self.slots;
-        let mut bytes = Vec::with_capacity(count as usize * LOG_BLOCK_BYTES);
+        let slot = |at: u64| (chain.head + at) % self.slots;
+        let mut bytes = Vec::new();
+        let mut at = chain.seq;
         for (i, chunk) in entries.chunks(ENTRIES_PER_BLOCK).enumerate() {
-            let seq = chain.seq + i as u64;
+            let mut inline = Vec::new();
+            if let Some(data) = data {
+                for d in &data[i * ENTRIES_PER_BLOCK..i * ENTRIES_PER_BLOCK + chunk.len()] {
+                    inline.extend_from_slice(d);
+                    inline.resize(inline.len().next_multiple_of(16), 0);
+                }
+            }
+            inline.resize(inline.len().next_multiple_of(LOG_BLOCK_BYTES), 0);
+            let data_slots = (inline.len() / LOG_BLOCK_BYTES) as u64;
+            if at + 1 + data_slots >= self.slots {
+                return Appended::Full;
+            }
             bytes.extend(
                 Block {
                     pool_id,
                     generation: chain.generation,
-                    seq,
-                    next: [slot(seq + 1), ADDR_NONE],
+                    seq: at,
+                    next: [slot(at + 1 + data_slots), ADDR_NONE],
+                    data_slots: data_slots as u32,
                     entries: chunk.to_vec(),
                 }
                 .encode(),
             );
+            bytes.extend_from_slice(&inline);
+            at += 1 + data_slots;
         }
         // One write per device, two where the ring wraps.
         let first = slot(chain.seq);
@@ -530,7 +580,7 @@ impl LogDevices {
             self.fall_back("every log device failed");
             return Appended::Failed;
         }
-        chain.seq += count;
+        chain.seq = at;
         st.chain = Some(chain);
         st.next_head = slot(chain.seq);
         Appended::Done
@@ -556,35 +606,63 @@ impl LogDevices {
         self.state.lock().chain = None;
     }
 
-    /// Block `seq` of the chain of `generation` starting at `head`, from the first log
-    /// device that holds it; `Ok(None)`: none does (the end of the chain).
+    /// The block at slot `at` of the chain of `generation` starting at `head`, and the
+    /// records stored after it (`Block::data_slots`), from the first log device whose
+    /// block and records all verify (else the first that holds the block: the replay stops
+    /// at the record that does not verify); `Ok(None)`: none holds it (the end of the
+    /// chain).
     pub(crate) fn read_block(
         &self,
         head: u64,
-        seq: u64,
+        at: u64,
         pool_id: &[u8; 16],
         generation: u64,
-    ) -> Result<Option<Block>> {
+    ) -> Result<Option<(Block, Vec<u8>)>> {
         if self.slots == 0 {
             return Ok(None);
         }
-        let at = slot_offset((head + seq) % self.slots);
         let mut buf = vec![0u8; LOG_BLOCK_BYTES];
         let mut damaged = None;
+        let mut partial = None;
         for d in &self.devices {
             let Some(dev) = &d.dev else { continue };
-            if dev.read_at(&mut buf, at).is_err() || !verify(&SELF_CHECKED, &buf) {
+            if dev
+                .read_at(&mut buf, slot_offset((head + at) % self.slots))
+                .is_err()
+                || !verify(&SELF_CHECKED, &buf)
+            {
                 continue;
             }
-            match Block::decode(&buf, pool_id, generation, seq) {
-                Ok(Some(b)) => return Ok(Some(b)),
-                Ok(None) => {}
-                Err(e) => damaged = Some(e),
+            let b = match Block::decode(&buf, pool_id, generation, at) {
+                Ok(Some(b)) => b,
+                Ok(None) => continue,
+                Err(e) => {
+                    damaged = Some(e);
+                    continue;
+                }
+            };
+            if b.data_slots as u64 + 1 >= self.slots {
+                damaged = Some(Error::Corrupt(format!(
+                    "intent log block at slot {at} claims {} slots of records, more than the ring holds",
+                    b.data_slots
+                )));
+                continue;
             }
+            let mut data = vec![0u8; b.data_slots as usize * LOG_BLOCK_BYTES];
+            let mut ok = true;
+            for (i, chunk) in data.chunks_mut(LOG_BLOCK_BYTES).enumerate() {
+                let slot = (head + at + 1 + i as u64) % self.slots;
+                ok &= dev.read_at(chunk, slot_offset(slot)).is_ok();
+            }
+            if ok && inline_records(&b, &data).iter().all(|r| r.is_some()) {
+                return Ok(Some((b, data)));
+            }
+            partial.get_or_insert((b, data));
         }
-        match damaged {
-            Some(e) => Err(e),
-            None => Ok(None),
+        match (partial, damaged) {
+            (Some(p), _) => Ok(Some(p)),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
         }
     }
 
@@ -921,6 +999,113 @@ mod tests {
         v.write(4096, &vec![0xC3; 4096], false).unwrap();
         v.flush().unwrap();
         pool.close().unwrap();
+    }
+
+    /// A small flush carries its records into the log device: with the records lost from
+    /// the main devices (never synced there: zeroed here after the crash), the flushed
+    /// blocks still come back, written back from the log device by the replay.
+    #[test]
+    fn a_small_flush_needs_only_the_log_device() {
+        use crate::pool::Layout;
+        for (layout, count) in [
+            (Layout::Single, 1),
+            (Layout::Mirror(2), 2),
+            (Layout::Parity { k: 2, m: 1 }, 3),
+        ] {
+            small_flush_on(layout, count);
+        }
+    }
+
+    fn small_flush_on(layout: crate::pool::Layout, count: usize) {
+        use crate::pool::{DeviceSpec, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.img");
+        std::fs::File::create(&log)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let pdir = dir.path().join("p");
+        Pool::create_with_log(
+            &pdir,
+            layout,
+            DeviceSpec::Files {
+                count,
+                size_bytes: 64 << 20,
+            },
+            "p",
+            std::slice::from_ref(&log),
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            ..OpenOptions::default()
+        };
+        let vopts = crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        };
+        let (records, footprint) = {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            pool.create_volume("v", vopts, None).unwrap();
+            let v = pool.volume("v").unwrap();
+            for lba in 0..10u64 {
+                v.write(lba * 4096, &vec![0xD4; 4096], false).unwrap();
+            }
+            v.flush().unwrap();
+            let l = pool.core.logdev.read().clone().unwrap();
+            let chain = l.state.lock().chain.unwrap();
+            let pool_id = pool.core.sb.lock().sb.pool_id;
+            let (b, data) = l
+                .read_block(chain.head, 0, &pool_id, chain.generation)
+                .unwrap()
+                .unwrap();
+            assert_eq!(b.entries.len(), 10);
+            assert!(b.data_slots >= 10, "the records are in the log");
+            assert!(inline_records(&b, &data).iter().all(|r| r.is_some()));
+            let footprint = pool.core.store.red.footprint(4096 + 16);
+            drop(v);
+            drop(pool); // a crash: no close, no commit
+            (b.entries, footprint)
+        };
+        // The records never reached the main devices' media.
+        // (Each copy, or each shard, lies at the record's offset in its segment, the
+        // segment at the same place on every member: one device of a `single` pool here.)
+        for i in 0..count {
+            let d = FileDevice::open(&pdir.join(format!("dev{i}.img"))).unwrap();
+            for e in &records {
+                if !matches!(layout, crate::pool::Layout::Parity { .. }) {
+                    let mut was = vec![0u8; e.ptr.len as usize];
+                    d.read_at(&mut was, DEVICE_RESERVED_FRONT + e.ptr.addr[0])
+                        .unwrap();
+                    assert!(
+                        verify(&e.ptr.checksum, &was),
+                        "the record is where it is zeroed"
+                    );
+                }
+                let zero = vec![0u8; footprint.min(e.ptr.len as usize)];
+                d.write_at(&zero, DEVICE_RESERVED_FRONT + e.ptr.addr[0])
+                    .unwrap();
+            }
+        }
+        let pool = Pool::open(&pdir, opts.clone()).unwrap();
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..10u64 {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert!(buf.iter().all(|&b| b == 0xD4), "block {lba}");
+        }
+        drop(v);
+        pool.close().unwrap();
+        drop(pool);
+        // The import's commit made them durable on the main devices.
+        std::fs::remove_file(&log).unwrap();
+        let pool = Pool::open(&pdir, opts).unwrap();
+        let v = pool.volume("v").unwrap();
+        v.read(9 * 4096, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0xD4));
+        assert_eq!(pool.status().unrecoverable_blocks, 0);
     }
 
     #[test]
