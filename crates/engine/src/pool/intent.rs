@@ -8,8 +8,9 @@
 //! copies on a `single` pool, one where the layout is redundant), each naming the slot
 //! of the next, pre-allocated.
 //! Then every device is synced once. With separate log devices (`logdev`) the same blocks
-//! go to a ring on them instead, written and synced there while the main devices are
-//! synced for the records the entries name. The map itself is still written by the commit, on its
+//! go to a ring on them instead, with the records themselves after them when the flush is
+//! small (then only the log devices are synced), else while the main devices are synced
+//! for the records the entries name. The map itself is still written by the commit, on its
 //! timer or its dirty-data bound; each commit starts a new chain, named by its superblock,
 //! and the old chain's blocks are released once that superblock is written.
 //!

@@ -13,11 +13,16 @@
 //! a flush that would wrap onto the chain's own head commits instead.
 //!
 //! A flush writes its blocks to every working log device (one write each, the slots
-//! being consecutive, two where the ring wraps) and syncs them, while the main devices
-//! are synced once for the data records the entries point at (the log holds pointers,
-//! never data: `intent`). The flush is durable when both syncs are: replay checks every
-//! entry's record, so a block durable without its data ends the replay there, as a flush
-//! that never returned.
+//! being consecutive, two where the ring wraps) and syncs them. A small flush (at most
+//! `INLINE_BYTES_MAX` of records, and an eighth of the ring) puts the stored bytes of the
+//! records its entries name into the slots after each block (`Block::data_slots`): read
+//! back from the main devices (their page cache) and verified, they make the log device
+//! alone enough, and the main devices are not synced. A larger flush names the records
+//! only, and the main devices are synced once for them meanwhile. Replay checks every
+//! entry's record on the main devices; one that is not there whole is written back from
+//! the log's copy when the block carries one (verified against the entry's pointer, to
+//! the place the pointer names, which nothing else can have taken since: the flush ended
+//! the recycle epoch), and ends the replay otherwise, as a flush that never returned.
 //!
 //! The log device is never what poisons the pool: a failed write or sync, or its file
 //! gone from its path (a deleted file still takes writes, into an inode nobody will
