@@ -14,6 +14,8 @@
 
 
 import os
+import socket
+import urllib.request
 
 import pytest
 
@@ -77,14 +79,28 @@ def test_flushed_writes_survive_kill_9_on_a_log_device(make_pool, layout, device
     assert "logs:" in text and paths[0] in text, text
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 @pytest.mark.parametrize("how", ["vanish", "deleted"])
 def test_a_failing_log_device_falls_back(make_pool, how):
     require_tools("qemu-io")
-    pool = make_pool(serve_args=["--allow-fault-injection"])
+    port = free_port()
+    pool = make_pool(serve_args=["--allow-fault-injection",
+                                 "--metrics-listen", f"127.0.0.1:{port}"])
     log = make_log_file(pool, "log.img")
     create_with_log(pool, log).start()
     key = pool.create_volume("v", size="16M")
     qemu_io_ok(pool.uri("v"), *flushed_writes(16), what="before the log device fails")
+    assert 'bulwark_log_state{state="ONLINE"} 1' in scrape(port)
     if how == "vanish":
         pool.cli("fault", "set", log, "vanish")
     else:
@@ -99,6 +115,9 @@ def test_a_failing_log_device_falls_back(make_pool, how):
     assert "fell back" in st["log"]["note"], st["log"]
     assert "fell back" in pool.cli("status").stdout
     assert pool.log_tail().count("the intent log fell back") == 1, pool.log_tail()
+    metrics = scrape(port)
+    assert 'bulwark_log_state{state="FELL_BACK"} 1' in metrics, metrics
+    assert f'bulwark_log_device_state{{device="{log}",state="FAULTED"}} 1' in metrics, metrics
     qemu_io_ok(pool.uri("v"), *flushed_writes(8, pattern_base=200), what="after the fallback")
     pool.kill()
     pool.start()
