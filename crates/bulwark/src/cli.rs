@@ -315,6 +315,40 @@ pub enum PoolCommand {
     /// pool; the next 'bulwark serve' uses it).
     #[command(subcommand)]
     Cache(PoolCacheCommand),
+    /// Add or remove the pool's separate intent log devices (no daemon may serve it).
+    #[command(subcommand)]
+    Log(PoolLogCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolLogCommand {
+    /// Add a log device: the intent log goes to it (a second one mirrors the log on both).
+    #[command(after_help = POOL_LOG_AFTER_HELP)]
+    Add(PoolLogAddArgs),
+    /// Remove a log device, or without PATH every one: the log goes back to the main devices.
+    #[command(after_help = POOL_LOG_AFTER_HELP)]
+    Remove(PoolLogRemoveArgs),
+}
+
+const POOL_LOG_AFTER_HELP: &str = "\
+The pool is --pool DIR ($BULWARK_POOL), or the only pool registered. Refused while a \
+daemon serves the pool: stop it first. The command imports the pool (replaying its \
+log), changes its log devices with one commit, and closes it. A new log device is an \
+existing file or disk of at least 4 MiB carrying no bulwark label; a removed one has \
+its label wiped. See docs/runbook.md and docs/durability.md.";
+
+#[derive(Debug, Args)]
+pub struct PoolLogAddArgs {
+    /// The file or block device to use for the log.
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PoolLogRemoveArgs {
+    /// The log device to remove [default: every one].
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
 }
 
 const POOL_UPGRADE_AFTER_HELP: &str = "\
@@ -490,6 +524,10 @@ pub struct PoolCreateArgs {
     /// first 4 KiB must be zeros or a bulwark cache label. Remembered in DIR/pool.json.
     #[arg(long, value_name = "PATH")]
     pub cache_device: Option<PathBuf>,
+    /// Put the intent log on this existing file or block device (at least 4 MiB) instead
+    /// of the pool's devices; give it twice to mirror the log on two.
+    #[arg(long, value_name = "PATH")]
+    pub log_device: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]

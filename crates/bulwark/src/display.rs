@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use bulwark_engine::device::fault::Fault;
 use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
-use bulwark_engine::pool::{SnapshotStatus, VolumeSpace};
+use bulwark_engine::pool::{LogStatus, SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
 use bulwark_engine::{SpaceStatus, VolumeStatus};
 
@@ -293,6 +293,9 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(c) = &p.cache_device {
         out.push_str(&cache_device_text(c));
     }
+    if let Some(log) = &p.log {
+        out.push_str(&log_text(log));
+    }
 
     if !report.faults.is_empty() {
         let _ = writeln!(
@@ -352,6 +355,47 @@ pub fn status_text(report: &StatusReport) -> String {
     out.push('\n');
 
     out.push_str(&errors_text(&p.errors));
+    out
+}
+
+/// The separate intent log devices under `logs:`, as zpool shows them, with why the log
+/// fell back, or what the import could not replay.
+pub fn log_text(log: &LogStatus) -> String {
+    use Align::*;
+    let mut out = String::new();
+    let _ = writeln!(out, "logs:\n");
+    let mut t = Table::new(&[
+        ("NAME", Left),
+        ("STATE", Left),
+        ("READ", Right),
+        ("WRITE", Right),
+        ("CKSUM", Right),
+    ]);
+    t.row(vec![
+        if log.devices.len() > 1 {
+            "mirror".into()
+        } else {
+            "log".into()
+        },
+        log.state.clone(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ]);
+    for dev in &log.devices {
+        t.row(vec![
+            format!("  {}", dev.path.display()),
+            dev.state.clone(),
+            dev.read_errors.to_string(),
+            dev.write_errors.to_string(),
+            dev.cksum_errors.to_string(),
+        ]);
+    }
+    out.push_str(&t.render("\t"));
+    if let Some(note) = &log.note {
+        let _ = writeln!(out, "\tnote: {note}");
+    }
+    out.push('\n');
     out
 }
 
@@ -842,6 +886,16 @@ mod tests {
                 scrub: scrub(),
                 errors: Vec::new(),
                 cache_device: None,
+                log: Some(LogStatus {
+                    state: "FELL_BACK".into(),
+                    devices: vec![DeviceStatus {
+                        path: "/nvme/log".into(),
+                        state: "FAULTED".into(),
+                        write_errors: 1,
+                        ..Default::default()
+                    }],
+                    note: Some("the intent log fell back".into()),
+                }),
             },
             daemon: DaemonInfo {
                 version: "0".into(),
@@ -860,6 +914,10 @@ mod tests {
         );
         assert!(
             text.contains("\t  /p/dev0  ONLINE     0      0     12\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("logs:\n\n\tNAME         STATE      READ  WRITE  CKSUM\n\tlog          FELL_BACK\n\t  /nvme/log  FAULTED       0      1      0\n\tnote: the intent log fell back\n"),
             "{text}"
         );
         assert!(text.contains("repaired blocks: 12\n"));

@@ -22,14 +22,15 @@ use std::time::Duration;
 
 use bulwark_engine::pool::create::{default_pool_name, PoolConfig};
 use bulwark_engine::pool::lifecycle::{self, FoundPool, ImportOptions};
+use bulwark_engine::pool::OpenOptions;
 use bulwark_engine::size::format_size;
 use bulwark_engine::{DeviceSpec, Layout, Pool};
 use serde::{Deserialize, Serialize};
 
 use crate::access;
 use crate::cli::{
-    ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolStatusArgs,
-    PoolTargetArgs, StatusArgs,
+    ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolLogCommand,
+    PoolStatusArgs, PoolTargetArgs, StatusArgs,
 };
 use crate::client::{self, print, print_json};
 use crate::control::{self, Request, Response, StatusReport};
@@ -318,7 +319,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         // Before the pool exists: a cache device that cannot serve refuses the create.
         bulwark_engine::cachedev::CacheDevice::check(c)?;
     }
-    Pool::create_named(&args.dir, args.layout, spec, &name)?;
+    Pool::create_with_log(&args.dir, args.layout, spec, &name, &args.log_device)?;
     let dir = absolute(&args.dir);
     if let Some(c) = &cache {
         set_cache_device(&dir, Some(c))?;
@@ -326,9 +327,21 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     if let Ok(conf) = PoolConfig::read(&dir) {
         register(&name, &dir, &conf.pool_id);
     }
+    let logs = match args.log_device.len() {
+        0 => String::new(),
+        1 => format!(", intent log on {}", args.log_device[0].display()),
+        _ => format!(
+            ", intent log mirrored on {}",
+            args.log_device
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    };
     let key = dir.join("pool.key");
     let mut out = format!(
-        "created pool {name} in {}: layout {}, {what}\n",
+        "created pool {name} in {}: layout {}, {what}{logs}\n",
         args.dir.display(),
         args.layout
     );
@@ -353,6 +366,74 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         }
     }
     print(&out)
+}
+
+/// `pool log add|remove`: import the pool (no daemon may serve it), change its log
+/// devices with one commit, close it.
+pub fn log(command: &PoolLogCommand, pool: Option<&Path>) -> Result<()> {
+    let dir = status_target(
+        &PoolStatusArgs {
+            target: None,
+            json: false,
+        },
+        pool,
+    )?;
+    let conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "change its log devices")?;
+    let p = Pool::open(&dir, OpenOptions::default())?;
+    let current: Vec<PathBuf> = p
+        .status()
+        .log
+        .map(|l| l.devices.into_iter().map(|d| d.path).collect())
+        .unwrap_or_default();
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (new, what) = match command {
+        PoolLogCommand::Add(a) => {
+            let mut new = current.clone();
+            new.push(a.path.clone());
+            (new, format!("added log device {}", a.path.display()))
+        }
+        PoolLogCommand::Remove(r) => match &r.path {
+            None if current.is_empty() => {
+                p.close()?;
+                return Err(Error::msg(format!("pool {name} has no log device")));
+            }
+            None => (Vec::new(), "removed every log device".to_string()),
+            Some(path) => {
+                let new: Vec<PathBuf> = current
+                    .iter()
+                    .filter(|d| *d != path && canon(d) != canon(path))
+                    .cloned()
+                    .collect();
+                if new.len() == current.len() {
+                    p.close()?;
+                    return Err(Error::msg(format!(
+                        "{} is not a log device of pool {name}",
+                        path.display()
+                    )));
+                }
+                (new, format!("removed log device {}", path.display()))
+            }
+        },
+    };
+    let changed = p.set_log_devices(&new);
+    let closed = p.close();
+    changed?;
+    closed?;
+    audit(&dir, "pool_log", serde_json::json!({ "log_devices": new }));
+    let now = if new.is_empty() {
+        "the intent log is on the pool's devices".to_string()
+    } else {
+        format!(
+            "the intent log is on {}",
+            new.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )
+    };
+    print(&format!("pool {name}: {what}; {now}\n"))
 }
 
 /// One row of `pool list`.
@@ -511,7 +592,32 @@ pub fn status(args: &PoolStatusArgs, pool: Option<&Path>) -> Result<()> {
     };
     out.push_str(&format!(" state: {state} ({why})\n"));
     out.push_str(&found_text(&found));
+    out.push_str(&log_devices_text(&dir, &conf, &found.pool_id));
     print(&out)
+}
+
+/// The log devices pool.json lists, and whether each carries this pool's log label.
+fn log_devices_text(dir: &Path, conf: &PoolConfig, pool_id: &str) -> String {
+    use bulwark_engine::pool::logdev;
+    let paths = conf.resolve_log(dir);
+    if paths.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&[("LOG DEVICE", Align::Left), ("STATE", Align::Left)]);
+    for p in paths {
+        let state = match bulwark_engine::device::FileDevice::open(&p) {
+            Err(_) => "UNAVAIL (cannot be opened)".to_string(),
+            Ok(d) => match logdev::read_label(&d) {
+                Some(l) if bulwark_engine::hex::to_hex(&l.pool_id) == pool_id => {
+                    "present".to_string()
+                }
+                Some(_) => "UNAVAIL (another pool's log device)".to_string(),
+                None => "UNAVAIL (no log device label)".to_string(),
+            },
+        };
+        t.row(vec![p.display().to_string(), state]);
+    }
+    format!("logs:\n\n{}", t.render("\t"))
 }
 
 /// The layout, generation, capacity and member table of a pool found on devices.

@@ -24,6 +24,8 @@ use prometheus_client::metrics::MetricType;
 const POOL_STATES: [&str; 3] = ["ONLINE", "DEGRADED", "FAULTED"];
 /// States it gives a device.
 const DEVICE_STATES: [&str; 5] = ["ONLINE", "RESILVERING", "OFFLINE", "UNAVAIL", "FAULTED"];
+/// States of the separate intent log (`status`'s `logs:`).
+const LOG_STATES: [&str; 3] = ["ONLINE", "DEGRADED", "FELL_BACK"];
 /// Phases of a scrub or resilver.
 const SCRUB_STATES: [&str; 6] = [
     "none",
@@ -321,6 +323,33 @@ pub(super) fn encode_status(
                 .map(move |(s, v)| ([("device", path.as_str()), ("state", s)], v))
         }),
     )?;
+
+    // Separate intent log devices, when the pool has any.
+    if let Some(log) = &st.log {
+        gauges(
+            e,
+            "log_state",
+            "1 for the state of the pool's separate intent log (ONLINE, DEGRADED, FELL_BACK), 0 for the others",
+            states(&LOG_STATES, &log.state)
+                .into_iter()
+                .map(|(s, v)| ([("state", s)], v)),
+        )?;
+        let logs: Vec<(String, &bulwark_engine::pool::DeviceStatus)> = log
+            .devices
+            .iter()
+            .map(|d| (d.path.display().to_string(), d))
+            .collect();
+        gauges(
+            e,
+            "log_device_state",
+            "1 for the log device's state (ONLINE, FAULTED, UNAVAIL), 0 for the others",
+            logs.iter().flat_map(|(path, d)| {
+                states(&["ONLINE", "FAULTED", "UNAVAIL"], &d.state)
+                    .into_iter()
+                    .map(move |(s, v)| ([("device", path.as_str()), ("state", s)], v))
+            }),
+        )?;
+    }
 
     // Scrub or resilver.
     let sc = &st.scrub;

@@ -225,12 +225,20 @@ impl Core {
         next_sb.table_key = table_key;
         // The next generation's intent log chain starts at a fresh slot (none when the pool
         // has no room for one: flushes then commit).
-        let log_head = if self.intent_log {
+        // On the log devices when the pool has working ones (`logdev`): no space to take.
+        let logdev = self.logdev.read().clone();
+        let dev_head = logdev
+            .as_ref()
+            .filter(|_| self.intent_log)
+            .and_then(|l| l.next_head());
+        let log_head = if self.intent_log && dev_head.is_none() {
             self.alloc_log_slot().ok()
         } else {
             None
         };
         next_sb.log_head = log_head;
+        next_sb.log_dev_head = dev_head;
+        next_sb.log_devices = logdev.as_ref().map(|l| l.ids()).unwrap_or_default();
         next_sb.high_water = self.store.log.high_water();
         let nonce_next = self.store.nonce_next();
         if nonce_next.saturating_add(NONCE_RESERVE_STEP / 2) > next_sb.nonce_reserved {
@@ -292,6 +300,9 @@ impl Core {
             next: head,
             slots: vec![super::intent::slot_ptr(head)],
         });
+        if let Some(l) = &logdev {
+            l.committed(generation, dev_head);
+        }
         if let Some(old) = std::mem::replace(&mut *self.intent.lock(), new_chain) {
             for p in &old.slots {
                 self.store.release(p);

@@ -54,6 +54,9 @@ pub struct Core {
     pub(crate) intent: Mutex<Option<super::intent::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
     pub intent_log: bool,
+    /// The separate log devices the intent log's chain goes to, if the pool has any
+    /// (`logdev`); changed only under the commit lock (`set_log_devices`).
+    pub(crate) logdev: RwLock<Option<Arc<super::logdev::LogDevices>>>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may
     /// (taking the last two copies offline), or lose one another's pool.json change.
@@ -370,6 +373,13 @@ impl Core {
         } else {
             "FAULTED"
         };
+        // A log device out (failed, missing, fallen back) degrades the pool, as in zpool:
+        // nothing is lost while it runs, but a crash now costs what a pool without it does.
+        let log = self.logdev.read().as_ref().map(|l| l.status());
+        let state = match &log {
+            Some(l) if state == "ONLINE" && l.state != "ONLINE" => "DEGRADED",
+            _ => state,
+        };
         let per = self.store.red.data_per_segment_byte();
         let total = self.store.log.segments() as u64 * SEGMENT_BYTES * per;
         let used = (self.store.log.live_bytes_total() * per).min(total);
@@ -434,6 +444,7 @@ impl Core {
                 Some(c) => Some(c.status()),
                 None => self.cachedev_unavailable.lock().clone(),
             },
+            log,
         }
     }
 
@@ -553,6 +564,11 @@ impl Core {
                 "fault injection is disabled: start the daemon with 'bulwark serve DIR --allow-fault-injection'".into(),
             ));
         }
+        if let Some(dev) = self.log_device_fault_layer(path) {
+            tracing::warn!(device = %path.display(), ?faults, "fault injection set (log device)");
+            dev.set(faults);
+            return Ok(());
+        }
         let i = self.member_index(path)?;
         let layers = self.faults.read();
         let dev = layers[i]
@@ -564,13 +580,34 @@ impl Core {
     }
 
     pub fn list_faults(&self) -> Vec<(std::path::PathBuf, Vec<Fault>)> {
-        self.store
+        let mut out: Vec<_> = self
+            .store
             .red
             .members
             .iter()
             .zip(self.faults.read().iter())
             .map(|(m, f)| (m.path(), f.as_ref().map(|f| f.faults()).unwrap_or_default()))
-            .collect()
+            .collect();
+        if let Some(l) = self.logdev.read().as_ref() {
+            out.extend(l.devices.iter().map(|d| {
+                (
+                    d.path.clone(),
+                    d.dev.as_ref().map(|f| f.faults()).unwrap_or_default(),
+                )
+            }));
+        }
+        out
+    }
+
+    /// The fault layer of the log device at `path`, if it is one (and present).
+    fn log_device_fault_layer(&self, path: &std::path::Path) -> Option<Arc<FaultyDevice>> {
+        let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let l = self.logdev.read().clone()?;
+        let d = l
+            .devices
+            .iter()
+            .find(|d| d.path == path || std::fs::canonicalize(&d.path).is_ok_and(|p| p == canon))?;
+        d.dev.clone()
     }
 }
 

@@ -46,6 +46,10 @@ pub struct PoolConfig {
     /// are inside the pool directory. Not a member: it holds only copies of records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_device: Option<PathBuf>,
+    /// Separate intent log devices (`pool create --log-device`, `bulwark pool log`); the
+    /// superblock names which of them the pool uses (their labels' ids).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_devices: Vec<PathBuf>,
 }
 
 impl PoolConfig {
@@ -122,6 +126,11 @@ impl PoolConfig {
                 dir.join(d)
             }
         })
+    }
+
+    /// `log_devices`, relative paths taken inside `dir`.
+    pub fn resolve_log(&self, dir: &Path) -> Vec<PathBuf> {
+        self.log_devices.iter().map(|d| dir.join(d)).collect()
     }
 
     pub fn resolve(&self, dir: &Path) -> Vec<PathBuf> {
@@ -253,7 +262,26 @@ pub fn default_pool_name(dir: &Path) -> String {
 }
 
 pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {
+    create_with_log(dir, layout, spec, name, &[])
+}
+
+/// `create`, with separate intent log devices (`logdev`): existing files or disks, one,
+/// or two for the log mirrored on both.
+pub fn create_with_log(
+    dir: &Path,
+    layout: Layout,
+    spec: DeviceSpec,
+    name: &str,
+    log_devices: &[PathBuf],
+) -> Result<()> {
     validate_pool_name(name)?;
+    if log_devices.len() > super::superblock::LOG_DEVICES_MAX {
+        return Err(Error::Invalid(format!(
+            "{} log devices given; a pool has at most {} (the log mirrored on both)",
+            log_devices.len(),
+            super::superblock::LOG_DEVICES_MAX
+        )));
+    }
     let made_dir = !dir.exists();
     fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
     if dir.join(CONFIG_FILE).exists() {
@@ -269,7 +297,7 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Resul
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::device(dir, e))?;
     }
-    let result = create_in(dir, layout, spec, name);
+    let result = create_in(dir, layout, spec, name, log_devices);
     if result.is_err() && made_dir {
         // Nothing of a failed create stays behind: a retry starts clean.
         let _ = fs::remove_dir(dir);
@@ -277,7 +305,13 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Resul
     result
 }
 
-fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {
+fn create_in(
+    dir: &Path,
+    layout: Layout,
+    spec: DeviceSpec,
+    name: &str,
+    log_paths: &[PathBuf],
+) -> Result<()> {
     let count = match &spec {
         DeviceSpec::Files { count, .. } => *count,
         DeviceSpec::Paths(p) => p.len(),
@@ -376,6 +410,30 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
                 }
             }
         }
+        // Log devices: existing, unlabelled, none the same file or disk as another device.
+        let mut logs: Vec<(PathBuf, FileDevice)> = Vec::new();
+        let mut seen: Vec<(u64, u64)> = Vec::new();
+        for (_, d) in &devices {
+            seen.push(file_identity(d.path())?);
+        }
+        for p in log_paths {
+            let d = super::logdev::open_new(p, &|_| false)?;
+            let id = file_identity(d.path())?;
+            if seen.contains(&id) {
+                return Err(Error::Invalid(format!(
+                    "log device {} is given twice, or is also a device of the pool: each must be a different file or disk",
+                    p.display()
+                )));
+            }
+            seen.push(id);
+            let stored = d
+                .path()
+                .strip_prefix(dir)
+                .map(Path::to_path_buf)
+                .unwrap_or(d.path().to_path_buf());
+            logs.push((stored, d));
+        }
+        let log_ids: Vec<[u8; 16]> = logs.iter().map(|_| wrap::random_bytes::<16>()).collect();
         let min = devices
             .iter()
             .map(|(_, d)| d.size())
@@ -427,6 +485,8 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
                 member_ids: member_ids.clone(),
                 table_key,
                 log_head: None,
+                log_devices: log_ids.clone(),
+                log_dev_head: None,
                 name: name.to_string(),
                 exported: false,
             };
@@ -440,6 +500,23 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
             }
             d.flush().map_err(|e| Error::device(d.path(), e))?;
             first.get_or_insert(sb);
+        }
+        // One ring size on every log device: the smallest one's.
+        let log_slots = logs
+            .iter()
+            .map(|(_, d)| super::logdev::slots_of(d.size()))
+            .min()
+            .unwrap_or(0);
+        for ((_, d), id) in logs.iter().zip(&log_ids) {
+            super::logdev::write_label(
+                d,
+                &super::logdev::Label {
+                    pool_id,
+                    device_id: *id,
+                    role: super::logdev::ROLE_INTENT_LOG,
+                    slots: log_slots,
+                },
+            )?;
         }
         // The host's record of the generation the devices are at (`anchor`).
         if let Some(sb) = first {
@@ -467,6 +544,7 @@ fn create_in(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result
                 DeviceSpec::Files { .. } => devices.iter().map(|(p, _)| p.clone()).collect(),
                 DeviceSpec::Paths(_) => Vec::new(),
             },
+            log_devices: logs.iter().map(|(p, _)| p.clone()).collect(),
         }
         .write(dir)
     })();

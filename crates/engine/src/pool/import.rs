@@ -828,6 +828,32 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             complete = false;
         }
     }
+    // The separate log devices the superblock names, found among pool.json's by label.
+    let logdev = if newest.log_devices.is_empty() {
+        for p in conf.resolve_log(dir) {
+            tracing::warn!(
+                "{} is listed as a log device in pool.json, but the pool does not use it \
+                 (a 'bulwark pool log' change that did not finish); ignored",
+                p.display()
+            );
+        }
+        None
+    } else {
+        let (l, problems) =
+            super::logdev::open_all(&conf.resolve_log(dir), &newest.log_devices, &newest.pool_id);
+        for p in &problems {
+            tracing::warn!("{p}");
+        }
+        if l.fell_back.load(Ordering::Acquire) {
+            *l.note.lock() = Some(format!(
+                "no log device could be used at import ({}): flushes commit or use the main \
+                 devices' log; 'bulwark pool log remove' forgets the log devices, 'bulwark \
+                 pool log add' adds new ones",
+                problems.join("; ")
+            ));
+        }
+        Some(Arc::new(l))
+    };
     // Replay the intent log: the flushed client writes after the last commit.
     let mut chain_slots: Vec<Blkptr> = Vec::new();
     // Records replayed entries replaced: the committed generation still points at them
@@ -839,66 +865,121 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // Format 1 chains (no MAC) are replayed only by `pool upgrade`: the labels that name
     // them were verified by their checksum, not by a key.
     let block_key = (newest.format == super::superblock::VERSION).then_some(&log_key);
-    if let Some(head) = newest.log_head {
+    // Records written back from the log devices.
+    let mut rewritten = 0usize;
+    // The chain on the log devices, when this generation's is there and one is readable.
+    let dev_chain = match (newest.log_dev_head, &logdev) {
+        (Some(head), Some(l)) if l.devices.iter().any(|d| d.dev.is_some()) => {
+            Some((head, l.clone()))
+        }
+        (Some(_), _) => {
+            let msg = format!(
+                "the intent log of generation {} was on the log devices, and none of them is \
+                 here: the writes that FLUSHes made durable after that generation's commit \
+                 (at most one commit interval of them, as of the crash) cannot be replayed and \
+                 read as they were at that commit; the pool is consistent as of it",
+                newest.generation
+            );
+            tracing::error!("{msg}");
+            if let Some(l) = &logdev {
+                *l.note.lock() = Some(msg);
+            }
+            None
+        }
+        (None, _) => None,
+    };
+    // On the log devices: the slot of the next block, from the head.
+    let mut dev_at = 0u64;
+    let main_head = newest
+        .log_head
+        .or(dev_chain.as_ref().map(|_| [crate::map::ADDR_NONE; 2]));
+    if let Some(head) = main_head {
         let mut at = head;
         let mut buf = Vec::new();
         let why = 'replay: loop {
-            let slot = super::intent::slot_ptr(at);
-            if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
-                break format!("block {} has a bad address ({e})", replayed.0);
-            }
-            chain_slots.push(slot);
-            count(&slot, &mut live);
-            let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
-            // A copy with the log's magic that fails its MAC (or is malformed) was not
-            // written by this pool's key: replay stops there, and says so loudly.
-            let unauthentic = std::cell::Cell::new(false);
-            let this_block = |b: &[u8]| match super::intent::Block::decode(
-                b, block_key, &pool_id, generation, seq,
-            ) {
-                Ok(Some(_)) => true,
-                Ok(None) => false,
-                Err(_) => {
-                    unauthentic.set(true);
-                    false
+            // The records a block on a log device carries (`logdev`), verified.
+            let mut inline = Vec::new();
+            let block = if let Some((dev_head, l)) = &dev_chain {
+                match l.read_block(
+                    *dev_head,
+                    dev_at,
+                    &newest.pool_id,
+                    newest.generation,
+                    block_key,
+                ) {
+                    Ok(Some((b, data))) => {
+                        inline = super::logdev::inline_records(&b, &data)
+                            .into_iter()
+                            .map(|r| r.map(<[u8]>::to_vec))
+                            .collect();
+                        dev_at += 1 + b.data_slots as u64;
+                        b
+                    }
+                    Ok(None) => break "the end of the log".to_string(),
+                    Err(e) => {
+                        alarm = true;
+                        break format!("block {}, which is damaged ({e})", replayed.0);
+                    }
                 }
-            };
-            match store.red.read_quiet(
-                slot.addrs(),
-                slot.len as usize,
-                &crate::checksum::SELF_CHECKED,
-                &mut buf,
-                &this_block,
-            ) {
-                Ok(true) => {}
-                Ok(false) if unauthentic.get() => {
-                    alarm = true;
-                    break format!(
-                        "block {}, which fails authentication under the pool key or is \
-                         malformed (altered on the devices?): flushes made after it are not \
-                         replayed",
-                        replayed.0
-                    );
+            } else {
+                let slot = super::intent::slot_ptr(at);
+                if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
+                    break format!("block {} has a bad address ({e})", replayed.0);
                 }
-                Ok(false) => break "the end of the log".to_string(),
-                Err(e) => {
-                    alarm = true;
-                    break format!("block {}, which cannot be read ({e})", replayed.0);
+                chain_slots.push(slot);
+                count(&slot, &mut live);
+                let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
+                // A copy with the log's magic that fails its MAC (or is malformed) was not
+                // written by this pool's key: replay stops there, and says so loudly.
+                let unauthentic = std::cell::Cell::new(false);
+                let this_block = |b: &[u8]| match super::intent::Block::decode(
+                    b, block_key, &pool_id, generation, seq,
+                ) {
+                    Ok(Some(_)) => true,
+                    Ok(None) => false,
+                    Err(_) => {
+                        unauthentic.set(true);
+                        false
+                    }
+                };
+                match store.red.read_quiet(
+                    slot.addrs(),
+                    slot.len as usize,
+                    &crate::checksum::SELF_CHECKED,
+                    &mut buf,
+                    &this_block,
+                ) {
+                    Ok(true) => {}
+                    Ok(false) if unauthentic.get() => {
+                        alarm = true;
+                        break format!(
+                            "block {}, which fails authentication under the pool key or is \
+                             malformed (altered on the devices?): flushes made after it are \
+                             not replayed",
+                            replayed.0
+                        );
+                    }
+                    Ok(false) => break "the end of the log".to_string(),
+                    Err(e) => {
+                        alarm = true;
+                        break format!("block {}, which cannot be read ({e})", replayed.0);
+                    }
                 }
-            }
-            let block = match super::intent::Block::decode(
-                &buf,
-                block_key,
-                &newest.pool_id,
-                newest.generation,
-                replayed.0,
-            ) {
-                Ok(Some(b)) => b,
-                Ok(None) => break "the end of the log".to_string(),
-                Err(e) => {
-                    alarm = true;
-                    break format!("block {}, which is damaged ({e})", replayed.0);
-                }
+                let block = match super::intent::Block::decode(
+                    &buf,
+                    block_key,
+                    &newest.pool_id,
+                    newest.generation,
+                    replayed.0,
+                ) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break "the end of the log".to_string(),
+                    Err(e) => {
+                        alarm = true;
+                        break format!("block {}, which is damaged ({e})", replayed.0);
+                    }
+                };
+                block
             };
             for (i, e) in block.entries.iter().enumerate() {
                 let Some(f) = families.iter_mut().find(|f| f.rec.id == e.volume) else {
@@ -921,7 +1002,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                         break 'replay format!("block {} entry {i}: {err}", replayed.0);
                     }
                     let mut rec = Vec::new();
-                    if !store
+                    let on_devices = store
                         .red
                         .read_quiet(
                             e.ptr.addrs(),
@@ -930,13 +1011,31 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                             &mut rec,
                             &|_| true,
                         )
-                        .unwrap_or(false)
-                    {
-                        break 'replay format!(
-                            "block {} entry {i}: the record it names is not on the devices \
-                             (a flush that never finished)",
-                            replayed.0
-                        );
+                        .unwrap_or(false);
+                    match inline.get(i) {
+                        _ if on_devices => {}
+                        // The log device carries it (the flush did not sync the main
+                        // devices): written back where its pointer says, made durable by
+                        // the import's commit. Replay again after a crash writes the same.
+                        Some(Some(bytes)) => {
+                            for &a in e.ptr.addrs() {
+                                if let Err(err) = store.red.write(a, bytes) {
+                                    break 'replay format!(
+                                        "block {} entry {i}: its record cannot be written back \
+                                         from the log device ({err})",
+                                        replayed.0
+                                    );
+                                }
+                            }
+                            rewritten += 1;
+                        }
+                        _ => {
+                            break 'replay format!(
+                                "block {} entry {i}: the record it names is not on the devices \
+                                 (a flush that never finished)",
+                                replayed.0
+                            )
+                        }
                     }
                 }
                 let old = match f.tree.set(&store, &store.cache, e.lba, e.ptr) {
@@ -975,7 +1074,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             tracing::info!(
                 blocks = replayed.0,
                 entries = replayed.1,
-                "intent log replayed: flushed writes since generation {} restored; stopped at {why}",
+                records_written_back = rewritten,
+                "intent log replayed{}: flushed writes since generation {} restored; stopped at {why}",
+                if dev_chain.is_some() { " from the log devices" } else { "" },
                 newest.generation
             );
         } else {
@@ -1037,6 +1138,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commit_lock: Mutex::new(()),
         intent: Mutex::new(None),
         intent_log: opts.intent_log,
+        logdev: RwLock::new(logdev.clone()),
         device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
@@ -1055,6 +1157,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         scrub_rate_seen: AtomicU64::new(0),
         cachedev_unavailable: Mutex::new(None),
     };
+    // The next chain on the log devices starts after the replayed one.
+    if let (Some((head, _)), Some(l)) = (&dev_chain, &logdev) {
+        l.state.lock().next_head = (head + dev_at) % l.slots.max(1);
+    }
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {
         *core.intent.lock() = Some(super::intent::Chain {

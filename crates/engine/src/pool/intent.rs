@@ -7,7 +7,10 @@
 //! per block, and appends them to the current generation's *chain*: 4 KiB blocks (two
 //! copies on a `single` pool, one where the layout is redundant), each naming the slot
 //! of the next, pre-allocated.
-//! Then every device is synced once. The map itself is still written by the commit, on its
+//! Then every device is synced once. With separate log devices (`logdev`) the same blocks
+//! go to a ring on them instead, with the records themselves after them when the flush is
+//! small (then only the log devices are synced), else while the main devices are synced
+//! for the records the entries name. The map itself is still written by the commit, on its
 //! timer or its dirty-data bound; each commit starts a new chain, named by its superblock,
 //! and the old chain's blocks are released once that superblock is written.
 //!
@@ -81,6 +84,10 @@ pub struct Block {
     pub seq: u64,
     /// The slot of the next block (two copies).
     pub next: [u64; 2],
+    /// On a log device (`logdev`): how many slots after this block hold the stored bytes
+    /// of its entries' records, one after another, each padded to 16 bytes (0: the
+    /// records are on the main devices only). Always 0 on the main devices' chain.
+    pub data_slots: u32,
     pub entries: Vec<Entry>,
 }
 
@@ -93,6 +100,7 @@ impl Block {
         b[24..32].copy_from_slice(&self.generation.to_le_bytes());
         b[32..40].copy_from_slice(&self.seq.to_le_bytes());
         b[40..44].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        b[44..48].copy_from_slice(&self.data_slots.to_le_bytes());
         b[48..56].copy_from_slice(&self.next[0].to_le_bytes());
         b[56..64].copy_from_slice(&self.next[1].to_le_bytes());
         for (i, e) in self.entries.iter().enumerate() {
@@ -143,6 +151,7 @@ impl Block {
             )));
         }
         let next = [u64_at(48), u64_at(56)];
+        let data_slots = u32::from_le_bytes(b[44..48].try_into().unwrap());
         let mut entries = Vec::with_capacity(count);
         for i in 0..count {
             let at = HEADER_BYTES + i * ENTRY_BYTES;
@@ -159,6 +168,7 @@ impl Block {
             generation,
             seq,
             next,
+            data_slots,
             entries,
         }))
     }
@@ -233,14 +243,38 @@ impl Core {
         }
     }
 
+    /// The stored bytes of each entry's record (empty for a hole), verified; `None` when
+    /// one cannot be read whole (the flush then names them and syncs the main devices).
+    fn read_records(&self, entries: &[Entry]) -> Option<Vec<Vec<u8>>> {
+        entries
+            .iter()
+            .map(|e| {
+                let mut rec = Vec::new();
+                if e.ptr.is_hole() {
+                    return Some(rec);
+                }
+                let ok = self.store.red.read_quiet(
+                    e.ptr.addrs(),
+                    e.ptr.len as usize,
+                    &e.ptr.checksum,
+                    &mut rec,
+                    &|_| true,
+                );
+                matches!(ok, Ok(true)).then_some(rec)
+            })
+            .collect()
+    }
+
     /// Make every write completed before the call durable through the intent log (the
     /// caller holds the commit lock). `Ok(false)`: no chain (a commit is needed instead);
     /// `NoSpace`: no room for a chain block (likewise). Any other error is the devices'.
     pub(crate) fn log_flush_held(&self, volumes: &[Arc<VolumeState>]) -> Result<bool> {
         let mut chain = self.intent.lock();
-        let Some(chain) = chain.as_mut() else {
+        // The chain is on the log devices when they hold one, else on the main devices.
+        let logdev = self.logdev.read().clone().filter(|l| l.has_chain());
+        if chain.is_none() && logdev.is_none() {
             return Ok(false);
-        };
+        }
         // The recycle epoch stays odd while the notes are taken (as during a commit's
         // snapshot): nothing is recyclable meanwhile, and every record a note names lies in
         // a segment opened before the epoch ends, which from then on only a commit frees.
@@ -261,6 +295,48 @@ impl Core {
             return Ok(true);
         }
         let pool_id = self.sb.lock().sb.pool_id;
+        if let Some(logdev) = logdev {
+            let written = || crate::crashpoint::hit("intent.written");
+            // A small flush puts its records' stored bytes into the log too (read back
+            // from the main devices' page cache, verified): the log device alone makes it
+            // durable, and the main devices are not synced.
+            let inline: usize = entries
+                .iter()
+                .map(|e| (e.ptr.len as usize).next_multiple_of(16))
+                .sum();
+            let data = (inline <= logdev.inline_bytes_max())
+                .then(|| self.read_records(&entries))
+                .flatten();
+            let appended = match &data {
+                Some(data) => logdev.append(pool_id, &entries, Some(data), &written, &self.log_key),
+                None => {
+                    // The log holds pointers only: the records they name are on the main
+                    // devices, synced once meanwhile.
+                    let (main, appended) = std::thread::scope(|s| {
+                        let main = s.spawn(|| self.store.red.flush());
+                        let appended =
+                            logdev.append(pool_id, &entries, None, &written, &self.log_key);
+                        (
+                            main.join().expect("a device flush does not panic"),
+                            appended,
+                        )
+                    });
+                    main?;
+                    appended
+                }
+            };
+            return Ok(match appended {
+                super::logdev::Appended::Done => {
+                    crate::crashpoint::hit("intent.synced");
+                    true
+                }
+                // A commit makes it all durable (the map holds every entry).
+                _ => false,
+            });
+        }
+        let Some(chain) = chain.as_mut() else {
+            return Ok(false);
+        };
         for chunk in entries.chunks(ENTRIES_PER_BLOCK) {
             // On `NoSpace` here the caller commits: the map holds every entry anyway.
             let next = self.alloc_log_slot()?;
@@ -270,6 +346,7 @@ impl Core {
                 generation: chain.generation,
                 seq: chain.seq,
                 next,
+                data_slots: 0,
                 entries: chunk.to_vec(),
             }
             .encode(&self.log_key);
@@ -316,6 +393,7 @@ mod tests {
             generation: 12,
             seq: 3,
             next: [1 << 20, 2 << 20],
+            data_slots: 3,
             entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
         };
         let bytes = b.encode(&key());
@@ -363,6 +441,7 @@ mod tests {
             generation: 12,
             seq: 3,
             next: [1 << 20, 2 << 20],
+            data_slots: 3,
             entries: (1..=5).map(entry).collect(),
         }
         .encode(&key());

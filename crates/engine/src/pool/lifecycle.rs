@@ -412,6 +412,28 @@ pub fn import_refusal(found: &FoundPool, force: bool) -> Option<Error> {
 /// name), and closes it. `dir` may be the pool's own directory (an exported pool taken
 /// back in place); one that holds another pool, or this one not exported, is refused.
 /// Whatever fails after `dir` was written leaves it as it was.
+/// The log devices a pool imported into `dir` lists: those of the old pool.json
+/// (`dir`'s or `--from-dir`'s), and any of `devices` that carries this pool's log label
+/// (the import uses the ones its superblock names: `pool::logdev`).
+fn import_log_devices(
+    conf: Option<(&PoolConfig, &Path)>,
+    devices: &[PathBuf],
+    found: &FoundPool,
+) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = conf.map(|(c, d)| c.resolve_log(d)).unwrap_or_default();
+    for p in candidates(devices).unwrap_or_default() {
+        let Ok(d) = FileDevice::open(&p) else {
+            continue;
+        };
+        if super::logdev::read_label(&d).is_some_and(|l| to_hex(&l.pool_id) == found.pool_id)
+            && !out.contains(&p)
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
 pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Result<ImportReport> {
     let found = one_pool(devices)?;
     if let Some(e) = import_refusal(&found, opts.force) {
@@ -494,6 +516,15 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         exported: false,
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
         cache_device: old.as_ref().and_then(|c| c.cache_device.clone()),
+        log_devices: import_log_devices(
+            match (&old, &opts.from_dir) {
+                (Some(c), _) => Some((c, dir)),
+                (None, Some(d)) => from.as_ref().map(|c| (c, d.as_path())),
+                (None, None) => None,
+            },
+            devices,
+            &found,
+        ),
     };
     let old_anchor = anchor::read(dir).ok().flatten();
     // The pool key: the directory's own, or the one given, or the old directory's.
@@ -748,6 +779,17 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         wiped.push(l.path.clone());
     }
     drop(claimed);
+    // This pool's log devices lose their labels too: another pool may take them.
+    for p in conf.resolve_log(dir) {
+        let Ok(mut d) = FileDevice::open(&p) else {
+            continue;
+        };
+        if super::logdev::read_label(&d).is_some_and(|l| to_hex(&l.pool_id) == conf.pool_id) {
+            d.claim()?;
+            super::logdev::wipe_label(&d)?;
+            wiped.push(p);
+        }
+    }
     let member_ids: Vec<String> = newest
         .map(|sb| sb.member_ids.iter().map(|id| to_hex(id)).collect())
         .unwrap_or_default();

@@ -16,6 +16,7 @@ mod import;
 pub mod intent;
 pub mod keys;
 pub mod lifecycle;
+pub mod logdev;
 pub mod props;
 pub mod rotate;
 pub mod scrub;
@@ -165,6 +166,23 @@ pub struct PoolStatus {
     /// The cache device (`--cache-device`), if one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_device: Option<crate::cachedev::CacheDeviceStatus>,
+    /// The separate intent log devices, when the pool has any (`logdev`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogStatus>,
+}
+
+/// The separate intent log devices in `status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LogStatus {
+    /// ONLINE (every log device works), DEGRADED (one of a mirrored pair is out), or
+    /// FELL_BACK (none works: flushes commit or use the main devices' log).
+    pub state: String,
+    /// Each log device: ONLINE, FAULTED (failed while the pool ran) or UNAVAIL (missing
+    /// or not this pool's at import).
+    pub devices: Vec<DeviceStatus>,
+    /// Why the log fell back, or what the import could not replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 pub struct Pool {
@@ -190,6 +208,18 @@ impl Pool {
     /// `create` with the pool's name given (`pool create --name`).
     pub fn create_named(dir: &Path, layout: Layout, devices: DeviceSpec, name: &str) -> Result<()> {
         create::create(dir, layout, devices, name)
+    }
+
+    /// `create_named` with separate intent log devices (`pool create --log-device`, one,
+    /// or two for the log mirrored on both).
+    pub fn create_with_log(
+        dir: &Path,
+        layout: Layout,
+        devices: DeviceSpec,
+        name: &str,
+        log_devices: &[PathBuf],
+    ) -> Result<()> {
+        create::create_with_log(dir, layout, devices, name, log_devices)
     }
 
     /// Import the pool in `dir`, taking its exclusive lock for the life of the `Pool`.
@@ -384,6 +414,12 @@ impl Pool {
 
     pub fn list_faults(&self) -> Vec<(PathBuf, Vec<crate::device::fault::Fault>)> {
         self.core.list_faults()
+    }
+
+    /// Replace the pool's separate log devices by those at `paths` (none: the log goes
+    /// back to the main devices). See `Core::set_log_devices`.
+    pub fn set_log_devices(&self, paths: &[PathBuf]) -> Result<()> {
+        self.core.set_log_devices(paths)
     }
 
     /// Stop using a device for maintenance (mirror layouts; never the last copy).

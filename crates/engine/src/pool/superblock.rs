@@ -67,6 +67,13 @@ pub const NAME_BYTES_MAX: usize = 64;
 /// Intent log version (u32; 0 = none), then its head's two addresses (after the pool
 /// name, 448..513).
 const LOG_AT: usize = 520;
+/// The separate log devices (`pool::logdev`): version (u32; 0 = none), count (u32, 1 or
+/// 2), their ids (16 bytes each, two places), then the head slot of this generation's
+/// chain on them (u64; `u64::MAX` = none: the chain, if any, is on the main devices).
+/// Offsets 560..608 of the 560..1024 this feature may use.
+const LOG_DEV_AT: usize = 560;
+/// Most log devices a pool names (the log mirrored on both).
+pub const LOG_DEVICES_MAX: usize = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -100,6 +107,11 @@ pub struct Superblock {
     /// The first slot of this generation's intent log chain (two copies), if it has one
     /// (`pool::intent`); a pool written by a bulwark without the log has none.
     pub log_head: Option<[u64; 2]>,
+    /// The ids of the pool's separate log devices (their labels, `pool::logdev`), if any.
+    pub log_devices: Vec<[u8; 16]>,
+    /// The slot of this generation's chain head on the log devices, when the chain is
+    /// there (then `log_head` is `None`).
+    pub log_dev_head: Option<u64>,
 }
 
 impl Superblock {
@@ -164,6 +176,19 @@ impl Superblock {
             b[LOG_AT..LOG_AT + 4].copy_from_slice(&1u32.to_le_bytes());
             b[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&a.to_le_bytes());
             b[LOG_AT + 16..LOG_AT + 24].copy_from_slice(&c.to_le_bytes());
+        }
+        assert!(self.log_devices.len() <= LOG_DEVICES_MAX);
+        assert!(self.log_dev_head.is_none() || !self.log_devices.is_empty());
+        if !self.log_devices.is_empty() {
+            b[LOG_DEV_AT..LOG_DEV_AT + 4].copy_from_slice(&1u32.to_le_bytes());
+            b[LOG_DEV_AT + 4..LOG_DEV_AT + 8]
+                .copy_from_slice(&(self.log_devices.len() as u32).to_le_bytes());
+            for (i, id) in self.log_devices.iter().enumerate() {
+                let at = LOG_DEV_AT + 8 + 16 * i;
+                b[at..at + 16].copy_from_slice(id);
+            }
+            let head = self.log_dev_head.unwrap_or(u64::MAX);
+            b[LOG_DEV_AT + 40..LOG_DEV_AT + 48].copy_from_slice(&head.to_le_bytes());
         }
         b
     }
@@ -315,8 +340,43 @@ impl Superblock {
                 )))
             }
         };
+        let (log_devices, log_dev_head) = match u32_at(LOG_DEV_AT) {
+            0 if b[LOG_DEV_AT..LOG_DEV_AT + 48].iter().all(|&x| x == 0) => (Vec::new(), None),
+            1 => {
+                let count = u32_at(LOG_DEV_AT + 4) as usize;
+                if count == 0 || count > LOG_DEVICES_MAX {
+                    return Err(Error::Corrupt(format!(
+                        "superblock names {count} log devices (1 to {LOG_DEVICES_MAX})"
+                    )));
+                }
+                let ids: Vec<[u8; 16]> = (0..count)
+                    .map(|i| {
+                        let at = LOG_DEV_AT + 8 + 16 * i;
+                        b[at..at + 16].try_into().unwrap()
+                    })
+                    .collect();
+                let head = match u64_at(LOG_DEV_AT + 40) {
+                    u64::MAX => None,
+                    h => Some(h),
+                };
+                if head.is_some() && log_head.is_some() {
+                    return Err(Error::Corrupt(
+                        "superblock names an intent log chain on both the main and the log devices"
+                            .into(),
+                    ));
+                }
+                (ids, head)
+            }
+            v => {
+                return Err(Error::Corrupt(format!(
+                    "superblock has log device version {v}, unknown to this bulwark"
+                )))
+            }
+        };
         Ok(Some(Superblock {
             format: version,
+            log_devices,
+            log_dev_head,
             layout,
             pool_id: b[16..32].try_into().unwrap(),
             device_id: b[32..48].try_into().unwrap(),
@@ -392,6 +452,8 @@ mod tests {
             name: "tank".into(),
             exported: true,
             log_head: None,
+            log_devices: Vec::new(),
+            log_dev_head: None,
         };
         let mut b = sb.encode(Some(&test_key()));
         assert_eq!(
@@ -445,12 +507,20 @@ mod tests {
             },
             exported: count == 2,
             log_head: None,
+            log_devices: Vec::new(),
+            log_dev_head: None,
         };
         let valid = vec![
             base(Layout::Single, 1, 60).encode(Some(&test_key())),
             base(Layout::Single, 3, 12).encode(Some(&test_key())),
             base(Layout::Mirror(2), 2, 1000).encode(Some(&test_key())),
             base(Layout::Parity { k: 4, m: 2 }, 6, 40).encode(Some(&test_key())),
+            Superblock {
+                log_devices: vec![[8; 16], [9; 16]],
+                log_dev_head: Some(77),
+                ..base(Layout::Mirror(2), 2, 100)
+            }
+            .encode(Some(&test_key())),
         ];
         let fix = |b: &mut Vec<u8>| {
             if b.len() == SUPERBLOCK_BYTES {
@@ -505,6 +575,8 @@ mod tests {
             name: "logpool".into(),
             exported: false,
             log_head: None,
+            log_devices: Vec::new(),
+            log_dev_head: None,
         };
         let rec = crate::constants::RECORD_ALIGN;
         for head in [
@@ -523,7 +595,7 @@ mod tests {
         }
         let bad = Superblock {
             log_head: Some([rec * 8 + 1, crate::map::ADDR_NONE]),
-            ..base
+            ..base.clone()
         };
         assert!(matches!(
             Superblock::decode(&bad.encode(Some(&test_key())), Check::Key(&test_key())),
@@ -595,6 +667,51 @@ mod tests {
         assert_eq!(Superblock::decode(&b1, Check::Unkeyed).unwrap(), Some(v1));
         assert!(matches!(
             Superblock::decode(&b1, Check::Key(&key)),
+            Err(Error::Corrupt(_))
+        ));
+        // Log devices, one or two, with the chain on them or not; their bytes stay in
+        // 560..1024.
+        for (ids, head) in [
+            (vec![[5u8; 16]], None),
+            (vec![[5u8; 16]], Some(0)),
+            (vec![[5u8; 16], [6u8; 16]], Some(1234)),
+        ] {
+            let sb = Superblock {
+                log_devices: ids,
+                log_dev_head: head,
+                ..base.clone()
+            };
+            let bytes = sb.encode(Some(&test_key()));
+            let plain = Superblock {
+                log_devices: Vec::new(),
+                log_dev_head: None,
+                ..sb.clone()
+            }
+            .encode(Some(&test_key()));
+            let differ: Vec<usize> = (0..CHECKSUM_AT).filter(|&i| bytes[i] != plain[i]).collect();
+            assert!(
+                differ.iter().all(|&i| (560..1024).contains(&i)),
+                "{differ:?}"
+            );
+            assert_eq!(
+                Superblock::decode(&bytes, Check::Key(&test_key())).unwrap(),
+                Some(sb)
+            );
+        }
+        // Both chains named at once is refused.
+        let mut both = Superblock {
+            log_devices: vec![[5u8; 16]],
+            log_dev_head: Some(3),
+            ..base
+        }
+        .encode(Some(&test_key()));
+        both[LOG_AT..LOG_AT + 4].copy_from_slice(&1u32.to_le_bytes());
+        both[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&(rec * 8).to_le_bytes());
+        both[LOG_AT + 16..LOG_AT + 24].copy_from_slice(&crate::map::ADDR_NONE.to_le_bytes());
+        let sum = mac(&test_key(), &both[..CHECKSUM_AT]);
+        both[CHECKSUM_AT..].copy_from_slice(&sum);
+        assert!(matches!(
+            Superblock::decode(&both, Check::Key(&test_key())),
             Err(Error::Corrupt(_))
         ));
     }
