@@ -1065,7 +1065,13 @@ mod tests {
             let chain = l.state.lock().chain.unwrap();
             let pool_id = pool.core.sb.lock().sb.pool_id;
             let (b, data) = l
-                .read_block(chain.head, 0, &pool_id, chain.generation)
+                .read_block(
+                    chain.head,
+                    0,
+                    &pool_id,
+                    chain.generation,
+                    Some(&pool.core.log_key),
+                )
                 .unwrap()
                 .unwrap();
             assert_eq!(b.entries.len(), 10);

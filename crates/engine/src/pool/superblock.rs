@@ -601,74 +601,6 @@ mod tests {
             Superblock::decode(&bad.encode(Some(&test_key())), Check::Key(&test_key())),
             Err(Error::Corrupt(_))
         ));
-    }
-
-    /// What an attacker who writes the devices can do to a format 2 label without the pool
-    /// key: change any field and recompute every unkeyed checksum. Each is refused; a wrong
-    /// key is told apart from an altered label; a format 1 label is read only unkeyed.
-    #[test]
-    fn a_label_altered_without_the_key_is_refused() {
-        let sb = Superblock {
-            format: VERSION,
-            layout: Layout::Mirror(2),
-            pool_id: [1; 16],
-            device_id: [2; 16],
-            member_index: 0,
-            member_count: 2,
-            generation: 9,
-            device_bytes: 1 << 30,
-            segments_per_device: 1000,
-            nonce_reserved: 1 << 24,
-            high_water: 10,
-            root: Blkptr::HOLE,
-            member_ids: vec![[2; 16], [3; 16]],
-            table_key: [4; 32],
-            name: "authpool".into(),
-            exported: false,
-            log_head: None,
-        };
-        let key = test_key();
-        let good = sb.encode(Some(&key));
-        assert_eq!(
-            Superblock::decode(&good, Check::Key(&key)).unwrap(),
-            Some(sb.clone())
-        );
-        // Layout mirror:2 → single, copies, member count, generation, nonce counter: each
-        // with format 1's checksum recomputed over the edit (all an attacker can compute).
-        for (at, value) in [(12usize, 0u8), (13, 3), (52, 1), (56, 10), (80, 0)] {
-            let mut b = good.clone();
-            b[at] = value;
-            let sum = checksum(&b[..CHECKSUM_AT]);
-            b[CHECKSUM_AT..].copy_from_slice(&sum);
-            assert!(
-                matches!(
-                    Superblock::decode(&b, Check::Key(&key)),
-                    Err(Error::Corrupt(_))
-                ),
-                "byte {at} edited"
-            );
-        }
-        let other = zeroize::Zeroizing::new([0x11; 32]);
-        assert!(matches!(
-            Superblock::decode(&good, Check::Key(&other)),
-            Err(Error::Invalid(_))
-        ));
-        // Unkeyed, the same label parses (for listing) but is not authenticated.
-        assert_eq!(
-            Superblock::decode(&good, Check::Unkeyed).unwrap(),
-            Some(sb.clone())
-        );
-        // Format 1: verified by its checksum unkeyed, never accepted where a key is.
-        let v1 = Superblock {
-            format: VERSION_1,
-            ..sb
-        };
-        let b1 = v1.encode(None);
-        assert_eq!(Superblock::decode(&b1, Check::Unkeyed).unwrap(), Some(v1));
-        assert!(matches!(
-            Superblock::decode(&b1, Check::Key(&key)),
-            Err(Error::Corrupt(_))
-        ));
         // Log devices, one or two, with the chain on them or not; their bytes stay in
         // 560..1024.
         for (ids, head) in [
@@ -712,6 +644,76 @@ mod tests {
         both[CHECKSUM_AT..].copy_from_slice(&sum);
         assert!(matches!(
             Superblock::decode(&both, Check::Key(&test_key())),
+            Err(Error::Corrupt(_))
+        ));
+    }
+
+    /// What an attacker who writes the devices can do to a format 2 label without the pool
+    /// key: change any field and recompute every unkeyed checksum. Each is refused; a wrong
+    /// key is told apart from an altered label; a format 1 label is read only unkeyed.
+    #[test]
+    fn a_label_altered_without_the_key_is_refused() {
+        let sb = Superblock {
+            format: VERSION,
+            layout: Layout::Mirror(2),
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: 0,
+            member_count: 2,
+            generation: 9,
+            device_bytes: 1 << 30,
+            segments_per_device: 1000,
+            nonce_reserved: 1 << 24,
+            high_water: 10,
+            root: Blkptr::HOLE,
+            member_ids: vec![[2; 16], [3; 16]],
+            table_key: [4; 32],
+            name: "authpool".into(),
+            exported: false,
+            log_head: None,
+            log_devices: Vec::new(),
+            log_dev_head: None,
+        };
+        let key = test_key();
+        let good = sb.encode(Some(&key));
+        assert_eq!(
+            Superblock::decode(&good, Check::Key(&key)).unwrap(),
+            Some(sb.clone())
+        );
+        // Layout mirror:2 → single, copies, member count, generation, nonce counter: each
+        // with format 1's checksum recomputed over the edit (all an attacker can compute).
+        for (at, value) in [(12usize, 0u8), (13, 3), (52, 1), (56, 10), (80, 0)] {
+            let mut b = good.clone();
+            b[at] = value;
+            let sum = checksum(&b[..CHECKSUM_AT]);
+            b[CHECKSUM_AT..].copy_from_slice(&sum);
+            assert!(
+                matches!(
+                    Superblock::decode(&b, Check::Key(&key)),
+                    Err(Error::Corrupt(_))
+                ),
+                "byte {at} edited"
+            );
+        }
+        let other = zeroize::Zeroizing::new([0x11; 32]);
+        assert!(matches!(
+            Superblock::decode(&good, Check::Key(&other)),
+            Err(Error::Invalid(_))
+        ));
+        // Unkeyed, the same label parses (for listing) but is not authenticated.
+        assert_eq!(
+            Superblock::decode(&good, Check::Unkeyed).unwrap(),
+            Some(sb.clone())
+        );
+        // Format 1: verified by its checksum unkeyed, never accepted where a key is.
+        let v1 = Superblock {
+            format: VERSION_1,
+            ..sb
+        };
+        let b1 = v1.encode(None);
+        assert_eq!(Superblock::decode(&b1, Check::Unkeyed).unwrap(), Some(v1));
+        assert!(matches!(
+            Superblock::decode(&b1, Check::Key(&key)),
             Err(Error::Corrupt(_))
         ));
     }
