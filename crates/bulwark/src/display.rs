@@ -10,7 +10,7 @@ use bulwark_engine::pool::keys::SlotInfo;
 use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::pool::{LogStatus, SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
-use bulwark_engine::{SpaceStatus, VolumeStatus};
+use bulwark_engine::{DeviceStatus, SpaceStatus, VolumeStatus};
 
 use crate::control::{FaultEntry, KeyStatus, ScrubReport, StatusReport, VolumeEntry};
 
@@ -264,31 +264,7 @@ pub fn status_text(report: &StatusReport) -> String {
     let _ = writeln!(out, "  scan: {}", scan_line(&p.scrub));
     let _ = writeln!(out, "config:\n");
 
-    use Align::*;
-    let mut t = Table::new(&[
-        ("NAME", Left),
-        ("STATE", Left),
-        ("READ", Right),
-        ("WRITE", Right),
-        ("CKSUM", Right),
-    ]);
-    t.row(vec![
-        p.layout.clone(),
-        p.state.clone(),
-        String::new(),
-        String::new(),
-        String::new(),
-    ]);
-    for dev in &p.devices {
-        t.row(vec![
-            format!("  {}", dev.path.display()),
-            dev.state.clone(),
-            dev.read_errors.to_string(),
-            dev.write_errors.to_string(),
-            dev.cksum_errors.to_string(),
-        ]);
-    }
-    out.push_str(&t.render("\t"));
+    out.push_str(&vdev_table(&p.layout, &p.state, &p.devices));
     out.push('\n');
     if let Some(c) = &p.cache_device {
         out.push_str(&cache_device_text(c));
@@ -358,12 +334,10 @@ pub fn status_text(report: &StatusReport) -> String {
     out
 }
 
-/// The separate intent log devices under `logs:`, as zpool shows them, with why the log
-/// fell back, or what the import could not replay.
-pub fn log_text(log: &LogStatus) -> String {
+/// A group of devices as zpool shows them: its name and state on the first row, then
+/// each device with its error counters.
+fn vdev_table(top: &str, state: &str, devices: &[DeviceStatus]) -> String {
     use Align::*;
-    let mut out = String::new();
-    let _ = writeln!(out, "logs:\n");
     let mut t = Table::new(&[
         ("NAME", Left),
         ("STATE", Left),
@@ -372,17 +346,13 @@ pub fn log_text(log: &LogStatus) -> String {
         ("CKSUM", Right),
     ]);
     t.row(vec![
-        if log.devices.len() > 1 {
-            "mirror".into()
-        } else {
-            "log".into()
-        },
-        log.state.clone(),
+        top.to_string(),
+        state.to_string(),
         String::new(),
         String::new(),
         String::new(),
     ]);
-    for dev in &log.devices {
+    for dev in devices {
         t.row(vec![
             format!("  {}", dev.path.display()),
             dev.state.clone(),
@@ -391,7 +361,20 @@ pub fn log_text(log: &LogStatus) -> String {
             dev.cksum_errors.to_string(),
         ]);
     }
-    out.push_str(&t.render("\t"));
+    t.render("\t")
+}
+
+/// The separate intent log devices under `logs:`, as zpool shows them, with why the log
+/// fell back, or what the import could not replay.
+pub fn log_text(log: &LogStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "logs:\n");
+    let top = if log.devices.len() > 1 {
+        "mirror"
+    } else {
+        "log"
+    };
+    out.push_str(&vdev_table(top, &log.state, &log.devices));
     if let Some(note) = &log.note {
         let _ = writeln!(out, "\tnote: {note}");
     }

@@ -25,6 +25,17 @@ fn pool(dir: &std::path::Path) -> Arc<Pool> {
     Pool::open(dir, OpenOptions::default()).unwrap()
 }
 
+/// The pool's device files in `dir`, in order.
+fn devices(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut d: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "img"))
+        .collect();
+    d.sort();
+    d
+}
+
 fn opts(encryption: bool) -> VolumeOptions {
     VolumeOptions {
         size_bytes: 1 << 20,
@@ -113,15 +124,6 @@ fn plaintext_pointed_at_from_an_encrypted_volume_is_refused() {
 #[test]
 fn an_accepted_rollback_never_hands_out_a_used_nonce() {
     let dir = tempfile::tempdir().unwrap();
-    let devices = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
-        let mut d: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "img"))
-            .collect();
-        d.sort();
-        d
-    };
     let used;
     let saved: Vec<(std::path::PathBuf, Vec<u8>)>;
     {
@@ -166,15 +168,6 @@ fn an_accepted_rollback_never_hands_out_a_used_nonce() {
 fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
     let dir = tempfile::tempdir().unwrap();
     let key = Secret::KeyFile(Zeroizing::new([9u8; 32]));
-    let devices = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
-        let mut d: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "img"))
-            .collect();
-        d.sort();
-        d
-    };
     let used = |pool: &Pool| -> Vec<(u16, [u8; 16], u64)> {
         let v = pool.volume("enc").unwrap();
         (0..32u64)
