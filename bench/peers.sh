@@ -15,6 +15,10 @@
 #   bulwark-single       bulwark layout single, encrypted, lz4 (the defaults)
 #   bulwark-single-nolz4 bulwark layout single, encrypted, compression off
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
+#   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
+#                        (--log-device: a file beside the pool's in the workdir, so on
+#                        the same disk here; not in the default set)
+#   bulwark-mirror2-log  as bulwark-mirror2, with a log device (likewise)
 #
 # Matrix (default, ~10 min): 4K randread/randwrite QD32; 64K and 1M
 # read/write QD32; 4K randread QD1; and 4K randread/randwrite QD32 on two
@@ -84,7 +88,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log
 
 FULL=0
 REPEAT=1
@@ -92,7 +96,7 @@ TCP=0
 RUNTIME=
 FILL=
 SIZE=2G
-SERVERS=$ALL_SERVERS
+SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2
 OUT=
 WORKDIR=
 KEEP=0
@@ -323,8 +327,12 @@ start_nbdkit_file() {
     URI=$(nbd_uri "$d" "")
 }
 
-start_bulwark() { # DIR LAYOUT COMPRESSION
-    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES
+start_bulwark() { # DIR LAYOUT COMPRESSION [log]
+    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=()
+    if [ "${4:-}" = log ]; then
+        truncate -s 64M "$d/log.img"
+        log=(--log-device "$d/log.img")
+    fi
     [ "$layout" = mirror:2 ] && devices=2
     if [ -n "$FILL" ]; then
         device_bytes=${FILL_DEVICE_BYTES[copy]:-$(fill_device_estimate)}
@@ -332,7 +340,7 @@ start_bulwark() { # DIR LAYOUT COMPRESSION
     fi
     # A registry of pools of its own (not the host's): every run's pool is named "pool".
     BULWARK_REGISTRY="$d/registry.json" "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
-        --device-size "$device_bytes" >/dev/null
+        --device-size "$device_bytes" "${log[@]}" >/dev/null
     head -c 32 /dev/urandom >"$d/volume.key"
     chmod 600 "$d/volume.key"
     local tcp=()
@@ -459,6 +467,8 @@ start_server() { # NAME DIR
         bulwark-single) start_bulwark "$2" single lz4 ;;
         bulwark-single-nolz4) start_bulwark "$2" single off ;;
         bulwark-mirror2) start_bulwark "$2" mirror:2 lz4 ;;
+        bulwark-single-log) start_bulwark "$2" single lz4 log ;;
+        bulwark-mirror2-log) start_bulwark "$2" mirror:2 lz4 log ;;
     esac
     wait_ready "$URI" "$2/server.log"
     [ "${#BENCH_TARGET[@]}" -gt 0 ] || BENCH_TARGET=(bench --uri "$URI")

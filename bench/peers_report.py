@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file"]
-BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2"]
+BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2",
+            "bulwark-single-log", "bulwark-mirror2-log"]
 SERVER_ORDER = PEERS + BULWARKS
 SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
 METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]
@@ -233,11 +234,12 @@ def targets(med: dict, fill_pct: int | None = None) -> list[dict]:
                 versus(f"{s} at {fill_pct}% fill >= {bound}x qemu raw, every write cell", s, "qemu-raw",
                        bound, keys_of(s, "qemu-raw", lambda k: plain(k) and is_write(k)))
     # durable writes (issue 18): flushes reach the disk on every server
-    for s in SINGLES:
+    for s in SINGLES + ["bulwark-single-log"]:
         versus(f"{s} durable writes >= 1.0x qemu raw" + (f" ({fill_pct}% fill)" if fill_pct else ""),
                s, "qemu-raw", 1.0, keys_of(s, "qemu-raw", is_durable))
-    versus("mirror:2 durable writes >= 1.0x qemu LUKS" + (f" ({fill_pct}% fill)" if fill_pct else ""),
-           m2, "qemu-luks", 1.0, keys_of(m2, "qemu-luks", is_durable))
+    for m in (m2, "bulwark-mirror2-log"):
+        versus(f"{m} durable writes >= 1.0x qemu LUKS" + (f" ({fill_pct}% fill)" if fill_pct else ""),
+               m, "qemu-luks", 1.0, keys_of(m, "qemu-luks", is_durable))
     for s in BULWARKS:
         if s not in med:
             continue

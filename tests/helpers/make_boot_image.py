@@ -2,6 +2,7 @@
 """Build a tiny bootable Linux guest from the host's Debian packages, without root.
 
     python3 tests/helpers/make_boot_image.py OUTDIR [--marker TEXT] [--kernel VERSION]
+        [--init SCRIPT] [--root-mib N]
 
 OUTDIR gets:
   vmlinuz     the host's kernel (/boot/vmlinuz-VERSION, package linux-image-amd64
@@ -15,7 +16,8 @@ OUTDIR gets:
               `BULWARK-SEEN <id>` line for each earlier boot recorded in
               /var/log/boots, appends this boot's id there (`BULWARK-BOOT <id>`),
               syncs, remounts / read-only, prints `BULWARK-GUEST-DONE <id>` and
-              powers off
+              powers off (or, with --init / build(guest_init=...), any other
+              /sbin/init script)
 
 Boot it by hand (add -accel kvm where /dev/kvm is usable):
   qemu-system-x86_64 -nographic -no-reboot -m 256 -kernel OUTDIR/vmlinuz \\
@@ -278,7 +280,9 @@ def build_initrd(busybox: Path, moddir: Path, out: Path) -> list[str]:
 # the root filesystem
 
 
-def build_root(busybox: Path, marker: str, out: Path, size_mib: int = ROOT_IMAGE_MIB) -> None:
+def build_root(busybox: Path, marker: str, out: Path, size_mib: int = ROOT_IMAGE_MIB,
+               guest_init: str | None = None) -> None:
+    """The root image; guest_init: another /sbin/init script than GUEST_INIT."""
     mkfs = shutil.which("mkfs.ext4") or "/sbin/mkfs.ext4"
     with tempfile.TemporaryDirectory(prefix="bulwark-rootfs-") as d:
         root = Path(d)
@@ -288,7 +292,7 @@ def build_root(busybox: Path, marker: str, out: Path, size_mib: int = ROOT_IMAGE
         os.chmod(root / "bin" / "busybox", 0o755)
         for a in APPLETS:
             os.symlink("busybox", root / "bin" / a)
-        (root / "sbin" / "init").write_text(GUEST_INIT)
+        (root / "sbin" / "init").write_text(GUEST_INIT if guest_init is None else guest_init)
         os.chmod(root / "sbin" / "init", 0o755)
         (root / "etc" / "marker").write_text(marker + "\n")
         if out.exists():
@@ -301,8 +305,12 @@ def build_root(busybox: Path, marker: str, out: Path, size_mib: int = ROOT_IMAGE
 
 
 def build(outdir: Path, marker: str = "bulwark-test-image", kernel_version: str | None = None,
-          sysroot: str = "/") -> dict:
-    """Build vmlinuz, initrd.img and root.img in outdir; return their paths and details."""
+          sysroot: str = "/", guest_init: str | None = None,
+          root_mib: int = ROOT_IMAGE_MIB) -> dict:
+    """Build vmlinuz, initrd.img and root.img in outdir; return their paths and details.
+    guest_init: the text of root.img's /sbin/init, in place of GUEST_INIT (a script for
+    /bin/sh: busybox, with the APPLETS as commands and any other applet as `busybox NAME`);
+    root_mib: root.img's size in MiB."""
     gone = missing(kernel_version, sysroot)
     if gone:
         raise SystemExit("make_boot_image: missing " + "; ".join(gone))
@@ -315,7 +323,7 @@ def build(outdir: Path, marker: str = "bulwark-test-image", kernel_version: str 
     initrd = outdir / "initrd.img"
     modules = build_initrd(busybox, moddir, initrd)
     root = outdir / "root.img"
-    build_root(busybox, marker, root)
+    build_root(busybox, marker, root, root_mib, guest_init)
     return {"kernel": kernel, "initrd": initrd, "root": root, "kernel_version": moddir.name,
             "modules": modules, "busybox": busybox}
 
@@ -328,8 +336,12 @@ def main() -> int:
     ap.add_argument("--sysroot", default="/",
                     help="look for boot/vmlinuz-* and lib/modules/ under this directory instead "
                          "of / (a kernel .deb unpacked with dpkg-deb -x, then depmod -b DIR VERSION)")
+    ap.add_argument("--init", type=Path, dest="init_file",
+                    help="use this script as root.img's /sbin/init instead of the built-in one")
+    ap.add_argument("--root-mib", type=int, default=ROOT_IMAGE_MIB, help="root.img's size in MiB")
     args = ap.parse_args()
-    info = build(args.outdir, args.marker, args.kernel_version, args.sysroot)
+    init = args.init_file.read_text() if args.init_file else None
+    info = build(args.outdir, args.marker, args.kernel_version, args.sysroot, init, args.root_mib)
     print(f"kernel {info['kernel_version']}, busybox {info['busybox']}, "
           f"modules: {' '.join(info['modules']) or '(none)'}")
     for k in ("kernel", "initrd", "root"):
