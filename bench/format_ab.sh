@@ -7,6 +7,7 @@
 # 4K randwrite QD1 with a FLUSH after every write (fsync=1), 64K randwrite QD32.
 # Prints one line per binary and job: IOPS and p99 latency.
 # Usage: RT=15 ROUNDS=2 bench/format_ab.sh /path/bulwark-format1 /path/bulwark-format2
+# JOBS='randwrite 4k 1 --fsync=1;randwrite 64k 32' runs only those jobs.
 set -euo pipefail
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null' EXIT
 RT=${RT:-15}; ROUNDS=${ROUNDS:-2}; DEV=${DEV:-2300M}
@@ -23,7 +24,9 @@ one() {
     local U="nbd+unix:///v?socket=$W/p/nbd.sock"
     nbdkit -U - random size=1G --run "nbdcopy \$uri '$U'"
     local job rw bs qd extra
-    for job in "randread 4k 32" "randwrite 4k 32" "randwrite 4k 1 --fsync=1" "randwrite 64k 32"; do
+    local jobs=("randread 4k 32" "randwrite 4k 32" "randwrite 4k 1 --fsync=1" "randwrite 64k 32")
+    [ -n "${JOBS:-}" ] && IFS=';' read -r -a jobs <<<"$JOBS"
+    for job in "${jobs[@]}"; do
         read -r rw bs qd extra <<<"$job"
         fio_json --name=j --ioengine=nbd --uri="$U" --rw="$rw" --bs="$bs" --iodepth="$qd" --size=1G \
             --runtime="$RT" --time_based --norandommap --randrepeat=0 ${extra:-} >"$W/fio.json"
