@@ -317,6 +317,10 @@ SEG = 1 * MiB
 NONE = (1 << 64) - 1
 MAC_AT = 4064
 KEYCHECK_AT = 1024
+# format 2: blake3 of bytes 0..1056 (every field and the key check), checked by readers
+# without the key; and the commit's random chain id, repeated by its intent log blocks
+UNKEYED_SUM_AT = 1056
+CHAIN_ID_AT = 608
 KEYCHECK_LABEL = b"bulwark superblock key check v2"
 
 # name: (offset, struct format)
@@ -433,8 +437,11 @@ class Superblock:
     # -- sealing
 
     def seal_unkeyed(self) -> "Superblock":
-        """What a device-only attacker can compute: blake3 of 0..4064 at 4064 (format 1's
-        checksum), every other byte (the key check included) as it is."""
+        """What a device-only attacker can compute: every unkeyed checksum (format 2's
+        blake3 of 0..1056 at 1056; blake3 of 0..4064 at 4064, format 1's checksum), every
+        other byte (the key check included) as it is."""
+        if self.version != 1:
+            self.raw[UNKEYED_SUM_AT:UNKEYED_SUM_AT + 32] = blake3(bytes(self.raw[:UNKEYED_SUM_AT]))
         self.raw[MAC_AT:MAC_AT + 32] = blake3(bytes(self.raw[:MAC_AT]))
         return self
 
@@ -442,6 +449,7 @@ class Superblock:
         """The format 2 key check and MAC: what only the host (pool.key) can compute."""
         k = superblock_key(pool_key, self.pool_id)
         self.raw[KEYCHECK_AT:KEYCHECK_AT + 32] = blake3_keyed(k, KEYCHECK_LABEL + self.pool_id)
+        self.raw[UNKEYED_SUM_AT:UNKEYED_SUM_AT + 32] = blake3(bytes(self.raw[:UNKEYED_SUM_AT]))
         self.raw[MAC_AT:MAC_AT + 32] = blake3_keyed(k, bytes(self.raw[:MAC_AT]))
         return self
 

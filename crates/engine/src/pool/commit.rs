@@ -237,6 +237,8 @@ impl Core {
             None
         };
         next_sb.log_head = log_head;
+        // The chain this commit starts is this commit's alone (`Superblock::chain_id`).
+        next_sb.chain_id = crate::keys::wrap::random_bytes::<16>();
         next_sb.log_dev_head = dev_head;
         next_sb.log_devices = logdev.as_ref().map(|l| l.ids()).unwrap_or_default();
         next_sb.high_water = self.store.log.high_water();

@@ -261,6 +261,26 @@ pub fn default_pool_name(dir: &Path) -> String {
     name
 }
 
+thread_local! {
+    /// Engine tests make format 1 pools on their own thread (`create_format_1`), without
+    /// the process-wide environment variable other tests would see.
+    static FORMAT_1: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A format 1 pool, for tests of the upgrade.
+#[cfg(test)]
+pub(crate) fn create_format_1(
+    dir: &Path,
+    layout: Layout,
+    spec: DeviceSpec,
+    name: &str,
+) -> Result<()> {
+    FORMAT_1.with(|f| f.set(true));
+    let r = create(dir, layout, spec, name);
+    FORMAT_1.with(|f| f.set(false));
+    r
+}
+
 pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {
     create_with_log(dir, layout, spec, name, &[])
 }
@@ -451,9 +471,17 @@ fn create_in(
         let pool_id = wrap::random_bytes::<16>();
         // Format 2 (decision 0011): the labels carry a MAC under the pool key, which lives
         // on the host. Format 1 only for tests of `bulwark pool upgrade`.
-        let format = match std::env::var("BULWARK_CREATE_FORMAT").as_deref() {
-            Ok("1") => super::superblock::VERSION_1,
-            _ => super::superblock::VERSION,
+        let format = if FORMAT_1.with(|f| f.get())
+            || std::env::var("BULWARK_CREATE_FORMAT").as_deref() == Ok("1")
+        {
+            tracing::warn!(
+                "creating a FORMAT 1 pool (BULWARK_CREATE_FORMAT=1, for tests of 'bulwark pool \
+                 upgrade'): its labels and metadata are not authenticated and this bulwark \
+                 will not serve it until it is upgraded"
+            );
+            super::superblock::VERSION_1
+        } else {
+            super::superblock::VERSION
         };
         let sb_key = if format == super::superblock::VERSION {
             let key_path = dir.join(super::import::POOL_KEY_FILE);
@@ -471,6 +499,7 @@ fn create_in(
         for (i, (_, d)) in devices.iter().enumerate() {
             let sb = Superblock {
                 format,
+                chain_id: [0; 16],
                 layout,
                 pool_id,
                 device_id: member_ids[i],

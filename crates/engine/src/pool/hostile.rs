@@ -230,3 +230,177 @@ fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
     v.read(5 * 4096, &mut buf).unwrap();
     assert_eq!(buf, [0xF0 ^ 5; 4096]);
 }
+
+/// The main devices restored from a backup, the log device not: the run after the
+/// restore reuses the generation numbers of the abandoned timeline, and its chain starts
+/// where that timeline's did on the log device. Those old blocks carry a valid MAC; they
+/// must not be replayed into the new timeline (they are another commit's chain: its chain
+/// id, under the MAC, is not this superblock's).
+#[test]
+fn a_stale_log_chain_of_a_reused_generation_is_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.img");
+    std::fs::File::create(&log)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let pdir = dir.path().join("p");
+    Pool::create_with_log(
+        &pdir,
+        Layout::Single,
+        DeviceSpec::Files {
+            count: 1,
+            size_bytes: 64 << 20,
+        },
+        "p",
+        std::slice::from_ref(&log),
+    )
+    .unwrap();
+    let opts = OpenOptions {
+        commit_interval: std::time::Duration::from_secs(3600),
+        ..OpenOptions::default()
+    };
+    {
+        let pool = Pool::open(&pdir, opts.clone()).unwrap();
+        pool.create_volume("v", self::opts(false), None).unwrap();
+        pool.close().unwrap();
+    }
+    let dev = pdir.join("dev0.img");
+    let saved = std::fs::read(&dev).unwrap();
+    {
+        let pool = Pool::open(&pdir, opts.clone()).unwrap();
+        let v = pool.volume("v").unwrap();
+        v.write(5 * 4096, &[0xAA; 4096], false).unwrap();
+        v.flush().unwrap();
+    } // a crash: timeline A's flush lives in the log device's chain
+    std::fs::write(&dev, &saved).unwrap();
+    {
+        let accept = OpenOptions {
+            accept_rollback: true,
+            ..opts.clone()
+        };
+        let pool = Pool::open(&pdir, accept).unwrap();
+        let mut buf = [0u8; 4096];
+        pool.volume("v").unwrap().read(5 * 4096, &mut buf).unwrap();
+        assert_eq!(buf[0], 0, "the restored devices are from before the write");
+    } // a crash before any flush of timeline B
+    let pool = Pool::open(&pdir, opts).unwrap();
+    let mut buf = [0u8; 4096];
+    pool.volume("v").unwrap().read(5 * 4096, &mut buf).unwrap();
+    assert_eq!(buf[0], 0, "timeline A's flush was replayed into timeline B");
+}
+
+/// `pool upgrade` stopped in its first commit after one member's format 2 labels landed
+/// and before the other's: the pool is served (the member still at format 1 is one
+/// generation behind, as after any commit cut short, and gets format 2 labels at the next
+/// commit). It used to be refused as missing a member, and `pool upgrade` refused it as
+/// already format 2. An upgrade with a member missing is refused, and leaves no key.
+#[test]
+fn an_upgrade_stopped_between_members_is_served() {
+    use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES, SUPERBLOCK_BYTES};
+    use crate::pool::superblock::{Check, Superblock};
+    let spec = || DeviceSpec::Files {
+        count: 2,
+        size_bytes: 64 << 20,
+    };
+    let upgrade = OpenOptions {
+        upgrade: true,
+        ..OpenOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p");
+    crate::pool::create::create_format_1(&p, Layout::Single, spec(), "p").unwrap();
+    let d1 = p.join("dev1.img");
+    let before = std::fs::read(&d1).unwrap();
+    let sb = crate::pool::import::best_superblock(
+        &crate::device::FileDevice::open(&d1).unwrap(),
+        None,
+        Check::Unkeyed,
+    )
+    .unwrap();
+    let back = DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES;
+    drop(Pool::open(&p, upgrade.clone()).unwrap()); // a crash after the import's commit
+                                                    // dev1 as if that commit had not reached it: its format 1 labels.
+    let mut after = std::fs::read(&d1).unwrap();
+    for o in Superblock::all_slot_offsets(back) {
+        let o = o as usize;
+        after[o..o + SUPERBLOCK_BYTES].copy_from_slice(&before[o..o + SUPERBLOCK_BYTES]);
+    }
+    std::fs::write(&d1, &after).unwrap();
+    let pool = Pool::open(&p, OpenOptions::default()).unwrap();
+    assert_eq!(pool.status().state, "ONLINE");
+    pool.close().unwrap();
+    drop(pool);
+    // Both commits since (the import's and the close's) wrote dev1's format 2 labels.
+    let bytes = std::fs::read(&d1).unwrap();
+    for o in Superblock::all_slot_offsets(back) {
+        let o = o as usize;
+        let sb = Superblock::decode(&bytes[o..o + SUPERBLOCK_BYTES], Check::Unkeyed)
+            .unwrap()
+            .unwrap();
+        assert_eq!(sb.format, crate::pool::superblock::VERSION);
+    }
+    // An upgrade with a member gone is refused.
+    let dir3 = tempfile::tempdir().unwrap();
+    let p3 = dir3.path().join("p");
+    crate::pool::create::create_format_1(&p3, Layout::Mirror(2), spec(), "p").unwrap();
+    std::fs::remove_file(p3.join("dev1.img")).unwrap();
+    let e = crate::pool::lifecycle::upgrade(&p3).err().unwrap();
+    assert!(e.to_string().contains("every member"), "{e}");
+    assert!(
+        !p3.join("pool.key").exists(),
+        "a refused upgrade leaves no key"
+    );
+}
+
+/// A label forged without the key with the exported mark set (and the unkeyed checksum
+/// right) must not let `bulwark pool import` take a pool that was never exported: once it
+/// has the key, the import decides again on the labels that verify. (It used to decide on
+/// the unkeyed scan, and took the pool without --force.)
+#[test]
+fn a_forged_exported_mark_does_not_let_an_import_take_a_pool() {
+    use crate::constants::{SUPERBLOCK_BYTES, SUPERBLOCK_SLOT_OFFSETS};
+    use crate::pool::lifecycle::{import_into, ImportOptions};
+    use crate::pool::superblock::Check;
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    {
+        let pool = pool(&a);
+        pool.create_volume("v", opts(false), None).unwrap();
+        pool.close().unwrap();
+    }
+    let devp = a.join("dev0.img");
+    let b = dir.path().join("b");
+    let with_key = || ImportOptions {
+        pool_key: Some(a.join("pool.key")),
+        ..Default::default()
+    };
+    let e = import_into(&b, std::slice::from_ref(&devp), &with_key()).unwrap_err();
+    assert!(e.to_string().contains("not exported"), "{e}");
+    // The forger's slot: the newest label, exported, one generation on, sealed under a
+    // key of its own (its unkeyed checksum is right; its MAC is not the pool's).
+    let mut sb = crate::pool::import::best_superblock(
+        &crate::device::FileDevice::open(&devp).unwrap(),
+        None,
+        Check::Unkeyed,
+    )
+    .unwrap();
+    sb.generation += 1;
+    sb.exported = true;
+    let bytes = sb.encode(Some(&zeroize::Zeroizing::new([0x77u8; 32])));
+    let mut dev = std::fs::read(&devp).unwrap();
+    let o = SUPERBLOCK_SLOT_OFFSETS[(sb.generation % 2) as usize] as usize;
+    dev[o..o + SUPERBLOCK_BYTES].copy_from_slice(&bytes);
+    std::fs::write(&devp, &dev).unwrap();
+    match import_into(&b, std::slice::from_ref(&devp), &with_key()) {
+        Ok(r) => panic!(
+            "a pool never exported was imported without --force: {}",
+            r.name
+        ),
+        Err(e) => assert!(e.to_string().contains("not exported"), "{e}"),
+    }
+    assert!(
+        !b.join("pool.json").exists(),
+        "a refused import leaves nothing"
+    );
+}

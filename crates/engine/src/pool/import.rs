@@ -197,10 +197,21 @@ fn format_1_refusal(dir: &Path) -> Error {
 
 /// No `DIR/pool.key`: a format 1 pool (say how to upgrade) or a lost key (say where it goes).
 fn missing_key(dir: &Path, key_path: &Path, opened: &[(PathBuf, FileDevice)]) -> Error {
-    let v1 = opened.iter().any(|(_, d)| {
-        best_superblock(d, None, Check::Unkeyed)
-            .is_some_and(|sb| sb.format == super::superblock::VERSION_1)
-    });
+    // Anyone can write a format 1 label (its checksum is unkeyed): only a pool none of
+    // whose labels is format 2 is called format 1, else the key is missing, never "upgrade
+    // it" or "use an older bulwark" (which would read the forged labels).
+    let mut formats: Vec<u32> = Vec::new();
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    for (_, d) in opened {
+        for off in SUPERBLOCK_SLOT_OFFSETS {
+            if d.read_at(&mut buf, off).is_ok() {
+                if let Ok(Some(sb)) = Superblock::decode(&buf, Check::Unkeyed) {
+                    formats.push(sb.format);
+                }
+            }
+        }
+    }
+    let v1 = !formats.is_empty() && formats.iter().all(|&f| f == super::superblock::VERSION_1);
     if v1 {
         return format_1_refusal(dir);
     }
@@ -358,13 +369,23 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         .max();
     let back = spd.map(|s| DEVICE_RESERVED_FRONT + s * SEGMENT_BYTES);
     let mut found: Vec<Found> = Vec::new();
+    let mut v1_members: Vec<Found> = Vec::new();
     for (path, dev) in opened {
         let listed_here = listed.contains(&path);
         // A device none of whose labels verify: another pool's (say so), or this pool's
         // with labels altered or damaged (not used: it may say anything).
         let label = best_superblock(&dev, back, check).or_else(|| {
             let sb = best_superblock(&dev, back, Check::Unkeyed)?;
-            if to_hex(&sb.pool_id) == conf.pool_id {
+            if to_hex(&sb.pool_id) == conf.pool_id && sb.format == super::superblock::VERSION_1 {
+                // Perhaps a member an upgrade had not reached when it stopped: taken below
+                // only if it is exactly one generation behind a label that verifies.
+                v1_members.push(Found {
+                    path: path.clone(),
+                    dev: FileDevice::open(&path).ok()?,
+                    sb,
+                });
+                None
+            } else if to_hex(&sb.pool_id) == conf.pool_id {
                 tracing::warn!(
                     device = %path.display(),
                     "no label of this device verifies under the pool key: altered or damaged, \
@@ -395,21 +416,42 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let newest = found
         .iter()
         .max_by_key(|f| f.sb.generation)
-        .map(|f| f.sb.clone())
-        .ok_or_else(|| match &sb_key {
-            Some(_) if opts.upgrade => Error::Invalid(format!(
-                "{} exists, but no label verifies under it: the labels were written without \
+        .map(|f| f.sb.clone());
+    // An upgrade that stopped in its first commit: members it had written carry format 2
+    // labels of generation g+1, the others still format 1 labels of g. Those are members
+    // one generation behind, as after any commit cut short (their contents are checked
+    // through the tree of the newest label like any member's); the next commit writes
+    // their format 2 labels.
+    if let Some(n) = newest
+        .as_ref()
+        .filter(|n| n.format == super::superblock::VERSION)
+    {
+        for f in v1_members.drain(..) {
+            if f.sb.generation + 1 == n.generation && n.member_ids.contains(&f.sb.device_id) {
+                tracing::warn!(
+                    device = %f.path.display(),
+                    "device still carries format 1 labels (an upgrade stopped before it \
+                     reached it): taken one generation behind; the next commit writes its \
+                     format 2 labels"
+                );
+                found.push(f);
+            }
+        }
+    }
+    let newest = newest.ok_or_else(|| match &sb_key {
+        Some(_) if opts.upgrade => Error::Invalid(format!(
+            "{} exists, but no label verifies under it: the labels were written without \
                  this key (altered on the devices), or an upgrade was interrupted before it \
                  wrote any label. Only in the latter case: move that file away and run the \
                  upgrade again",
-                key_path.display()
-            )),
-            Some(k) => unauthenticated(&conf.pool_id, k, &listed),
-            None => Error::NotFound(format!(
-                "no device of pool {} could be read: {:?}",
-                conf.pool_id, listed
-            )),
-        })?;
+            key_path.display()
+        )),
+        Some(k) => unauthenticated(&conf.pool_id, k, &listed),
+        None => Error::NotFound(format!(
+            "no device of pool {} could be read: {:?}",
+            conf.pool_id, listed
+        )),
+    })?;
     if newest.format == super::superblock::VERSION_1 && !opts.upgrade {
         return Err(format_1_refusal(dir));
     }
@@ -518,6 +560,17 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let offline: Vec<bool> = (0..members.len())
         .map(|i| conf.offline.contains(&to_hex(&newest.member_ids[i])))
         .collect();
+    // An upgrade writes every member's labels: a member missing, stale or offline would
+    // keep format 1 labels that no later import reads.
+    if opts.upgrade && (!stale.is_empty() || offline.iter().any(|&o| o) || present < members.len())
+    {
+        return Err(Error::Invalid(
+            "the upgrade needs every member of the pool present and online: bring the \
+             missing, stale or offline devices back first (with the bulwark that made the \
+             pool: 'bulwark device online' or a resilver)"
+                .into(),
+        ));
+    }
     // A single pool with a member missing still imports (DEGRADED, its records there
     // unreadable), as before: one usable member is enough to start.
     let needed = newest.layout.members_needed(1);
@@ -904,6 +957,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     *dev_head,
                     dev_at,
                     &newest.pool_id,
+                    &newest.chain_id,
                     newest.generation,
                     block_key,
                 ) {
@@ -929,11 +983,12 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 chain_slots.push(slot);
                 count(&slot, &mut live);
                 let (pool_id, generation, seq) = (newest.pool_id, newest.generation, replayed.0);
+                let chain_id = newest.chain_id;
                 // A copy with the log's magic that fails its MAC (or is malformed) was not
                 // written by this pool's key: replay stops there, and says so loudly.
                 let unauthentic = std::cell::Cell::new(false);
                 let this_block = |b: &[u8]| match super::intent::Block::decode(
-                    b, block_key, &pool_id, generation, seq,
+                    b, block_key, &pool_id, &chain_id, generation, seq,
                 ) {
                     Ok(Some(_)) => true,
                     Ok(None) => false,
@@ -969,6 +1024,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     &buf,
                     block_key,
                     &newest.pool_id,
+                    &newest.chain_id,
                     newest.generation,
                     replayed.0,
                 ) {

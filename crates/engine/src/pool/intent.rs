@@ -56,8 +56,12 @@ const HEADER_BYTES: usize = 64;
 const ENTRY_BYTES: usize = 16 + BLKPTR_BYTES;
 /// The MAC of bytes 0..MAC_AT (format 2), before the blake3 of bytes 0..4064.
 const MAC_AT: usize = LOG_BLOCK_BYTES - 64;
+/// Format 2: the chain id of the commit whose superblock starts this chain
+/// (`Superblock::chain_id`), under the MAC: a block of another timeline that reused the
+/// generation number (devices restored, the log device not) is not this chain's.
+const CHAIN_AT: usize = MAC_AT - 16;
 /// Entries one block holds: 49 (format 1's blocks, without the MAC, held 50).
-pub const ENTRIES_PER_BLOCK: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 64) / ENTRY_BYTES;
+pub const ENTRIES_PER_BLOCK: usize = (CHAIN_AT - HEADER_BYTES) / ENTRY_BYTES;
 const ENTRIES_PER_BLOCK_V1: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 32) / ENTRY_BYTES;
 
 /// The key of the log blocks' MACs (`keys::pool_key::PoolKey::log_key`).
@@ -88,6 +92,8 @@ pub struct Block {
     /// of its entries' records, one after another, each padded to 16 bytes (0: the
     /// records are on the main devices only). Always 0 on the main devices' chain.
     pub data_slots: u32,
+    /// The chain id of the superblock that starts the chain (zeros in format 1).
+    pub chain: [u8; 16],
     pub entries: Vec<Entry>,
 }
 
@@ -109,6 +115,7 @@ impl Block {
             b[at + 8..at + 16].copy_from_slice(&e.lba.to_le_bytes());
             e.ptr.encode(&mut b[at + 16..at + ENTRY_BYTES]);
         }
+        b[CHAIN_AT..CHAIN_AT + 16].copy_from_slice(&self.chain);
         let m = mac(key, &b);
         b[MAC_AT..MAC_AT + 32].copy_from_slice(&m);
         seal_self_checked(&mut b);
@@ -116,17 +123,26 @@ impl Block {
     }
 
     /// A block read back (already verified by its own checksum): `Ok(None)` when it is not
-    /// the block `(pool_id, generation, seq)` (stale bytes: the end of the chain),
-    /// `Corrupt` when its MAC under `key` fails. `key` `None`: a format 1 block (no MAC),
+    /// the block `(pool_id, generation, seq)` of chain `chain` (stale bytes, or a block of
+    /// another timeline: the end of the chain), `Corrupt` when it claims to be that block
+    /// and its MAC under `key` fails. `key` `None`: a format 1 block (no MAC, no chain id),
     /// for `bulwark pool upgrade` only.
     pub fn decode(
         b: &[u8],
         key: Option<&LogKey>,
         pool_id: &[u8; 16],
+        chain: &[u8; 16],
         generation: u64,
         seq: u64,
     ) -> Result<Option<Block>> {
         if b.len() != LOG_BLOCK_BYTES || &b[0..8] != MAGIC {
+            return Ok(None);
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        // Leftovers (another pool's, another generation's, format 1 blocks in a ring after
+        // an upgrade) end the chain quietly; only a block that claims to be the one
+        // expected and fails its MAC is an alarm.
+        if b[8..24] != pool_id[..] || u64_at(24) != generation || u64_at(32) != seq {
             return Ok(None);
         }
         let most = match key {
@@ -136,14 +152,13 @@ impl Block {
                         "intent log block {seq} fails authentication under the pool key"
                     )));
                 }
+                if b[CHAIN_AT..CHAIN_AT + 16] != chain[..] {
+                    return Ok(None);
+                }
                 ENTRIES_PER_BLOCK
             }
             None => ENTRIES_PER_BLOCK_V1,
         };
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        if b[8..24] != pool_id[..] || u64_at(24) != generation || u64_at(32) != seq {
-            return Ok(None);
-        }
         let count = u32::from_le_bytes(b[40..44].try_into().unwrap()) as usize;
         if count > most {
             return Err(Error::Corrupt(format!(
@@ -169,6 +184,7 @@ impl Block {
             seq,
             next,
             data_slots,
+            chain: if key.is_some() { *chain } else { [0; 16] },
             entries,
         }))
     }
@@ -294,7 +310,10 @@ impl Core {
             // Every completed write is in the last commit or an earlier flush's blocks.
             return Ok(true);
         }
-        let pool_id = self.sb.lock().sb.pool_id;
+        let (pool_id, chain_id) = {
+            let sb = self.sb.lock();
+            (sb.sb.pool_id, sb.sb.chain_id)
+        };
         if let Some(logdev) = logdev {
             let written = || crate::crashpoint::hit("intent.written");
             // A small flush puts its records' stored bytes into the log too (read back
@@ -308,14 +327,27 @@ impl Core {
                 .then(|| self.read_records(&entries))
                 .flatten();
             let appended = match &data {
-                Some(data) => logdev.append(pool_id, &entries, Some(data), &written, &self.log_key),
+                Some(data) => logdev.append(
+                    pool_id,
+                    chain_id,
+                    &entries,
+                    Some(data),
+                    &written,
+                    &self.log_key,
+                ),
                 None => {
                     // The log holds pointers only: the records they name are on the main
                     // devices, synced once meanwhile.
                     let (main, appended) = std::thread::scope(|s| {
                         let main = s.spawn(|| self.store.red.flush());
-                        let appended =
-                            logdev.append(pool_id, &entries, None, &written, &self.log_key);
+                        let appended = logdev.append(
+                            pool_id,
+                            chain_id,
+                            &entries,
+                            None,
+                            &written,
+                            &self.log_key,
+                        );
                         (
                             main.join().expect("a device flush does not panic"),
                             appended,
@@ -347,6 +379,7 @@ impl Core {
                 seq: chain.seq,
                 next,
                 data_slots: 0,
+                chain: chain_id,
                 entries: chunk.to_vec(),
             }
             .encode(&self.log_key);
@@ -394,24 +427,25 @@ mod tests {
             seq: 3,
             next: [1 << 20, 2 << 20],
             data_slots: 3,
+            chain: [7; 16],
             entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
         };
         let bytes = b.encode(&key());
         assert!(crate::checksum::verify(&SELF_CHECKED, &bytes));
         assert_eq!(
-            Block::decode(&bytes, Some(&key()), &[9; 16], 12, 3).unwrap(),
+            Block::decode(&bytes, Some(&key()), &[9; 16], &[7; 16], 12, 3).unwrap(),
             Some(b.clone())
         );
         assert_eq!(
-            Block::decode(&bytes, Some(&key()), &[8; 16], 12, 3).unwrap(),
+            Block::decode(&bytes, Some(&key()), &[8; 16], &[7; 16], 12, 3).unwrap(),
             None
         );
         assert_eq!(
-            Block::decode(&bytes, Some(&key()), &[9; 16], 13, 3).unwrap(),
+            Block::decode(&bytes, Some(&key()), &[9; 16], &[7; 16], 13, 3).unwrap(),
             None
         );
         assert_eq!(
-            Block::decode(&bytes, Some(&key()), &[9; 16], 12, 4).unwrap(),
+            Block::decode(&bytes, Some(&key()), &[9; 16], &[7; 16], 12, 4).unwrap(),
             None
         );
         let mut torn = bytes.clone();
@@ -424,12 +458,12 @@ mod tests {
         seal_self_checked(&mut forged);
         assert!(crate::checksum::verify(&SELF_CHECKED, &forged));
         assert!(matches!(
-            Block::decode(&forged, Some(&key()), &[9; 16], 12, 3),
+            Block::decode(&forged, Some(&key()), &[9; 16], &[7; 16], 12, 3),
             Err(Error::Corrupt(_))
         ));
         let other = b.encode(&zeroize::Zeroizing::new([1; 32]));
         assert!(matches!(
-            Block::decode(&other, Some(&key()), &[9; 16], 12, 3),
+            Block::decode(&other, Some(&key()), &[9; 16], &[7; 16], 12, 3),
             Err(Error::Corrupt(_))
         ));
     }
@@ -442,6 +476,7 @@ mod tests {
             seq: 3,
             next: [1 << 20, 2 << 20],
             data_slots: 3,
+            chain: [7; 16],
             entries: (1..=5).map(entry).collect(),
         }
         .encode(&key());
@@ -455,7 +490,7 @@ mod tests {
                 }
             }),
             &|b| {
-                let _ = Block::decode(b, Some(&key()), &[9; 16], 12, 3);
+                let _ = Block::decode(b, Some(&key()), &[9; 16], &[7; 16], 12, 3);
             },
         );
     }

@@ -191,7 +191,13 @@ fn claimed_elsewhere(path: &Path) -> Option<String> {
 /// The pools whose labels are on `devices` (files, block devices, or directories whose
 /// device files are read), each with its members present, stale and missing.
 pub fn scan(devices: &[PathBuf]) -> Result<Vec<FoundPool>> {
-    let labelled = read_labels(&candidates(devices)?, Check::Unkeyed);
+    scan_checked(devices, Check::Unkeyed)
+}
+
+/// `scan`, reading only labels that pass `check` (`Check::Key`: what `pool import`
+/// decides on once it has the pool's key).
+fn scan_checked(devices: &[PathBuf], check: Check) -> Result<Vec<FoundPool>> {
+    let labelled = read_labels(&candidates(devices)?, check);
     let mut ids: Vec<[u8; 16]> = labelled.iter().map(|l| l.sb.pool_id).collect();
     ids.sort();
     ids.dedup();
@@ -568,6 +574,30 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         }
     };
     let result = (|| {
+        // The first look read the labels without the key (they may be forged): with the
+        // key, the decisions are taken again on the labels that verify.
+        if sb_key.is_some() {
+            let verified = scan_checked(devices, check)?
+                .into_iter()
+                .find(|p| p.pool_id == found.pool_id)
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "no label of pool {} verifies under its pool key: the key is not \
+                         this pool's, or the labels were altered",
+                        found.display_name()
+                    ))
+                })?;
+            if let Some(e) = import_refusal(&verified, opts.force) {
+                return Err(e);
+            }
+            if verified.name != found.name || verified.exported != found.exported {
+                return Err(Error::Corrupt(format!(
+                    "the labels of pool {} disagree once verified under its key (name or \
+                     exported mark): some were altered without the key; not imported",
+                    found.display_name()
+                )));
+            }
+        }
         let newest = newest_label(&found, check)?;
         // An anchor of this pool (the directory's own, or the old directory's) knows the
         // generation last committed: devices older than it are an older copy.
@@ -688,13 +718,26 @@ pub struct UpgradeReport {
 /// labels in two commits (the import's and the close's), so neither superblock slot keeps
 /// a format 1 label. Refused once `DIR/pool.key` exists.
 pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
-    let pool = Pool::open(
+    let key = dir.join(super::import::POOL_KEY_FILE);
+    let had_key = key.exists();
+    let opened = Pool::open(
         dir,
         OpenOptions {
             upgrade: true,
             ..OpenOptions::default()
         },
-    )?;
+    );
+    let pool = match opened {
+        Ok(p) => p,
+        Err(e) => {
+            // A key the failed upgrade made names no label: left behind, it would make
+            // the next import call the format 1 labels altered.
+            if !had_key {
+                let _ = fs::remove_file(&key);
+            }
+            return Err(e);
+        }
+    };
     // The import's commit wrote format 2 labels to one slot; the close's commit writes
     // the other.
     pool.close()?;

@@ -507,6 +507,7 @@ impl LogDevices {
     pub(crate) fn append(
         &self,
         pool_id: [u8; 16],
+        chain_id: [u8; 16],
         entries: &[Entry],
         data: Option<&[Vec<u8>]>,
         written: &dyn Fn(),
@@ -542,6 +543,7 @@ impl LogDevices {
                     seq: at,
                     next: [slot(at + 1 + data_slots), ADDR_NONE],
                     data_slots: data_slots as u32,
+                    chain: chain_id,
                     entries: chunk.to_vec(),
                 }
                 .encode(key),
@@ -622,6 +624,7 @@ impl LogDevices {
         head: u64,
         at: u64,
         pool_id: &[u8; 16],
+        chain: &[u8; 16],
         generation: u64,
         key: Option<&super::intent::LogKey>,
     ) -> Result<Option<(Block, Vec<u8>)>> {
@@ -640,7 +643,7 @@ impl LogDevices {
             {
                 continue;
             }
-            let b = match Block::decode(&buf, key, pool_id, generation, at) {
+            let b = match Block::decode(&buf, key, pool_id, chain, generation, at) {
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
                 Err(e) => {
@@ -1063,12 +1066,16 @@ mod tests {
             v.flush().unwrap();
             let l = pool.core.logdev.read().clone().unwrap();
             let chain = l.state.lock().chain.unwrap();
-            let pool_id = pool.core.sb.lock().sb.pool_id;
+            let (pool_id, chain_id) = {
+                let sb = pool.core.sb.lock();
+                (sb.sb.pool_id, sb.sb.chain_id)
+            };
             let (b, data) = l
                 .read_block(
                     chain.head,
                     0,
                     &pool_id,
+                    &chain_id,
                     chain.generation,
                     Some(&pool.core.log_key),
                 )

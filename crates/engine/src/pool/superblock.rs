@@ -28,6 +28,13 @@ const CHECKSUM_AT: usize = SUPERBLOCK_BYTES - 32;
 /// Format 2: a key check value, the keyed blake3 of `KEY_CHECK_LABEL ‖ pool id` under the
 /// superblock key. It tells a wrong `pool.key` (every device fails it) from an altered label.
 const KEY_CHECK_AT: usize = 1024;
+/// Format 2: the blake3 of bytes 0..1056 (every field and the key check), which a reader
+/// without the key checks: labels read unkeyed (listing, `pool import`'s first look) are
+/// still not trusted, but a damaged one is not taken for the newest.
+const UNKEYED_SUM_AT: usize = 1056;
+/// Format 2: a random id drawn by every commit, which the blocks of the intent log chain
+/// it starts repeat under their MAC (`intent::Block::chain`).
+const CHAIN_ID_AT: usize = 608;
 const KEY_CHECK_LABEL: &[u8] = b"bulwark superblock key check v2";
 
 /// The key that authenticates a format 2 pool's superblocks (and its intent log blocks'
@@ -112,6 +119,10 @@ pub struct Superblock {
     /// The slot of this generation's chain head on the log devices, when the chain is
     /// there (then `log_head` is `None`).
     pub log_dev_head: Option<u64>,
+    /// Drawn at random by every commit (format 2; zeros in format 1): the intent log chain
+    /// this superblock starts carries it, so blocks of a chain of another timeline that
+    /// reused this generation number (devices restored, a log device not) are not replayed.
+    pub chain_id: [u8; 16],
 }
 
 impl Superblock {
@@ -123,6 +134,8 @@ impl Superblock {
             (VERSION, Some(key)) => {
                 let check = key_check(key, &self.pool_id);
                 b[KEY_CHECK_AT..KEY_CHECK_AT + 32].copy_from_slice(&check);
+                let sum = checksum(&b[..UNKEYED_SUM_AT]);
+                b[UNKEYED_SUM_AT..UNKEYED_SUM_AT + 32].copy_from_slice(&sum);
                 let sum = mac(key, &b[..CHECKSUM_AT]);
                 b[CHECKSUM_AT..].copy_from_slice(&sum);
             }
@@ -140,6 +153,9 @@ impl Superblock {
         assert!(self.member_ids.len() <= DEVICES_MAX);
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         b[0..8].copy_from_slice(MAGIC);
+        if self.format == VERSION {
+            b[CHAIN_ID_AT..CHAIN_ID_AT + 16].copy_from_slice(&self.chain_id);
+        }
         b[8..12].copy_from_slice(&self.format.to_le_bytes());
         let (kind, n, m) = match self.layout {
             Layout::Single => (0u8, 1u8, 0u8),
@@ -212,7 +228,11 @@ impl Superblock {
                         .into(),
                 ))
             }
-            (VERSION, Check::Unkeyed) => {}
+            (VERSION, Check::Unkeyed) => {
+                if checksum(&b[..UNKEYED_SUM_AT])[..] != b[UNKEYED_SUM_AT..UNKEYED_SUM_AT + 32] {
+                    return Err(Error::Corrupt("superblock checksum mismatch".into()));
+                }
+            }
             (VERSION, Check::Key(key)) => {
                 let pool_id: [u8; 16] = b[16..32].try_into().unwrap();
                 if key_check(key, &pool_id)[..] != b[KEY_CHECK_AT..KEY_CHECK_AT + 32] {
@@ -374,6 +394,11 @@ impl Superblock {
             }
         };
         Ok(Some(Superblock {
+            chain_id: if version == VERSION {
+                b[CHAIN_ID_AT..CHAIN_ID_AT + 16].try_into().unwrap()
+            } else {
+                [0; 16]
+            },
             format: version,
             log_devices,
             log_dev_head,
@@ -429,6 +454,7 @@ mod tests {
     fn round_trip_and_corruption() {
         let sb = Superblock {
             format: VERSION,
+            chain_id: [6; 16],
             layout: Layout::Mirror(2),
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -480,6 +506,7 @@ mod tests {
     fn decode_never_panics_and_accepts_only_consistent_superblocks() {
         let base = |layout, count: u32, spd: u64| Superblock {
             format: VERSION,
+            chain_id: [6; 16],
             layout,
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -559,6 +586,7 @@ mod tests {
     fn log_head_round_trips() {
         let base = Superblock {
             format: VERSION,
+            chain_id: [6; 16],
             layout: Layout::Mirror(2),
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -620,7 +648,11 @@ mod tests {
                 ..sb.clone()
             }
             .encode(Some(&test_key()));
-            let differ: Vec<usize> = (0..CHECKSUM_AT).filter(|&i| bytes[i] != plain[i]).collect();
+            // (The unkeyed checksum of bytes 0..1056 changes with them, of course.)
+            let differ: Vec<usize> = (0..CHECKSUM_AT)
+                .filter(|i| !(UNKEYED_SUM_AT..UNKEYED_SUM_AT + 32).contains(i))
+                .filter(|&i| bytes[i] != plain[i])
+                .collect();
             assert!(
                 differ.iter().all(|&i| (560..1024).contains(&i)),
                 "{differ:?}"
@@ -655,6 +687,7 @@ mod tests {
     fn a_label_altered_without_the_key_is_refused() {
         let sb = Superblock {
             format: VERSION,
+            chain_id: [6; 16],
             layout: Layout::Mirror(2),
             pool_id: [1; 16],
             device_id: [2; 16],
@@ -708,6 +741,7 @@ mod tests {
         // Format 1: verified by its checksum unkeyed, never accepted where a key is.
         let v1 = Superblock {
             format: VERSION_1,
+            chain_id: [0; 16],
             ..sb
         };
         let b1 = v1.encode(None);
