@@ -181,8 +181,11 @@ pub struct KeyRing {
     /// key salted with it.
     pub salt: [u8; 16],
     current_salted: Arc<BlockCipher>,
-    salted: Mutex<HashMap<(u16, [u8; 16]), Arc<BlockCipher>>>,
+    salted: Mutex<SaltedCiphers>,
 }
+
+/// Block ciphers of earlier runs, by (generation, salt).
+type SaltedCiphers = HashMap<(u16, [u8; 16]), Arc<BlockCipher>>;
 
 impl KeyRing {
     pub fn open(

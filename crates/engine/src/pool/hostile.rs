@@ -178,7 +178,6 @@ fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
             })
             .collect()
     };
-    let saved: Vec<(std::path::PathBuf, Vec<u8>)>;
     let first;
     {
         let pool = pool(dir.path());
@@ -187,7 +186,7 @@ fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
     }
     // The copy the attacker (or a backup) keeps: before the next run's import reserved
     // its nonces.
-    saved = devices(dir.path())
+    let saved: Vec<(std::path::PathBuf, Vec<u8>)> = devices(dir.path())
         .into_iter()
         .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
         .collect();
