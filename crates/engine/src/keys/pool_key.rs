@@ -74,7 +74,8 @@ impl PoolKey {
         super::read_key32(path, "pool key", "it is not a pool key (32 random bytes)").map(PoolKey)
     }
 
-    /// MAC key of every superblock (and log-device label) of pool `pool_id`.
+    /// MAC key of every superblock of pool `pool_id` (a log device's label is not MACed:
+    /// the superblock names the log devices by id; their blocks carry the log key's MAC).
     pub fn superblock_key(&self, pool_id: &[u8; 16]) -> Zeroizing<[u8; 32]> {
         hkdf(&self.0[..], pool_id, &[b"bulwark2 superblock"])
     }
