@@ -238,23 +238,8 @@ fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
 #[test]
 fn a_stale_log_chain_of_a_reused_generation_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log.img");
-    std::fs::File::create(&log)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let pdir = dir.path().join("p");
-    Pool::create_with_log(
-        &pdir,
-        Layout::Single,
-        DeviceSpec::Files {
-            count: 1,
-            size_bytes: 64 << 20,
-        },
-        "p",
-        std::slice::from_ref(&log),
-    )
-    .unwrap();
+    let (pdir, _log) =
+        crate::pool::logdev::test_pool_with_log(dir.path(), Layout::Single, 1, 16 << 20);
     let opts = OpenOptions {
         commit_interval: std::time::Duration::from_secs(3600),
         ..OpenOptions::default()

@@ -876,6 +876,35 @@ impl super::core::Core {
     }
 }
 
+/// For tests: a pool in `dir/p` of `count` 64 MiB device files in `layout`, with its
+/// intent log on a separate `log_bytes` file `dir/log.img`; returns (pool dir, log path).
+#[cfg(test)]
+pub(crate) fn test_pool_with_log(
+    dir: &std::path::Path,
+    layout: super::Layout,
+    count: usize,
+    log_bytes: u64,
+) -> (PathBuf, PathBuf) {
+    let log = dir.join("log.img");
+    std::fs::File::create(&log)
+        .unwrap()
+        .set_len(log_bytes)
+        .unwrap();
+    let pdir = dir.join("p");
+    super::Pool::create_with_log(
+        &pdir,
+        layout,
+        super::DeviceSpec::Files {
+            count,
+            size_bytes: 64 << 20,
+        },
+        "p",
+        std::slice::from_ref(&log),
+    )
+    .unwrap();
+    (pdir, log)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -901,29 +930,13 @@ mod tests {
     /// was lost, and the log has fallen back.
     #[test]
     fn flushes_survive_a_crash_on_the_log_device_and_its_loss_is_reported() {
-        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        use crate::pool::{Layout, OpenOptions, Pool};
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log.img");
-        std::fs::File::create(&log)
-            .unwrap()
-            .set_len(LOG_DEVICE_BYTES_MIN)
-            .unwrap();
-        Pool::create_with_log(
-            &dir.path().join("p"),
-            Layout::Single,
-            DeviceSpec::Files {
-                count: 1,
-                size_bytes: 64 << 20,
-            },
-            "p",
-            std::slice::from_ref(&log),
-        )
-        .unwrap();
+        let (pdir, log) = test_pool_with_log(dir.path(), Layout::Single, 1, LOG_DEVICE_BYTES_MIN);
         let opts = OpenOptions {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()
         };
-        let pdir = dir.path().join("p");
         let vopts = crate::volume::VolumeOptions {
             size_bytes: 4 << 20,
             block_size: 4096,
@@ -1027,25 +1040,9 @@ mod tests {
     }
 
     fn small_flush_on(layout: crate::pool::Layout, count: usize) {
-        use crate::pool::{DeviceSpec, OpenOptions, Pool};
+        use crate::pool::{OpenOptions, Pool};
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log.img");
-        std::fs::File::create(&log)
-            .unwrap()
-            .set_len(16 << 20)
-            .unwrap();
-        let pdir = dir.path().join("p");
-        Pool::create_with_log(
-            &pdir,
-            layout,
-            DeviceSpec::Files {
-                count,
-                size_bytes: 64 << 20,
-            },
-            "p",
-            std::slice::from_ref(&log),
-        )
-        .unwrap();
+        let (pdir, log) = test_pool_with_log(dir.path(), layout, count, 16 << 20);
         let opts = OpenOptions {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()

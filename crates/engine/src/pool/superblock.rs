@@ -446,6 +446,32 @@ impl Superblock {
 mod tests {
     use super::*;
 
+    /// A format 2 label of member 0 of a two-device mirror named `name`.
+    fn mirror_label(name: &str) -> Superblock {
+        Superblock {
+            format: VERSION,
+            chain_id: [6; 16],
+            layout: Layout::Mirror(2),
+            pool_id: [1; 16],
+            device_id: [2; 16],
+            member_index: 0,
+            member_count: 2,
+            generation: 9,
+            device_bytes: 1 << 30,
+            segments_per_device: 1000,
+            nonce_reserved: 1 << 24,
+            high_water: 10,
+            root: Blkptr::HOLE,
+            member_ids: vec![[2; 16], [3; 16]],
+            table_key: [4; 32],
+            name: name.into(),
+            exported: false,
+            log_head: None,
+            log_devices: Vec::new(),
+            log_dev_head: None,
+        }
+    }
+
     fn test_key() -> SbKey {
         zeroize::Zeroizing::new([0x5a; 32])
     }
@@ -584,28 +610,7 @@ mod tests {
     /// grid is refused.
     #[test]
     fn log_head_round_trips() {
-        let base = Superblock {
-            format: VERSION,
-            chain_id: [6; 16],
-            layout: Layout::Mirror(2),
-            pool_id: [1; 16],
-            device_id: [2; 16],
-            member_index: 0,
-            member_count: 2,
-            generation: 9,
-            device_bytes: 1 << 30,
-            segments_per_device: 1000,
-            nonce_reserved: 1 << 24,
-            high_water: 10,
-            root: Blkptr::HOLE,
-            member_ids: vec![[2; 16], [3; 16]],
-            table_key: [4; 32],
-            name: "logpool".into(),
-            exported: false,
-            log_head: None,
-            log_devices: Vec::new(),
-            log_dev_head: None,
-        };
+        let base = mirror_label("logpool");
         let rec = crate::constants::RECORD_ALIGN;
         for head in [
             None,
@@ -685,28 +690,7 @@ mod tests {
     /// key is told apart from an altered label; a format 1 label is read only unkeyed.
     #[test]
     fn a_label_altered_without_the_key_is_refused() {
-        let sb = Superblock {
-            format: VERSION,
-            chain_id: [6; 16],
-            layout: Layout::Mirror(2),
-            pool_id: [1; 16],
-            device_id: [2; 16],
-            member_index: 0,
-            member_count: 2,
-            generation: 9,
-            device_bytes: 1 << 30,
-            segments_per_device: 1000,
-            nonce_reserved: 1 << 24,
-            high_water: 10,
-            root: Blkptr::HOLE,
-            member_ids: vec![[2; 16], [3; 16]],
-            table_key: [4; 32],
-            name: "authpool".into(),
-            exported: false,
-            log_head: None,
-            log_devices: Vec::new(),
-            log_dev_head: None,
-        };
+        let sb = mirror_label("authpool");
         let key = test_key();
         let good = sb.encode(Some(&key));
         assert_eq!(
