@@ -305,6 +305,10 @@ pub enum PoolCommand {
     /// Find a pool on devices and import it into a pool directory.
     #[command(after_help = POOL_IMPORT_AFTER_HELP)]
     Import(PoolImportArgs),
+    /// Check that an object store honours conditional writes (If-None-Match, If-Match), as a
+    /// pool with --object-store needs: exit 0 when it does, 1 naming the check that failed.
+    #[command(after_help = POOL_PROBE_STORE_AFTER_HELP)]
+    ProbeStore(PoolProbeStoreArgs),
     /// Destroy a pool: wipe the labels of every device so it can never be imported again.
     #[command(after_help = POOL_DESTROY_AFTER_HELP)]
     Destroy(PoolDestroyArgs),
@@ -368,6 +372,40 @@ registry: /etc/bulwark/pools.json for root, $XDG_CONFIG_HOME/bulwark/pools.json 
 'pool export' keeps a pool there (STATE exported); 'pool destroy' drops it. STATE is \
 serving when a daemon answers on the pool's control socket; SIZE and USED come from \
 that daemon (SIZE from the devices' labels when none serves the pool).";
+
+const POOL_PROBE_STORE_AFTER_HELP: &str = "\
+The probe writes one object under PREFIX/probe/ and removes it: it creates it with \
+If-None-Match: * twice (the second must be refused with 412), updates it with its \
+current ETag (If-Match, accepted) and with the stale one (refused). A store that \
+accepts what it must refuse would let two hosts write one pool at once. 'serve' and \
+'pool create --object-store' run the same probe. See docs/object-store.md.
+  bulwark pool probe-store 's3://bucket/pools/tank?endpoint=http://127.0.0.1:7070' \
+      --object-store-credentials /etc/bulwark/s3.env";
+
+#[derive(Debug, Args)]
+pub struct PoolProbeStoreArgs {
+    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION]
+    #[arg(value_name = "URL")]
+    pub url: String,
+    #[command(flatten)]
+    pub store: ObjectStoreArgs,
+    /// Print the checks as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How to reach an object store, for the commands that take one.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ObjectStoreArgs {
+    /// A file of AWS_ACCESS_KEY_ID=..., AWS_SECRET_ACCESS_KEY=... lines (mode 0600)
+    /// [default: the AWS_* environment variables].
+    #[arg(long, value_name = "FILE")]
+    pub object_store_credentials: Option<PathBuf>,
+    /// Use a store that fails the probe (it ignores conditional writes): only one host may
+    /// ever use the pool, and nothing fences a second one.
+    #[arg(long)]
+    pub object_store_single_host: bool,
+}
 
 const POOL_EXPORT_AFTER_HELP: &str = "\
 Refused while a daemon serves the pool: stop it first (systemctl stop \
@@ -468,6 +506,13 @@ pub struct PoolImportArgs {
     /// Give the pool a new name (its labels and the registry).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// Import the pool from this object store (s3://BUCKET/PREFIX?endpoint=...) instead
+    /// of from devices: needs --dir (a new directory, where device files are made) and
+    /// --pool-key. The pool is taken over (epoch + 1): a host still serving it is fenced.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["devices", "from_dir"])]
+    pub object_store: Option<String>,
+    #[command(flatten)]
+    pub store: ObjectStoreArgs,
     /// Print what was found (and imported) as JSON.
     #[arg(long)]
     pub json: bool,
@@ -528,6 +573,14 @@ pub struct PoolCreateArgs {
     /// of the pool's devices; give it twice to mirror the log on two.
     #[arg(long, value_name = "PATH")]
     pub log_device: Vec<PathBuf>,
+    /// Keep the pool's durable copy in this object store (issue 22):
+    /// s3://BUCKET/PREFIX[?endpoint=URL&region=REGION]. Every commit (every FLUSH) is
+    /// in the store before it is acknowledged; 'pool import --object-store' rebuilds the
+    /// pool on any host from the store and the pool key. See docs/object-store.md.
+    #[arg(long, value_name = "URL", conflicts_with = "log_device")]
+    pub object_store: Option<String>,
+    #[command(flatten)]
+    pub store: ObjectStoreArgs,
 }
 
 #[derive(Debug, Args)]

@@ -282,6 +282,10 @@ pub enum ErrorKind {
     Io,
     /// A write or flush failed earlier; restart the daemon.
     Poisoned,
+    /// Another host took the pool in its object store: this daemon no longer writes it.
+    Fenced,
+    /// The pool's object store did not answer in time; trying again later may work.
+    StoreUnavailable,
     /// The daemon is shutting down.
     Unavailable,
     /// A bug: an engine panic, a result that would not encode.
@@ -335,6 +339,8 @@ impl From<bulwark_engine::Error> for ControlError {
             E::Corrupt(_) => ErrorKind::Corrupt,
             E::Device { .. } | E::Io(_) => ErrorKind::Io,
             E::Poisoned => ErrorKind::Poisoned,
+            E::Fenced(_) => ErrorKind::Fenced,
+            E::StoreUnavailable(_) => ErrorKind::StoreUnavailable,
         };
         ControlError::new(kind, e.to_string())
     }
@@ -613,6 +619,8 @@ mod tests {
             (E::NoSpace, "no_space"),
             (E::Io(std::io::Error::other("disk")), "io"),
             (E::Poisoned, "poisoned"),
+            (E::Fenced("taken over".into()), "fenced"),
+            (E::StoreUnavailable("503".into()), "store_unavailable"),
         ];
         for (e, kind) in cases {
             let message = e.to_string();

@@ -27,6 +27,7 @@ mod keys;
 mod maintenance;
 mod metrics;
 mod notify;
+mod objects;
 mod pools;
 mod snapshot;
 mod volume;
@@ -68,6 +69,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pool(PoolCommand::Status(args)) => pools::status(args, pool),
         Command::Pool(PoolCommand::Export(args)) => pools::export(args),
         Command::Pool(PoolCommand::Import(args)) => pools::import(args),
+        Command::Pool(PoolCommand::ProbeStore(args)) => objects::probe_store(args),
         Command::Pool(PoolCommand::Destroy(args)) => pools::destroy(args),
         Command::Pool(PoolCommand::Upgrade(args)) => pools::upgrade(args),
         Command::Pool(PoolCommand::Cache(cmd)) => pools::cache(cmd),

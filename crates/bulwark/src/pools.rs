@@ -319,8 +319,59 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         // Before the pool exists: a cache device that cannot serve refuses the create.
         bulwark_engine::cachedev::CacheDevice::check(c)?;
     }
+    // The object store, before anything is made: it must honour conditions and hold no pool.
+    let store = match &args.object_store {
+        Some(url) => {
+            if matches!(args.layout, Layout::Parity { .. }) {
+                return Err(Error::usage(
+                    "--object-store works with the single and mirror layouts (the store keeps \
+                     the pool's durable copy); parity is not supported with it yet",
+                ));
+            }
+            let config = crate::objects::config(&dir, url, &args.store)?;
+            let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
+            crate::objects::probe(&*store, config.single_host)?;
+            if store
+                .get(bulwark_engine::pool::tier::SUPERBLOCK_OBJECT)?
+                .is_some()
+            {
+                return Err(Error::msg(format!(
+                    "the object store {} already holds a pool: give each pool its own prefix \
+                     (s3://BUCKET/PREFIX)",
+                    store.describe()
+                )));
+            }
+            Some((store, config))
+        }
+        None => None,
+    };
     Pool::create_with_log(&args.dir, args.layout, spec, &name, &args.log_device)?;
     let dir = absolute(&args.dir);
+    if let Some((store, config)) = store {
+        let published = (|| -> Result<()> {
+            let mut conf = PoolConfig::read(&dir)?;
+            conf.object_store = Some(config.clone());
+            conf.write(&dir)?;
+            let opts = OpenOptions {
+                tier: Some(bulwark_engine::pool::tier::TierOpen {
+                    store,
+                    writer: config.writer.clone(),
+                    create: true,
+                    force: false,
+                }),
+                ..OpenOptions::default()
+            };
+            Pool::open(&dir, opts)?.close()?;
+            Ok(())
+        })();
+        if let Err(e) = published {
+            let _ = lifecycle::destroy(&dir, true);
+            return Err(Error::msg(format!(
+                "the pool could not be written to its object store: {e}; the local pool was \
+                 removed again"
+            )));
+        }
+    }
     if let Some(c) = &cache {
         set_cache_device(&dir, Some(c))?;
     }
@@ -768,7 +819,101 @@ fn import_devices(args: &PoolImportArgs) -> Result<Vec<PathBuf>> {
     Ok(devices)
 }
 
+/// `pool import --object-store URL --dir DIR --pool-key FILE`: the pool rebuilt from its
+/// store (`tier::restore`), then taken (epoch + 1) by one import of the engine.
+fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
+    let dir = absolute(args.dir.as_ref().ok_or_else(|| {
+        Error::usage("--object-store needs --dir DIR: the new pool directory to import into")
+    })?);
+    let key_path = args.pool_key.as_ref().ok_or_else(|| {
+        Error::usage(
+            "--object-store needs --pool-key FILE: the pool's key (its pool.key); the store \
+             alone cannot be read without it",
+        )
+    })?;
+    let key = bulwark_engine::keys::pool_key::PoolKey::load(key_path)?;
+    let config = crate::objects::config(&dir, url, &args.store)?;
+    let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
+    crate::objects::probe(&*store, config.single_host)?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "downloading {bar:30} {binary_bytes}/{binary_total_bytes} ({eta})",
+        )
+        .expect("a valid template"),
+    );
+    let report = bulwark_engine::pool::tier::restore(
+        &dir,
+        &*store,
+        &key,
+        config.clone(),
+        args.force,
+        &|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )?;
+    bar.finish_and_clear();
+    let opts = OpenOptions {
+        take_exported: true,
+        rename: args.name.clone(),
+        tier: Some(bulwark_engine::pool::tier::TierOpen {
+            store,
+            writer: config.writer.clone(),
+            create: false,
+            force: args.force,
+        }),
+        ..OpenOptions::default()
+    };
+    let taken = Pool::open(&dir, opts).and_then(|p| p.close());
+    if let Err(e) = taken {
+        let _ = lifecycle::destroy(&dir, true);
+        return Err(Error::msg(format!(
+            "the pool was downloaded but could not be taken: {e}; {} was removed again",
+            dir.display()
+        )));
+    }
+    let name = args.name.clone().unwrap_or_else(|| {
+        if report.name.is_empty() {
+            default_pool_name(&dir)
+        } else {
+            report.name.clone()
+        }
+    });
+    register(&name, &dir, &report.pool_id);
+    audit(
+        &dir,
+        "pool.import",
+        serde_json::json!({
+            "object_store": config.url,
+            "generation": report.generation,
+            "previous_writer": report.previous_writer,
+            "force": args.force,
+        }),
+    );
+    if args.json {
+        return print_json(&report);
+    }
+    print(&format!(
+        "imported pool {name} (id {}) from {} into {} at generation {}: {} in {} parts\n\
+         it was held by '{}' (epoch {}); this host holds it now, and that one is fenced\n\
+         serve it with 'bulwark serve {}'\n",
+        report.pool_id,
+        config.url,
+        dir.display(),
+        report.generation,
+        format_size(report.bytes),
+        report.parts,
+        report.previous_writer,
+        report.epoch,
+        dir.display()
+    ))
+}
+
 pub fn import(args: &PoolImportArgs) -> Result<()> {
+    if let Some(url) = &args.object_store {
+        return import_from_store(args, url);
+    }
     let devices = import_devices(args)?;
     let Some(dir) = &args.dir else {
         // What zpool import says without a pool name: what is there, and whether it imports.

@@ -50,6 +50,14 @@ pub enum Error {
     /// until the pool is reopened.
     #[error("pool is poisoned after a failed write or flush; restart the daemon to re-import it")]
     Poisoned,
+    /// Another host took the pool in its object store (`pool::tier`): this daemon must not
+    /// write it again.
+    #[error("{0}")]
+    Fenced(String),
+    /// The object store did not answer in time, or answered with errors: what needed it
+    /// failed, and may be tried again.
+    #[error("{0}")]
+    StoreUnavailable(String),
 }
 
 impl Error {

@@ -32,6 +32,7 @@ pub mod pool;
 pub mod redundancy;
 pub mod size;
 pub mod store;
+pub mod tier;
 pub mod volume;
 
 pub use codec::Compression;

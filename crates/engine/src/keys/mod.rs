@@ -39,7 +39,7 @@ const SECRET_FILE_BYTES_MAX: u64 = 64 << 10;
 /// runs as or by root, and neither readable nor writable by anyone else.
 /// Another user's file, even mode 0600, is refused: whoever owns it can
 /// change it, or read it back.
-pub(crate) fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+pub fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));

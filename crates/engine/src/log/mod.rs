@@ -612,6 +612,15 @@ impl Log {
         self.zero_sealed()
     }
 
+    /// Which opening of segment `seg` its bytes are from: the log's byte count when it was
+    /// last opened, different at every opening (each opening places a record before the
+    /// next can begin); 0 for a segment not opened by this process.
+    pub fn incarnation(&self, seg: u32) -> u64 {
+        self.stamp
+            .get(seg as usize)
+            .map_or(0, |s| s.load(Ordering::Relaxed))
+    }
+
     /// Sealed segments with no live bytes: candidates to free once the next commit is durable.
     pub fn zero_sealed(&self) -> Vec<u32> {
         let g = self.inner.lock();

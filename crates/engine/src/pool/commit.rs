@@ -41,9 +41,18 @@ impl Core {
         self.store.check_poisoned()?;
         self.commits_begun.fetch_add(1, Ordering::AcqRel);
         let result = self.commit_locked();
-        if let Err(e) = &result {
-            tracing::error!("commit failed, pool poisoned: {e}");
-            self.store.poison();
+        match &result {
+            // Nothing local names this commit yet: the next one tries again.
+            Err(e @ Error::StoreUnavailable(_)) => {
+                tracing::error!(
+                    "commit failed (the pool serves on; the next flush tries again): {e}"
+                )
+            }
+            Err(e) => {
+                tracing::error!("commit failed, pool poisoned: {e}");
+                self.store.poison();
+            }
+            Ok(()) => {}
         }
         self.commits_done.fetch_add(1, Ordering::AcqRel);
         // Writers waiting for space re-check now: a commit hands back the room kept for its
@@ -269,6 +278,12 @@ impl Core {
         devices?;
         anchored?;
         crate::crashpoint::hit("commit.flushed");
+        // The object store has the commit before any local label names it: a host that
+        // crashes here still finds its devices at the store's generation or one before.
+        if let Some(t) = &self.tier {
+            t.publish(&self.store, self.labels(&next_sb), next_sb.generation)?;
+            crate::crashpoint::hit("commit.published");
+        }
         let flushed = started.elapsed();
 
         let (old_root, generation) = {
@@ -420,6 +435,20 @@ impl Core {
     }
 
     /// Write `sb` (with each member's own identity) to its slots on every device, then flush.
+    /// Every member's label for `sb` (what `write_superblocks` writes), for the object store.
+    fn labels(&self, sb: &Superblock) -> Vec<Vec<u8>> {
+        (0..self.store.red.members.len())
+            .map(|i| {
+                Superblock {
+                    member_index: i as u32,
+                    device_id: sb.member_ids[i],
+                    ..sb.clone()
+                }
+                .encode(Some(&self.sb_key))
+            })
+            .collect()
+    }
+
     pub(crate) fn write_superblocks(&self, sb: &Superblock, back_region: u64) -> Result<()> {
         let mut written = 0;
         for (i, m) in self.store.red.members.iter().enumerate() {

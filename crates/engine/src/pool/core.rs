@@ -91,6 +91,8 @@ pub struct Core {
     pub scrub_rate_seen: AtomicU64,
     /// A cache device was configured but is not in use, and why (`status` shows it).
     pub cachedev_unavailable: Mutex<Option<crate::cachedev::CacheDeviceStatus>>,
+    /// The pool's object store, when it has one (`tier`): every commit publishes to it.
+    pub(crate) tier: Option<Arc<super::tier::Tier>>,
 }
 
 impl Core {
@@ -502,6 +504,9 @@ impl Core {
     /// Background work: periodic commits (bounding what an unflushed crash loses), commits when
     /// many map nodes are dirty, and cleaning when free segments run low.
     pub fn maintenance_loop(self: Arc<Self>) {
+        // The object store's fencing check: when clients came since the last one, and at
+        // most every `TIER_CHECK_INTERVAL` (an idle pool asks the store nothing).
+        let mut tier_checked = (std::time::Instant::now(), 0u64);
         loop {
             self.store.wait_for_work(self.commit_interval);
             if self.store.closing.load(Ordering::SeqCst) {
@@ -509,6 +514,23 @@ impl Core {
             }
             if self.store.is_poisoned() {
                 continue;
+            }
+            if let Some(t) = &self.tier {
+                let ops = self.store.client_ops.load(Ordering::Relaxed);
+                if ops != tier_checked.1
+                    && tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL
+                {
+                    tier_checked = (std::time::Instant::now(), ops);
+                    match t.check() {
+                        Err(e @ Error::Fenced(_)) => {
+                            tracing::error!("{e}");
+                            self.store.poison();
+                            continue;
+                        }
+                        Err(e) => tracing::warn!("object store check failed: {e}"),
+                        Ok(()) => {}
+                    }
+                }
             }
             // Low on space, a commit also frees the segments emptied since the last one, even
             // when no map node is dirty (a full pool's writers wait for exactly that).

@@ -50,6 +50,28 @@ pub struct PoolConfig {
     /// superblock names which of them the pool uses (their labels' ids).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub log_devices: Vec<PathBuf>,
+    /// The pool's object store (`pool create --object-store`, `pool import
+    /// --object-store`; issue 22): the durable copy of the pool, written by every commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<ObjectStoreConfig>,
+}
+
+/// Where a pool's object store is and who this host is to it (no secret: credentials are
+/// read from the file named here, or from the environment, at each start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectStoreConfig {
+    /// `s3://BUCKET/PREFIX?endpoint=...`.
+    pub url: String,
+    /// A credentials file (`AWS_ACCESS_KEY_ID=...` lines, mode 0600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<PathBuf>,
+    /// This host's name as a writer of the pool (host name, directory and a random tag),
+    /// in the store's superblock object while this host holds the pool.
+    pub writer: String,
+    /// The store failed the startup probe (it ignores conditional writes) and the
+    /// administrator accepted single-host use: no fencing can be promised.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single_host: bool,
 }
 
 impl PoolConfig {
@@ -574,6 +596,7 @@ fn create_in(
                 DeviceSpec::Paths(_) => Vec::new(),
             },
             log_devices: logs.iter().map(|(p, _)| p.clone()).collect(),
+            object_store: None,
         }
         .write(dir)
     })();

@@ -1166,6 +1166,22 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
         store.log.mark_data(seg as u32);
     }
+    // The object store (issue 22): taken before the import's commit, which publishes.
+    let tier = match &opts.tier {
+        Some(t) => {
+            if logdev.is_some() {
+                return Err(Error::Invalid(
+                    "a pool with an object store has no separate log device: its flushes are \
+                     durable in the store ('bulwark pool log remove' first)"
+                        .into(),
+                ));
+            }
+            let tier = super::tier::Tier::take(t, &sb_key, &newest)?;
+            store.set_tiered();
+            Some(Arc::new(tier))
+        }
+        None => None,
+    };
     let core = Core {
         dir: dir.to_path_buf(),
         store: Arc::new(store),
@@ -1193,7 +1209,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         log_key,
         commit_lock: Mutex::new(()),
         intent: Mutex::new(None),
-        intent_log: opts.intent_log,
+        // With an object store a flush is a commit: durable once the store has it.
+        intent_log: opts.intent_log && tier.is_none(),
+        tier,
         logdev: RwLock::new(logdev.clone()),
         device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),

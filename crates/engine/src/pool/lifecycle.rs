@@ -522,6 +522,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         exported: false,
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
         cache_device: old.as_ref().and_then(|c| c.cache_device.clone()),
+        object_store: old.as_ref().and_then(|c| c.object_store.clone()),
         log_devices: import_log_devices(
             match (&old, &opts.from_dir) {
                 (Some(c), _) => Some((c, dir)),

@@ -23,6 +23,7 @@ pub mod scrub;
 pub mod snapshot;
 pub mod superblock;
 pub mod table;
+pub mod tier;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -76,6 +77,9 @@ pub struct OpenOptions {
     /// A cache device for this run (`serve --cache-device`), in place of the one
     /// `pool.json` names. One that cannot be opened is warned about; the pool serves.
     pub cache_device: Option<PathBuf>,
+    /// The pool's object store (issue 22, `tier`): taken at import, published to by every
+    /// commit. `None`: local devices only.
+    pub tier: Option<tier::TierOpen>,
 }
 
 impl Default for OpenOptions {
@@ -91,6 +95,7 @@ impl Default for OpenOptions {
             upgrade: false,
             rename: None,
             cache_device: None,
+            tier: None,
         }
     }
 }

@@ -99,6 +99,21 @@ pub struct Store {
     /// The cache device, once the pool attached one (`set_cachedev`): copies of data
     /// records read, tried before the pool's copies (`read_data`).
     cachedev: std::sync::OnceLock<Arc<CacheDevice>>,
+    /// The pool has an object tier (`pool::tier`): every run `put` writes is noted here,
+    /// and the next commit uploads it before its superblock.
+    tiered: AtomicBool,
+    uploads: Mutex<Vec<Extent>>,
+}
+
+/// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
+/// in the segment's incarnation `inc` (`Log::incarnation`: a segment reopened since holds
+/// other bytes there, and the extent is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Extent {
+    pub seg: u32,
+    pub inc: u64,
+    pub off: u32,
+    pub len: u32,
 }
 
 impl NodeStore for Store {
@@ -136,6 +151,8 @@ impl Store {
             client_ops: AtomicU64::new(0),
             thick_unused: AtomicU64::new(0),
             cachedev: std::sync::OnceLock::new(),
+            tiered: AtomicBool::new(false),
+            uploads: Mutex::new(Vec::new()),
         }
     }
 
@@ -336,6 +353,9 @@ impl Store {
                     end - base
                 );
                 self.red.write(addr, &buf[base..end])?;
+                if self.tiered.load(Ordering::Relaxed) {
+                    self.note_upload(addr, self.red.footprint(end - base));
+                }
             }
             Ok(())
         })();
@@ -411,6 +431,40 @@ impl Store {
         let mut out = vec![0u8; raw_len];
         codec::decode(&mut stored, ptr.flags, None, &[], 0, &mut out)?;
         Ok(out)
+    }
+
+    // --- the object tier ---
+
+    /// Note every run written from now on for upload (`take_uploads`).
+    pub fn set_tiered(&self) {
+        self.tiered.store(true, Ordering::Release);
+    }
+
+    pub fn is_tiered(&self) -> bool {
+        self.tiered.load(Ordering::Acquire)
+    }
+
+    fn note_upload(&self, addr: u64, len: usize) {
+        let seg = (addr / SEGMENT_BYTES) as u32;
+        let e = Extent {
+            seg,
+            inc: self.log.incarnation(seg),
+            off: (addr % SEGMENT_BYTES) as u32,
+            len: len as u32,
+        };
+        self.uploads.lock().push(e);
+    }
+
+    /// The runs written since the last call (each at most once).
+    pub fn take_uploads(&self) -> Vec<Extent> {
+        std::mem::take(&mut *self.uploads.lock())
+    }
+
+    /// Put back runs a failed upload took (`take_uploads`): the next commit tries them again.
+    pub fn return_uploads(&self, mut extents: Vec<Extent>) {
+        let mut u = self.uploads.lock();
+        extents.append(&mut u);
+        *u = extents;
     }
 
     // --- the cache device ---

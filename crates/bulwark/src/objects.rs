@@ -1,0 +1,115 @@
+//! The object store, from the binary's side (issue 22, docs/object-store.md): building the
+//! client a pool names (`bulwark-objstore`), the startup probe, the writer's name, and
+//! `pool probe-store`. The engine does the rest (`pool::tier`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bulwark_engine::pool::create::{ObjectStoreConfig, PoolConfig};
+use bulwark_engine::pool::tier::TierOpen;
+use bulwark_engine::tier::ObjectStore;
+
+use crate::cli::{ObjectStoreArgs, PoolProbeStoreArgs};
+use crate::error::{Error, Result};
+
+/// The client for `url` with the credentials file, if any.
+pub fn open_store(url: &str, credentials: Option<&Path>) -> Result<Arc<dyn ObjectStore>> {
+    let loc = bulwark_objstore::Location::parse(url)?;
+    let s3 = bulwark_objstore::S3::open(&loc, credentials, bulwark_objstore::Deadlines::default())?;
+    Ok(Arc::new(s3))
+}
+
+/// Run the probe (`tier::probe`) on a fresh name; a store that fails it is refused unless
+/// `single_host` (then warned about).
+pub fn probe(store: &dyn ObjectStore, single_host: bool) -> Result<Vec<&'static str>> {
+    let name = format!(
+        "probe/{}",
+        bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<8>())
+    );
+    match bulwark_engine::tier::probe(store, &name) {
+        Ok(passed) => Ok(passed),
+        Err(e @ bulwark_engine::Error::Invalid(_)) if single_host => {
+            tracing::warn!(
+                "{e}. Going on: --object-store-single-host was given; nothing fences a second \
+                 host that takes this pool"
+            );
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// This host's name as the pool's writer: host name, pool directory, and a random tag (a
+/// copy of the directory on another host is another writer).
+pub fn writer_name(dir: &Path) -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let host = if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "unknown-host".into()
+    };
+    format!(
+        "{host}:{}#{}",
+        dir.display(),
+        bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<4>())
+    )
+}
+
+/// What `serve` (and the commands that open a pool) pass the engine for a pool with an
+/// object store: the client, probed. `None` for a pool of local devices only.
+pub fn tier_for(dir: &Path, create: bool, force: bool) -> Result<Option<TierOpen>> {
+    let conf = PoolConfig::read(dir)?;
+    let Some(os) = conf.object_store else {
+        return Ok(None);
+    };
+    Ok(Some(tier_open(&os, create, force)?))
+}
+
+pub fn tier_open(os: &ObjectStoreConfig, create: bool, force: bool) -> Result<TierOpen> {
+    let store = open_store(&os.url, os.credentials.as_deref())?;
+    probe(&*store, os.single_host)?;
+    Ok(TierOpen {
+        store,
+        writer: os.writer.clone(),
+        create,
+        force,
+    })
+}
+
+/// The configuration `pool create` and `pool import` write for `url`.
+pub fn config(dir: &Path, url: &str, args: &ObjectStoreArgs) -> Result<ObjectStoreConfig> {
+    let loc = bulwark_objstore::Location::parse(url)?;
+    let credentials = match &args.object_store_credentials {
+        Some(p) => Some(
+            std::fs::canonicalize(p)
+                .map_err(|e| Error::msg(format!("cannot read {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    Ok(ObjectStoreConfig {
+        url: loc.to_string(),
+        credentials,
+        writer: writer_name(dir),
+        single_host: args.object_store_single_host,
+    })
+}
+
+/// `bulwark pool probe-store URL`.
+pub fn probe_store(args: &PoolProbeStoreArgs) -> Result<()> {
+    let store = open_store(&args.url, args.store.object_store_credentials.as_deref())?;
+    let passed = probe(&*store, false)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "store": store.describe(), "honours_conditions": true, "passed": passed })
+        );
+    } else {
+        println!("{}: honours conditional writes", store.describe());
+        for p in passed {
+            println!("  ok  {p}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1013 @@
+//! The object tier (issue 22, docs/object-store.md): a pool whose durable copy is in an
+//! object store (S3 and those that speak its dialect), its local devices holding the same
+//! bytes (today every byte; later a cache of them).
+//!
+//! What the bucket holds, all written by the commit (`publish`), before the local labels:
+//! - `seg/EPOCH/SEQ`: the bytes `Store::put` wrote since the last commit, one object per
+//!   run of neighbouring writes in a segment (a *part*). Written once, never changed; a
+//!   segment emptied and reused gets new parts, and its old ones are left to collection.
+//! - `table/EPOCH/SEQ`: the segment table, in pages of `PAGE_SEGMENTS` segments: which
+//!   parts hold which bytes of each segment. Only pages that changed are written again.
+//! - `superblock`: the one object updated in place, always by compare-and-swap on the
+//!   version this writer last wrote: the writer's epoch and name, the generation, every
+//!   member's label (the local superblock bytes, MACed under the pool key), and the pages'
+//!   names with their blake3. The whole object carries a MAC under a key derived from the
+//!   pool key, so the bucket's operator can neither forge nor alter it, and everything
+//!   else is reached from it by collision-resistant checksums (decision 0011).
+//!
+//! Fencing: a takeover (`take`) writes epoch + 1 conditionally on the version it read. A
+//! writer whose conditional write is refused has been taken over: the commit fails with
+//! `Fenced`, naming the new holder, and the pool is poisoned (no write is acknowledged
+//! again). A refusal that may be our own earlier try, whose reply was lost, is told apart
+//! by reading the object back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use super::superblock::{Check, SbKey, Superblock};
+use crate::constants::{DEVICES_MAX, SEGMENT_BYTES, SUPERBLOCK_BYTES};
+use crate::hex::{from_hex, to_hex};
+use crate::store::{Extent, Store};
+use crate::tier::{Cond, ObjectStore, PutIf, Version};
+use crate::{Error, Result};
+
+/// The name of the superblock object.
+pub const SUPERBLOCK_OBJECT: &str = "superblock";
+/// Segments per page of the segment table.
+pub const PAGE_SEGMENTS: u32 = 256;
+/// The largest superblock object read (16 labels in hex and the page list of a pool of
+/// the largest address space fit well below this).
+const SUPERBLOCK_OBJECT_BYTES_MAX: usize = 16 << 20;
+/// Parts per segment a page may list (a part holds at least one 16-byte-aligned record).
+const PARTS_PER_SEGMENT_MAX: u32 = (SEGMENT_BYTES / 16) as u32;
+/// Uploads in flight at once during a commit.
+const UPLOADS_AT_ONCE: usize = 8;
+const MAGIC: &str = "bulwark object superblock 1";
+const PAGE_MAGIC: &[u8; 8] = b"BWTPAGE1";
+
+/// How the pool asks to use its object store (`OpenOptions::tier`).
+#[derive(Clone)]
+pub struct TierOpen {
+    pub store: Arc<dyn ObjectStore>,
+    /// Who writes: kept in `pool.json`, shown to a host that finds itself fenced.
+    pub writer: String,
+    /// A new pool: the store must hold no superblock yet.
+    pub create: bool,
+    /// Take the pool although another writer holds it and did not export it (its host is
+    /// gone: `pool import --force`).
+    pub force: bool,
+}
+
+impl std::fmt::Debug for TierOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierOpen")
+            .field("store", &self.store.describe())
+            .field("writer", &self.writer)
+            .field("create", &self.create)
+            .field("force", &self.force)
+            .finish()
+    }
+}
+
+/// One part: bytes `off..off + len` of a segment, in object `seg/EPOCH/SEQ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub off: u32,
+    pub len: u32,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+impl Part {
+    pub fn name(&self) -> String {
+        format!("seg/{:08x}/{:012x}", self.epoch, self.seq)
+    }
+}
+
+/// A segment's parts, later ones over earlier ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// The segment's incarnation the parts are of (`Log::incarnation`; `u64::MAX`: of an
+    /// earlier process).
+    pub inc: u64,
+    pub parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRef {
+    pub index: u32,
+    pub name: String,
+    pub blake3: String,
+}
+
+/// The superblock object's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub magic: String,
+    pub pool_id: String,
+    pub epoch: u64,
+    pub writer: String,
+    pub generation: u64,
+    /// The next object sequence number of this epoch.
+    pub seq_next: u64,
+    /// Every member's label (`Superblock::encode`), hex.
+    pub labels: Vec<String>,
+    pub pages: Vec<PageRef>,
+}
+
+/// The key of the superblock object's MAC, derived from the pool's superblock key.
+pub fn object_key(sb_key: &SbKey) -> Zeroizing<[u8; 32]> {
+    Zeroizing::new(blake3::derive_key(
+        "bulwark 2026-11-26 object store superblock",
+        &sb_key[..],
+    ))
+}
+
+impl Head {
+    /// The object's bytes: the body (JSON), a newline, the MAC (hex).
+    pub fn seal(&self, key: &[u8; 32]) -> Vec<u8> {
+        let mut b = serde_json::to_vec(self).expect("a head serialises");
+        let mac = blake3::keyed_hash(key, &b);
+        b.push(b'\n');
+        b.extend_from_slice(to_hex(mac.as_bytes()).as_bytes());
+        b
+    }
+
+    /// Read a superblock object: its MAC under `key`, then its fields within bounds.
+    pub fn open(bytes: &[u8], key: &[u8; 32]) -> Result<Head> {
+        let bad = |why: String| Error::Corrupt(format!("the object store's superblock: {why}"));
+        if bytes.len() > SUPERBLOCK_OBJECT_BYTES_MAX {
+            return Err(bad(format!(
+                "{} bytes, more than the {SUPERBLOCK_OBJECT_BYTES_MAX} it may hold",
+                bytes.len()
+            )));
+        }
+        let nl = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .ok_or_else(|| bad("no MAC".into()))?;
+        let (body, mac) = (&bytes[..nl], &bytes[nl + 1..]);
+        let mac = std::str::from_utf8(mac)
+            .ok()
+            .and_then(from_hex)
+            .filter(|m| m.len() == 32)
+            .ok_or_else(|| bad("its MAC is not 32 bytes of hex".into()))?;
+        let want = blake3::keyed_hash(key, body);
+        // blake3::Hash compares in constant time.
+        if want != blake3::Hash::from_bytes(mac.try_into().expect("32 bytes")) {
+            return Err(bad(
+                "its MAC does not verify: the pool key is not this pool's, or the object was \
+                 altered"
+                    .into(),
+            ));
+        }
+        let head: Head =
+            serde_json::from_slice(body).map_err(|e| bad(format!("not readable: {e}")))?;
+        if head.magic != MAGIC {
+            return Err(bad(format!("unknown format '{}'", head.magic)));
+        }
+        if head.labels.is_empty() || head.labels.len() > DEVICES_MAX {
+            return Err(bad(format!("{} labels", head.labels.len())));
+        }
+        if head.labels.iter().any(|l| l.len() != 2 * SUPERBLOCK_BYTES) {
+            return Err(bad("a label is not one superblock".into()));
+        }
+        Ok(head)
+    }
+
+    /// The members' labels, decoded and verified under the pool key.
+    pub fn superblocks(&self, sb_key: &SbKey) -> Result<Vec<Superblock>> {
+        self.labels
+            .iter()
+            .map(|l| {
+                let bytes = from_hex(l).ok_or_else(|| {
+                    Error::Corrupt("the object store's superblock: a label is not hex".into())
+                })?;
+                Superblock::decode(&bytes, Check::Key(sb_key))?.ok_or_else(|| {
+                    Error::Corrupt("the object store's superblock: an empty label".into())
+                })
+            })
+            .collect()
+    }
+
+    pub fn label_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        self.labels
+            .iter()
+            .map(|l| {
+                from_hex(l).ok_or_else(|| {
+                    Error::Corrupt("the object store's superblock: a label is not hex".into())
+                })
+            })
+            .collect()
+    }
+}
+
+/// A page of the segment table: the parts of segments `index * PAGE_SEGMENTS ..`.
+pub fn encode_page(index: u32, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
+    let lo = index * PAGE_SEGMENTS;
+    let hi = lo.saturating_add(PAGE_SEGMENTS);
+    let mine: Vec<_> = slots
+        .range(lo..hi)
+        .filter(|(_, s)| !s.parts.is_empty())
+        .collect();
+    let mut b = Vec::with_capacity(16 + mine.len() * 40);
+    b.extend_from_slice(PAGE_MAGIC);
+    b.extend_from_slice(&index.to_le_bytes());
+    b.extend_from_slice(&(mine.len() as u32).to_le_bytes());
+    for (seg, s) in mine {
+        b.extend_from_slice(&seg.to_le_bytes());
+        b.extend_from_slice(&(s.parts.len() as u32).to_le_bytes());
+        for p in &s.parts {
+            b.extend_from_slice(&p.off.to_le_bytes());
+            b.extend_from_slice(&p.len.to_le_bytes());
+            b.extend_from_slice(&p.epoch.to_le_bytes());
+            b.extend_from_slice(&p.seq.to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Read a page back (its bytes verified by the caller against the superblock object's
+/// blake3; bounds checked here all the same: bytes from a bucket are input).
+pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
+    let bad = |why: &str| Error::Corrupt(format!("segment table page {index}: {why}"));
+    let mut r = Reader(b);
+    if r.take(8).ok_or_else(|| bad("short"))? != PAGE_MAGIC {
+        return Err(bad("bad magic"));
+    }
+    if r.u32().ok_or_else(|| bad("short"))? != index {
+        return Err(bad("it is another page"));
+    }
+    let count = r.u32().ok_or_else(|| bad("short"))?;
+    if count > PAGE_SEGMENTS {
+        return Err(bad("more segments than a page holds"));
+    }
+    let lo = index as u64 * PAGE_SEGMENTS as u64;
+    let mut slots = BTreeMap::new();
+    for _ in 0..count {
+        let seg = r.u32().ok_or_else(|| bad("short"))?;
+        if !(lo..lo + PAGE_SEGMENTS as u64).contains(&(seg as u64)) {
+            return Err(bad("a segment outside the page"));
+        }
+        let n = r.u32().ok_or_else(|| bad("short"))?;
+        if n == 0 || n > PARTS_PER_SEGMENT_MAX {
+            return Err(bad("a segment with no parts or too many"));
+        }
+        let mut parts = Vec::new();
+        for _ in 0..n {
+            let p = Part {
+                off: r.u32().ok_or_else(|| bad("short"))?,
+                len: r.u32().ok_or_else(|| bad("short"))?,
+                epoch: r.u64().ok_or_else(|| bad("short"))?,
+                seq: r.u64().ok_or_else(|| bad("short"))?,
+            };
+            if p.len == 0 || p.off as u64 + p.len as u64 > SEGMENT_BYTES {
+                return Err(bad("a part outside its segment"));
+            }
+            parts.push(p);
+        }
+        if slots
+            .insert(
+                seg,
+                Slot {
+                    inc: u64::MAX,
+                    parts,
+                },
+            )
+            .is_some()
+        {
+            return Err(bad("a segment listed twice"));
+        }
+    }
+    if !r.0.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(slots)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+}
+
+/// What the store holds of a pool: its head, the head's version, and the segment table.
+pub struct Found {
+    pub head: Head,
+    pub version: Version,
+    pub slots: BTreeMap<u32, Slot>,
+}
+
+/// Read the pool's superblock object and segment table (`None`: no pool there).
+pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
+    let Some((bytes, version)) = store.get(SUPERBLOCK_OBJECT)? else {
+        return Ok(None);
+    };
+    let head = Head::open(&bytes, key)?;
+    let mut slots = BTreeMap::new();
+    for p in &head.pages {
+        let Some((b, _)) = store.get(&p.name)? else {
+            return Err(Error::Corrupt(format!(
+                "the object store {} lacks segment table page {} ({})",
+                store.describe(),
+                p.index,
+                p.name
+            )));
+        };
+        if to_hex(blake3::hash(&b).as_bytes()) != p.blake3 {
+            return Err(Error::Corrupt(format!(
+                "segment table page {} ({}) does not match the superblock object's checksum",
+                p.index, p.name
+            )));
+        }
+        slots.extend(decode_page(&b, p.index)?);
+    }
+    Ok(Some(Found {
+        head,
+        version,
+        slots,
+    }))
+}
+
+/// The pool's side of its object store, held by the `Core` while it serves.
+pub struct Tier {
+    pub store: Arc<dyn ObjectStore>,
+    key: Zeroizing<[u8; 32]>,
+    st: Mutex<State>,
+    /// Set once a conditional write was refused for another writer's: why, for `status`.
+    pub fenced: Mutex<Option<String>>,
+}
+
+struct State {
+    /// What this writer last wrote (or read, at a takeover).
+    head: Head,
+    /// Its version: the condition of the next write (`None`: create, no object yet).
+    version: Option<Version>,
+    slots: BTreeMap<u32, Slot>,
+    pages: BTreeMap<u32, PageRef>,
+}
+
+/// Counters for `status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TierStatus {
+    pub url: String,
+    pub writer: String,
+    pub epoch: u64,
+    pub generation: u64,
+    pub segments_stored: usize,
+    pub parts: usize,
+    pub fenced: Option<String>,
+}
+
+impl Tier {
+    /// Take the pool at the local generation `local` (the devices' newest superblock): a
+    /// new pool (`create`: the store must hold none), or the one in the store, whose
+    /// generation must be the local one and whose writer must be `open.writer` unless the
+    /// pool was exported or `force`. Writes epoch + 1 conditionally: another host that
+    /// takes the pool at the same time makes this fail, never both succeed.
+    pub fn take(open: &TierOpen, sb_key: &SbKey, local: &Superblock) -> Result<Tier> {
+        let key = object_key(sb_key);
+        let store = &*open.store;
+        let pool_id = to_hex(&local.pool_id);
+        let found = load(store, &key)?;
+        let (mut head, version, slots) = match (found, open.create) {
+            (Some(_), true) => {
+                return Err(Error::Exists(format!(
+                    "the object store {} already holds a pool: give each pool its own prefix \
+                     (s3://BUCKET/PREFIX)",
+                    store.describe()
+                )))
+            }
+            (None, false) => {
+                return Err(Error::NotFound(format!(
+                    "the object store {} holds no pool (no '{SUPERBLOCK_OBJECT}' object)",
+                    store.describe()
+                )))
+            }
+            (None, true) => (
+                Head {
+                    magic: MAGIC.into(),
+                    pool_id: pool_id.clone(),
+                    epoch: 0,
+                    writer: open.writer.clone(),
+                    generation: local.generation,
+                    seq_next: 0,
+                    labels: Vec::new(),
+                    pages: Vec::new(),
+                },
+                None,
+                BTreeMap::new(),
+            ),
+            (Some(f), false) => (f.head, Some(f.version), f.slots),
+        };
+        if head.pool_id != pool_id {
+            return Err(Error::Invalid(format!(
+                "the object store {} holds pool {}, not this pool ({pool_id})",
+                store.describe(),
+                head.pool_id
+            )));
+        }
+        if version.is_some() {
+            let labels = head.superblocks(sb_key)?;
+            let exported = labels.iter().all(|l| l.exported);
+            if head.writer != open.writer && !exported && !open.force {
+                return Err(Error::Busy(format!(
+                    "the pool in {} is held by '{}' (epoch {}, generation {}), which did not \
+                     export it. If that host is gone for good, take the pool over with \
+                     'bulwark pool import --object-store URL --force' (its unflushed writes \
+                     are lost, and it is fenced: its next flush fails)",
+                    store.describe(),
+                    head.writer,
+                    head.epoch,
+                    head.generation
+                )));
+            }
+            if head.generation != local.generation {
+                return Err(Error::Invalid(format!(
+                    "the object store {} is at generation {}, this host's devices at {}: the \
+                     local copy is not the pool's. Import the pool from the store into a new \
+                     directory ('bulwark pool import --object-store URL --dir NEW')",
+                    store.describe(),
+                    head.generation,
+                    local.generation
+                )));
+            }
+        }
+        let pages = head.pages.iter().map(|p| (p.index, p.clone())).collect();
+        head.epoch += 1;
+        head.writer = open.writer.clone();
+        let tier = Tier {
+            store: open.store.clone(),
+            key,
+            st: Mutex::new(State {
+                head: head.clone(),
+                version: version.clone(),
+                slots,
+                pages,
+            }),
+            fenced: Mutex::new(None),
+        };
+        if version.is_some() {
+            // The takeover itself: epoch + 1, nothing else changed.
+            let v = tier.cas(&head, version.as_ref())?;
+            tier.st.lock().version = Some(v);
+            tracing::info!(
+                store = %store.describe(),
+                epoch = head.epoch,
+                generation = head.generation,
+                "object store taken"
+            );
+        }
+        Ok(tier)
+    }
+
+    /// Write `head` if the superblock object is still `version` (absent when `None`).
+    /// Refused: read back; our own bytes there mean an earlier try landed and its reply
+    /// was lost; anything else means another writer took the pool (`Fenced`).
+    fn cas(&self, head: &Head, version: Option<&Version>) -> Result<Version> {
+        let body = head.seal(&self.key);
+        let cond = match version {
+            Some(v) => Cond::Matches(v.clone()),
+            None => Cond::Absent,
+        };
+        match self.store.put_if(SUPERBLOCK_OBJECT, body.clone(), &cond)? {
+            PutIf::Done(v) => Ok(v),
+            PutIf::Refused => match self.store.get(SUPERBLOCK_OBJECT)? {
+                Some((b, v)) if b == body => Ok(v),
+                Some((b, _)) => {
+                    let who = Head::open(&b, &self.key)
+                        .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
+                        .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
+                    let why = format!(
+                        "the pool in {} was taken over by {who}: this daemon stopped writing \
+                         (fenced); its flushes fail from now on",
+                        self.store.describe()
+                    );
+                    *self.fenced.lock() = Some(why.clone());
+                    Err(Error::Fenced(why))
+                }
+                None => Err(Error::Fenced(format!(
+                    "the superblock object in {} is gone: this daemon stopped writing",
+                    self.store.describe()
+                ))),
+            },
+        }
+    }
+
+    /// Is the superblock object still the one this writer wrote? (the periodic check of a
+    /// serving daemon: a host taken over stops serving even before it writes).
+    pub fn check(&self) -> Result<()> {
+        let mine = self.st.lock().version.clone();
+        let Some(mine) = mine else { return Ok(()) };
+        match self.store.get(SUPERBLOCK_OBJECT)? {
+            Some((_, v)) if v == mine => Ok(()),
+            Some((b, _)) => {
+                let who = Head::open(&b, &self.key)
+                    .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
+                    .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
+                let why = format!(
+                    "the pool in {} was taken over by {who}: this daemon stopped writing (fenced)",
+                    self.store.describe()
+                );
+                *self.fenced.lock() = Some(why.clone());
+                Err(Error::Fenced(why))
+            }
+            None => Err(Error::Fenced(format!(
+                "the superblock object in {} is gone",
+                self.store.describe()
+            ))),
+        }
+    }
+
+    /// The commit's step between the devices' flush and the local labels: upload what
+    /// `Store::put` wrote since the last commit, the table pages that changed, then the
+    /// superblock object with `labels` at `generation`, conditionally. Nothing local is
+    /// changed by a failure: the runs go back to the store for the next try.
+    pub fn publish(&self, store: &Store, labels: Vec<Vec<u8>>, generation: u64) -> Result<()> {
+        let taken = store.take_uploads();
+        let result = self.publish_runs(store, &taken, labels, generation);
+        if result.is_err() {
+            store.return_uploads(taken);
+        }
+        result.map_err(|e| match e {
+            // The store failed (after its own retries, by its deadline): nothing local
+            // changed, the next commit tries again.
+            Error::Io(_) | Error::NotFound(_) | Error::Corrupt(_) => {
+                Error::StoreUnavailable(format!(
+                    "the object store {} did not take the commit: {e}",
+                    self.store.describe()
+                ))
+            }
+            other => other,
+        })
+    }
+
+    fn publish_runs(
+        &self,
+        store: &Store,
+        taken: &[Extent],
+        labels: Vec<Vec<u8>>,
+        generation: u64,
+    ) -> Result<()> {
+        let mut st = self.st.lock();
+        // Runs still in the segment's current incarnation, by segment and offset, joined
+        // where they touch.
+        let mut runs: Vec<Extent> = taken
+            .iter()
+            .filter(|e| store.log.incarnation(e.seg) == e.inc)
+            .copied()
+            .collect();
+        runs.sort();
+        runs.dedup();
+        let mut joined: Vec<Extent> = Vec::new();
+        for e in runs {
+            match joined.last_mut() {
+                Some(l) if l.seg == e.seg && l.inc == e.inc && l.off + l.len >= e.off => {
+                    l.len = l.len.max(e.off + e.len - l.off);
+                }
+                _ => joined.push(e),
+            }
+        }
+        let mut head = st.head.clone();
+        let mut parts: Vec<(Extent, Part)> = Vec::with_capacity(joined.len());
+        for e in &joined {
+            parts.push((
+                *e,
+                Part {
+                    off: e.off,
+                    len: e.len,
+                    epoch: head.epoch,
+                    seq: head.seq_next,
+                },
+            ));
+            head.seq_next += 1;
+        }
+        // Upload the parts, several at once.
+        let chunk = parts.len().div_ceil(UPLOADS_AT_ONCE).max(1);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = parts
+                .chunks(chunk)
+                .map(|c| {
+                    s.spawn(move || -> Result<()> {
+                        let mut buf = Vec::new();
+                        for (e, p) in c {
+                            let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
+                            store.red.read_run(addr, e.len as usize, &mut buf)?;
+                            self.store.put(&p.name(), buf[..e.len as usize].to_vec())?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("an upload thread does not panic"))
+                .collect::<Result<Vec<()>>>()
+        })?;
+        // The table: a segment's parts start over when it was reopened.
+        let mut slots = st.slots.clone();
+        let mut dirty = BTreeSet::new();
+        for (e, p) in &parts {
+            let slot = slots.entry(e.seg).or_default();
+            if slot.inc != e.inc {
+                *slot = Slot {
+                    inc: e.inc,
+                    parts: Vec::new(),
+                };
+            }
+            slot.parts.push(*p);
+            dirty.insert(e.seg / PAGE_SEGMENTS);
+        }
+        let mut pages = st.pages.clone();
+        for index in dirty {
+            let body = encode_page(index, &slots);
+            let r = PageRef {
+                index,
+                name: format!("table/{:08x}/{:012x}", head.epoch, head.seq_next),
+                blake3: to_hex(blake3::hash(&body).as_bytes()),
+            };
+            head.seq_next += 1;
+            self.store.put(&r.name, body)?;
+            pages.insert(index, r);
+        }
+        head.generation = generation;
+        head.labels = labels.iter().map(|l| to_hex(l)).collect();
+        head.pages = pages.values().cloned().collect();
+        let version = self.cas(&head, st.version.as_ref())?;
+        st.head = head;
+        st.version = Some(version);
+        st.slots = slots;
+        st.pages = pages;
+        Ok(())
+    }
+
+    pub fn status(&self) -> TierStatus {
+        let st = self.st.lock();
+        TierStatus {
+            url: self.store.describe(),
+            writer: st.head.writer.clone(),
+            epoch: st.head.epoch,
+            generation: st.head.generation,
+            segments_stored: st.slots.values().filter(|s| !s.parts.is_empty()).count(),
+            parts: st.slots.values().map(|s| s.parts.len()).sum(),
+            fenced: self.fenced.lock().clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots() -> BTreeMap<u32, Slot> {
+        let mut m = BTreeMap::new();
+        m.insert(
+            3,
+            Slot {
+                inc: u64::MAX,
+                parts: vec![
+                    Part {
+                        off: 0,
+                        len: 4096,
+                        epoch: 1,
+                        seq: 7,
+                    },
+                    Part {
+                        off: 4096,
+                        len: 512,
+                        epoch: 2,
+                        seq: 0,
+                    },
+                ],
+            },
+        );
+        m.insert(
+            255,
+            Slot {
+                inc: u64::MAX,
+                parts: vec![Part {
+                    off: 16,
+                    len: 32,
+                    epoch: 1,
+                    seq: 9,
+                }],
+            },
+        );
+        m.insert(
+            256,
+            Slot {
+                inc: u64::MAX,
+                parts: vec![Part {
+                    off: 0,
+                    len: 16,
+                    epoch: 1,
+                    seq: 1,
+                }],
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn pages_round_trip_and_hold_only_their_segments() {
+        let s = slots();
+        let p0 = decode_page(&encode_page(0, &s), 0).unwrap();
+        assert_eq!(p0.len(), 2);
+        assert_eq!(p0[&3], s[&3]);
+        let p1 = decode_page(&encode_page(1, &s), 1).unwrap();
+        assert_eq!(p1.keys().copied().collect::<Vec<_>>(), vec![256]);
+        assert!(
+            decode_page(&encode_page(0, &s), 1).is_err(),
+            "page index is checked"
+        );
+    }
+
+    #[test]
+    fn any_page_bytes_give_an_error_or_a_bounded_table() {
+        let good = vec![encode_page(0, &slots())];
+        crate::fuzz::never_panics("decode_page", &good, 5000, None, &|b| {
+            if let Ok(m) = decode_page(b, 0) {
+                assert!(m.len() <= PAGE_SEGMENTS as usize);
+                for s in m.values() {
+                    for p in &s.parts {
+                        assert!(p.off as u64 + p.len as u64 <= SEGMENT_BYTES);
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn the_superblock_object_is_refused_when_altered_or_under_another_key() {
+        let key = [7u8; 32];
+        let head = Head {
+            magic: MAGIC.into(),
+            pool_id: "00".repeat(16),
+            epoch: 3,
+            writer: "host-a".into(),
+            generation: 9,
+            seq_next: 12,
+            labels: vec!["00".repeat(SUPERBLOCK_BYTES)],
+            pages: vec![],
+        };
+        let b = head.seal(&key);
+        assert_eq!(Head::open(&b, &key).unwrap(), head);
+        assert!(Head::open(&b, &[8u8; 32])
+            .unwrap_err()
+            .to_string()
+            .contains("MAC"));
+        let mut t = b.clone();
+        let at = t.iter().position(|&c| c == b'3').unwrap();
+        t[at] = b'4';
+        assert!(Head::open(&t, &key)
+            .unwrap_err()
+            .to_string()
+            .contains("MAC"));
+        let fix = |m: &mut Vec<u8>| {
+            // Re-sealed, so that mutations reach the parser behind the MAC.
+            if let Some(nl) = m.iter().rposition(|&c| c == b'\n') {
+                let mac = to_hex(blake3::keyed_hash(&key, &m[..nl]).as_bytes());
+                m.truncate(nl + 1);
+                m.extend_from_slice(mac.as_bytes());
+            }
+        };
+        crate::fuzz::never_panics("Head::open", &[b], 5000, Some(&fix), &|m| {
+            if let Ok(h) = Head::open(m, &key) {
+                assert!(!h.labels.is_empty() && h.labels.len() <= DEVICES_MAX);
+            }
+        });
+    }
+}
+
+/// What `restore` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreReport {
+    pub pool_id: String,
+    pub name: String,
+    pub generation: u64,
+    pub epoch: u64,
+    pub previous_writer: String,
+    pub devices: Vec<std::path::PathBuf>,
+    pub parts: usize,
+    pub bytes: u64,
+}
+
+/// The pool id a superblock object claims (before its MAC can be checked: the MAC key is
+/// derived from it; `Head::open` then verifies it).
+fn claimed_pool_id(bytes: &[u8]) -> Result<[u8; 16]> {
+    #[derive(Deserialize)]
+    struct Id {
+        pool_id: String,
+    }
+    let bad = || Error::Corrupt("the object store's superblock names no readable pool id".into());
+    let body = &bytes[..bytes.iter().rposition(|&b| b == b'\n').ok_or_else(bad)?];
+    let id: Id = serde_json::from_slice(body).map_err(|_| bad())?;
+    from_hex(&id.pool_id)
+        .and_then(|v| v.try_into().ok())
+        .ok_or_else(bad)
+}
+
+/// `bulwark pool import --object-store URL --dir DIR` (issue 22): rebuild a pool from its
+/// object store alone, and the pool key, in the new directory `dir`: device files of the
+/// labels' size, every part of the segment table written where it belongs, the labels,
+/// `pool.json` (naming the store, with `config`) and the anchor at the store's generation.
+/// The caller then opens the pool with the store, which takes it (epoch + 1).
+pub fn restore(
+    dir: &std::path::Path,
+    store: &dyn ObjectStore,
+    pool_key: &super::super::keys::pool_key::PoolKey,
+    config: super::create::ObjectStoreConfig,
+    force: bool,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<RestoreReport> {
+    use crate::device::{Device, FileDevice};
+    use crate::redundancy::{Member, Redundancy};
+    use std::path::PathBuf;
+    if dir.join(super::create::CONFIG_FILE).exists() {
+        return Err(Error::Exists(format!(
+            "{} already holds a pool: import from the object store into a new directory",
+            dir.display()
+        )));
+    }
+    let Some((bytes, _)) = store.get(SUPERBLOCK_OBJECT)? else {
+        return Err(Error::NotFound(format!(
+            "the object store {} holds no pool (no '{SUPERBLOCK_OBJECT}' object)",
+            store.describe()
+        )));
+    };
+    let pool_id = claimed_pool_id(&bytes)?;
+    let sb_key = pool_key.superblock_key(&pool_id);
+    let found = load(store, &object_key(&sb_key))?.ok_or_else(|| {
+        Error::NotFound(format!(
+            "the object store {} holds no pool",
+            store.describe()
+        ))
+    })?;
+    let labels = found.head.superblocks(&sb_key)?;
+    let label_bytes = found.head.label_bytes()?;
+    let first = labels[0].clone();
+    // Refused before anything is downloaded (the takeover checks it again, atomically).
+    if !force && !labels.iter().all(|l| l.exported) {
+        return Err(Error::Busy(format!(
+            "the pool in {} is held by '{}' (epoch {}, generation {}), which did not export \
+             it ('bulwark pool export' there first). If that host is gone for good, add \
+             --force: this host takes the pool over and that one is fenced (its next flush \
+             fails)",
+            store.describe(),
+            found.head.writer,
+            found.head.epoch,
+            found.head.generation
+        )));
+    }
+    if labels.len() != first.member_count as usize
+        || labels
+            .iter()
+            .enumerate()
+            .any(|(i, l)| l.member_index as usize != i || l.generation != found.head.generation)
+    {
+        return Err(Error::Corrupt(
+            "the object store's superblock: its labels are not one generation of every member"
+                .into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::device(dir, e))?;
+    }
+    let mut made: Vec<PathBuf> = Vec::new();
+    let result = (|| {
+        let back_region =
+            crate::constants::DEVICE_RESERVED_FRONT + first.segments_per_device * SEGMENT_BYTES;
+        let mut members = Vec::new();
+        let mut names = Vec::new();
+        for (i, label) in label_bytes.iter().enumerate() {
+            let name = PathBuf::from(format!("dev{i}.img"));
+            let path = dir.join(&name);
+            if path.exists() {
+                return Err(Error::Exists(format!("{} already exists", path.display())));
+            }
+            let mut d = FileDevice::create_sparse(&path, first.device_bytes)?;
+            made.push(path.clone());
+            d.claim()?;
+            for off in Superblock::slot_offsets(first.generation, back_region) {
+                d.write_at(label, off)
+                    .map_err(|e| Error::device(&path, e))?;
+            }
+            names.push(name);
+            members.push(Member::new(path, Some(Arc::new(d) as Arc<dyn Device>)));
+        }
+        let red = Redundancy::new(first.layout, members, first.segments_per_device);
+        let segments = red.segments();
+        let jobs: Vec<(u32, Part)> = found
+            .slots
+            .iter()
+            .flat_map(|(seg, s)| s.parts.iter().map(move |p| (*seg, *p)))
+            .collect();
+        if let Some((seg, _)) = jobs.iter().find(|(seg, _)| *seg as u64 >= segments) {
+            return Err(Error::Corrupt(format!(
+                "the object store's segment table names segment {seg}, past the pool's {segments}"
+            )));
+        }
+        let total: u64 = jobs.iter().map(|(_, p)| p.len as u64).sum();
+        let done = std::sync::atomic::AtomicU64::new(0);
+        // Parts of one segment in order (a later part may cover an earlier one's bytes);
+        // segments spread over the downloaders.
+        let mut by_seg: Vec<Vec<(u32, Part)>> = Vec::new();
+        for j in &jobs {
+            match by_seg.last_mut() {
+                Some(v) if v[0].0 == j.0 => v.push(*j),
+                _ => by_seg.push(vec![*j]),
+            }
+        }
+        std::thread::scope(|s| {
+            let chunk = by_seg.len().div_ceil(UPLOADS_AT_ONCE).max(1);
+            let workers: Vec<_> = by_seg
+                .chunks(chunk)
+                .map(|c| {
+                    let (red, done) = (&red, &done);
+                    s.spawn(move || -> Result<()> {
+                        for (seg, p) in c.iter().flatten() {
+                            let b = store.get_range(&p.name(), 0, p.len as u64)?;
+                            red.write(*seg as u64 * SEGMENT_BYTES + p.off as u64, &b)?;
+                            let now =
+                                done.fetch_add(p.len as u64, std::sync::atomic::Ordering::Relaxed);
+                            progress(now + p.len as u64, total);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("a download thread does not panic"))
+                .collect::<Result<Vec<()>>>()
+        })?;
+        red.flush()?;
+        let key_path = dir.join(super::import::POOL_KEY_FILE);
+        pool_key.save(&key_path)?;
+        made.push(key_path);
+        super::anchor::write_first(
+            dir,
+            &super::anchor::Anchor {
+                seq: 1,
+                pool_id,
+                committed: (first.generation, super::anchor::digest(&first)),
+                next: (0, [0; 32]),
+                nonce_reserved: first.nonce_reserved,
+            },
+        )?;
+        made.push(super::anchor::path(dir));
+        super::create::PoolConfig {
+            format: 1,
+            pool_id: to_hex(&pool_id),
+            layout: first.layout.to_string(),
+            devices: names.clone(),
+            offline: Vec::new(),
+            name: (!first.name.is_empty()).then(|| first.name.clone()),
+            exported: false,
+            created: names.clone(),
+            cache_device: None,
+            log_devices: Vec::new(),
+            object_store: Some(config),
+        }
+        .write(dir)?;
+        Ok(RestoreReport {
+            pool_id: to_hex(&pool_id),
+            name: first.name.clone(),
+            generation: first.generation,
+            epoch: found.head.epoch,
+            previous_writer: found.head.writer.clone(),
+            devices: names.iter().map(|n| dir.join(n)).collect(),
+            parts: jobs.len(),
+            bytes: total,
+        })
+    })();
+    if result.is_err() {
+        for p in made {
+            let _ = std::fs::remove_file(p);
+        }
+        let _ = std::fs::remove_file(dir.join(super::create::CONFIG_FILE));
+    }
+    result
+}

@@ -1,0 +1,461 @@
+//! bulwark's object-store client (issue 22): the engine's `tier::ObjectStore` on S3 and
+//! the stores that speak its dialect (MinIO, Ceph RGW, Garage, versitygw, R2, B2), through
+//! Apache Arrow's `object_store` crate (ARCHITECTURE.md says why).
+//!
+//! The engine is synchronous; this crate runs its own small tokio runtime and answers each
+//! call from any thread (a daemon's runtime thread included) by running the request there
+//! and waiting for it on a channel. Every request has a deadline (`Deadlines`): a store
+//! that does not answer gives an error, never a hang.
+//!
+//! Where the pool's root is: `s3://BUCKET[/PREFIX][?endpoint=URL&region=R]`. Credentials
+//! never come from the command line: from a file (`AWS_ACCESS_KEY_ID=...` lines, mode 0600,
+//! as every secret file) or the usual `AWS_*` environment variables.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bulwark_engine::tier::{Cond, ObjectStore as Tier, PutIf, Version};
+use bulwark_engine::{Error, Result};
+use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path as ObjPath;
+use object_store::{ClientOptions, ObjectStore as _, PutMode, PutOptions, PutPayload, RetryConfig};
+use zeroize::Zeroizing;
+
+/// Where a pool's objects live, as the user gave it (kept in `pool.json`; no secret in it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub bucket: String,
+    /// The pool's root inside the bucket ("" for the bucket's root).
+    pub prefix: String,
+    /// An S3-compatible server's address (`http://127.0.0.1:7070`); AWS when absent (or
+    /// `AWS_ENDPOINT_URL`).
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+}
+
+impl Location {
+    /// Parse `s3://BUCKET[/PREFIX][?endpoint=URL&region=R]`.
+    pub fn parse(url: &str) -> Result<Location> {
+        let bad = |why: &str| {
+            Error::Invalid(format!(
+                "object store URL '{url}': {why}; expected s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION]"
+            ))
+        };
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("only s3:// URLs are supported"))?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        let (bucket, prefix) = match path.split_once('/') {
+            Some((b, p)) => (b, p.trim_matches('/')),
+            None => (path, ""),
+        };
+        if bucket.contains('@') || bucket.contains(':') {
+            return Err(bad("credentials do not go in the URL (use --object-store-credentials FILE or AWS_* variables)"));
+        }
+        let valid_bucket = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.');
+        if !valid_bucket {
+            return Err(bad(
+                "the bucket name must be 3 to 63 lowercase letters, digits, '-' or '.'",
+            ));
+        }
+        if prefix.split('/').any(|p| p == "." || p == "..") || prefix.contains("//") {
+            return Err(bad("the prefix may not hold '.', '..' or empty parts"));
+        }
+        let mut loc = Location {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+            endpoint: None,
+            region: None,
+        };
+        for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad("a query part is not KEY=VALUE"))?;
+            match k {
+                "endpoint" => {
+                    if !(v.starts_with("http://") || v.starts_with("https://")) {
+                        return Err(bad("endpoint must be an http:// or https:// URL"));
+                    }
+                    if v.contains('@') {
+                        return Err(bad("credentials do not go in the endpoint URL"));
+                    }
+                    loc.endpoint = Some(v.trim_end_matches('/').to_string());
+                }
+                "region" => loc.region = Some(v.to_string()),
+                other => return Err(bad(&format!("unknown option '{other}'"))),
+            }
+        }
+        Ok(loc)
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}", self.bucket)?;
+        if !self.prefix.is_empty() {
+            write!(f, "/{}", self.prefix)?;
+        }
+        let mut sep = '?';
+        if let Some(e) = &self.endpoint {
+            write!(f, "{sep}endpoint={e}")?;
+            sep = '&';
+        }
+        if let Some(r) = &self.region {
+            write!(f, "{sep}region={r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Access keys read from a credentials file: `KEY=VALUE` lines (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, optionally `AWS_SESSION_TOKEN` and `AWS_REGION`); `#` starts a
+/// comment. The file is checked as every secret file is (regular, ours, mode 0600).
+#[derive(Default)]
+pub struct Credentials {
+    access_key_id: Option<String>,
+    secret_access_key: Option<Zeroizing<String>>,
+    session_token: Option<Zeroizing<String>>,
+    region: Option<String>,
+}
+
+impl Credentials {
+    pub fn from_file(path: &Path) -> Result<Credentials> {
+        let bytes = bulwark_engine::keys::read_secret_file(path)?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| {
+            Error::Invalid(format!(
+                "{}: credentials file is not UTF-8 text",
+                path.display()
+            ))
+        })?;
+        let mut c = Credentials::default();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let line = line.strip_prefix("export ").unwrap_or(line);
+            let Some((k, v)) = line.split_once('=') else {
+                return Err(Error::Invalid(format!(
+                    "{} line {}: expected KEY=VALUE (AWS_ACCESS_KEY_ID=..., AWS_SECRET_ACCESS_KEY=...)",
+                    path.display(),
+                    n + 1
+                )));
+            };
+            let v = v.trim().trim_matches('"').to_string();
+            match k.trim() {
+                "AWS_ACCESS_KEY_ID" => c.access_key_id = Some(v),
+                "AWS_SECRET_ACCESS_KEY" => c.secret_access_key = Some(Zeroizing::new(v)),
+                "AWS_SESSION_TOKEN" => c.session_token = Some(Zeroizing::new(v)),
+                "AWS_REGION" | "AWS_DEFAULT_REGION" => c.region = Some(v),
+                other => {
+                    return Err(Error::Invalid(format!(
+                        "{} line {}: unknown key '{other}'",
+                        path.display(),
+                        n + 1
+                    )))
+                }
+            }
+        }
+        if c.access_key_id.is_none() != c.secret_access_key.is_none() {
+            return Err(Error::Invalid(format!(
+                "{}: give both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                path.display()
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// How long the client waits: for one request, and for all the tries of one call. A call
+/// that runs out gives an error (a FLUSH then fails by its deadline instead of hanging).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    pub request: Duration,
+    pub call: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            request: Duration::from_secs(30),
+            call: Duration::from_secs(20),
+        }
+    }
+}
+
+/// The S3 client of one pool root.
+pub struct S3 {
+    loc: Location,
+    store: Arc<AmazonS3>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl S3 {
+    /// A client for `loc`, with credentials from `credentials` if given, else from the
+    /// environment (`AWS_ACCESS_KEY_ID`, ...). Makes no request.
+    pub fn open(loc: &Location, credentials: Option<&Path>, deadlines: Deadlines) -> Result<S3> {
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(&loc.bucket)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(RetryConfig {
+                max_retries: 4,
+                retry_timeout: deadlines.call,
+                ..Default::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(deadlines.request)
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_allow_http(true),
+            );
+        if let Some(e) = &loc.endpoint {
+            b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
+        }
+        if let Some(path) = credentials {
+            let c = Credentials::from_file(path)?;
+            if let (Some(id), Some(secret)) = (&c.access_key_id, &c.secret_access_key) {
+                b = b
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret.as_str());
+            }
+            if let Some(t) = &c.session_token {
+                b = b.with_token(t.as_str());
+            }
+            if let Some(r) = &c.region {
+                b = b.with_region(r);
+            }
+        }
+        if let Some(r) = &loc.region {
+            b = b.with_region(r);
+        }
+        let store = b
+            .build()
+            .map_err(|e| Error::Invalid(format!("object store {loc}: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("bulwark-objstore")
+            .enable_all()
+            .build()
+            .map_err(Error::Io)?;
+        Ok(S3 {
+            loc: loc.clone(),
+            store: Arc::new(store),
+            rt,
+        })
+    }
+
+    fn path(&self, name: &str) -> ObjPath {
+        if self.loc.prefix.is_empty() {
+            ObjPath::from(name)
+        } else {
+            ObjPath::from(format!("{}/{name}", self.loc.prefix))
+        }
+    }
+
+    /// Run `f` on this client's runtime and wait for it, from any thread.
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.rt.spawn(async move {
+            let _ = tx.send(f.await);
+        });
+        rx.recv()
+            .expect("the object store runtime runs every call to its end")
+    }
+
+    fn error(&self, what: &str, name: &str, e: object_store::Error) -> Error {
+        Error::Io(std::io::Error::other(format!(
+            "object store {}: {what} {name}: {e}",
+            self.loc
+        )))
+    }
+}
+
+fn version_of(e_tag: Option<String>, version: Option<String>) -> Version {
+    Version {
+        etag: e_tag,
+        version,
+    }
+}
+
+impl Tier for S3 {
+    fn put(&self, name: &str, body: Vec<u8>) -> Result<()> {
+        let (store, path) = (self.store.clone(), self.path(name));
+        self.run(async move { store.put(&path, PutPayload::from(body)).await })
+            .map(|_| ())
+            .map_err(|e| self.error("PUT", name, e))
+    }
+
+    fn put_if(&self, name: &str, body: Vec<u8>, cond: &Cond) -> Result<PutIf> {
+        let mode = match cond {
+            Cond::Absent => PutMode::Create,
+            Cond::Matches(v) => PutMode::Update(object_store::UpdateVersion {
+                e_tag: v.etag.clone(),
+                version: v.version.clone(),
+            }),
+        };
+        let (store, path) = (self.store.clone(), self.path(name));
+        let r = self.run(async move {
+            store
+                .put_opts(&path, PutPayload::from(body), PutOptions::from(mode))
+                .await
+        });
+        match r {
+            Ok(r) => Ok(PutIf::Done(version_of(r.e_tag, r.version))),
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::AlreadyExists { .. }) => Ok(PutIf::Refused),
+            Err(e) => Err(self.error("conditional PUT", name, e)),
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<Option<(Vec<u8>, Version)>> {
+        let (store, path) = (self.store.clone(), self.path(name));
+        let r = self.run(async move {
+            let got = store.get(&path).await?;
+            let v = version_of(got.meta.e_tag.clone(), got.meta.version.clone());
+            Ok::<_, object_store::Error>((got.bytes().await?.to_vec(), v))
+        });
+        match r {
+            Ok(x) => Ok(Some(x)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("GET", name, e)),
+        }
+    }
+
+    fn get_range(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+        let (store, path) = (self.store.clone(), self.path(name));
+        let r = self.run(async move { store.get_range(&path, start..start + len).await });
+        match r {
+            Ok(b) if b.len() as u64 == len => Ok(b.to_vec()),
+            Ok(b) => Err(Error::Corrupt(format!(
+                "object store {}: {name} gave {} bytes for a range of {len} at {start}",
+                self.loc,
+                b.len()
+            ))),
+            Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
+                "object store {}: {name} is missing",
+                self.loc
+            ))),
+            Err(e) => Err(self.error("GET", name, e)),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let (store, path) = (self.store.clone(), self.path(name));
+        match self.run(async move { store.delete(&path).await }) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error("DELETE", name, e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+        use futures::TryStreamExt;
+        let (store, path) = (self.store.clone(), self.path(prefix));
+        let root = if self.loc.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.loc.prefix)
+        };
+        let r = self.run(async move {
+            store
+                .list(Some(&path))
+                .map_ok(|m| (m.location.to_string(), m.size))
+                .try_collect::<Vec<_>>()
+                .await
+        });
+        let found = r.map_err(|e| self.error("LIST", prefix, e))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|(n, s)| n.strip_prefix(&root).map(|n| (n.to_string(), s)))
+            .collect())
+    }
+
+    fn describe(&self) -> String {
+        self.loc.to_string()
+    }
+}
+
+/// Open the store a pool names: `url` and its credentials file, if any.
+pub fn open(url: &str, credentials: Option<&PathBuf>) -> Result<S3> {
+    S3::open(
+        &Location::parse(url)?,
+        credentials.map(|p| p.as_path()),
+        Deadlines::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_print_back() {
+        let l =
+            Location::parse("s3://my-bucket/pools/tank?endpoint=http://127.0.0.1:7070&region=eu-1")
+                .unwrap();
+        assert_eq!(l.bucket, "my-bucket");
+        assert_eq!(l.prefix, "pools/tank");
+        assert_eq!(l.endpoint.as_deref(), Some("http://127.0.0.1:7070"));
+        assert_eq!(l.region.as_deref(), Some("eu-1"));
+        assert_eq!(Location::parse(&l.to_string()).unwrap(), l);
+        assert_eq!(Location::parse("s3://bkt").unwrap().prefix, "");
+    }
+
+    #[test]
+    fn bad_urls_are_refused_with_the_reason() {
+        for (url, why) in [
+            ("http://bucket/x", "only s3://"),
+            ("s3://AKIA:secret@bucket/x", "credentials"),
+            ("s3://Bucket_Upper", "bucket name"),
+            ("s3://bkt/a/../b", "'..'"),
+            ("s3://bkt/x?endpoint=ftp://h", "http://"),
+            ("s3://bkt/x?color=red", "unknown option"),
+        ] {
+            let e = Location::parse(url).unwrap_err().to_string();
+            assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_file_is_a_secret_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("creds");
+        std::fs::write(
+            &p,
+            "# test\nAWS_ACCESS_KEY_ID=AK\nAWS_SECRET_ACCESS_KEY=\"SK\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Credentials::from_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("chmod 600"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = Credentials::from_file(&p).unwrap();
+        assert_eq!(c.access_key_id.as_deref(), Some("AK"));
+        assert_eq!(
+            c.secret_access_key.as_deref().map(|s| s.as_str()),
+            Some("SK")
+        );
+        std::fs::write(&p, "AWS_ACCESS_KEY_ID=AK\n").unwrap();
+        assert!(Credentials::from_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        std::fs::write(&p, "PASSWORD=x\n").unwrap();
+        assert!(Credentials::from_file(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown key"));
+    }
+}
