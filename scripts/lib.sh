@@ -76,3 +76,59 @@ if ! have cargo; then
     fi
 fi
 
+
+# --- object-store test servers (tests/helpers/s3servers.py) ------------------
+# moto's server (moto[server], which brings boto3) for the Python that runs
+# pytest, and versitygw, pinned, built with `go install`. Each is skipped when
+# present; a test whose server is missing skips, naming it. versitygw v1.8.0
+# needs Go >= 1.25: a Go >= 1.21 fetches that toolchain itself through the Go
+# module proxy (GOTOOLCHAIN=auto); Debian bookworm's golang-go is 1.19, too old,
+# so without a newer Go (e.g. /usr/local/go) the versitygw tests skip.
+MOTO_SPEC='moto[server]==5.2.1'
+VERSITYGW_VERSION=v1.8.0
+go_minor() {  # "go version go1.26.8 linux/amd64" -> 26
+    "$1" version 2>/dev/null | sed -n 's/^go version go1\.\([0-9]*\).*/\1/p'
+}
+install_object_store_test_deps() {  # $1: the Python that runs pytest
+    local py=$1 go="" gobin
+    if ! "$py" -c 'import moto.server, flask, boto3' >/dev/null 2>&1; then
+        log "installing $MOTO_SPEC for $py"
+        if ! "$py" -m pip --version >/dev/null 2>&1; then
+            $SUDO apt-get update -q
+            DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends python3-pip
+        fi
+        "$py" -m pip install -q "$MOTO_SPEC" 2>/dev/null \
+            || "$py" -m pip install -q --break-system-packages "$MOTO_SPEC" \
+            || log "warning: could not install $MOTO_SPEC: the moto object-store tests will skip"
+    fi
+
+    if have go; then go=$(command -v go); elif [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
+    if [ -n "$go" ]; then
+        gobin=$("$go" env GOBIN); [ -n "$gobin" ] || gobin="$("$go" env GOPATH | cut -d: -f1)/bin"
+    else
+        gobin=$HOME/go/bin
+    fi
+    case ":$PATH:" in *":$gobin:"*) ;; *) export PATH="$PATH:$gobin" ;; esac
+    local vgw
+    vgw=$(command -v versitygw || true)
+    if [ -n "$vgw" ] && grep -aq "mod	github.com/versity/versitygw	$VERSITYGW_VERSION	" "$vgw"; then
+        return 0
+    fi
+    if [ -z "$go" ]; then
+        local cand
+        cand=$(apt-cache policy golang-go 2>/dev/null | sed -n 's/^ *Candidate: *[0-9]*:*1\.\([0-9]*\).*/\1/p')
+        if [ -n "$cand" ] && [ "$cand" -ge 21 ]; then
+            log "installing golang-go (Go 1.$cand) to build versitygw"
+            DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends golang-go \
+                && go=$(command -v go)
+        fi
+    fi
+    if [ -z "$go" ] || [ "$(go_minor "$go")" -lt 21 ]; then
+        log "warning: no Go >= 1.21 (Debian bookworm's golang-go is 1.19): versitygw $VERSITYGW_VERSION" \
+            "is not built and the versitygw object-store tests will skip"
+        return 0
+    fi
+    log "go install github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION (into $gobin)"
+    GOTOOLCHAIN=auto "$go" install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+        || log "warning: could not build versitygw $VERSITYGW_VERSION: the versitygw object-store tests will skip"
+}

@@ -30,6 +30,9 @@ if ! "$PY" -c 'import pytest, pytest_timeout' >/dev/null 2>&1; then
     fi
 fi
 
+# the S3 servers of the object-store tests (scripts/lib.sh)
+install_object_store_test_deps "$PY"
+
 # --- build and test ------------------------------------------------------------
 log "cargo build --release"
 cargo build --release --workspace
