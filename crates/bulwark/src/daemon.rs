@@ -80,8 +80,6 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
     opts.intent_log = !args.no_intent_log;
-    // The pool's object store, probed before the pool is imported (issue 22).
-    opts.tier = crate::objects::tier_for(&dir, false, false)?;
     if args.accept_rollback {
         opts.accept_rollback = true;
         warn!(

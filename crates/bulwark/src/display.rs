@@ -272,6 +272,23 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(log) = &p.log {
         out.push_str(&log_text(log));
     }
+    if let Some(t) = &p.object_store {
+        let _ = writeln!(
+            out,
+            "object store: {}\n\tstate: {}, epoch {}, generation {}, writer '{}'\n\t{} segments \
+             in {} parts\n",
+            t.url,
+            if t.fenced.is_some() { "FENCED" } else { "HELD" },
+            t.epoch,
+            t.generation,
+            t.writer,
+            t.segments_stored,
+            t.parts
+        );
+        if let Some(f) = &t.fenced {
+            let _ = writeln!(out, "\t{f}\n");
+        }
+    }
 
     if !report.faults.is_empty() {
         let _ = writeln!(
@@ -879,6 +896,7 @@ mod tests {
                     }],
                     note: Some("the intent log fell back".into()),
                 }),
+                object_store: None,
             },
             daemon: DaemonInfo {
                 version: "0".into(),

@@ -52,6 +52,8 @@ fn main() -> ExitCode {
     } else {
         "warn"
     });
+    // Every engine path that opens a pool with an object store reaches it through this.
+    bulwark_engine::pool::tier::set_opener(objects::opener);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bulwark_engine::pool::create::{ObjectStoreConfig, PoolConfig};
+use bulwark_engine::pool::create::ObjectStoreConfig;
 use bulwark_engine::pool::tier::TierOpen;
 use bulwark_engine::tier::ObjectStore;
 
@@ -13,15 +13,34 @@ use crate::cli::{ObjectStoreArgs, PoolProbeStoreArgs};
 use crate::error::{Error, Result};
 
 /// The client for `url` with the credentials file, if any.
-pub fn open_store(url: &str, credentials: Option<&Path>) -> Result<Arc<dyn ObjectStore>> {
+pub fn open_store(
+    url: &str,
+    credentials: Option<&Path>,
+) -> bulwark_engine::Result<Arc<dyn ObjectStore>> {
     let loc = bulwark_objstore::Location::parse(url)?;
     let s3 = bulwark_objstore::S3::open(&loc, credentials, bulwark_objstore::Deadlines::default())?;
     Ok(Arc::new(s3))
 }
 
+/// How the engine reaches the store a pool names (`tier::set_opener`, at start): the
+/// client, probed.
+pub fn opener(os: &ObjectStoreConfig) -> bulwark_engine::Result<TierOpen> {
+    let store = open_store(&os.url, os.credentials.as_deref())?;
+    probe(&*store, os.single_host)?;
+    Ok(TierOpen {
+        store,
+        writer: os.writer.clone(),
+        create: false,
+        force: false,
+    })
+}
+
 /// Run the probe (`tier::probe`) on a fresh name; a store that fails it is refused unless
 /// `single_host` (then warned about).
-pub fn probe(store: &dyn ObjectStore, single_host: bool) -> Result<Vec<&'static str>> {
+pub fn probe(
+    store: &dyn ObjectStore,
+    single_host: bool,
+) -> bulwark_engine::Result<Vec<&'static str>> {
     let name = format!(
         "probe/{}",
         bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<8>())
@@ -35,7 +54,7 @@ pub fn probe(store: &dyn ObjectStore, single_host: bool) -> Result<Vec<&'static 
             );
             Ok(Vec::new())
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     }
 }
 
@@ -55,27 +74,6 @@ pub fn writer_name(dir: &Path) -> String {
         dir.display(),
         bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<4>())
     )
-}
-
-/// What `serve` (and the commands that open a pool) pass the engine for a pool with an
-/// object store: the client, probed. `None` for a pool of local devices only.
-pub fn tier_for(dir: &Path, create: bool, force: bool) -> Result<Option<TierOpen>> {
-    let conf = PoolConfig::read(dir)?;
-    let Some(os) = conf.object_store else {
-        return Ok(None);
-    };
-    Ok(Some(tier_open(&os, create, force)?))
-}
-
-pub fn tier_open(os: &ObjectStoreConfig, create: bool, force: bool) -> Result<TierOpen> {
-    let store = open_store(&os.url, os.credentials.as_deref())?;
-    probe(&*store, os.single_host)?;
-    Ok(TierOpen {
-        store,
-        writer: os.writer.clone(),
-        create,
-        force,
-    })
 }
 
 /// The configuration `pool create` and `pool import` write for `url`.

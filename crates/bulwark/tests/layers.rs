@@ -162,7 +162,6 @@ const BULWARK: Table = Table {
                 "maintenance",
                 "metrics",
                 "notify",
-                "objects",
                 "volume",
             ],
         ),

@@ -125,6 +125,24 @@ pub struct Credentials {
     region: Option<String>,
 }
 
+/// Shows which keys are set, never their values.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("region", &self.region)
+            .finish()
+    }
+}
+
 impl Credentials {
     pub fn from_file(path: &Path) -> Result<Credentials> {
         let bytes = bulwark_engine::keys::read_secret_file(path)?;

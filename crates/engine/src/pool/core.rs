@@ -447,6 +447,7 @@ impl Core {
                 None => self.cachedev_unavailable.lock().clone(),
             },
             log,
+            object_store: self.tier.as_ref().map(|t| t.status()),
         }
     }
 

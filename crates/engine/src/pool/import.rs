@@ -321,6 +321,15 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             Err(e) => tracing::warn!("device {} cannot be opened: {e}", p.display()),
         }
     }
+    // A pool with an object store is never opened without it: every commit publishes.
+    let tier_open = match (&opts.tier, &conf.object_store) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(os)) => Some(super::tier::open_configured(os)?),
+        (None, None) => None,
+    };
+    if let Some(t) = tier_open.as_ref().filter(|t| !t.create) {
+        super::tier::catch_up(dir, t, &pool_id, &opened)?;
+    }
     // Members renamed or moved inside the pool directory are found by their labels.
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
@@ -1167,7 +1176,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         store.log.mark_data(seg as u32);
     }
     // The object store (issue 22): taken before the import's commit, which publishes.
-    let tier = match &opts.tier {
+    let tier = match &tier_open {
         Some(t) => {
             if logdev.is_some() {
                 return Err(Error::Invalid(

@@ -174,6 +174,9 @@ pub struct PoolStatus {
     /// The separate intent log devices, when the pool has any (`logdev`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<LogStatus>,
+    /// The object store, when the pool has one (`tier`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<tier::TierStatus>,
 }
 
 /// The separate intent log devices in `status`.

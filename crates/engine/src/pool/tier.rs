@@ -73,6 +73,82 @@ impl std::fmt::Debug for TierOpen {
     }
 }
 
+/// How this program reaches the store a `pool.json` names (the engine has no client of
+/// its own): set once by the binary (`set_opener`), used by every import of a pool with an
+/// object store that was not given one (`OpenOptions::tier`), so that no path opens such
+/// a pool and commits without publishing.
+pub type Opener = fn(&super::create::ObjectStoreConfig) -> Result<TierOpen>;
+
+static OPENER: std::sync::OnceLock<Opener> = std::sync::OnceLock::new();
+
+pub fn set_opener(f: Opener) {
+    let _ = OPENER.set(f);
+}
+
+/// The store of `conf`, through the opener.
+pub(crate) fn open_configured(conf: &super::create::ObjectStoreConfig) -> Result<TierOpen> {
+    match OPENER.get() {
+        Some(open) => open(conf),
+        None => Err(Error::Invalid(format!(
+            "this pool keeps its durable copy in the object store {}, and this program cannot \
+             reach object stores",
+            conf.url
+        ))),
+    }
+}
+
+/// A host that crashed after the store took a commit and before its own labels did: its
+/// devices are one generation behind the store, with every byte of the store's generation
+/// (they were synced before the upload). Their labels are brought to the store's; nothing
+/// else changes. Only for this writer's own commits (another writer's are judged by
+/// `Tier::take`).
+pub(crate) fn catch_up(
+    dir: &std::path::Path,
+    open: &TierOpen,
+    pool_id: &[u8; 16],
+    devices: &[(std::path::PathBuf, crate::device::FileDevice)],
+) -> Result<()> {
+    use crate::device::Device;
+    let key = crate::keys::pool_key::PoolKey::load(&dir.join(super::import::POOL_KEY_FILE))?;
+    let sb_key = key.superblock_key(pool_id);
+    let Some((bytes, _)) = open.store.get(SUPERBLOCK_OBJECT)? else {
+        return Ok(());
+    };
+    let head = Head::open(&bytes, &object_key(&sb_key))?;
+    if head.writer != open.writer {
+        return Ok(());
+    }
+    let labels = head.superblocks(&sb_key)?;
+    let raw = head.label_bytes()?;
+    let back_region =
+        crate::constants::DEVICE_RESERVED_FRONT + labels[0].segments_per_device * SEGMENT_BYTES;
+    for (path, dev) in devices {
+        let Some(local) =
+            super::import::best_superblock(dev, Some(back_region), Check::Key(&sb_key))
+        else {
+            continue;
+        };
+        if local.pool_id != *pool_id || local.generation + 1 != head.generation {
+            continue;
+        }
+        let Some(i) = labels.iter().position(|l| l.device_id == local.device_id) else {
+            continue;
+        };
+        for off in Superblock::slot_offsets(head.generation, back_region) {
+            dev.write_at(&raw[i], off)
+                .map_err(|e| Error::device(path, e))?;
+        }
+        dev.flush().map_err(|e| Error::device(path, e))?;
+        tracing::warn!(
+            device = %path.display(),
+            generation = head.generation,
+            "label brought to the object store's generation: the last commit reached the store \
+             before this host could write its labels"
+        );
+    }
+    Ok(())
+}
+
 /// One part: bytes `off..off + len` of a segment, in object `seg/EPOCH/SEQ`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
@@ -366,8 +442,8 @@ struct State {
     pages: BTreeMap<u32, PageRef>,
 }
 
-/// Counters for `status`.
-#[derive(Debug, Clone, Default, Serialize)]
+/// The object store in `status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TierStatus {
     pub url: String,
     pub writer: String,
