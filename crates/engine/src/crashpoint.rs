@@ -9,6 +9,7 @@
 //!
 //! Points: `commit.nodes_written` (the maps and table written, nothing flushed),
 //! `commit.flushed` (devices and anchor synced, no superblock written),
+//! `commit.published` (the object store took the commit, no local superblock written),
 //! `commit.superblocks_written` (superblocks written, nothing released),
 //! `snapshot.destroy.released` (a snapshot's records released, the commit not begun),
 //! `rollback.released` (the volume's newer records released, the commit not begun).

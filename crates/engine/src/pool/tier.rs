@@ -120,6 +120,14 @@ pub(crate) fn catch_up(
     }
     let labels = head.superblocks(&sb_key)?;
     let raw = head.label_bytes()?;
+    // Only what this host announced (`anchor`: synced before its devices were flushed
+    // and the upload began): a copy of the directory elsewhere shares the writer's name,
+    // not the devices' bytes.
+    let announced = super::anchor::read(dir)?
+        .is_some_and(|a| a.next == (head.generation, super::anchor::digest(&labels[0])));
+    if !announced {
+        return Ok(());
+    }
     let back_region =
         crate::constants::DEVICE_RESERVED_FRONT + labels[0].segments_per_device * SEGMENT_BYTES;
     for (path, dev) in devices {
@@ -557,35 +565,61 @@ impl Tier {
     }
 
     /// Write `head` if the superblock object is still `version` (absent when `None`).
-    /// Refused: read back; our own bytes there mean an earlier try landed and its reply
-    /// was lost; anything else means another writer took the pool (`Fenced`).
+    /// Refused: read back. Our own bytes there: an earlier try of this write landed and
+    /// its reply was lost (the client retried). Our own writer and epoch with other bytes:
+    /// an earlier commit of ours landed although it failed here (its reply was lost and
+    /// not retried); nobody else writes our epoch, so it is replaced, on its version.
+    /// Anything else: another writer took the pool (`Fenced`).
     fn cas(&self, head: &Head, version: Option<&Version>) -> Result<Version> {
         let body = head.seal(&self.key);
-        let cond = match version {
+        let mut cond = match version {
             Some(v) => Cond::Matches(v.clone()),
             None => Cond::Absent,
         };
-        match self.store.put_if(SUPERBLOCK_OBJECT, body.clone(), &cond)? {
-            PutIf::Done(v) => Ok(v),
-            PutIf::Refused => match self.store.get(SUPERBLOCK_OBJECT)? {
-                Some((b, v)) if b == body => Ok(v),
-                Some((b, _)) => {
-                    let who = Head::open(&b, &self.key)
-                        .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
-                        .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
-                    let why = format!(
-                        "the pool in {} was taken over by {who}: this daemon stopped writing \
+        for _ in 0..3 {
+            match self.store.put_if(SUPERBLOCK_OBJECT, body.clone(), &cond)? {
+                PutIf::Done(v) => return Ok(v),
+                PutIf::Refused => match self.store.get(SUPERBLOCK_OBJECT)? {
+                    Some((b, v)) if b == body => return Ok(v),
+                    Some((b, v))
+                        if Head::open(&b, &self.key)
+                            .is_ok_and(|h| h.writer == head.writer && h.epoch == head.epoch) =>
+                    {
+                        tracing::warn!(
+                            "the object store holds a commit of ours whose answer was lost; \
+                             replacing it"
+                        );
+                        cond = Cond::Matches(v);
+                    }
+                    other => return Err(self.fenced(other.map(|(b, _)| b))),
+                },
+            }
+        }
+        Err(Error::StoreUnavailable(format!(
+            "the object store {} kept refusing the superblock object's update",
+            self.store.describe()
+        )))
+    }
+
+    /// The error of a writer that lost the pool: `found` is what the store holds now.
+    fn fenced(&self, found: Option<Vec<u8>>) -> Error {
+        match found {
+            Some(b) => {
+                let who = Head::open(&b, &self.key)
+                    .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
+                    .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
+                let why = format!(
+                    "the pool in {} was taken over by {who}: this daemon stopped writing \
                          (fenced); its flushes fail from now on",
-                        self.store.describe()
-                    );
-                    *self.fenced.lock() = Some(why.clone());
-                    Err(Error::Fenced(why))
-                }
-                None => Err(Error::Fenced(format!(
-                    "the superblock object in {} is gone: this daemon stopped writing",
                     self.store.describe()
-                ))),
-            },
+                );
+                *self.fenced.lock() = Some(why.clone());
+                Error::Fenced(why)
+            }
+            None => Error::Fenced(format!(
+                "the superblock object in {} is gone: this daemon stopped writing",
+                self.store.describe()
+            )),
         }
     }
 

@@ -1,0 +1,371 @@
+"""Pools in an object store (issue 22, docs/object-store.md), against real S3 servers on
+loopback (moto and versitygw v1.8.0, tests/helpers/s3servers.py) and our own fault proxy
+between the daemon and the server (tests/helpers/s3proxy.py). tests/test_s3_harness.py
+checks first that both servers honour conditional writes, so a server that stopped would
+not turn the fencing tests below into false passes.
+
+What a user checks: every flushed byte comes back from a pool rebuilt from the bucket
+alone; a second host that takes the pool stops the first one's writes; a lost reply, a
+storm of 503s, a crash between the store and the local labels lose nothing acknowledged;
+a store that ignores conditions is refused; the bucket holds no plaintext, and altered
+objects are detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import HELPERS, Pool, make_key_file, nbd_python, run
+
+sys.path.insert(0, str(HELPERS))
+from s3proxy import FaultProxy  # noqa: E402
+from s3servers import SERVER_KINDS, start_server  # noqa: E402
+
+VOLUME_MIB = 24
+MARKER = b"BULWARK-PLAINTEXT-MARKER-0123456789abcdef"
+
+
+@pytest.fixture(scope="module", params=SERVER_KINDS)
+def server(request, tmp_path_factory):
+    with start_server(request.param, tmp_path_factory.mktemp(request.param)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def versitygw(tmp_path_factory):
+    with start_server("versitygw", tmp_path_factory.mktemp("vgw")) as s:
+        yield s
+
+
+def store_url(server, prefix: str, endpoint: str | None = None) -> str:
+    return f"s3://{server.bucket}/{prefix}?endpoint={endpoint or server.endpoint}"
+
+
+class StorePool(Pool):
+    """A pool whose durable copy is in an object store."""
+
+    def __init__(self, tmp_path: Path, server, prefix: str, endpoint: str | None = None,
+                 dir_name: str = "pool", **kw):
+        super().__init__(tmp_path, dir_name=dir_name, device_size="256M", **kw)
+        self.server = server
+        self.prefix = prefix
+        self.url = store_url(server, prefix, endpoint)
+        self.creds = server.write_credentials(self.tmp / f"s3-{dir_name}.env")
+
+    def create(self, *extra) -> "StorePool":
+        return super().create("--devices", "1", "--device-size", self.device_size,
+                              "--object-store", self.url,
+                              "--object-store-credentials", self.creds, *extra)
+
+
+def nbd_script(pool: Pool, body: str, *, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `body` in the libnbd Python with `h` connected to volume v."""
+    code = (
+        "import nbd, sys\n"
+        "h = nbd.NBD()\n"
+        f"h.connect_uri({pool.uri('v')!r})\n" + body
+    )
+    return run([nbd_python(), "-c", code], check=check)
+
+
+def write_and_flush(pool: Pool, data: Path) -> None:
+    run(["nbdcopy", "--flush", str(data), pool.uri("v")])
+
+
+def read_back(pool: Pool, out: Path) -> bytes:
+    run(["nbdcopy", pool.uri("v"), str(out)])
+    return out.read_bytes()
+
+
+def volume_data(path: Path, seed: int) -> bytes:
+    """Incompressible bytes with a recognisable marker every MiB (for the plaintext check)."""
+    import random
+    rng = random.Random(seed)
+    mib = 1 << 20
+    chunks = []
+    for _ in range(VOLUME_MIB):
+        c = bytearray(rng.randbytes(mib))
+        c[4096:4096 + len(MARKER)] = MARKER
+        chunks.append(bytes(c))
+    data = b"".join(chunks)
+    path.write_bytes(data)
+    return data
+
+
+def objects(server, prefix: str) -> dict[str, bytes]:
+    c = server.client()
+    out = {}
+    for k in server.keys(prefix + "/"):
+        out[k] = c.get_object(Bucket=server.bucket, Key=k)["Body"].read()
+    return out
+
+
+def test_pool_rebuilt_from_the_bucket_alone(server, tmp_path):
+    """Write through NBD, FLUSH, export; delete the pool directory; import from the bucket
+    into a fresh directory: every byte verifies, and the bucket holds no plaintext."""
+    p = StorePool(tmp_path, server, f"rebuild-{server.kind}").create().start()
+    try:
+        key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 1)
+        write_and_flush(p, tmp_path / "data.img")
+        st = p.status()["object_store"]
+        assert st["fenced"] is None and st["segments_stored"] > 0, st
+        p.stop()
+    finally:
+        p.kill()
+    stored = objects(server, p.prefix)
+    assert sum(len(b) for b in stored.values()) >= len(data), \
+        "the bucket holds less than the volume's data"
+    leaked = [k for k, b in stored.items() if MARKER in b]
+    assert not leaked, f"plaintext of the encrypted volume in the bucket: {leaked}"
+
+    # The old host exports the pool (its last commit says so in the store) ...
+    r = p.bulwark("pool", "export", p.dir)
+    assert r.returncode == 0, r.stderr
+    pool_key = tmp_path / "pool.key.backup"
+    shutil.copy2(p.dir / "pool.key", pool_key)
+    shutil.copy2(key, tmp_path / "v.key")
+    shutil.rmtree(p.dir)
+
+    # ... and a new host imports it from the bucket and the pool key alone.
+    q = StorePool(tmp_path, server, p.prefix, dir_name="newhost")
+    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
+                  q.creds, "--dir", q.dir, "--pool-key", pool_key, check=False)
+    assert r.returncode == 0, f"import from the bucket failed:\n{r.stdout}\n{r.stderr}"
+    assert "imported pool" in r.stdout
+    q.start()
+    try:
+        q.load_key("v", tmp_path / "v.key")
+        got = read_back(q, tmp_path / "out.img")
+        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest(), \
+            "a byte differs after the import from the bucket"
+    finally:
+        q.kill()
+
+
+def test_second_host_fences_the_first(versitygw, tmp_path):
+    """Split brain: a second importer takes the pool (--force, the first did not export);
+    the first one's next FLUSH fails with EIO and it stops writing; restarted, it refuses
+    to serve, naming the holder. What the first flushed before is all on the second."""
+    srv = versitygw
+    a = StorePool(tmp_path, srv, "fence").create().start()
+    key = a.create_volume("v", size=f"{VOLUME_MIB}M")
+    data = volume_data(tmp_path / "data.img", 2)
+    write_and_flush(a, tmp_path / "data.img")
+
+    b = StorePool(tmp_path, srv, "fence", dir_name="hostb")
+    r = b.bulwark("pool", "import", "--object-store", b.url, "--object-store-credentials",
+                  b.creds, "--dir", b.dir, "--pool-key", a.dir / "pool.key", check=False)
+    assert r.returncode != 0 and "did not export" in r.stderr, \
+        f"import of a pool another host holds must need --force:\n{r.stdout}\n{r.stderr}"
+    r = b.bulwark("pool", "import", "--object-store", b.url, "--object-store-credentials",
+                  b.creds, "--dir", b.dir, "--pool-key", a.dir / "pool.key", "--force",
+                  check=False)
+    assert r.returncode == 0, f"forced import failed:\n{r.stdout}\n{r.stderr}"
+
+    # The first host is fenced: its write may be taken, its flush is refused.
+    out = nbd_script(a, (
+        "h.pwrite(b'Z' * 4096, 0)\n"
+        "try:\n"
+        "    h.flush(); print('FLUSHED')\n"
+        "except nbd.Error as e:\n"
+        "    print('FLUSH-ERR', e.errno)\n"
+    ), check=False)
+    assert "FLUSH-ERR" in out.stdout and "FLUSHED" not in out.stdout, \
+        f"a fenced host's flush must fail:\n{out.stdout}\n{out.stderr}\n{a.log_tail()}"
+    st = a.status()
+    assert st["state"] == "FAULTED", st["state"]
+    assert st["object_store"]["fenced"] and "taken over" in st["object_store"]["fenced"]
+    a.kill()
+    r = run([str(a.bin), "serve", str(a.dir)], check=False, env=a._env(), timeout=60)
+    assert r.returncode != 0 and "held by" in r.stderr and "hostb" in r.stderr, \
+        f"a stale host must refuse to serve, naming the holder:\n{r.stderr}"
+
+    b.start()
+    try:
+        b.load_key("v", key)
+        got = read_back(b, tmp_path / "out.img")
+        assert got == data, "the new holder lacks data the first host flushed"
+    finally:
+        b.kill()
+
+
+def test_lost_reply_to_the_superblock_put(versitygw, tmp_path):
+    """The superblock PUT lands but its reply is lost: the FLUSH is acknowledged, once, and
+    the next commit goes on from it (no false fencing)."""
+    srv = versitygw
+    proxy = FaultProxy.for_server(srv)
+    with proxy:
+        p = StorePool(tmp_path, srv, "lostreply", endpoint=proxy.endpoint).create().start()
+        try:
+            key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+            rule = proxy.drop_reply(method="PUT", prefix="lostreply/superblock", times=1)
+            data = volume_data(tmp_path / "data.img", 3)
+            write_and_flush(p, tmp_path / "data.img")
+            assert rule.fired, "the reply-dropping rule never fired"
+            assert rule.statuses and rule.statuses[0] == 200, rule.statuses
+            st = p.status()
+            assert st["state"] == "ONLINE" and st["object_store"]["fenced"] is None, st
+            nbd_script(p, "h.pwrite(b'Q' * 4096, 0)\nh.flush()\n")
+            data = b"Q" * 4096 + data[4096:]
+            p.stop()
+            p.start()
+            p.load_key("v", key)
+            assert read_back(p, tmp_path / "out.img") == data
+        finally:
+            p.kill()
+
+
+def test_store_outage_fails_flush_by_deadline_then_resumes(versitygw, tmp_path):
+    """503s from the store: reads are served, a FLUSH fails with EIO by the client's
+    deadline instead of hanging, the pool is not faulted, and once the store answers again
+    the next FLUSH makes everything durable."""
+    srv = versitygw
+    proxy = FaultProxy.for_server(srv)
+    with proxy:
+        p = StorePool(tmp_path, srv, "outage", endpoint=proxy.endpoint).create().start()
+        try:
+            key = p.create_volume("v", size="8M")
+            nbd_script(p, "h.pwrite(b'A' * 65536, 0)\nh.flush()\n")
+            rule = proxy.fail_503()
+            out = nbd_script(p, (
+                "assert h.pread(65536, 0) == b'A' * 65536\n"
+                "h.pwrite(b'B' * 65536, 65536)\n"
+                "try:\n"
+                "    h.flush(); print('FLUSHED')\n"
+                "except nbd.Error as e:\n"
+                "    print('FLUSH-ERR', e.errno)\n"
+            ), check=False)
+            assert "FLUSH-ERR" in out.stdout, f"{out.stdout}\n{out.stderr}\n{p.log_tail()}"
+            assert rule.hits > 0
+            assert p.status()["state"] == "ONLINE", "a store outage must not fault the pool"
+            rule.off()
+            nbd_script(p, "h.pwrite(b'C' * 4096, 131072)\nh.flush()\n")
+            p.kill()  # a crash: only what the store took counts
+            p.start()
+            p.load_key("v", key)
+            got = read_back(p, tmp_path / "out.img")
+            assert got[:65536] == b"A" * 65536
+            assert got[65536:131072] == b"B" * 65536, "a write flushed after the outage was lost"
+            assert got[131072:135168] == b"C" * 4096
+        finally:
+            p.kill()
+
+
+def test_crash_after_the_store_took_the_commit(versitygw, tmp_path):
+    """Killed after the store took a commit and before the local labels: the restart
+    brings the labels to the store's generation, and the flushed data is there."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "crashpub").create().start()
+    key = p.create_volume("v", size="8M")
+    p.stop()
+    p.start(env={"BULWARK_CRASH_AT": "commit.published"})
+    p.load_key("v", key)
+    out = nbd_script(p, (
+        "h.pwrite(b'P' * 65536, 0)\n"
+        "try:\n"
+        "    h.flush(); print('FLUSHED')\n"
+        "except Exception as e:\n"
+        "    print('FLUSH-ERR', e)\n"
+    ), check=False)
+    assert "FLUSHED" not in out.stdout, "the daemon should have stopped at the crash point"
+    p.proc.wait(30)
+    p.proc = None
+    p.start()
+    try:
+        assert "brought to the object store's generation" in p.log_tail()
+        p.load_key("v", key)
+        got = read_back(p, tmp_path / "out.img")
+        assert got[:65536] == b"P" * 65536, "the commit the store took is lost"
+    finally:
+        p.kill()
+
+
+def test_store_that_ignores_conditions_is_refused(versitygw, tmp_path):
+    """A proxy that strips If-Match/If-None-Match (and signs the request again) stands for
+    a store that ignores them: probe-store, pool create and serve all refuse it, naming
+    the check that failed."""
+    srv = versitygw
+    proxy = FaultProxy.for_server(srv)
+    with proxy:
+        p = StorePool(tmp_path, srv, "nocond", endpoint=proxy.endpoint)
+        r = p.bulwark("pool", "probe-store", p.url, "--object-store-credentials", p.creds)
+        assert r.returncode == 0 and "honours conditional writes" in r.stdout
+        rule = proxy.strip_conditions(resign=True)
+        r = p.bulwark("pool", "probe-store", p.url, "--object-store-credentials", p.creds,
+                      check=False)
+        assert r.returncode == 1 and "If-None-Match" in r.stderr, r.stderr
+        r = p.bulwark("pool", "create", p.dir, "--device-size", "256M", "--object-store",
+                      p.url, "--object-store-credentials", p.creds, check=False)
+        assert r.returncode != 0 and "does not honour conditional writes" in r.stderr, r.stderr
+        assert not (p.dir / "pool.json").exists(), "a refused create left a pool behind"
+        rule.off()
+        p.create().start()
+        p.stop()
+        rule = proxy.strip_conditions(resign=True)
+        r = run([str(p.bin), "serve", str(p.dir)], check=False, env=p._env(), timeout=60)
+        assert r.returncode != 0 and "does not honour conditional writes" in r.stderr, r.stderr
+
+
+def test_altered_objects_are_detected(versitygw, tmp_path):
+    """The bucket's operator alters the superblock object: the import refuses it (MAC).
+    Bytes flipped in a data part: reads of those blocks fail with EIO, never wrong data."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "tamper").create().start()
+    key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+    data = volume_data(tmp_path / "data.img", 4)
+    write_and_flush(p, tmp_path / "data.img")
+    p.stop()
+    p.bulwark("pool", "export", p.dir)
+    c = srv.client()
+    sb_key = "tamper/superblock"
+    original = c.get_object(Bucket=srv.bucket, Key=sb_key)["Body"].read()
+    body = json.loads(original.rsplit(b"\n", 1)[0])
+    body["generation"] += 1
+    forged = json.dumps(body).encode() + b"\n" + original.rsplit(b"\n", 1)[1]
+    c.put_object(Bucket=srv.bucket, Key=sb_key, Body=forged)
+    q = StorePool(tmp_path, srv, "tamper", dir_name="q")
+    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
+                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    assert r.returncode != 0 and "MAC" in r.stderr, r.stderr
+    assert not (q.dir / "pool.json").exists()
+
+    c.put_object(Bucket=srv.bucket, Key=sb_key, Body=original)
+    # The largest part is client data: flip one byte in each of its 64 KiB pieces.
+    parts = {k: b for k, b in objects(srv, "tamper").items() if "/seg/" in "/" + k}
+    victim = max(parts, key=lambda k: len(parts[k]))
+    bad = bytearray(parts[victim])
+    for i in range(1000, len(bad), 65536):
+        bad[i] ^= 0x40
+    c.put_object(Bucket=srv.bucket, Key=victim, Body=bytes(bad))
+    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
+                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    assert r.returncode == 0, r.stderr
+    q.start()
+    try:
+        q.load_key("v", key)
+        out = nbd_script(q, (
+            "bad = good = 0\n"
+            f"want = open({str(tmp_path / 'data.img')!r}, 'rb').read()\n"
+            f"for off in range(0, {VOLUME_MIB << 20}, 4096):\n"
+            "    try:\n"
+            "        got = h.pread(4096, off)\n"
+            "    except nbd.Error:\n"
+            "        bad += 1; continue\n"
+            "    assert got == want[off:off + 4096], f'wrong data at {off}'\n"
+            "    good += 1\n"
+            "print('BAD', bad, 'GOOD', good)\n"
+        ), check=False)
+        assert out.returncode == 0, f"wrong data returned:\n{out.stdout}\n{out.stderr}"
+        bad_blocks = int(out.stdout.split()[1])
+        assert bad_blocks > 0, "no read noticed the altered part"
+    finally:
+        q.kill()
