@@ -635,6 +635,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_intent_log: bool,
 
+    /// With an object store: delete objects no commit references once they are this many
+    /// seconds old (an import elsewhere may still read them until then) [default: 3600].
+    #[arg(long, value_name = "SECONDS")]
+    pub object_store_gc_grace: Option<u64>,
+
     /// Scrub and resilver throttle, bytes per second (e.g. 100M) [default: 256M].
     #[arg(long, value_name = "SIZE", value_parser = parse_rate_arg)]
     pub scrub_rate: Option<u64>,

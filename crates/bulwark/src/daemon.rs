@@ -80,6 +80,15 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
     opts.intent_log = !args.no_intent_log;
+    if let Some(grace) = args.object_store_gc_grace {
+        let conf = bulwark_engine::pool::create::PoolConfig::read(&dir)?;
+        let os = conf.object_store.as_ref().ok_or_else(|| {
+            Error::usage("--object-store-gc-grace: this pool has no object store")
+        })?;
+        let mut t = crate::objects::opener(os)?;
+        t.gc_grace = Duration::from_secs(grace);
+        opts.tier = Some(t);
+    }
     if args.accept_rollback {
         opts.accept_rollback = true;
         warn!(

@@ -32,6 +32,7 @@ pub fn opener(os: &ObjectStoreConfig) -> bulwark_engine::Result<TierOpen> {
         writer: os.writer.clone(),
         create: false,
         force: false,
+        gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
     })
 }
 

@@ -358,6 +358,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                     writer: config.writer.clone(),
                     create: true,
                     force: false,
+                    gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
                 }),
                 ..OpenOptions::default()
             };
@@ -862,6 +863,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
             writer: config.writer.clone(),
             create: false,
             force: args.force,
+            gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
         }),
         ..OpenOptions::default()
     };

@@ -162,6 +162,7 @@ const BULWARK: Table = Table {
                 "maintenance",
                 "metrics",
                 "notify",
+                "objects",
                 "volume",
             ],
         ),

@@ -70,6 +70,10 @@ pub const COMMIT_INTERVAL_MS: u64 = 5000;
 /// How often a serving daemon with an object store checks that it still holds the pool
 /// (`pool::tier`), while clients use it; an idle pool is not checked.
 pub const TIER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a serving daemon collects the objects no commit references (`Tier::collect`).
+pub const TIER_COLLECT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+/// How old such an object must be before it is deleted, unless `serve` says otherwise.
+pub const TIER_GC_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Nonces are handed out from a range reserved in the superblock, this many at a time.
 pub const NONCE_RESERVE_STEP: u64 = 1 << 24;
 /// Commit early once this many segments have emptied (fewer on small pools: an eighth of

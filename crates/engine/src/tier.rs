@@ -19,6 +19,15 @@ pub struct Version {
     pub version: Option<String>,
 }
 
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub name: String,
+    pub size: u64,
+    /// When it was last written, as the store says (seconds since the Unix epoch).
+    pub modified: u64,
+}
+
 /// The condition of a compare-and-swap write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cond {
@@ -54,8 +63,8 @@ pub trait ObjectStore: Send + Sync {
     fn get_range(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>>;
     /// Remove `name` (absent already: fine).
     fn delete(&self, name: &str) -> Result<()>;
-    /// Every name under `prefix`, with its size.
-    fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>>;
+    /// Every object under `prefix`.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
     /// The store and root, for messages (never credentials).
     fn describe(&self) -> String;
 }

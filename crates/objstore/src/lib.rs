@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulwark_engine::tier::{Cond, ObjectStore as Tier, PutIf, Version};
+use bulwark_engine::tier::{Cond, Listed, ObjectStore as Tier, PutIf, Version};
 use bulwark_engine::{Error, Result};
 use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as ObjPath;
@@ -375,7 +375,7 @@ impl Tier for S3 {
         }
     }
 
-    fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>> {
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         use futures::TryStreamExt;
         let (store, path) = (self.store.clone(), self.path(prefix));
         let root = if self.loc.prefix.is_empty() {
@@ -386,14 +386,26 @@ impl Tier for S3 {
         let r = self.run(async move {
             store
                 .list(Some(&path))
-                .map_ok(|m| (m.location.to_string(), m.size))
+                .map_ok(|m| {
+                    (
+                        m.location.to_string(),
+                        m.size,
+                        m.last_modified.timestamp().max(0) as u64,
+                    )
+                })
                 .try_collect::<Vec<_>>()
                 .await
         });
         let found = r.map_err(|e| self.error("LIST", prefix, e))?;
         Ok(found
             .into_iter()
-            .filter_map(|(n, s)| n.strip_prefix(&root).map(|n| (n.to_string(), s)))
+            .filter_map(|(n, size, modified)| {
+                n.strip_prefix(&root).map(|n| Listed {
+                    name: n.to_string(),
+                    size,
+                    modified,
+                })
+            })
             .collect())
     }
 

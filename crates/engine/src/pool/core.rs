@@ -532,6 +532,11 @@ impl Core {
                         Ok(()) => {}
                     }
                 }
+                if t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
+                    if let Err(e) = t.collect() {
+                        tracing::warn!("object store garbage collection failed: {e}");
+                    }
+                }
             }
             // Low on space, a commit also frees the segments emptied since the last one, even
             // when no map node is dirty (a full pool's writers wait for exactly that).

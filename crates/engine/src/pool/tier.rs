@@ -60,6 +60,10 @@ pub struct TierOpen {
     /// Take the pool although another writer holds it and did not export it (its host is
     /// gone: `pool import --force`).
     pub force: bool,
+    /// How old an object no commit references must be before it is deleted
+    /// (`Tier::collect`): an import on another host reading the commit before may still
+    /// fetch it until then.
+    pub gc_grace: std::time::Duration,
 }
 
 impl std::fmt::Debug for TierOpen {
@@ -69,6 +73,7 @@ impl std::fmt::Debug for TierOpen {
             .field("writer", &self.writer)
             .field("create", &self.create)
             .field("force", &self.force)
+            .field("gc_grace", &self.gc_grace)
             .finish()
     }
 }
@@ -439,6 +444,18 @@ pub struct Tier {
     st: Mutex<State>,
     /// Set once a conditional write was refused for another writer's: why, for `status`.
     pub fenced: Mutex<Option<String>>,
+    gc_grace: std::time::Duration,
+    /// When the last collection ran (`None`: not yet in this run) and objects deleted.
+    collected: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+/// What `Tier::collect` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub deleted: usize,
+    /// Unreferenced, but younger than the grace period.
+    pub young: usize,
+    pub referenced: usize,
 }
 
 struct State {
@@ -448,6 +465,9 @@ struct State {
     version: Option<Version>,
     slots: BTreeMap<u32, Slot>,
     pages: BTreeMap<u32, PageRef>,
+    /// The next object sequence number to hand out: advanced by every name given, also
+    /// by a commit that failed (its objects may have landed), so no name is used twice.
+    named: u64,
 }
 
 /// The object store in `status`.
@@ -460,6 +480,9 @@ pub struct TierStatus {
     pub segments_stored: usize,
     pub parts: usize,
     pub fenced: Option<String>,
+    /// Objects deleted by garbage collection in this run.
+    #[serde(default)]
+    pub collected: u64,
 }
 
 impl Tier {
@@ -543,12 +566,15 @@ impl Tier {
             store: open.store.clone(),
             key,
             st: Mutex::new(State {
+                named: head.seq_next,
                 head: head.clone(),
                 version: version.clone(),
                 slots,
                 pages,
             }),
             fenced: Mutex::new(None),
+            gc_grace: open.gc_grace,
+            collected: Mutex::new((None, 0)),
         };
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
@@ -706,10 +732,10 @@ impl Tier {
                     off: e.off,
                     len: e.len,
                     epoch: head.epoch,
-                    seq: head.seq_next,
+                    seq: st.named,
                 },
             ));
-            head.seq_next += 1;
+            st.named += 1;
         }
         // Upload the parts, several at once.
         let chunk = parts.len().div_ceil(UPLOADS_AT_ONCE).max(1);
@@ -752,13 +778,14 @@ impl Tier {
             let body = encode_page(index, &slots);
             let r = PageRef {
                 index,
-                name: format!("table/{:08x}/{:012x}", head.epoch, head.seq_next),
+                name: format!("table/{:08x}/{:012x}", head.epoch, st.named),
                 blake3: to_hex(blake3::hash(&body).as_bytes()),
             };
-            head.seq_next += 1;
+            st.named += 1;
             self.store.put(&r.name, body)?;
             pages.insert(index, r);
         }
+        head.seq_next = st.named;
         head.generation = generation;
         head.labels = labels.iter().map(|l| to_hex(l)).collect();
         head.pages = pages.values().cloned().collect();
@@ -768,6 +795,68 @@ impl Tier {
         st.slots = slots;
         st.pages = pages;
         Ok(())
+    }
+
+    /// Whether a collection is due: once early in each run, then every `interval`.
+    pub fn collect_due(&self, interval: std::time::Duration) -> bool {
+        self.collected
+            .lock()
+            .0
+            .is_none_or(|t| t.elapsed() >= interval)
+    }
+
+    /// Garbage collection: delete the parts and pages no commit of this writer references
+    /// any more, once they are older than the grace period (by the store's clock of their
+    /// last write). Never an object of a newer epoch (another writer's), nor one named
+    /// after this writer's last acknowledged commit (a commit whose answer was lost may
+    /// reference it). Plain DELETEs: nothing relies on conditional deletes.
+    pub fn collect(&self) -> Result<Collected> {
+        let (epoch, below, referenced) = {
+            let st = self.st.lock();
+            let mut r: std::collections::HashSet<String> =
+                st.pages.values().map(|p| p.name.clone()).collect();
+            for s in st.slots.values() {
+                r.extend(s.parts.iter().map(|p| p.name()));
+            }
+            (st.head.epoch, st.head.seq_next, r)
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut listed = self.store.list("seg/")?;
+        listed.extend(self.store.list("table/")?);
+        let mut done = Collected {
+            referenced: referenced.len(),
+            ..Default::default()
+        };
+        for l in listed {
+            if referenced.contains(&l.name) {
+                continue;
+            }
+            let Some((e, s)) = parse_object_name(&l.name) else {
+                continue;
+            };
+            if e > epoch || (e == epoch && s >= below) {
+                continue;
+            }
+            if now.saturating_sub(l.modified) < self.gc_grace.as_secs() {
+                done.young += 1;
+                continue;
+            }
+            self.store.delete(&l.name)?;
+            done.deleted += 1;
+        }
+        let mut c = self.collected.lock();
+        *c = (Some(std::time::Instant::now()), c.1 + done.deleted as u64);
+        if done.deleted > 0 {
+            tracing::info!(
+                deleted = done.deleted,
+                young = done.young,
+                "object store: unreferenced objects collected"
+            );
+        }
+        Ok(done)
     }
 
     pub fn status(&self) -> TierStatus {
@@ -780,8 +869,24 @@ impl Tier {
             segments_stored: st.slots.values().filter(|s| !s.parts.is_empty()).count(),
             parts: st.slots.values().map(|s| s.parts.len()).sum(),
             fenced: self.fenced.lock().clone(),
+            collected: self.collected.lock().1,
         }
     }
+}
+
+/// `seg/EPOCH/SEQ` or `table/EPOCH/SEQ` → (epoch, seq); anything else `None`.
+fn parse_object_name(name: &str) -> Option<(u64, u64)> {
+    let rest = name
+        .strip_prefix("seg/")
+        .or_else(|| name.strip_prefix("table/"))?;
+    let (e, s) = rest.split_once('/')?;
+    if e.len() != 8 || s.len() != 12 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(e, 16).ok()?,
+        u64::from_str_radix(s, 16).ok()?,
+    ))
 }
 
 #[cfg(test)]
