@@ -411,3 +411,34 @@ def test_garbage_collection_keeps_what_commits_reference(versitygw, tmp_path):
         assert read_back(q, tmp_path / "out.img") == bytes(want)
     finally:
         q.kill()
+
+
+def test_a_copied_directory_is_another_writer(versitygw, tmp_path):
+    """A pool directory copied elsewhere (devices and pool.json, writer name included) does
+    not silently take the pool from the host that holds it: it is refused, naming the
+    holder, unless the holder exported the pool."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "copied").create().start()
+    p.create_volume("v", size="8M")
+    p.stop()
+    copy = tmp_path / "copy"
+    shutil.copytree(p.dir, copy, symlinks=True)
+    (copy / "pool.lock").unlink(missing_ok=True)
+    r = run([str(p.bin), "serve", str(copy)], check=False, env=p._env(), timeout=60)
+    assert r.returncode != 0 and "held by" in r.stderr, r.stderr
+    # The original still serves.
+    p.start()
+    p.stop()
+
+
+def test_an_oversized_superblock_object_is_refused_without_reading_it(versitygw, tmp_path):
+    """The bucket's operator replaces the superblock object with a huge one: the import
+    refuses it by its size, before reading it."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "huge").create()
+    srv.client().put_object(Bucket=srv.bucket, Key="huge/superblock", Body=b"x" * (17 << 20))
+    q = StorePool(tmp_path, srv, "huge", dir_name="q")
+    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
+                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    # Refused by the size the store gives (HEAD), not after a download of the body.
+    assert r.returncode != 0 and f"holds {17 << 20} bytes" in r.stderr, r.stderr

@@ -85,7 +85,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         let os = conf.object_store.as_ref().ok_or_else(|| {
             Error::usage("--object-store-gc-grace: this pool has no object store")
         })?;
-        let mut t = crate::objects::opener(os)?;
+        let mut t = crate::objects::opener(&dir, os)?;
         t.gc_grace = Duration::from_secs(grace);
         opts.tier = Some(t);
     }

@@ -23,13 +23,25 @@ pub fn open_store(
 }
 
 /// How the engine reaches the store a pool names (`tier::set_opener`, at start): the
-/// client, probed.
-pub fn opener(os: &ObjectStoreConfig) -> bulwark_engine::Result<TierOpen> {
+/// client, probed. A directory copied or moved to another place or host is another
+/// writer: the store's holder is then taken only with an export or `--force`.
+pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<TierOpen> {
     let store = open_store(&os.url, os.credentials.as_deref())?;
     probe(&*store, os.single_host)?;
+    let writer = if same_place(dir, &os.writer) {
+        os.writer.clone()
+    } else {
+        tracing::warn!(
+            "{} was made as '{}', on another host or in another directory: it takes the \
+             pool only if that writer exported it",
+            dir.display(),
+            os.writer
+        );
+        format!("{} (a copy of {})", writer_name(dir), os.writer)
+    };
     Ok(TierOpen {
         store,
-        writer: os.writer.clone(),
+        writer,
         create: false,
         force: false,
         gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
@@ -60,21 +72,37 @@ pub fn probe(
 }
 
 /// This host's name as the pool's writer: host name, pool directory, and a random tag (a
-/// copy of the directory on another host is another writer).
+/// copy of the directory on another host is another writer: `same_place`).
 pub fn writer_name(dir: &Path) -> String {
+    format!(
+        "{}:{}#{}",
+        host_name(),
+        dir.display(),
+        bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<4>())
+    )
+}
+
+/// Whether `writer` (`writer_name`) names this host and the directory `dir` is.
+fn same_place(dir: &Path, writer: &str) -> bool {
+    let Some((place, _tag)) = writer.rsplit_once('#') else {
+        return false;
+    };
+    let Some((host, path)) = place.split_once(':') else {
+        return false;
+    };
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    host == host_name() && canon(Path::new(path)).is_some() && canon(Path::new(path)) == canon(dir)
+}
+
+fn host_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let host = if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0 {
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         String::from_utf8_lossy(&buf[..end]).into_owned()
     } else {
         "unknown-host".into()
-    };
-    format!(
-        "{host}:{}#{}",
-        dir.display(),
-        bulwark_engine::hex::to_hex(&bulwark_engine::keys::wrap::random_bytes::<4>())
-    )
+    }
 }
 
 /// The configuration `pool create` and `pool import` write for `url`.

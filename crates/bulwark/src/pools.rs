@@ -332,7 +332,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
             let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
             crate::objects::probe(&*store, config.single_host)?;
             if store
-                .get(bulwark_engine::pool::tier::SUPERBLOCK_OBJECT)?
+                .get(bulwark_engine::pool::tier::SUPERBLOCK_OBJECT, 16 << 20)?
                 .is_some()
             {
                 return Err(Error::msg(format!(

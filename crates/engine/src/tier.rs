@@ -57,8 +57,9 @@ pub trait ObjectStore: Send + Sync {
     fn put(&self, name: &str, body: Vec<u8>) -> Result<()>;
     /// Write `body` under `name` only if `cond` holds.
     fn put_if(&self, name: &str, body: Vec<u8>, cond: &Cond) -> Result<PutIf>;
-    /// The whole object and its version, or `None` if there is none.
-    fn get(&self, name: &str) -> Result<Option<(Vec<u8>, Version)>>;
+    /// The whole object and its version, or `None` if there is none; an object larger than
+    /// `max_bytes` is `Corrupt`, and no more than that is ever read (a bucket is input).
+    fn get(&self, name: &str, max_bytes: u64) -> Result<Option<(Vec<u8>, Version)>>;
     /// `len` bytes from `start`; an object shorter than that is `Corrupt`.
     fn get_range(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>>;
     /// Remove `name` (absent already: fine).
@@ -134,7 +135,23 @@ pub fn probe(store: &dyn ObjectStore, name: &str) -> Result<Vec<&'static str>> {
                 ))
             }
         }
-        match store.get(name)? {
+        // If-Match on a name that does not exist must not create it (MinIO once did).
+        let missing = format!("{name}-missing");
+        match store.put_if(
+            &missing,
+            b"bulwark probe 5".to_vec(),
+            &Cond::Matches(first.clone()),
+        ) {
+            Ok(PutIf::Refused) | Err(crate::Error::NotFound(_)) => {
+                passed.push("update of a missing object refused (If-Match)")
+            }
+            Ok(PutIf::Done(_)) => {
+                let _ = store.delete(&missing);
+                return Err(refused("a write with If-Match created a missing object"));
+            }
+            Err(e) => return Err(e),
+        }
+        match store.get(name, 64)? {
             Some((body, _)) if body == b"bulwark probe 3" => passed.push("read back"),
             Some(_) => return Err(refused("a refused write changed the object")),
             None => {

@@ -191,8 +191,12 @@ impl Credentials {
     }
 }
 
+/// The most objects one listing returns (garbage collection lists the pool's objects).
+const LIST_MAX: usize = 4 << 20;
+
 /// How long the client waits: for one request, and for all the tries of one call. A call
 /// that runs out gives an error (a FLUSH then fails by its deadline instead of hanging).
+/// The request's bound is below the call's, so one call ends within about the two.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadlines {
     pub request: Duration,
@@ -202,8 +206,8 @@ pub struct Deadlines {
 impl Default for Deadlines {
     fn default() -> Self {
         Deadlines {
-            request: Duration::from_secs(30),
-            call: Duration::from_secs(20),
+            request: Duration::from_secs(10),
+            call: Duration::from_secs(15),
         }
     }
 }
@@ -280,14 +284,21 @@ impl S3 {
     /// Run `f` on this client's runtime and wait for it, from any thread.
     fn run<T: Send + 'static>(
         &self,
-        f: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> T {
+        f: impl std::future::Future<Output = std::result::Result<T, object_store::Error>>
+            + Send
+            + 'static,
+    ) -> std::result::Result<T, object_store::Error> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.rt.spawn(async move {
             let _ = tx.send(f.await);
         });
-        rx.recv()
-            .expect("the object store runtime runs every call to its end")
+        // A request task that panicked dropped its sender: an error, never a panic here.
+        rx.recv().unwrap_or_else(|_| {
+            Err(object_store::Error::Generic {
+                store: "bulwark",
+                source: "the request's task ended without an answer".into(),
+            })
+        })
     }
 
     fn error(&self, what: &str, name: &str, e: object_store::Error) -> Error {
@@ -329,21 +340,41 @@ impl Tier for S3 {
         });
         match r {
             Ok(r) => Ok(PutIf::Done(version_of(r.e_tag, r.version))),
+            // 404: If-Match on an object that does not exist (any more).
             Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. }) => Ok(PutIf::Refused),
+            | Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::NotFound { .. }) => Ok(PutIf::Refused),
             Err(e) => Err(self.error("conditional PUT", name, e)),
         }
     }
 
-    fn get(&self, name: &str) -> Result<Option<(Vec<u8>, Version)>> {
+    fn get(&self, name: &str, max_bytes: u64) -> Result<Option<(Vec<u8>, Version)>> {
         let (store, path) = (self.store.clone(), self.path(name));
+        // The size first, then at most that many bytes (an object replaced meanwhile by a
+        // larger one is cut short, and fails its checks): never more than `max_bytes`.
         let r = self.run(async move {
-            let got = store.get(&path).await?;
+            let meta = store.head(&path).await?;
+            if meta.size > max_bytes {
+                return Ok(Err(meta.size));
+            }
+            let got = store
+                .get_opts(
+                    &path,
+                    object_store::GetOptions {
+                        range: (meta.size > 0).then_some((0..meta.size).into()),
+                        ..Default::default()
+                    },
+                )
+                .await?;
             let v = version_of(got.meta.e_tag.clone(), got.meta.version.clone());
-            Ok::<_, object_store::Error>((got.bytes().await?.to_vec(), v))
+            Ok::<_, object_store::Error>(Ok((got.bytes().await?.to_vec(), v)))
         });
         match r {
-            Ok(x) => Ok(Some(x)),
+            Ok(Ok(x)) => Ok(Some(x)),
+            Ok(Err(size)) => Err(Error::Corrupt(format!(
+                "object store {}: {name} holds {size} bytes, more than the {max_bytes} it may",
+                self.loc
+            ))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("GET", name, e)),
         }
@@ -376,7 +407,7 @@ impl Tier for S3 {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        use futures::TryStreamExt;
+        use futures::{StreamExt, TryStreamExt};
         let (store, path) = (self.store.clone(), self.path(prefix));
         let root = if self.loc.prefix.is_empty() {
             String::new()
@@ -386,6 +417,7 @@ impl Tier for S3 {
         let r = self.run(async move {
             store
                 .list(Some(&path))
+                .take(LIST_MAX + 1)
                 .map_ok(|m| {
                     (
                         m.location.to_string(),
@@ -397,6 +429,12 @@ impl Tier for S3 {
                 .await
         });
         let found = r.map_err(|e| self.error("LIST", prefix, e))?;
+        if found.len() > LIST_MAX {
+            return Err(Error::Corrupt(format!(
+                "object store {}: more than {LIST_MAX} objects under {prefix}",
+                self.loc
+            )));
+        }
         Ok(found
             .into_iter()
             .filter_map(|(n, size, modified)| {

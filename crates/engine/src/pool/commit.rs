@@ -39,11 +39,15 @@ impl Core {
     /// `commit`, by a caller that holds the commit lock.
     pub(crate) fn commit_held(&self) -> Result<()> {
         self.store.check_poisoned()?;
-        self.commits_begun.fetch_add(1, Ordering::AcqRel);
+        let begun = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
         let result = self.commit_locked();
         match &result {
-            // Nothing local names this commit yet: the next one tries again.
+            // Nothing local names this commit yet: the next one tries again. A flush that
+            // arrived before it began must not count on it (`Core::flush`), and the table is
+            // left dirty so the background commit retries even when no client writes.
             Err(e @ Error::StoreUnavailable(_)) => {
+                self.commit_failed_at.fetch_max(begun, Ordering::AcqRel);
+                self.table_dirty.store(true, Ordering::Release);
                 tracing::error!(
                     "commit failed (the pool serves on; the next flush tries again): {e}"
                 )
@@ -218,11 +222,10 @@ impl Core {
         // The table and the superblock that points to it must carry the same table key: a new
         // key (crypto-erase, end of a rotation) is taken here, under the commit lock, and goes
         // into this commit's superblock below.
-        let table_key = self
-            .table_key_next
-            .lock()
-            .take()
-            .unwrap_or(self.sb.lock().sb.table_key);
+        // Taken only once the commit is durable (below): a commit that fails and is tried
+        // again must take the same new key.
+        let table_key_new = *self.table_key_next.lock();
+        let table_key = table_key_new.unwrap_or(self.sb.lock().sb.table_key);
         let nodes_done = started.elapsed();
         let table_ptr = self.store.write_meta(&table.seal(&table_key))?;
         crate::crashpoint::hit("commit.nodes_written");
@@ -309,6 +312,12 @@ impl Core {
             (old, st.sb.generation)
         };
         crate::crashpoint::hit("commit.superblocks_written");
+        if let Some(k) = table_key_new {
+            let mut next = self.table_key_next.lock();
+            if *next == Some(k) {
+                *next = None;
+            }
+        }
         self.store.release(&old_root);
         // The old chain is replaced: its blocks go with the next commit.
         let new_chain = log_head.map(|head| super::intent::Chain {

@@ -65,6 +65,9 @@ pub struct Core {
     /// runs waits for the next one; one that finds a newer commit finished returns.
     pub commits_begun: AtomicU64,
     pub commits_done: AtomicU64,
+    /// `commits_begun` of the last commit that failed without poisoning the pool (the
+    /// object store did not take it): a flush that arrived before it must commit itself.
+    pub commit_failed_at: AtomicU64,
     /// Background workers (key rotations, scrubs): joined when the pool closes
     /// or is dropped, so none still writes to the devices once the pool lock is
     /// released (a second import of the pool would race it).
@@ -453,10 +456,17 @@ impl Core {
 
     /// Durable point for everything completed before the call (group commit).
     pub fn flush(&self) -> Result<()> {
-        let arrived = self.commits_begun.load(Ordering::Acquire);
+        self.flush_since(self.commits_begun.load(Ordering::Acquire))
+    }
+
+    /// `flush` by a caller that arrived when `arrived` commits had begun.
+    pub(crate) fn flush_since(&self, arrived: u64) -> Result<()> {
         let _g = self.commit_lock.lock();
-        // A commit or log flush that began after we arrived has finished: it covered us.
-        if self.commits_done.load(Ordering::Acquire) > arrived {
+        // A commit or log flush that began after we arrived has finished: it covered us,
+        // unless one that began after we arrived failed (then it may not have).
+        if self.commits_done.load(Ordering::Acquire) > arrived
+            && self.commit_failed_at.load(Ordering::Acquire) <= arrived
+        {
             return self.store.check_poisoned();
         }
         // Near full, a commit instead: it gives back the room the dirty map holds and frees

@@ -324,7 +324,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // A pool with an object store is never opened without it: every commit publishes.
     let tier_open = match (&opts.tier, &conf.object_store) {
         (Some(t), _) => Some(t.clone()),
-        (None, Some(os)) => Some(super::tier::open_configured(os)?),
+        (None, Some(os)) => Some(super::tier::open_configured(dir, os)?),
         (None, None) => None,
     };
     if let Some(t) = tier_open.as_ref().filter(|t| !t.create) {
@@ -1225,6 +1225,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         device_lock: Mutex::new(()),
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
+        commit_failed_at: AtomicU64::new(0),
         workers: Mutex::new(Vec::new()),
         table_dirty: AtomicBool::new(true),
         accounting_complete: complete,

@@ -24,6 +24,8 @@ pub mod snapshot;
 pub mod superblock;
 pub mod table;
 pub mod tier;
+#[cfg(test)]
+mod tier_tests;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

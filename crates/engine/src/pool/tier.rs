@@ -41,9 +41,15 @@ pub const SUPERBLOCK_OBJECT: &str = "superblock";
 pub const PAGE_SEGMENTS: u32 = 256;
 /// The largest superblock object read (16 labels in hex and the page list of a pool of
 /// the largest address space fit well below this).
-const SUPERBLOCK_OBJECT_BYTES_MAX: usize = 16 << 20;
-/// Parts per segment a page may list (a part holds at least one 16-byte-aligned record).
-const PARTS_PER_SEGMENT_MAX: u32 = (SEGMENT_BYTES / 16) as u32;
+const SUPERBLOCK_OBJECT_BYTES_MAX: u64 = 16 << 20;
+/// Parts per segment a page may list: past it, a commit uploads the segment's whole range
+/// as one part instead (so a page stays small, `PAGE_BYTES_MAX`).
+const PARTS_PER_SEGMENT_MAX: u32 = 64;
+/// The largest page: every segment of it with the most parts.
+const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (8 + PARTS_PER_SEGMENT_MAX as u64 * 24);
+/// How long one commit may take to upload before it gives up (`StoreUnavailable`): a
+/// FLUSH fails by then instead of hanging past the client's own timeout.
+const PUBLISH_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
 /// Uploads in flight at once during a commit.
 const UPLOADS_AT_ONCE: usize = 8;
 const MAGIC: &str = "bulwark object superblock 1";
@@ -82,7 +88,7 @@ impl std::fmt::Debug for TierOpen {
 /// its own): set once by the binary (`set_opener`), used by every import of a pool with an
 /// object store that was not given one (`OpenOptions::tier`), so that no path opens such
 /// a pool and commits without publishing.
-pub type Opener = fn(&super::create::ObjectStoreConfig) -> Result<TierOpen>;
+pub type Opener = fn(&std::path::Path, &super::create::ObjectStoreConfig) -> Result<TierOpen>;
 
 static OPENER: std::sync::OnceLock<Opener> = std::sync::OnceLock::new();
 
@@ -91,9 +97,12 @@ pub fn set_opener(f: Opener) {
 }
 
 /// The store of `conf`, through the opener.
-pub(crate) fn open_configured(conf: &super::create::ObjectStoreConfig) -> Result<TierOpen> {
+pub(crate) fn open_configured(
+    dir: &std::path::Path,
+    conf: &super::create::ObjectStoreConfig,
+) -> Result<TierOpen> {
     match OPENER.get() {
-        Some(open) => open(conf),
+        Some(open) => open(dir, conf),
         None => Err(Error::Invalid(format!(
             "this pool keeps its durable copy in the object store {}, and this program cannot \
              reach object stores",
@@ -116,7 +125,10 @@ pub(crate) fn catch_up(
     use crate::device::Device;
     let key = crate::keys::pool_key::PoolKey::load(&dir.join(super::import::POOL_KEY_FILE))?;
     let sb_key = key.superblock_key(pool_id);
-    let Some((bytes, _)) = open.store.get(SUPERBLOCK_OBJECT)? else {
+    let Some((bytes, _)) = open
+        .store
+        .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)?
+    else {
         return Ok(());
     };
     let head = Head::open(&bytes, &object_key(&sb_key))?;
@@ -125,13 +137,28 @@ pub(crate) fn catch_up(
     }
     let labels = head.superblocks(&sb_key)?;
     let raw = head.label_bytes()?;
-    // Only what this host announced (`anchor`: synced before its devices were flushed
-    // and the upload began): a copy of the directory elsewhere shares the writer's name,
-    // not the devices' bytes.
-    let announced = super::anchor::read(dir)?
-        .is_some_and(|a| a.next == (head.generation, super::anchor::digest(&labels[0])));
-    if !announced {
+    // Only a generation this host announced (`anchor`: synced before its devices were
+    // flushed and the upload began). Another attempt at the same generation may have been
+    // announced since (the store took an attempt whose answer was lost, a later one did
+    // not get through): the devices hold the bytes of both (nothing is freed before a
+    // commit succeeds), and the anchor is brought to the store's.
+    let Some(anchor) = super::anchor::read(dir)? else {
         return Ok(());
+    };
+    if anchor.next.0 != head.generation || anchor.committed.0 + 1 != head.generation {
+        return Ok(());
+    }
+    let digest = super::anchor::digest(&labels[0]);
+    if anchor.next.1 != digest {
+        super::anchor::write(
+            dir,
+            &super::anchor::Anchor {
+                seq: anchor.seq + 1,
+                next: (head.generation, digest),
+                nonce_reserved: anchor.nonce_reserved.max(labels[0].nonce_reserved),
+                ..anchor
+            },
+        )?;
     }
     let back_region =
         crate::constants::DEVICE_RESERVED_FRONT + labels[0].segments_per_device * SEGMENT_BYTES;
@@ -203,6 +230,10 @@ pub struct Head {
     pub generation: u64,
     /// The next object sequence number of this epoch.
     pub seq_next: u64,
+    /// Drawn at random by each takeover: two hosts that take the pool at once write
+    /// different bytes even under one writer name, so only one can read its own back.
+    #[serde(default)]
+    pub session: String,
     /// Every member's label (`Superblock::encode`), hex.
     pub labels: Vec<String>,
     pub pages: Vec<PageRef>,
@@ -229,7 +260,7 @@ impl Head {
     /// Read a superblock object: its MAC under `key`, then its fields within bounds.
     pub fn open(bytes: &[u8], key: &[u8; 32]) -> Result<Head> {
         let bad = |why: String| Error::Corrupt(format!("the object store's superblock: {why}"));
-        if bytes.len() > SUPERBLOCK_OBJECT_BYTES_MAX {
+        if bytes.len() as u64 > SUPERBLOCK_OBJECT_BYTES_MAX {
             return Err(bad(format!(
                 "{} bytes, more than the {SUPERBLOCK_OBJECT_BYTES_MAX} it may hold",
                 bytes.len()
@@ -408,13 +439,13 @@ pub struct Found {
 
 /// Read the pool's superblock object and segment table (`None`: no pool there).
 pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
-    let Some((bytes, version)) = store.get(SUPERBLOCK_OBJECT)? else {
+    let Some((bytes, version)) = store.get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)? else {
         return Ok(None);
     };
     let head = Head::open(&bytes, key)?;
     let mut slots = BTreeMap::new();
     for p in &head.pages {
-        let Some((b, _)) = store.get(&p.name)? else {
+        let Some((b, _)) = store.get(&p.name, PAGE_BYTES_MAX)? else {
             return Err(Error::Corrupt(format!(
                 "the object store {} lacks segment table page {} ({})",
                 store.describe(),
@@ -445,8 +476,9 @@ pub struct Tier {
     /// Set once a conditional write was refused for another writer's: why, for `status`.
     pub fenced: Mutex<Option<String>>,
     gc_grace: std::time::Duration,
-    /// When the last collection ran (`None`: not yet in this run) and objects deleted.
-    collected: Mutex<(Option<std::time::Instant>, u64)>,
+    /// When the last collection ran (`None`: not yet in this run), objects deleted, and
+    /// commits published as of then.
+    collected: Mutex<(Option<std::time::Instant>, u64, u64)>,
 }
 
 /// What `Tier::collect` did.
@@ -468,6 +500,8 @@ struct State {
     /// The next object sequence number to hand out: advanced by every name given, also
     /// by a commit that failed (its objects may have landed), so no name is used twice.
     named: u64,
+    /// Commits published in this run (collection runs only when there were some).
+    published: u64,
 }
 
 /// The object store in `status`.
@@ -516,6 +550,7 @@ impl Tier {
                     pool_id: pool_id.clone(),
                     epoch: 0,
                     writer: open.writer.clone(),
+                    session: String::new(),
                     generation: local.generation,
                     seq_next: 0,
                     labels: Vec::new(),
@@ -562,11 +597,13 @@ impl Tier {
         let pages = head.pages.iter().map(|p| (p.index, p.clone())).collect();
         head.epoch += 1;
         head.writer = open.writer.clone();
+        head.session = to_hex(&crate::keys::wrap::random_bytes::<16>());
         let tier = Tier {
             store: open.store.clone(),
             key,
             st: Mutex::new(State {
                 named: head.seq_next,
+                published: 0,
                 head: head.clone(),
                 version: version.clone(),
                 slots,
@@ -574,7 +611,7 @@ impl Tier {
             }),
             fenced: Mutex::new(None),
             gc_grace: open.gc_grace,
-            collected: Mutex::new((None, 0)),
+            collected: Mutex::new((None, 0, 0)),
         };
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
@@ -605,11 +642,17 @@ impl Tier {
         for _ in 0..3 {
             match self.store.put_if(SUPERBLOCK_OBJECT, body.clone(), &cond)? {
                 PutIf::Done(v) => return Ok(v),
-                PutIf::Refused => match self.store.get(SUPERBLOCK_OBJECT)? {
+                PutIf::Refused => match self
+                    .store
+                    .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)?
+                {
                     Some((b, v)) if b == body => return Ok(v),
                     Some((b, v))
-                        if Head::open(&b, &self.key)
-                            .is_ok_and(|h| h.writer == head.writer && h.epoch == head.epoch) =>
+                        if Head::open(&b, &self.key).is_ok_and(|h| {
+                            h.writer == head.writer
+                                && h.epoch == head.epoch
+                                && h.session == head.session
+                        }) =>
                     {
                         tracing::warn!(
                             "the object store holds a commit of ours whose answer was lost; \
@@ -652,10 +695,23 @@ impl Tier {
     /// Is the superblock object still the one this writer wrote? (the periodic check of a
     /// serving daemon: a host taken over stops serving even before it writes).
     pub fn check(&self) -> Result<()> {
-        let mine = self.st.lock().version.clone();
+        let (mine, epoch, session) = {
+            let st = self.st.lock();
+            (st.version.clone(), st.head.epoch, st.head.session.clone())
+        };
         let Some(mine) = mine else { return Ok(()) };
-        match self.store.get(SUPERBLOCK_OBJECT)? {
+        match self
+            .store
+            .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)?
+        {
             Some((_, v)) if v == mine => Ok(()),
+            // A commit of ours that landed meanwhile (or whose answer was lost): still ours.
+            Some((b, _))
+                if Head::open(&b, &self.key)
+                    .is_ok_and(|h| h.epoch == epoch && h.session == session) =>
+            {
+                Ok(())
+            }
             Some((b, _)) => {
                 let who = Head::open(&b, &self.key)
                     .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
@@ -704,7 +760,7 @@ impl Tier {
         labels: Vec<Vec<u8>>,
         generation: u64,
     ) -> Result<()> {
-        let mut st = self.st.lock();
+        let started = std::time::Instant::now();
         // Runs still in the segment's current incarnation, by segment and offset, joined
         // where they touch.
         let mut runs: Vec<Extent> = taken
@@ -723,21 +779,68 @@ impl Tier {
                 _ => joined.push(e),
             }
         }
-        let mut head = st.head.clone();
-        let mut parts: Vec<(Extent, Part)> = Vec::with_capacity(joined.len());
-        for e in &joined {
-            parts.push((
-                *e,
-                Part {
-                    off: e.off,
-                    len: e.len,
-                    epoch: head.epoch,
-                    seq: st.named,
-                },
-            ));
-            st.named += 1;
-        }
-        // Upload the parts, several at once.
+        // Names are handed out under the lock; the uploads run without it (`status`, the
+        // fencing check and collection read the state meanwhile; commits are serialised
+        // by the commit lock).
+        let (mut head, version, mut slots, mut pages, parts) = {
+            let mut st = self.st.lock();
+            let mut parts: Vec<(Extent, Part, bool)> = Vec::with_capacity(joined.len());
+            let mut i = 0;
+            while i < joined.len() {
+                let seg = joined[i].seg;
+                let n = joined[i..].iter().take_while(|e| e.seg == seg).count();
+                let new = &joined[i..i + n];
+                i += n;
+                let kept: Vec<Part> = st
+                    .slots
+                    .get(&seg)
+                    .filter(|s| s.inc == new[0].inc)
+                    .map(|s| s.parts.clone())
+                    .unwrap_or_default();
+                let epoch = st.head.epoch;
+                let named = &mut st.named;
+                let mut name = |e: Extent, replaces: bool| {
+                    let p = Part {
+                        off: e.off,
+                        len: e.len,
+                        epoch,
+                        seq: *named,
+                    };
+                    *named += 1;
+                    (e, p, replaces)
+                };
+                if kept.len() + new.len() > PARTS_PER_SEGMENT_MAX as usize {
+                    // Too many parts for one segment: one part of the whole range instead
+                    // (the local devices hold all of it), replacing the segment's list.
+                    let lo = kept.iter().map(|p| p.off).chain(new.iter().map(|e| e.off));
+                    let hi = kept
+                        .iter()
+                        .map(|p| p.off + p.len)
+                        .chain(new.iter().map(|e| e.off + e.len));
+                    let (lo, hi) = (lo.min().unwrap_or(0), hi.max().unwrap_or(0));
+                    let whole = Extent {
+                        off: lo,
+                        len: hi - lo,
+                        ..new[0]
+                    };
+                    let job = name(whole, true);
+                    parts.push(job);
+                } else {
+                    for e in new {
+                        let job = name(*e, false);
+                        parts.push(job);
+                    }
+                }
+            }
+            (
+                st.head.clone(),
+                st.version.clone(),
+                st.slots.clone(),
+                st.pages.clone(),
+                parts,
+            )
+        };
+        // Upload the parts, several at once, within the commit's budget.
         let chunk = parts.len().div_ceil(UPLOADS_AT_ONCE).max(1);
         std::thread::scope(|s| {
             let workers: Vec<_> = parts
@@ -745,9 +848,26 @@ impl Tier {
                 .map(|c| {
                     s.spawn(move || -> Result<()> {
                         let mut buf = Vec::new();
-                        for (e, p) in c {
+                        for (e, p, _) in c {
+                            if started.elapsed() > PUBLISH_BUDGET {
+                                return Err(Error::StoreUnavailable(format!(
+                                    "the object store {} took more than {} s for one commit",
+                                    self.store.describe(),
+                                    PUBLISH_BUDGET.as_secs()
+                                )));
+                            }
                             let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
-                            store.red.read_run(addr, e.len as usize, &mut buf)?;
+                            // A local read that fails is the devices' failure, not the
+                            // store's: it poisons the pool like any device error.
+                            store
+                                .red
+                                .read_run(addr, e.len as usize, &mut buf)
+                                .map_err(|err| {
+                                    Error::Unrecoverable(format!(
+                                        "segment {} could not be read for upload: {err}",
+                                        e.seg
+                                    ))
+                                })?;
                             self.store.put(&p.name(), buf[..e.len as usize].to_vec())?;
                         }
                         Ok(())
@@ -759,12 +879,11 @@ impl Tier {
                 .map(|w| w.join().expect("an upload thread does not panic"))
                 .collect::<Result<Vec<()>>>()
         })?;
-        // The table: a segment's parts start over when it was reopened.
-        let mut slots = st.slots.clone();
+        // The table: a segment's parts start over when it was reopened (or compacted).
         let mut dirty = BTreeSet::new();
-        for (e, p) in &parts {
+        for (e, p, replaces) in &parts {
             let slot = slots.entry(e.seg).or_default();
-            if slot.inc != e.inc {
+            if slot.inc != e.inc || *replaces {
                 *slot = Slot {
                     inc: e.inc,
                     parts: Vec::new(),
@@ -773,36 +892,43 @@ impl Tier {
             slot.parts.push(*p);
             dirty.insert(e.seg / PAGE_SEGMENTS);
         }
-        let mut pages = st.pages.clone();
         for index in dirty {
             let body = encode_page(index, &slots);
+            let seq = {
+                let mut st = self.st.lock();
+                st.named += 1;
+                st.named - 1
+            };
             let r = PageRef {
                 index,
-                name: format!("table/{:08x}/{:012x}", head.epoch, st.named),
+                name: format!("table/{:08x}/{:012x}", head.epoch, seq),
                 blake3: to_hex(blake3::hash(&body).as_bytes()),
             };
-            st.named += 1;
             self.store.put(&r.name, body)?;
             pages.insert(index, r);
         }
-        head.seq_next = st.named;
+        head.seq_next = self.st.lock().named;
         head.generation = generation;
         head.labels = labels.iter().map(|l| to_hex(l)).collect();
         head.pages = pages.values().cloned().collect();
-        let version = self.cas(&head, st.version.as_ref())?;
+        let version = self.cas(&head, version.as_ref())?;
+        let mut st = self.st.lock();
         st.head = head;
         st.version = Some(version);
         st.slots = slots;
         st.pages = pages;
+        st.published += 1;
         Ok(())
     }
 
-    /// Whether a collection is due: once early in each run, then every `interval`.
+    /// Whether a collection is due: once early in each run, then every `interval` if
+    /// commits were published since (an idle pool asks the store nothing).
     pub fn collect_due(&self, interval: std::time::Duration) -> bool {
-        self.collected
-            .lock()
-            .0
-            .is_none_or(|t| t.elapsed() >= interval)
+        let c = self.collected.lock();
+        match c.0 {
+            None => true,
+            Some(t) => t.elapsed() >= interval && self.st.lock().published > c.2,
+        }
     }
 
     /// Garbage collection: delete the parts and pages no commit of this writer references
@@ -811,14 +937,14 @@ impl Tier {
     /// after this writer's last acknowledged commit (a commit whose answer was lost may
     /// reference it). Plain DELETEs: nothing relies on conditional deletes.
     pub fn collect(&self) -> Result<Collected> {
-        let (epoch, below, referenced) = {
+        let (epoch, below, referenced, published) = {
             let st = self.st.lock();
             let mut r: std::collections::HashSet<String> =
                 st.pages.values().map(|p| p.name.clone()).collect();
             for s in st.slots.values() {
                 r.extend(s.parts.iter().map(|p| p.name()));
             }
-            (st.head.epoch, st.head.seq_next, r)
+            (st.head.epoch, st.head.seq_next, r, st.published)
         };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -848,7 +974,11 @@ impl Tier {
             done.deleted += 1;
         }
         let mut c = self.collected.lock();
-        *c = (Some(std::time::Instant::now()), c.1 + done.deleted as u64);
+        *c = (
+            Some(std::time::Instant::now()),
+            c.1 + done.deleted as u64,
+            published,
+        );
         if done.deleted > 0 {
             tracing::info!(
                 deleted = done.deleted,
@@ -979,6 +1109,7 @@ mod tests {
             pool_id: "00".repeat(16),
             epoch: 3,
             writer: "host-a".into(),
+            session: "01".into(),
             generation: 9,
             seq_next: 12,
             labels: vec!["00".repeat(SUPERBLOCK_BYTES)],
@@ -1063,7 +1194,7 @@ pub fn restore(
             dir.display()
         )));
     }
-    let Some((bytes, _)) = store.get(SUPERBLOCK_OBJECT)? else {
+    let Some((bytes, _)) = store.get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)? else {
         return Err(Error::NotFound(format!(
             "the object store {} holds no pool (no '{SUPERBLOCK_OBJECT}' object)",
             store.describe()
@@ -1104,8 +1235,8 @@ pub fn restore(
                 .into(),
         ));
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
-    {
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::device(dir, e))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::device(dir, e))?;

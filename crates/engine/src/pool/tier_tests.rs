@@ -1,0 +1,297 @@
+//! The object tier's races and failures, made deterministic: an in-memory store of our
+//! own (`Mem`) with what a real one does (conditional writes, versions) and switches to
+//! fail a write, lose an answer after the write landed, or hold two takeovers until both
+//! have read the same version. The real servers (moto, versitygw) and the fault proxy
+//! are driven by tests/test_object_store.py; these pin down orderings a proxy cannot.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+
+use parking_lot::Mutex;
+use zeroize::Zeroizing;
+
+use super::tier::{TierOpen, SUPERBLOCK_OBJECT};
+use crate::keys::Secret;
+use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+use crate::tier::{Cond, Listed, ObjectStore, PutIf, Version};
+use crate::volume::{Compression, VolumeOptions};
+use crate::{Error, Result};
+
+#[derive(Default)]
+struct Mem {
+    objects: Mutex<BTreeMap<String, (Vec<u8>, u64)>>,
+    versions: AtomicU64,
+    /// Fail the next conditional write of the superblock (503 after retries).
+    fail_cas: AtomicBool,
+    /// Let the next conditional write of the superblock land, then lose its answer.
+    lose_cas_answer: AtomicBool,
+    /// Hold conditional writes of the superblock until this many have read it.
+    cas_barrier: Mutex<Option<Arc<Barrier>>>,
+    cas_calls: AtomicUsize,
+}
+
+impl ObjectStore for Mem {
+    fn put(&self, name: &str, body: Vec<u8>) -> Result<()> {
+        let v = self.versions.fetch_add(1, Ordering::SeqCst) + 1;
+        self.objects.lock().insert(name.into(), (body, v));
+        Ok(())
+    }
+    fn put_if(&self, name: &str, body: Vec<u8>, cond: &Cond) -> Result<PutIf> {
+        if name == SUPERBLOCK_OBJECT {
+            // The barrier holds the first two calls only (a retry must not wait for a third).
+            let n = self.cas_calls.fetch_add(1, Ordering::SeqCst);
+            let barrier = self.cas_barrier.lock().clone();
+            if let Some(b) = barrier.filter(|_| n < 2) {
+                b.wait();
+            }
+            if self.fail_cas.swap(false, Ordering::SeqCst) {
+                return Err(Error::Io(std::io::Error::other("503 Slow Down (test)")));
+            }
+        }
+        let mut o = self.objects.lock();
+        let current = o.get(name).map(|(_, v)| *v);
+        let ok = match cond {
+            Cond::Absent => current.is_none(),
+            Cond::Matches(want) => current.map(|v| v.to_string()) == want.etag && current.is_some(),
+        };
+        if !ok {
+            return Ok(PutIf::Refused);
+        }
+        let v = self.versions.fetch_add(1, Ordering::SeqCst) + 1;
+        o.insert(name.into(), (body, v));
+        if name == SUPERBLOCK_OBJECT && self.lose_cas_answer.swap(false, Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::other("connection reset (test)")));
+        }
+        Ok(PutIf::Done(Version {
+            etag: Some(v.to_string()),
+            version: None,
+        }))
+    }
+    fn get(&self, name: &str, max: u64) -> Result<Option<(Vec<u8>, Version)>> {
+        let o = self.objects.lock();
+        match o.get(name) {
+            Some((b, _)) if b.len() as u64 > max => Err(Error::Corrupt("too big".into())),
+            Some((b, v)) => Ok(Some((
+                b.clone(),
+                Version {
+                    etag: Some(v.to_string()),
+                    version: None,
+                },
+            ))),
+            None => Ok(None),
+        }
+    }
+    fn get_range(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+        let o = self.objects.lock();
+        let (b, _) = o
+            .get(name)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        b.get(start as usize..(start + len) as usize)
+            .map(|s| s.to_vec())
+            .ok_or_else(|| Error::Corrupt("short".into()))
+    }
+    fn delete(&self, name: &str) -> Result<()> {
+        self.objects.lock().remove(name);
+        Ok(())
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        Ok(self
+            .objects
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (b, _))| Listed {
+                name: k.clone(),
+                size: b.len() as u64,
+                modified: 0,
+            })
+            .collect())
+    }
+    fn describe(&self) -> String {
+        "mem://test".into()
+    }
+}
+
+fn open_with(
+    dir: &std::path::Path,
+    store: &Arc<Mem>,
+    writer: &str,
+    create: bool,
+) -> Result<Arc<Pool>> {
+    Pool::open(
+        dir,
+        OpenOptions {
+            tier: Some(TierOpen {
+                store: store.clone(),
+                writer: writer.into(),
+                create,
+                force: false,
+                gc_grace: std::time::Duration::from_secs(3600),
+            }),
+            ..OpenOptions::default()
+        },
+    )
+}
+
+fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
+    Pool::create(
+        dir,
+        Layout::Single,
+        DeviceSpec::Files {
+            count: 1,
+            size_bytes: 64 << 20,
+        },
+    )
+    .unwrap();
+    let mut conf = super::create::PoolConfig::read(dir).unwrap();
+    conf.object_store = Some(super::create::ObjectStoreConfig {
+        url: "mem://test".into(),
+        credentials: None,
+        writer: "host-a".into(),
+        single_host: false,
+    });
+    conf.write(dir).unwrap();
+    open_with(dir, store, "host-a", true)
+        .unwrap()
+        .close()
+        .unwrap();
+    let pool = open_with(dir, store, "host-a", false).unwrap();
+    let key = Secret::KeyFile(Zeroizing::new([3u8; 32]));
+    pool.create_volume(
+        "v",
+        VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: true,
+        },
+        Some(&key),
+    )
+    .unwrap();
+    pool
+}
+
+fn store_generation(store: &Mem, sb_key: &super::superblock::SbKey) -> u64 {
+    let (b, _) = store.get(SUPERBLOCK_OBJECT, 16 << 20).unwrap().unwrap();
+    super::tier::Head::open(&b, &super::tier::object_key(sb_key))
+        .unwrap()
+        .generation
+}
+
+/// A flush that arrived before a commit that then failed (the store did not take it) must
+/// not count on that commit: it commits itself, and its write is in the store.
+#[test]
+fn a_flush_never_rides_on_a_commit_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let core = &pool.core;
+    let v = pool.volume("v").unwrap();
+    v.write(0, &[0x5a; 4096], false).unwrap();
+    // The flush arrives; a commit then begins after it and fails at the store.
+    let arrived = core.commits_begun.load(Ordering::Acquire);
+    store.fail_cas.store(true, Ordering::SeqCst);
+    assert!(matches!(core.commit(), Err(Error::StoreUnavailable(_))));
+    assert!(
+        !core.store.is_poisoned(),
+        "a store outage must not poison the pool"
+    );
+    let before = store_generation(&store, &core.sb_key);
+    core.flush_since(arrived).unwrap();
+    let after = store_generation(&store, &core.sb_key);
+    assert!(
+        after > before,
+        "the flush returned without any commit reaching the store ({before} -> {after})"
+    );
+}
+
+/// The store took a commit whose answer was lost: the next commit replaces it (it is our
+/// own, same writer, epoch and session), nothing is fenced, and the data is there.
+#[test]
+fn a_commit_whose_answer_was_lost_is_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let core = &pool.core;
+    pool.volume("v")
+        .unwrap()
+        .write(0, &[1; 4096], false)
+        .unwrap();
+    store.lose_cas_answer.store(true, Ordering::SeqCst);
+    assert!(matches!(core.commit(), Err(Error::StoreUnavailable(_))));
+    pool.volume("v")
+        .unwrap()
+        .write(4096, &[2; 4096], false)
+        .unwrap();
+    core.flush().unwrap();
+    assert!(core.tier.as_ref().unwrap().fenced.lock().is_none());
+    core.tier.as_ref().unwrap().check().unwrap();
+    drop(pool);
+    // Reopened from the store's copy alone: both writes.
+    let pool = open_with(dir.path(), &store, "host-a", false).unwrap();
+    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
+        .unwrap();
+    let mut b = vec![0u8; 8192];
+    pool.volume("v").unwrap().read(0, &mut b).unwrap();
+    assert_eq!(&b[..4096], &[1; 4096][..]);
+    assert_eq!(&b[4096..], &[2; 4096][..]);
+}
+
+/// Two hosts with the same writer name (a copied directory) take the pool at once from the
+/// same version: exactly one of them holds it, the other is told it was taken.
+#[test]
+fn two_takeovers_from_one_version_never_both_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let local = pool.core.sb.lock().sb.clone();
+    let sb_key = pool.core.sb_key.clone();
+    drop(pool);
+    store.cas_calls.store(0, Ordering::SeqCst);
+    *store.cas_barrier.lock() = Some(Arc::new(Barrier::new(2)));
+    let take = || {
+        let open = TierOpen {
+            store: store.clone(),
+            writer: "host-a".into(),
+            create: false,
+            force: false,
+            gc_grace: std::time::Duration::from_secs(3600),
+        };
+        super::tier::Tier::take(&open, &sb_key, &local)
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(take);
+        let b = s.spawn(take);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let won = [a.is_ok(), b.is_ok()];
+    assert_eq!(
+        won.iter().filter(|w| **w).count(),
+        1,
+        "both or neither took the pool: {:?} {:?}",
+        a.as_ref().err(),
+        b.as_ref().err()
+    );
+    let lost = if a.is_ok() { b.err() } else { a.err() };
+    assert!(matches!(lost, Some(Error::Fenced(_))), "{lost:?}");
+}
+
+/// The fencing check reads the store after a commit of ours landed without our knowing
+/// its new version (an answer lost, or a commit racing the check): still ours, not fenced.
+#[test]
+fn the_fencing_check_knows_our_own_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let core = &pool.core;
+    pool.volume("v")
+        .unwrap()
+        .write(0, &[9; 4096], false)
+        .unwrap();
+    store.lose_cas_answer.store(true, Ordering::SeqCst);
+    assert!(core.commit().is_err());
+    // The store is ahead of the version this writer knows.
+    core.tier.as_ref().unwrap().check().unwrap();
+    assert!(core.tier.as_ref().unwrap().fenced.lock().is_none());
+}
