@@ -295,3 +295,59 @@ fn the_fencing_check_knows_our_own_commits() {
     core.tier.as_ref().unwrap().check().unwrap();
     assert!(core.tier.as_ref().unwrap().fenced.lock().is_none());
 }
+
+/// A flush after every 4 KiB write adds a part to the head segment each time: past
+/// `PARTS_PER_SEGMENT_MAX` the segment goes up whole as one part, so a table page stays
+/// small, and a pool rebuilt from the store alone reads every write back.
+#[test]
+fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let v = pool.volume("v").unwrap();
+    for i in 0..150u64 {
+        v.write(i * 4096, &[i as u8 + 1; 4096], false).unwrap();
+        pool.core.flush().unwrap();
+    }
+    let key = crate::keys::pool_key::PoolKey::load(&dir.path().join("pool.key")).unwrap();
+    drop(v);
+    drop(pool);
+    // Every page of the table decodes (at most 64 parts a segment) and restores.
+    let new = tempfile::tempdir().unwrap();
+    let conf = super::create::ObjectStoreConfig {
+        url: "mem://test".into(),
+        credentials: None,
+        writer: "host-b".into(),
+        single_host: false,
+    };
+    let report = super::tier::restore(new.path(), &*store, &key, conf, true, &|_, _| {}).unwrap();
+    assert!(report.parts > 0);
+    let pool = Pool::open(
+        new.path(),
+        OpenOptions {
+            tier: Some(TierOpen {
+                store: store.clone(),
+                writer: "host-b".into(),
+                create: false,
+                force: true,
+                gc_grace: std::time::Duration::from_secs(3600),
+            }),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
+        .unwrap();
+    let st = pool.core.tier.as_ref().unwrap().status();
+    assert!(
+        st.parts <= st.segments_stored * 64,
+        "{} parts in {} segments",
+        st.parts,
+        st.segments_stored
+    );
+    let mut b = vec![0u8; 4096];
+    for i in 0..150u64 {
+        pool.volume("v").unwrap().read(i * 4096, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == i as u8 + 1), "block {i}");
+    }
+}
