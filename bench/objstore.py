@@ -103,7 +103,9 @@ def run_mode(work: Path, url: str | None, creds: Path | None, proxy: FaultProxy 
         res[name] = r
     if proxy:
         # Idle: no client; what the daemon asks the store for on its own.
-        time.sleep(8)  # the last cell's dirty data commits on the 5 s timer
+        # The last cell's dirty data commits on the 5 s timer, and one fencing check
+        # follows the last client request within 30 s: idle starts after both.
+        time.sleep(40)
         proxy.reset_counts()
         time.sleep(IDLE)
         res["idle_requests_per_hour"] = proxy.total() * 3600 / IDLE

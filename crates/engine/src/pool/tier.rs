@@ -37,8 +37,8 @@ use crate::{Error, Result};
 
 /// The name of the superblock object.
 pub const SUPERBLOCK_OBJECT: &str = "superblock";
-/// Segments per page of the segment table.
-pub const PAGE_SEGMENTS: u32 = 256;
+/// Segments per page of the segment table (a commit rewrites the pages it touched).
+pub const PAGE_SEGMENTS: u32 = 64;
 /// The largest superblock object read (16 labels in hex and the page list of a pool of
 /// the largest address space fit well below this).
 const SUPERBLOCK_OBJECT_BYTES_MAX: u64 = 16 << 20;
@@ -46,14 +46,17 @@ const SUPERBLOCK_OBJECT_BYTES_MAX: u64 = 16 << 20;
 /// as one part instead (so a page stays small, `PAGE_BYTES_MAX`).
 const PARTS_PER_SEGMENT_MAX: u32 = 64;
 /// The largest page: every segment of it with the most parts.
-const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (8 + PARTS_PER_SEGMENT_MAX as u64 * 24);
+const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (8 + PARTS_PER_SEGMENT_MAX as u64 * 28);
 /// How long one commit may take to upload before it gives up (`StoreUnavailable`): a
 /// FLUSH fails by then instead of hanging past the client's own timeout.
 const PUBLISH_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
 /// Uploads in flight at once during a commit.
 const UPLOADS_AT_ONCE: usize = 8;
 const MAGIC: &str = "bulwark object superblock 1";
-const PAGE_MAGIC: &[u8; 8] = b"BWTPAGE1";
+const PAGE_MAGIC: &[u8; 8] = b"BWTPAGE2";
+/// A commit's parts go up together in objects of about this size (one PUT for the
+/// many small runs of a flush, several in parallel for a large commit).
+const BUNDLE_BYTES: usize = 8 << 20;
 
 /// How the pool asks to use its object store (`OpenOptions::tier`).
 #[derive(Clone)]
@@ -189,11 +192,13 @@ pub(crate) fn catch_up(
     Ok(())
 }
 
-/// One part: bytes `off..off + len` of a segment, in object `seg/EPOCH/SEQ`.
+/// One part: bytes `off..off + len` of a segment, at byte `at` of object `seg/EPOCH/SEQ`
+/// (a commit's parts share objects: `BUNDLE_BYTES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {
     pub off: u32,
     pub len: u32,
+    pub at: u32,
     pub epoch: u64,
     pub seq: u64,
 }
@@ -344,6 +349,7 @@ pub fn encode_page(index: u32, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
         for p in &s.parts {
             b.extend_from_slice(&p.off.to_le_bytes());
             b.extend_from_slice(&p.len.to_le_bytes());
+            b.extend_from_slice(&p.at.to_le_bytes());
             b.extend_from_slice(&p.epoch.to_le_bytes());
             b.extend_from_slice(&p.seq.to_le_bytes());
         }
@@ -382,11 +388,15 @@ pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
             let p = Part {
                 off: r.u32().ok_or_else(|| bad("short"))?,
                 len: r.u32().ok_or_else(|| bad("short"))?,
+                at: r.u32().ok_or_else(|| bad("short"))?,
                 epoch: r.u64().ok_or_else(|| bad("short"))?,
                 seq: r.u64().ok_or_else(|| bad("short"))?,
             };
             if p.len == 0 || p.off as u64 + p.len as u64 > SEGMENT_BYTES {
                 return Err(bad("a part outside its segment"));
+            }
+            if p.at as u64 + p.len as u64 > (BUNDLE_BYTES as u64 + SEGMENT_BYTES) {
+                return Err(bad("a part past the end of any object the pool writes"));
             }
             parts.push(p);
         }
@@ -782,7 +792,7 @@ impl Tier {
         // Names are handed out under the lock; the uploads run without it (`status`, the
         // fencing check and collection read the state meanwhile; commits are serialised
         // by the commit lock).
-        let (mut head, version, mut slots, mut pages, parts) = {
+        let (mut head, version, mut slots, mut pages, mut parts, bundles) = {
             let mut st = self.st.lock();
             let mut parts: Vec<(Extent, Part, bool)> = Vec::with_capacity(joined.len());
             let mut i = 0;
@@ -798,15 +808,15 @@ impl Tier {
                     .map(|s| s.parts.clone())
                     .unwrap_or_default();
                 let epoch = st.head.epoch;
-                let named = &mut st.named;
-                let mut name = |e: Extent, replaces: bool| {
+                // Objects are named below, once the parts are packed into them.
+                let name = |e: Extent, replaces: bool| {
                     let p = Part {
                         off: e.off,
                         len: e.len,
+                        at: 0,
                         epoch,
-                        seq: *named,
+                        seq: 0,
                     };
-                    *named += 1;
                     (e, p, replaces)
                 };
                 if kept.len() + new.len() > PARTS_PER_SEGMENT_MAX as usize {
@@ -823,14 +833,28 @@ impl Tier {
                         len: hi - lo,
                         ..new[0]
                     };
-                    let job = name(whole, true);
-                    parts.push(job);
+                    parts.push(name(whole, true));
                 } else {
                     for e in new {
-                        let job = name(*e, false);
-                        parts.push(job);
+                        parts.push(name(*e, false));
                     }
                 }
+            }
+            // Pack the parts into objects of about `BUNDLE_BYTES`, each named once.
+            let mut bundles: Vec<std::ops::Range<usize>> = Vec::new();
+            let mut filled = usize::MAX;
+            for k in 0..parts.len() {
+                let len = parts[k].1.len as usize;
+                if filled == usize::MAX || filled + len > BUNDLE_BYTES && filled > 0 {
+                    bundles.push(k..k);
+                    filled = 0;
+                    st.named += 1;
+                }
+                let b = bundles.last_mut().expect("a bundle is open");
+                b.end = k + 1;
+                parts[k].1.at = filled as u32;
+                parts[k].1.seq = st.named - 1;
+                filled += len;
             }
             (
                 st.head.clone(),
@@ -838,17 +862,19 @@ impl Tier {
                 st.slots.clone(),
                 st.pages.clone(),
                 parts,
+                bundles,
             )
         };
-        // Upload the parts, several at once, within the commit's budget.
-        let chunk = parts.len().div_ceil(UPLOADS_AT_ONCE).max(1);
+        // Upload the bundles, several at once, within the commit's budget.
+        let parts_ref = &parts;
+        let chunk = bundles.len().div_ceil(UPLOADS_AT_ONCE).max(1);
         std::thread::scope(|s| {
-            let workers: Vec<_> = parts
+            let workers: Vec<_> = bundles
                 .chunks(chunk)
                 .map(|c| {
                     s.spawn(move || -> Result<()> {
                         let mut buf = Vec::new();
-                        for (e, p, _) in c {
+                        for range in c {
                             if started.elapsed() > PUBLISH_BUDGET {
                                 return Err(Error::StoreUnavailable(format!(
                                     "the object store {} took more than {} s for one commit",
@@ -856,19 +882,24 @@ impl Tier {
                                     PUBLISH_BUDGET.as_secs()
                                 )));
                             }
-                            let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
-                            // A local read that fails is the devices' failure, not the
-                            // store's: it poisons the pool like any device error.
-                            store
-                                .red
-                                .read_run(addr, e.len as usize, &mut buf)
-                                .map_err(|err| {
-                                    Error::Unrecoverable(format!(
-                                        "segment {} could not be read for upload: {err}",
-                                        e.seg
-                                    ))
-                                })?;
-                            self.store.put(&p.name(), buf[..e.len as usize].to_vec())?;
+                            let mut body = Vec::new();
+                            for (e, p, _) in &parts_ref[range.clone()] {
+                                debug_assert_eq!(p.at as usize, body.len());
+                                let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
+                                // A local read that fails is the devices' failure, not the
+                                // store's: it poisons the pool like any device error.
+                                store.red.read_run(addr, e.len as usize, &mut buf).map_err(
+                                    |err| {
+                                        Error::Unrecoverable(format!(
+                                            "segment {} could not be read for upload: {err}",
+                                            e.seg
+                                        ))
+                                    },
+                                )?;
+                                body.extend_from_slice(&buf[..e.len as usize]);
+                            }
+                            let name = parts_ref[range.start].1.name();
+                            self.store.put(&name, body)?;
                         }
                         Ok(())
                     })
@@ -881,15 +912,15 @@ impl Tier {
         })?;
         // The table: a segment's parts start over when it was reopened (or compacted).
         let mut dirty = BTreeSet::new();
-        for (e, p, replaces) in &parts {
+        for (e, p, replaces) in parts.drain(..) {
             let slot = slots.entry(e.seg).or_default();
-            if slot.inc != e.inc || *replaces {
+            if slot.inc != e.inc || replaces {
                 *slot = Slot {
                     inc: e.inc,
                     parts: Vec::new(),
                 };
             }
-            slot.parts.push(*p);
+            slot.parts.push(p);
             dirty.insert(e.seg / PAGE_SEGMENTS);
         }
         for index in dirty {
@@ -1033,12 +1064,14 @@ mod tests {
                     Part {
                         off: 0,
                         len: 4096,
+                        at: 0,
                         epoch: 1,
                         seq: 7,
                     },
                     Part {
                         off: 4096,
                         len: 512,
+                        at: 0,
                         epoch: 2,
                         seq: 0,
                     },
@@ -1046,24 +1079,26 @@ mod tests {
             },
         );
         m.insert(
-            255,
+            PAGE_SEGMENTS - 1,
             Slot {
                 inc: u64::MAX,
                 parts: vec![Part {
                     off: 16,
                     len: 32,
+                    at: 0,
                     epoch: 1,
                     seq: 9,
                 }],
             },
         );
         m.insert(
-            256,
+            PAGE_SEGMENTS,
             Slot {
                 inc: u64::MAX,
                 parts: vec![Part {
                     off: 0,
                     len: 16,
+                    at: 0,
                     epoch: 1,
                     seq: 1,
                 }],
@@ -1079,7 +1114,7 @@ mod tests {
         assert_eq!(p0.len(), 2);
         assert_eq!(p0[&3], s[&3]);
         let p1 = decode_page(&encode_page(1, &s), 1).unwrap();
-        assert_eq!(p1.keys().copied().collect::<Vec<_>>(), vec![256]);
+        assert_eq!(p1.keys().copied().collect::<Vec<_>>(), vec![PAGE_SEGMENTS]);
         assert!(
             decode_page(&encode_page(0, &s), 1).is_err(),
             "page index is checked"
@@ -1277,28 +1312,36 @@ pub fn restore(
         }
         let total: u64 = jobs.iter().map(|(_, p)| p.len as u64).sum();
         let done = std::sync::atomic::AtomicU64::new(0);
-        // Parts of one segment in order (a later part may cover an earlier one's bytes);
-        // segments spread over the downloaders.
-        let mut by_seg: Vec<Vec<(u32, Part)>> = Vec::new();
-        for j in &jobs {
-            match by_seg.last_mut() {
-                Some(v) if v[0].0 == j.0 => v.push(*j),
-                _ => by_seg.push(vec![*j]),
-            }
+        // One GET per object (a commit's parts share one), as far as its parts reach;
+        // objects spread over the downloaders. A segment's parts never overlap (runs are
+        // written once per opening of a segment; one uploaded whole replaces its list),
+        // so the order they land in does not matter.
+        let mut by_object: BTreeMap<String, Vec<(u32, Part)>> = BTreeMap::new();
+        for (seg, p) in &jobs {
+            by_object.entry(p.name()).or_default().push((*seg, *p));
         }
+        let objects: Vec<(String, Vec<(u32, Part)>)> = by_object.into_iter().collect();
         std::thread::scope(|s| {
-            let chunk = by_seg.len().div_ceil(UPLOADS_AT_ONCE).max(1);
-            let workers: Vec<_> = by_seg
+            let chunk = objects.len().div_ceil(UPLOADS_AT_ONCE).max(1);
+            let workers: Vec<_> = objects
                 .chunks(chunk)
                 .map(|c| {
                     let (red, done) = (&red, &done);
                     s.spawn(move || -> Result<()> {
-                        for (seg, p) in c.iter().flatten() {
-                            let b = store.get_range(&p.name(), 0, p.len as u64)?;
-                            red.write(*seg as u64 * SEGMENT_BYTES + p.off as u64, &b)?;
-                            let now =
-                                done.fetch_add(p.len as u64, std::sync::atomic::Ordering::Relaxed);
-                            progress(now + p.len as u64, total);
+                        for (name, parts) in c {
+                            let end = parts
+                                .iter()
+                                .map(|(_, p)| p.at as u64 + p.len as u64)
+                                .max()
+                                .unwrap_or(0);
+                            let b = store.get_range(name, 0, end)?;
+                            for (seg, p) in parts {
+                                let bytes = &b[p.at as usize..(p.at + p.len) as usize];
+                                red.write(*seg as u64 * SEGMENT_BYTES + p.off as u64, bytes)?;
+                                let now = done
+                                    .fetch_add(p.len as u64, std::sync::atomic::Ordering::Relaxed);
+                                progress(now + p.len as u64, total);
+                            }
                         }
                         Ok(())
                     })
