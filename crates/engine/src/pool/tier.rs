@@ -792,7 +792,7 @@ impl Tier {
         // Names are handed out under the lock; the uploads run without it (`status`, the
         // fencing check and collection read the state meanwhile; commits are serialised
         // by the commit lock).
-        let (mut head, version, mut slots, mut pages, mut parts, bundles) = {
+        let (mut head, version, mut slots, mut pages, parts, bundles) = {
             let mut st = self.st.lock();
             let mut parts: Vec<(Extent, Part, bool)> = Vec::with_capacity(joined.len());
             let mut i = 0;
@@ -865,11 +865,48 @@ impl Tier {
                 bundles,
             )
         };
+        // The table: a segment's parts start over when it was reopened (or compacted).
+        // Its changed pages are named now and go up with the parts, in one round: the
+        // superblock object that names both is written only after both landed.
+        let mut dirty = BTreeSet::new();
+        for (e, p, replaces) in &parts {
+            let slot = slots.entry(e.seg).or_default();
+            if slot.inc != e.inc || *replaces {
+                *slot = Slot {
+                    inc: e.inc,
+                    parts: Vec::new(),
+                };
+            }
+            slot.parts.push(*p);
+            dirty.insert(e.seg / PAGE_SEGMENTS);
+        }
+        let mut page_jobs: Vec<(String, Vec<u8>)> = Vec::new();
+        for index in dirty {
+            let body = encode_page(index, &slots);
+            let seq = {
+                let mut st = self.st.lock();
+                st.named += 1;
+                st.named - 1
+            };
+            let r = PageRef {
+                index,
+                name: format!("table/{:08x}/{:012x}", head.epoch, seq),
+                blake3: to_hex(blake3::hash(&body).as_bytes()),
+            };
+            page_jobs.push((r.name.clone(), body));
+            pages.insert(index, r);
+        }
         // Upload the bundles, several at once, within the commit's budget.
         let parts_ref = &parts;
         let chunk = bundles.len().div_ceil(UPLOADS_AT_ONCE).max(1);
         std::thread::scope(|s| {
-            let workers: Vec<_> = bundles
+            let pages_up = s.spawn(|| -> Result<()> {
+                for (name, body) in &page_jobs {
+                    self.store.put(name, body.clone())?;
+                }
+                Ok(())
+            });
+            let mut workers: Vec<_> = bundles
                 .chunks(chunk)
                 .map(|c| {
                     s.spawn(move || -> Result<()> {
@@ -905,39 +942,12 @@ impl Tier {
                     })
                 })
                 .collect();
+            workers.push(pages_up);
             workers
                 .into_iter()
                 .map(|w| w.join().expect("an upload thread does not panic"))
                 .collect::<Result<Vec<()>>>()
         })?;
-        // The table: a segment's parts start over when it was reopened (or compacted).
-        let mut dirty = BTreeSet::new();
-        for (e, p, replaces) in parts.drain(..) {
-            let slot = slots.entry(e.seg).or_default();
-            if slot.inc != e.inc || replaces {
-                *slot = Slot {
-                    inc: e.inc,
-                    parts: Vec::new(),
-                };
-            }
-            slot.parts.push(p);
-            dirty.insert(e.seg / PAGE_SEGMENTS);
-        }
-        for index in dirty {
-            let body = encode_page(index, &slots);
-            let seq = {
-                let mut st = self.st.lock();
-                st.named += 1;
-                st.named - 1
-            };
-            let r = PageRef {
-                index,
-                name: format!("table/{:08x}/{:012x}", head.epoch, seq),
-                blake3: to_hex(blake3::hash(&body).as_bytes()),
-            };
-            self.store.put(&r.name, body)?;
-            pages.insert(index, r);
-        }
         head.seq_next = self.st.lock().named;
         head.generation = generation;
         head.labels = labels.iter().map(|l| to_hex(l)).collect();
