@@ -60,6 +60,12 @@ class StorePool(Pool):
         self.url = store_url(server, prefix, endpoint)
         self.creds = server.write_credentials(self.tmp / f"s3-{dir_name}.env")
 
+    def import_from_store(self, pool_key: Path, *extra) -> subprocess.CompletedProcess:
+        """`pool import --object-store` into this pool's (new) directory."""
+        return self.bulwark("pool", "import", "--object-store", self.url,
+                            "--object-store-credentials", self.creds, "--dir", self.dir,
+                            "--pool-key", pool_key, *extra, check=False)
+
     def create(self, *extra) -> "StorePool":
         return super().create("--devices", "1", "--device-size", self.device_size,
                               "--object-store", self.url,
@@ -137,8 +143,7 @@ def test_pool_rebuilt_from_the_bucket_alone(server, tmp_path):
 
     # ... and a new host imports it from the bucket and the pool key alone.
     q = StorePool(tmp_path, server, p.prefix, dir_name="newhost")
-    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
-                  q.creds, "--dir", q.dir, "--pool-key", pool_key, check=False)
+    r = q.import_from_store(pool_key)
     assert r.returncode == 0, f"import from the bucket failed:\n{r.stdout}\n{r.stderr}"
     assert "imported pool" in r.stdout
     q.start()
@@ -162,13 +167,10 @@ def test_second_host_fences_the_first(versitygw, tmp_path):
     write_and_flush(a, tmp_path / "data.img")
 
     b = StorePool(tmp_path, srv, "fence", dir_name="hostb")
-    r = b.bulwark("pool", "import", "--object-store", b.url, "--object-store-credentials",
-                  b.creds, "--dir", b.dir, "--pool-key", a.dir / "pool.key", check=False)
+    r = b.import_from_store(a.dir / "pool.key")
     assert r.returncode != 0 and "did not export" in r.stderr, \
         f"import of a pool another host holds must need --force:\n{r.stdout}\n{r.stderr}"
-    r = b.bulwark("pool", "import", "--object-store", b.url, "--object-store-credentials",
-                  b.creds, "--dir", b.dir, "--pool-key", a.dir / "pool.key", "--force",
-                  check=False)
+    r = b.import_from_store(a.dir / "pool.key", "--force")
     assert r.returncode == 0, f"forced import failed:\n{r.stdout}\n{r.stderr}"
 
     # The first host is fenced: its write may be taken, its flush is refused.
@@ -333,8 +335,7 @@ def test_altered_objects_are_detected(versitygw, tmp_path):
     forged = json.dumps(body).encode() + b"\n" + original.rsplit(b"\n", 1)[1]
     c.put_object(Bucket=srv.bucket, Key=sb_key, Body=forged)
     q = StorePool(tmp_path, srv, "tamper", dir_name="q")
-    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
-                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    r = q.import_from_store(p.dir / "pool.key")
     assert r.returncode != 0 and "MAC" in r.stderr, r.stderr
     assert not (q.dir / "pool.json").exists()
 
@@ -346,8 +347,7 @@ def test_altered_objects_are_detected(versitygw, tmp_path):
     for i in range(1000, len(bad), 65536):
         bad[i] ^= 0x40
     c.put_object(Bucket=srv.bucket, Key=victim, Body=bytes(bad))
-    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
-                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    r = q.import_from_store(p.dir / "pool.key")
     assert r.returncode == 0, r.stderr
     q.start()
     try:
@@ -402,8 +402,7 @@ def test_garbage_collection_keeps_what_commits_reference(versitygw, tmp_path):
     p.stop()
     p.bulwark("pool", "export", p.dir)
     q = StorePool(tmp_path, srv, "gc", dir_name="q")
-    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
-                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    r = q.import_from_store(p.dir / "pool.key")
     assert r.returncode == 0, r.stderr
     q.start()
     try:
@@ -438,7 +437,6 @@ def test_an_oversized_superblock_object_is_refused_without_reading_it(versitygw,
     p = StorePool(tmp_path, srv, "huge").create()
     srv.client().put_object(Bucket=srv.bucket, Key="huge/superblock", Body=b"x" * (17 << 20))
     q = StorePool(tmp_path, srv, "huge", dir_name="q")
-    r = q.bulwark("pool", "import", "--object-store", q.url, "--object-store-credentials",
-                  q.creds, "--dir", q.dir, "--pool-key", p.dir / "pool.key", check=False)
+    r = q.import_from_store(p.dir / "pool.key")
     # Refused by the size the store gives (HEAD), not after a download of the body.
     assert r.returncode != 0 and f"holds {17 << 20} bytes" in r.stderr, r.stderr

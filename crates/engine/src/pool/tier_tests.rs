@@ -172,6 +172,16 @@ fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
     pool
 }
 
+/// Write one block, then commit with the store's answer lost after it took the commit.
+fn commit_with_lost_answer(pool: &Pool, store: &Mem, fill: u8) -> Result<()> {
+    pool.volume("v")
+        .unwrap()
+        .write(0, &[fill; 4096], false)
+        .unwrap();
+    store.lose_cas_answer.store(true, Ordering::SeqCst);
+    pool.core.commit()
+}
+
 fn store_generation(store: &Mem, sb_key: &super::superblock::SbKey) -> u64 {
     let (b, _) = store.get(SUPERBLOCK_OBJECT, 16 << 20).unwrap().unwrap();
     super::tier::Head::open(&b, &super::tier::object_key(sb_key))
@@ -214,12 +224,10 @@ fn a_commit_whose_answer_was_lost_is_ours() {
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
     let core = &pool.core;
-    pool.volume("v")
-        .unwrap()
-        .write(0, &[1; 4096], false)
-        .unwrap();
-    store.lose_cas_answer.store(true, Ordering::SeqCst);
-    assert!(matches!(core.commit(), Err(Error::StoreUnavailable(_))));
+    assert!(matches!(
+        commit_with_lost_answer(&pool, &store, 1),
+        Err(Error::StoreUnavailable(_))
+    ));
     pool.volume("v")
         .unwrap()
         .write(4096, &[2; 4096], false)
@@ -285,12 +293,7 @@ fn the_fencing_check_knows_our_own_commits() {
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
     let core = &pool.core;
-    pool.volume("v")
-        .unwrap()
-        .write(0, &[9; 4096], false)
-        .unwrap();
-    store.lose_cas_answer.store(true, Ordering::SeqCst);
-    assert!(core.commit().is_err());
+    assert!(commit_with_lost_answer(&pool, &store, 9).is_err());
     // The store is ahead of the version this writer knows.
     core.tier.as_ref().unwrap().check().unwrap();
     assert!(core.tier.as_ref().unwrap().fenced.lock().is_none());
