@@ -843,17 +843,17 @@ impl Tier {
             // Pack the parts into objects of about `BUNDLE_BYTES`, each named once.
             let mut bundles: Vec<std::ops::Range<usize>> = Vec::new();
             let mut filled = usize::MAX;
-            for k in 0..parts.len() {
-                let len = parts[k].1.len as usize;
-                if filled == usize::MAX || filled + len > BUNDLE_BYTES && filled > 0 {
+            for (k, (_, part, _)) in parts.iter_mut().enumerate() {
+                let len = part.len as usize;
+                if filled == usize::MAX || (filled > 0 && filled + len > BUNDLE_BYTES) {
                     bundles.push(k..k);
                     filled = 0;
                     st.named += 1;
                 }
                 let b = bundles.last_mut().expect("a bundle is open");
                 b.end = k + 1;
-                parts[k].1.at = filled as u32;
-                parts[k].1.seq = st.named - 1;
+                part.at = filled as u32;
+                part.seq = st.named - 1;
                 filled += len;
             }
             (
