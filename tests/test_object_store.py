@@ -440,3 +440,71 @@ def test_an_oversized_superblock_object_is_refused_without_reading_it(versitygw,
     r = q.import_from_store(p.dir / "pool.key")
     # Refused by the size the store gives (HEAD), not after a download of the body.
     assert r.returncode != 0 and f"holds {17 << 20} bytes" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("what", ["seg/", "superblock"])
+def test_store_killed_mid_upload(what, tmp_path):
+    """The server is killed while a commit's upload is mid-body (held by the proxy), then
+    restarted; afterwards the daemon is killed -9 and restarted too. Each FLUSH was either
+    acknowledged, and its data is there (on the host, and in a pool rebuilt from the
+    bucket), or it failed; the interrupted object is absent or whole."""
+    import threading
+    with start_server("versitygw", tmp_path / "vgw") as srv, FaultProxy.for_server(srv) as proxy:
+        prefix = "killed-" + what.rstrip("/")
+        p = StorePool(tmp_path, srv, prefix, endpoint=proxy.endpoint).create().start()
+        try:
+            key = p.create_volume("v", size="16M")
+            nbd_script(p, "h.pwrite(b'1' * 1048576, 0)\nh.flush()\n")
+            rule = proxy.slow_body(hold_after=2048, prefix=f"{prefix}/{what}", times=1)
+            result = {}
+
+            def flush():
+                result["out"] = nbd_script(p, (
+                    "h.pwrite(b'2' * 1048576, 1048576)\n"
+                    "try:\n"
+                    "    h.flush(); print('FLUSHED')\n"
+                    "except nbd.Error as e:\n"
+                    "    print('FLUSH-ERR', e.errno)\n"
+                ), check=False).stdout
+
+            t = threading.Thread(target=flush)
+            t.start()
+            assert rule.holding.wait(60), f"no upload reached the hold: {proxy.requests()[-3:]}"
+            held = proxy.requests()[-1]
+            srv.kill()
+            rule.release()
+            srv.restart()
+            t.join(120)
+            assert not t.is_alive(), "the FLUSH hung past the client's deadlines"
+            assert "FLUSHED" in result["out"] or "FLUSH-ERR" in result["out"], result
+            flushed_2 = "FLUSHED" in result["out"]
+            # The store is back: the next FLUSH makes everything durable.
+            nbd_script(p, "h.pwrite(b'3' * 1048576, 2097152)\nh.flush()\n")
+            assert p.status()["state"] == "ONLINE"
+            # The interrupted object: absent, or whole (never a prefix of its body).
+            c = srv.client()
+            want = dict(held.headers).get("Content-Length") or dict(held.headers).get("content-length")
+            if held.key in srv.keys(held.key) and want:
+                size = c.head_object(Bucket=srv.bucket, Key=held.key)["ContentLength"]
+                assert size == int(want), f"a partial object: {held.key} {size} of {want}"
+            p.kill()
+            p.start()
+            p.load_key("v", key)
+            got = read_back(p, tmp_path / "out.img")
+            assert got[:1048576] == b"1" * 1048576
+            assert got[2097152:3145728] == b"3" * 1048576
+            assert got[1048576:2097152] == b"2" * 1048576, \
+                f"the second write (flush {'acknowledged' if flushed_2 else 'failed'}) is missing"
+            p.stop()
+        finally:
+            p.kill()
+        p.bulwark("pool", "export", p.dir)
+        q = StorePool(tmp_path, srv, prefix, endpoint=proxy.endpoint, dir_name="q")
+        r = q.import_from_store(p.dir / "pool.key")
+        assert r.returncode == 0, r.stderr
+        q.start()
+        try:
+            q.load_key("v", key)
+            assert read_back(q, tmp_path / "out2.img") == got
+        finally:
+            q.kill()
