@@ -276,7 +276,7 @@ pub fn status_text(report: &StatusReport) -> String {
         let _ = writeln!(
             out,
             "object store: {}\n\tstate: {}, epoch {}, generation {}, writer '{}'\n\t{} segments \
-             in {} parts\n",
+             in {} parts",
             t.url,
             if t.fenced.is_some() { "FENCED" } else { "HELD" },
             t.epoch,
@@ -284,6 +284,19 @@ pub fn status_text(report: &StatusReport) -> String {
             t.writer,
             t.segments_stored,
             t.parts
+        );
+        let r = &t.requests;
+        let _ = writeln!(
+            out,
+            "\trequests this run: {} PUT ({} up), {} GET ({} down), {} DELETE, {} LIST; {} \
+             objects collected\n",
+            r.puts,
+            format_size(r.bytes_up),
+            r.gets,
+            format_size(r.bytes_down),
+            r.deletes,
+            r.lists,
+            t.collected
         );
         if let Some(f) = &t.fenced {
             let _ = writeln!(out, "\t{f}\n");

@@ -440,6 +440,78 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Requests made to the store in this run, for `status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requests {
+    pub puts: u64,
+    pub gets: u64,
+    pub deletes: u64,
+    pub lists: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+/// The store, counting what is asked of it.
+struct Counted {
+    inner: Arc<dyn ObjectStore>,
+    n: [std::sync::atomic::AtomicU64; 6],
+}
+
+impl Counted {
+    fn add(&self, i: usize, v: u64) {
+        self.n[i].fetch_add(v, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn requests(&self) -> Requests {
+        let g = |i: usize| self.n[i].load(std::sync::atomic::Ordering::Relaxed);
+        Requests {
+            puts: g(0),
+            gets: g(1),
+            deletes: g(2),
+            lists: g(3),
+            bytes_up: g(4),
+            bytes_down: g(5),
+        }
+    }
+}
+
+impl ObjectStore for Counted {
+    fn put(&self, name: &str, body: Vec<u8>) -> Result<()> {
+        self.add(0, 1);
+        self.add(4, body.len() as u64);
+        self.inner.put(name, body)
+    }
+    fn put_if(&self, name: &str, body: Vec<u8>, cond: &Cond) -> Result<PutIf> {
+        self.add(0, 1);
+        self.add(4, body.len() as u64);
+        self.inner.put_if(name, body, cond)
+    }
+    fn get(&self, name: &str, max_bytes: u64) -> Result<Option<(Vec<u8>, Version)>> {
+        self.add(1, 1);
+        let r = self.inner.get(name, max_bytes)?;
+        if let Some((b, _)) = &r {
+            self.add(5, b.len() as u64);
+        }
+        Ok(r)
+    }
+    fn get_range(&self, name: &str, start: u64, len: u64) -> Result<Vec<u8>> {
+        self.add(1, 1);
+        let b = self.inner.get_range(name, start, len)?;
+        self.add(5, b.len() as u64);
+        Ok(b)
+    }
+    fn delete(&self, name: &str) -> Result<()> {
+        self.add(2, 1);
+        self.inner.delete(name)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<crate::tier::Listed>> {
+        self.add(3, 1);
+        self.inner.list(prefix)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
 /// What the store holds of a pool: its head, the head's version, and the segment table.
 pub struct Found {
     pub head: Head,
@@ -481,6 +553,7 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
 /// The pool's side of its object store, held by the `Core` while it serves.
 pub struct Tier {
     pub store: Arc<dyn ObjectStore>,
+    counted: Arc<Counted>,
     key: Zeroizing<[u8; 32]>,
     st: Mutex<State>,
     /// Set once a conditional write was refused for another writer's: why, for `status`.
@@ -527,6 +600,9 @@ pub struct TierStatus {
     /// Objects deleted by garbage collection in this run.
     #[serde(default)]
     pub collected: u64,
+    /// Requests made to the store in this run (the takeover's on).
+    #[serde(default)]
+    pub requests: Requests,
 }
 
 impl Tier {
@@ -608,8 +684,13 @@ impl Tier {
         head.epoch += 1;
         head.writer = open.writer.clone();
         head.session = to_hex(&crate::keys::wrap::random_bytes::<16>());
+        let counted = Arc::new(Counted {
+            inner: open.store.clone(),
+            n: Default::default(),
+        });
         let tier = Tier {
-            store: open.store.clone(),
+            store: counted.clone(),
+            counted,
             key,
             st: Mutex::new(State {
                 named: head.seq_next,
@@ -1041,6 +1122,7 @@ impl Tier {
             parts: st.slots.values().map(|s| s.parts.len()).sum(),
             fenced: self.fenced.lock().clone(),
             collected: self.collected.lock().1,
+            requests: self.counted.requests(),
         }
     }
 }
