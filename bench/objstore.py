@@ -15,7 +15,7 @@ What it does not show: a remote store's latency (loopback here: a real store add
 round trip or more to every FLUSH), a store on other disks than the pool's (here both
 share one), or a pool larger than this machine's test size.
 
-Usage: RT=20 IDLE=60 python3 bench/objstore.py [path/to/bulwark]
+Usage: RT=20 IDLE=60 [FLUSH=local] python3 bench/objstore.py [path/to/bulwark]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ B = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / "target" / "release" / "bul
 RT = int(os.environ.get("RT", "20"))
 IDLE = int(os.environ.get("IDLE", "60"))
 DEV = os.environ.get("DEV", "2300M")
+FLUSH = os.environ.get("FLUSH", "store")  # --object-store-flush: store or local
 CELLS = [
     ("4K randwrite QD1 fsync=1", ["--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1"], 1),
     ("64K randwrite QD32 fsync=32", ["--rw=randwrite", "--bs=64k", "--iodepth=32", "--fsync=32"], 32),
@@ -69,7 +70,8 @@ def run_mode(work: Path, url: str | None, creds: Path | None, proxy: FaultProxy 
     key = work / "key"
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
-    extra = ["--object-store", url, "--object-store-credentials", creds] if url else []
+    extra = ["--object-store", url, "--object-store-credentials", creds,
+             "--object-store-flush", FLUSH] if url else []
     sh([B, "pool", "create", pool, "--devices", "1", "--device-size", DEV, *extra], env=env)
     log = open(work / "serve.log", "wb")
     d = subprocess.Popen([B, "serve", pool], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -135,7 +137,8 @@ def main():
             url = f"s3://{srv.bucket}/bench?endpoint={proxy.endpoint}"
             (top / "store").mkdir()
             store = run_mode(top / "store", url, creds, proxy)
-        print(f"# bulwark {B}, RT={RT}s per cell, pool device {DEV}, 1 GiB encrypted volume")
+        print(f"# bulwark {B}, RT={RT}s per cell, pool device {DEV}, 1 GiB encrypted volume, "
+              f"--object-store-flush {FLUSH}")
         print(f"fill 1 GiB: local {local['fill_s']:.1f} s, with store {store['fill_s']:.1f} s "
               f"({store['fill_puts']} PUTs)")
         for name, _, _ in CELLS:

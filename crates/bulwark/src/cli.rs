@@ -405,6 +405,20 @@ pub struct ObjectStoreArgs {
     /// ever use the pool, and nothing fences a second one.
     #[arg(long)]
     pub object_store_single_host: bool,
+    /// When a FLUSH returns: 'store' once the object store has it (the default), or
+    /// 'local' once the local devices do (the intent log); the store then gets it with
+    /// the next commit, within 5 s: a host importing from the store meanwhile does not
+    /// see it. See docs/object-store.md.
+    #[arg(long, value_enum, default_value = "store")]
+    pub object_store_flush: FlushMode,
+}
+
+/// `--object-store-flush`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FlushMode {
+    #[default]
+    Store,
+    Local,
 }
 
 const POOL_EXPORT_AFTER_HELP: &str = "\

@@ -275,13 +275,14 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(t) = &p.object_store {
         let _ = writeln!(
             out,
-            "object store: {}\n\tstate: {}, epoch {}, generation {}, writer '{}'\n\t{} segments \
-             in {} parts",
+            "object store: {}\n\tstate: {}, epoch {}, generation {}, writer '{}', flush {}\n\t{} \
+             segments in {} parts",
             t.url,
             if t.fenced.is_some() { "FENCED" } else { "HELD" },
             t.epoch,
             t.generation,
             t.writer,
+            t.flush,
             t.segments_stored,
             t.parts
         );

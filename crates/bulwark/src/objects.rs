@@ -45,6 +45,7 @@ pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<Tier
         create: false,
         force: false,
         gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
+        local_flush: os.local_flush,
     })
 }
 
@@ -120,6 +121,7 @@ pub fn config(dir: &Path, url: &str, args: &ObjectStoreArgs) -> Result<ObjectSto
         credentials,
         writer: writer_name(dir),
         single_host: args.object_store_single_host,
+        local_flush: args.object_store_flush == crate::cli::FlushMode::Local,
     })
 }
 

@@ -359,6 +359,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                     create: true,
                     force: false,
                     gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
+                    local_flush: config.local_flush,
                 }),
                 ..OpenOptions::default()
             };
@@ -864,6 +865,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
             create: false,
             force: args.force,
             gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
+            local_flush: config.local_flush,
         }),
         ..OpenOptions::default()
     };

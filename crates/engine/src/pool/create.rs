@@ -72,6 +72,11 @@ pub struct ObjectStoreConfig {
     /// administrator accepted single-host use: no fencing can be promised.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub single_host: bool,
+    /// `--object-store-flush local`: a FLUSH is durable on the local devices (the intent
+    /// log) and reaches the store with the next commit (every 5 s, or sooner): faster, at
+    /// the price of a window another host importing from the store does not see.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local_flush: bool,
 }
 
 impl PoolConfig {

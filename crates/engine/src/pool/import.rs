@@ -922,6 +922,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // until the import's own commit, so they are released only after it.
     let mut replaced: Vec<Blkptr> = Vec::new();
     let mut replayed = (0u64, 0usize);
+    // The records the replay put back in the maps: with an object store, uploaded by the
+    // import's commit (the process that wrote them died before its own could).
+    let mut replayed_records: Vec<Blkptr> = Vec::new();
     // The replay stopped at something other than the log's end: said as a warning.
     let mut alarm = false;
     // Format 1 chains (no MAC) are replayed only by `pool upgrade`: the labels that name
@@ -1108,6 +1111,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     Err(err) => break 'replay format!("block {} entry {i}: {err}", replayed.0),
                 };
                 count(&e.ptr, &mut live);
+                if !e.ptr.is_hole() {
+                    replayed_records.push(e.ptr);
+                }
                 for &a in e.ptr.addrs() {
                     if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
                         *d = true;
@@ -1187,6 +1193,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
             let tier = super::tier::Tier::take(t, &sb_key, &newest)?;
             store.set_tiered();
+            for p in &replayed_records {
+                store.note_record(p);
+            }
             Some(Arc::new(tier))
         }
         None => None,
@@ -1218,8 +1227,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         log_key,
         commit_lock: Mutex::new(()),
         intent: Mutex::new(None),
-        // With an object store a flush is a commit: durable once the store has it.
-        intent_log: opts.intent_log && tier.is_none(),
+        // With an object store a flush is a commit, durable once the store has it, unless
+        // the pool asks for local flushes (the intent log; the store lags by a commit).
+        intent_log: opts.intent_log && tier_open.as_ref().is_none_or(|t| t.local_flush),
         tier,
         logdev: RwLock::new(logdev.clone()),
         device_lock: Mutex::new(()),

@@ -73,6 +73,9 @@ pub struct TierOpen {
     /// (`Tier::collect`): an import on another host reading the commit before may still
     /// fetch it until then.
     pub gc_grace: std::time::Duration,
+    /// A FLUSH is made durable by the local intent log, and reaches the store with the
+    /// next commit (`ObjectStoreConfig::local_flush`).
+    pub local_flush: bool,
 }
 
 impl std::fmt::Debug for TierOpen {
@@ -83,6 +86,7 @@ impl std::fmt::Debug for TierOpen {
             .field("create", &self.create)
             .field("force", &self.force)
             .field("gc_grace", &self.gc_grace)
+            .field("local_flush", &self.local_flush)
             .finish()
     }
 }
@@ -559,6 +563,7 @@ pub struct Tier {
     /// Set once a conditional write was refused for another writer's: why, for `status`.
     pub fenced: Mutex<Option<String>>,
     gc_grace: std::time::Duration,
+    local_flush: bool,
     /// When the last collection ran (`None`: not yet in this run), objects deleted, and
     /// commits published as of then.
     collected: Mutex<(Option<std::time::Instant>, u64, u64)>,
@@ -603,6 +608,10 @@ pub struct TierStatus {
     /// Requests made to the store in this run (the takeover's on).
     #[serde(default)]
     pub requests: Requests,
+    /// "store" (a FLUSH returns once the store has it) or "local" (once the local devices
+    /// do; the store gets it with the next commit).
+    #[serde(default)]
+    pub flush: String,
 }
 
 impl Tier {
@@ -702,6 +711,7 @@ impl Tier {
             }),
             fenced: Mutex::new(None),
             gc_grace: open.gc_grace,
+            local_flush: open.local_flush,
             collected: Mutex::new((None, 0, 0)),
         };
         if version.is_some() {
@@ -885,7 +895,7 @@ impl Tier {
                 let kept: Vec<Part> = st
                     .slots
                     .get(&seg)
-                    .filter(|s| s.inc == new[0].inc)
+                    .filter(|s| same_opening(s.inc, new[0].inc))
                     .map(|s| s.parts.clone())
                     .unwrap_or_default();
                 let epoch = st.head.epoch;
@@ -952,12 +962,13 @@ impl Tier {
         let mut dirty = BTreeSet::new();
         for (e, p, replaces) in &parts {
             let slot = slots.entry(e.seg).or_default();
-            if slot.inc != e.inc || *replaces {
+            if !same_opening(slot.inc, e.inc) || *replaces {
                 *slot = Slot {
                     inc: e.inc,
                     parts: Vec::new(),
                 };
             }
+            slot.inc = e.inc;
             slot.parts.push(*p);
             dirty.insert(e.seg / PAGE_SEGMENTS);
         }
@@ -1123,8 +1134,17 @@ impl Tier {
             fenced: self.fenced.lock().clone(),
             collected: self.collected.lock().1,
             requests: self.counted.requests(),
+            flush: if self.local_flush { "local" } else { "store" }.into(),
         }
     }
+}
+
+/// Whether a slot's parts (of incarnation `slot`) and a run of incarnation `run` are of
+/// one opening of the segment. A slot read from the store is of an earlier process
+/// (`u64::MAX`), and a run in a segment this process never opened (0: the intent log's
+/// replay) is of that same opening: its parts are kept, not started over.
+fn same_opening(slot: u64, run: u64) -> bool {
+    slot == run || (slot == u64::MAX && run == 0)
 }
 
 /// `seg/EPOCH/SEQ` or `table/EPOCH/SEQ` → (epoch, seq); anything else `None`.

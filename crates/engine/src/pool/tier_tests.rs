@@ -128,6 +128,7 @@ fn open_with(
                 create,
                 force: false,
                 gc_grace: std::time::Duration::from_secs(3600),
+                local_flush: false,
             }),
             ..OpenOptions::default()
         },
@@ -150,6 +151,7 @@ fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
         credentials: None,
         writer: "host-a".into(),
         single_host: false,
+        local_flush: false,
     });
     conf.write(dir).unwrap();
     open_with(dir, store, "host-a", true)
@@ -265,6 +267,7 @@ fn two_takeovers_from_one_version_never_both_win() {
             create: false,
             force: false,
             gc_grace: std::time::Duration::from_secs(3600),
+            local_flush: false,
         };
         super::tier::Tier::take(&open, &sb_key, &local)
     };
@@ -322,6 +325,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
         credentials: None,
         writer: "host-b".into(),
         single_host: false,
+        local_flush: false,
     };
     let report = super::tier::restore(new.path(), &*store, &key, conf, true, &|_, _| {}).unwrap();
     assert!(report.parts > 0);
@@ -334,6 +338,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
                 create: false,
                 force: true,
                 gc_grace: std::time::Duration::from_secs(3600),
+                local_flush: false,
             }),
             ..OpenOptions::default()
         },

@@ -455,6 +455,17 @@ impl Store {
         self.uploads.lock().push(e);
     }
 
+    /// Note a record written before this process for upload (the intent log's replay: the
+    /// process that wrote it died before its commit could upload it).
+    pub fn note_record(&self, p: &Blkptr) {
+        if p.is_hole() || !self.is_tiered() {
+            return;
+        }
+        for &a in p.addrs() {
+            self.note_upload(a, self.red.footprint(p.len as usize));
+        }
+    }
+
     /// The runs written since the last call (each at most once).
     pub fn take_uploads(&self) -> Vec<Extent> {
         std::mem::take(&mut *self.uploads.lock())
