@@ -227,9 +227,9 @@ def test_lost_reply_to_the_superblock_put(versitygw, tmp_path):
 
 
 def test_store_outage_fails_flush_by_deadline_then_resumes(versitygw, tmp_path):
-    """503s from the store: reads are served, a FLUSH fails with EIO by the client's
-    deadline instead of hanging, the pool is not faulted, and once the store answers again
-    the next FLUSH makes everything durable."""
+    """30 s of 503s from the store: reads are served all along, every FLUSH fails with EIO
+    by the client's deadline instead of hanging, the pool is not faulted, and once the
+    store answers again the next FLUSH makes everything durable."""
     srv = versitygw
     proxy = FaultProxy.for_server(srv)
     with proxy:
@@ -238,15 +238,23 @@ def test_store_outage_fails_flush_by_deadline_then_resumes(versitygw, tmp_path):
             key = p.create_volume("v", size="8M")
             nbd_script(p, "h.pwrite(b'A' * 65536, 0)\nh.flush()\n")
             rule = proxy.fail_503()
+            # For 30 s of the storm: reads, writes and flushes, round after round; each
+            # flush must come back (the run's own timeout bounds it) with EIO.
             out = nbd_script(p, (
-                "assert h.pread(65536, 0) == b'A' * 65536\n"
-                "h.pwrite(b'B' * 65536, 65536)\n"
-                "try:\n"
-                "    h.flush(); print('FLUSHED')\n"
-                "except nbd.Error as e:\n"
-                "    print('FLUSH-ERR', e.errno)\n"
+                "import time\n"
+                "t0 = time.monotonic(); rounds = 0\n"
+                "while time.monotonic() - t0 < 30 or rounds == 0:\n"
+                "    assert h.pread(65536, 0) == b'A' * 65536\n"
+                "    h.pwrite(b'B' * 65536, 65536)\n"
+                "    try:\n"
+                "        h.flush(); print('FLUSHED')\n"
+                "    except nbd.Error as e:\n"
+                "        print('FLUSH-ERR', e.errno)\n"
+                "    rounds += 1\n"
+                "print('ROUNDS', rounds)\n"
             ), check=False)
-            assert "FLUSH-ERR" in out.stdout, f"{out.stdout}\n{out.stderr}\n{p.log_tail()}"
+            assert "FLUSH-ERR" in out.stdout and "FLUSHED" not in out.stdout, \
+                f"{out.stdout}\n{out.stderr}\n{p.log_tail()}"
             assert rule.hits > 0
             assert p.status()["state"] == "ONLINE", "a store outage must not fault the pool"
             rule.off()
