@@ -278,6 +278,49 @@ pub(super) fn encode_status(
         )?;
     }
 
+    // The object store, when the pool has one (docs/object-store.md).
+    if let Some(t) = &st.object_store {
+        let r = &t.requests;
+        counters(
+            e,
+            "object_store_requests",
+            "Requests made to the object store since the daemon started, by kind",
+            [
+                ([("kind", "put")], r.puts),
+                ([("kind", "get")], r.gets),
+                ([("kind", "delete")], r.deletes),
+                ([("kind", "list")], r.lists),
+            ],
+        )?;
+        counters(
+            e,
+            "object_store_bytes",
+            "Bytes sent to (up) and received from (down) the object store since the daemon started",
+            [
+                ([("direction", "up")], r.bytes_up),
+                ([("direction", "down")], r.bytes_down),
+            ],
+        )?;
+        counter(
+            e,
+            "object_store_collected",
+            "Objects no commit referenced, deleted from the object store since the daemon started",
+            t.collected,
+        )?;
+        gauge(
+            e,
+            "object_store_fenced",
+            "1 once another host took the pool in its object store (this daemon stopped writing)",
+            u64::from(t.fenced.is_some()),
+        )?;
+        gauge(
+            e,
+            "object_store_epoch",
+            "The writer epoch this daemon holds the pool's object store under",
+            t.epoch,
+        )?;
+    }
+
     // Devices.
     let devices: Vec<(String, &bulwark_engine::DeviceStatus)> = st
         .devices
@@ -525,6 +568,17 @@ mod tests {
                 errors: 2,
                 ..Default::default()
             }),
+            object_store: Some(bulwark_engine::pool::tier::TierStatus {
+                epoch: 4,
+                fenced: Some("taken over".into()),
+                collected: 9,
+                requests: bulwark_engine::pool::tier::Requests {
+                    puts: 3,
+                    bytes_up: 4096,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let mut r = Registry::with_prefix(crate::metrics::PREFIX);
@@ -544,6 +598,11 @@ mod tests {
             "bulwark_cache_device_size_bytes 1073741824",
             "bulwark_cache_device_hits_total 7",
             "bulwark_cache_device_errors_total 2",
+            r#"bulwark_object_store_requests_total{kind="put"} 3"#,
+            r#"bulwark_object_store_bytes_total{direction="up"} 4096"#,
+            "bulwark_object_store_collected_total 9",
+            "bulwark_object_store_fenced 1",
+            "bulwark_object_store_epoch 4",
             r#"bulwark_device_checksum_errors_total{device="/p/dev0.img"} 3"#,
             r#"bulwark_device_write_errors_total{device="/p/dev1.img"} 1"#,
             r#"bulwark_device_state{device="/p/dev1.img",state="FAULTED"} 1"#,
