@@ -546,3 +546,25 @@ def test_local_flush_mode(versitygw, tmp_path):
         assert read_back(q, tmp_path / "b.img")[:65536] == b"L" * 65536
     finally:
         q.kill()
+
+
+def test_rolled_back_store_refused_with_min_generation(versitygw, tmp_path):
+    """The bucket's operator restores an older (authentic) superblock object: an import
+    told the generation the last host showed refuses it, naming both generations."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "rollback").create().start()
+    try:
+        p.create_volume("v", size="8M")
+        nbd_script(p, "h.pwrite(b'A' * 4096, 0)\nh.flush()\n")
+        c = srv.client()
+        old = c.get_object(Bucket=srv.bucket, Key="rollback/superblock")["Body"].read()
+        nbd_script(p, "h.pwrite(b'B' * 4096, 0)\nh.flush()\n")
+        last = p.status()["generation"]
+        p.stop()
+    finally:
+        p.kill()
+    c.put_object(Bucket=srv.bucket, Key="rollback/superblock", Body=old)
+    q = StorePool(tmp_path, srv, "rollback", dir_name="q")
+    r = q.import_from_store(p.dir / "pool.key", "--force", "--min-generation", str(last))
+    assert r.returncode != 0 and "older than" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert not (q.dir / "pool.json").exists()

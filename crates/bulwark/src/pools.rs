@@ -850,6 +850,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
         &key,
         config.clone(),
         args.force,
+        args.min_generation,
         &|done, total| {
             bar.set_length(total);
             bar.set_position(done);

@@ -1330,6 +1330,7 @@ pub fn restore(
     pool_key: &super::super::keys::pool_key::PoolKey,
     config: super::create::ObjectStoreConfig,
     force: bool,
+    min_generation: Option<u64>,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<RestoreReport> {
     use crate::device::{Device, FileDevice};
@@ -1358,6 +1359,15 @@ pub fn restore(
     let labels = found.head.superblocks(&sb_key)?;
     let label_bytes = found.head.label_bytes()?;
     let first = labels[0].clone();
+    if let Some(min) = min_generation.filter(|&m| found.head.generation < m) {
+        return Err(Error::Invalid(format!(
+            "the object store {} holds the pool at generation {}, older than the {min} asked \
+             for: the store was rolled back (an older version of its superblock object \
+             restored), or this is not the store the pool was last written to",
+            store.describe(),
+            found.head.generation
+        )));
+    }
     // Refused before anything is downloaded (the takeover checks it again, atomically).
     if !force && !labels.iter().all(|l| l.exported) {
         return Err(Error::Busy(format!(

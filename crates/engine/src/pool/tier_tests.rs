@@ -327,7 +327,8 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
         single_host: false,
         local_flush: false,
     };
-    let report = super::tier::restore(new.path(), &*store, &key, conf, true, &|_, _| {}).unwrap();
+    let report =
+        super::tier::restore(new.path(), &*store, &key, conf, true, None, &|_, _| {}).unwrap();
     assert!(report.parts > 0);
     let pool = Pool::open(
         new.path(),
