@@ -82,6 +82,29 @@ def nbd_script(pool: Pool, body: str, *, check: bool = True) -> subprocess.Compl
     return run([nbd_python(), "-c", code], check=check)
 
 
+def try_flush(indent: str = "") -> str:
+    """Python for `nbd_script`: a FLUSH that prints FLUSHED, or FLUSH-ERR and its errno."""
+    lines = ["try:", "    h.flush(); print('FLUSHED')", "except nbd.Error as e:",
+             "    print('FLUSH-ERR', e.errno)"]
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+def rebuilt_elsewhere(p: "StorePool", pool_key: Path, volume_key: Path, out: Path, *,
+                      dir_name: str = "q", endpoint: str | None = None) -> bytes:
+    """Import p's pool from its bucket into a new directory, serve it, and read volume v
+    back whole."""
+    q = StorePool(p.tmp, p.server, p.prefix, endpoint=endpoint, dir_name=dir_name)
+    r = q.import_from_store(pool_key)
+    assert r.returncode == 0, f"import from the bucket failed:\n{r.stdout}\n{r.stderr}"
+    assert "imported pool" in r.stdout
+    q.start()
+    try:
+        q.load_key("v", volume_key)
+        return read_back(q, out)
+    finally:
+        q.kill()
+
+
 def write_and_flush(pool: Pool, data: Path) -> None:
     run(["nbdcopy", "--flush", str(data), pool.uri("v")])
 
@@ -142,18 +165,10 @@ def test_pool_rebuilt_from_the_bucket_alone(server, tmp_path):
     shutil.rmtree(p.dir)
 
     # ... and a new host imports it from the bucket and the pool key alone.
-    q = StorePool(tmp_path, server, p.prefix, dir_name="newhost")
-    r = q.import_from_store(pool_key)
-    assert r.returncode == 0, f"import from the bucket failed:\n{r.stdout}\n{r.stderr}"
-    assert "imported pool" in r.stdout
-    q.start()
-    try:
-        q.load_key("v", tmp_path / "v.key")
-        got = read_back(q, tmp_path / "out.img")
-        assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest(), \
-            "a byte differs after the import from the bucket"
-    finally:
-        q.kill()
+    got = rebuilt_elsewhere(p, pool_key, tmp_path / "v.key", tmp_path / "out.img",
+                            dir_name="newhost")
+    assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest(), \
+        "a byte differs after the import from the bucket"
 
 
 def test_second_host_fences_the_first(versitygw, tmp_path):
@@ -175,11 +190,7 @@ def test_second_host_fences_the_first(versitygw, tmp_path):
 
     # The first host is fenced: its write may be taken, its flush is refused.
     out = nbd_script(a, (
-        "h.pwrite(b'Z' * 4096, 0)\n"
-        "try:\n"
-        "    h.flush(); print('FLUSHED')\n"
-        "except nbd.Error as e:\n"
-        "    print('FLUSH-ERR', e.errno)\n"
+        "h.pwrite(b'Z' * 4096, 0)\n" + try_flush()
     ), check=False)
     assert "FLUSH-ERR" in out.stdout and "FLUSHED" not in out.stdout, \
         f"a fenced host's flush must fail:\n{out.stdout}\n{out.stderr}\n{a.log_tail()}"
@@ -245,11 +256,7 @@ def test_store_outage_fails_flush_by_deadline_then_resumes(versitygw, tmp_path):
                 "t0 = time.monotonic(); rounds = 0\n"
                 "while time.monotonic() - t0 < 30 or rounds == 0:\n"
                 "    assert h.pread(65536, 0) == b'A' * 65536\n"
-                "    h.pwrite(b'B' * 65536, 65536)\n"
-                "    try:\n"
-                "        h.flush(); print('FLUSHED')\n"
-                "    except nbd.Error as e:\n"
-                "        print('FLUSH-ERR', e.errno)\n"
+                "    h.pwrite(b'B' * 65536, 65536)\n" + try_flush("    ") +
                 "    rounds += 1\n"
                 "print('ROUNDS', rounds)\n"
             ), check=False)
@@ -409,15 +416,7 @@ def test_garbage_collection_keeps_what_commits_reference(versitygw, tmp_path):
     assert set(srv.keys("gc/table/")) == referenced, "a page was kept or a referenced one deleted"
     p.stop()
     p.bulwark("pool", "export", p.dir)
-    q = StorePool(tmp_path, srv, "gc", dir_name="q")
-    r = q.import_from_store(p.dir / "pool.key")
-    assert r.returncode == 0, r.stderr
-    q.start()
-    try:
-        q.load_key("v", key)
-        assert read_back(q, tmp_path / "out.img") == bytes(want)
-    finally:
-        q.kill()
+    assert rebuilt_elsewhere(p, p.dir / "pool.key", key, tmp_path / "out.img") == bytes(want)
 
 
 def test_a_copied_directory_is_another_writer(versitygw, tmp_path):
@@ -468,11 +467,7 @@ def test_store_killed_mid_upload(what, tmp_path):
 
             def flush():
                 result["out"] = nbd_script(p, (
-                    "h.pwrite(b'2' * 1048576, 1048576)\n"
-                    "try:\n"
-                    "    h.flush(); print('FLUSHED')\n"
-                    "except nbd.Error as e:\n"
-                    "    print('FLUSH-ERR', e.errno)\n"
+                    "h.pwrite(b'2' * 1048576, 1048576)\n" + try_flush()
                 ), check=False).stdout
 
             t = threading.Thread(target=flush)
@@ -507,15 +502,8 @@ def test_store_killed_mid_upload(what, tmp_path):
         finally:
             p.kill()
         p.bulwark("pool", "export", p.dir)
-        q = StorePool(tmp_path, srv, prefix, endpoint=proxy.endpoint, dir_name="q")
-        r = q.import_from_store(p.dir / "pool.key")
-        assert r.returncode == 0, r.stderr
-        q.start()
-        try:
-            q.load_key("v", key)
-            assert read_back(q, tmp_path / "out2.img") == got
-        finally:
-            q.kill()
+        assert rebuilt_elsewhere(p, p.dir / "pool.key", key, tmp_path / "out2.img",
+                                 endpoint=proxy.endpoint) == got
 
 
 def test_local_flush_mode(versitygw, tmp_path):
@@ -537,15 +525,8 @@ def test_local_flush_mode(versitygw, tmp_path):
     finally:
         p.kill()
     p.bulwark("pool", "export", p.dir)
-    q = StorePool(tmp_path, srv, "localflush", dir_name="q")
-    r = q.import_from_store(p.dir / "pool.key")
-    assert r.returncode == 0, r.stderr
-    q.start()
-    try:
-        q.load_key("v", key)
-        assert read_back(q, tmp_path / "b.img")[:65536] == b"L" * 65536
-    finally:
-        q.kill()
+    got = rebuilt_elsewhere(p, p.dir / "pool.key", key, tmp_path / "b.img")
+    assert got[:65536] == b"L" * 65536
 
 
 def test_rolled_back_store_refused_with_min_generation(versitygw, tmp_path):

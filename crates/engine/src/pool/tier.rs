@@ -772,25 +772,26 @@ impl Tier {
     }
 
     /// The error of a writer that lost the pool: `found` is what the store holds now.
+    /// Also what `status` shows from then on.
     fn fenced(&self, found: Option<Vec<u8>>) -> Error {
-        match found {
+        let why = match found {
             Some(b) => {
                 let who = Head::open(&b, &self.key)
                     .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
                     .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
-                let why = format!(
+                format!(
                     "the pool in {} was taken over by {who}: this daemon stopped writing \
-                         (fenced); its flushes fail from now on",
+                     (fenced); its flushes fail from now on",
                     self.store.describe()
-                );
-                *self.fenced.lock() = Some(why.clone());
-                Error::Fenced(why)
+                )
             }
-            None => Error::Fenced(format!(
-                "the superblock object in {} is gone: this daemon stopped writing",
+            None => format!(
+                "the superblock object in {} is gone: this daemon stopped writing (fenced)",
                 self.store.describe()
-            )),
-        }
+            ),
+        };
+        *self.fenced.lock() = Some(why.clone());
+        Error::Fenced(why)
     }
 
     /// Is the superblock object still the one this writer wrote? (the periodic check of a
@@ -813,21 +814,7 @@ impl Tier {
             {
                 Ok(())
             }
-            Some((b, _)) => {
-                let who = Head::open(&b, &self.key)
-                    .map(|h| format!("'{}' (epoch {})", h.writer, h.epoch))
-                    .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
-                let why = format!(
-                    "the pool in {} was taken over by {who}: this daemon stopped writing (fenced)",
-                    self.store.describe()
-                );
-                *self.fenced.lock() = Some(why.clone());
-                Err(Error::Fenced(why))
-            }
-            None => Err(Error::Fenced(format!(
-                "the superblock object in {} is gone",
-                self.store.describe()
-            ))),
+            other => Err(self.fenced(other.map(|(b, _)| b))),
         }
     }
 
