@@ -184,8 +184,12 @@ def test_mirror_tamper(mirror_pool, tmp_path, seed):
                 same.append(off)
     assert same, "no 4 KiB block is stored identically at the same offset on both devices"
     enc_victims = sorted(rng.sample(same, min(8, len(same))))
+    # The same byte on both devices: a 4 KiB unit straddles two stored
+    # blocks (4 KiB + tag each), and a flip in each of the two would leave
+    # each block one good copy.
+    enc_flips = [o + rng.randrange(BLOCK) for o in enc_victims]
     for dev in (dev0, dev1):
-        flip(dev, [o + rng.randrange(BLOCK) for o in enc_victims])
+        flip(dev, enc_flips)
     print(f"phase 2: plain blocks {victims}; encrypted-area offsets {enc_victims}")
 
     pool.start()
