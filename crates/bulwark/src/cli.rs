@@ -411,6 +411,12 @@ pub struct ObjectStoreArgs {
     /// see it. See docs/object-store.md.
     #[arg(long, value_enum, default_value = "store")]
     pub object_store_flush: FlushMode,
+    /// Keep at most about SIZE of the pool on the local devices (K, M, G, T): past it,
+    /// segments of client data the store holds are given back locally and read from the
+    /// store (ranged GETs) from then on; map nodes always stay. With 'pool import
+    /// --object-store', only the metadata is downloaded. [default: keep everything]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub object_store_cache_size: Option<u64>,
 }
 
 /// `--object-store-flush`.

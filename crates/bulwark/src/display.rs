@@ -299,6 +299,26 @@ pub fn status_text(report: &StatusReport) -> String {
             r.lists,
             t.collected
         );
+        if let Some(c) = &t.cache {
+            let _ = writeln!(
+                out,
+                "\tlocal cache: {} of {} on the local devices; {} segments in the store only \
+                 ({} given back this run)",
+                format_size(c.local_bytes),
+                format_size(c.limit_bytes),
+                c.evicted_segments,
+                c.evicted_total
+            );
+        }
+        if t.remote_reads > 0 || t.healed_from_store > 0 {
+            let _ = writeln!(
+                out,
+                "\treads from the store this run: {} ({}); {} records no local copy verified\n",
+                t.remote_reads,
+                format_size(t.remote_read_bytes),
+                t.healed_from_store
+            );
+        }
         if let Some(f) = &t.fenced {
             let _ = writeln!(out, "\t{f}\n");
         }

@@ -46,6 +46,7 @@ pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<Tier
         force: false,
         gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
         local_flush: os.local_flush,
+        cache_bytes: os.cache_bytes,
     })
 }
 
@@ -122,6 +123,7 @@ pub fn config(dir: &Path, url: &str, args: &ObjectStoreArgs) -> Result<ObjectSto
         writer: writer_name(dir),
         single_host: args.object_store_single_host,
         local_flush: args.object_store_flush == crate::cli::FlushMode::Local,
+        cache_bytes: args.object_store_cache_size,
     })
 }
 

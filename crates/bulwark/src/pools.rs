@@ -360,6 +360,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                     force: false,
                     gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
                     local_flush: config.local_flush,
+                    cache_bytes: config.cache_bytes,
                 }),
                 ..OpenOptions::default()
             };
@@ -867,6 +868,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
             force: args.force,
             gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
             local_flush: config.local_flush,
+            cache_bytes: config.cache_bytes,
         }),
         ..OpenOptions::default()
     };
@@ -899,8 +901,17 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
     if args.json {
         return print_json(&report);
     }
+    let left = if report.left_in_store > 0 {
+        format!(
+            "; {} of client data left in the store, read from it when needed (local cache {})",
+            format_size(report.left_in_store),
+            format_size(config.cache_bytes.unwrap_or(0))
+        )
+    } else {
+        String::new()
+    };
     print(&format!(
-        "imported pool {name} (id {}) from {} into {} at generation {}: {} in {} parts\n\
+        "imported pool {name} (id {}) from {} into {} at generation {}: {} in {} parts{left}\n\
          it was held by '{}' (epoch {}); this host holds it now, and that one is fenced\n\
          serve it with 'bulwark serve {}'\n",
         report.pool_id,

@@ -319,6 +319,44 @@ pub(super) fn encode_status(
             "The writer epoch this daemon holds the pool's object store under",
             t.epoch,
         )?;
+        counter(
+            e,
+            "object_store_remote_reads",
+            "Reads the object store served since the daemon started (records of segments the local cache gave back, and records no local copy verified)",
+            t.remote_reads,
+        )?;
+        counter(
+            e,
+            "object_store_remote_read_bytes",
+            "Bytes of those reads",
+            t.remote_read_bytes,
+        )?;
+        counter(
+            e,
+            "object_store_healed",
+            "Records no local copy verified, read from the object store instead, since the daemon started",
+            t.healed_from_store,
+        )?;
+        if let Some(c) = &t.cache {
+            gauge(
+                e,
+                "object_store_cache_limit_bytes",
+                "What the local devices may take before segments the store holds are given back",
+                c.limit_bytes,
+            )?;
+            gauge(
+                e,
+                "object_store_cache_local_bytes",
+                "What the local devices take (allocated blocks of the device files)",
+                c.local_bytes,
+            )?;
+            gauge(
+                e,
+                "object_store_cache_evicted_segments",
+                "Segments of client data only the object store holds",
+                c.evicted_segments,
+            )?;
+        }
     }
 
     // Devices.
@@ -572,6 +610,12 @@ mod tests {
                 epoch: 4,
                 fenced: Some("taken over".into()),
                 collected: 9,
+                remote_reads: 11,
+                cache: Some(bulwark_engine::pool::tier::CacheStatus {
+                    limit_bytes: 1 << 20,
+                    evicted_segments: 6,
+                    ..Default::default()
+                }),
                 requests: bulwark_engine::pool::tier::Requests {
                     puts: 3,
                     bytes_up: 4096,
@@ -603,6 +647,9 @@ mod tests {
             "bulwark_object_store_collected_total 9",
             "bulwark_object_store_fenced 1",
             "bulwark_object_store_epoch 4",
+            "bulwark_object_store_remote_reads_total 11",
+            "bulwark_object_store_cache_limit_bytes 1048576",
+            "bulwark_object_store_cache_evicted_segments 6",
             r#"bulwark_device_checksum_errors_total{device="/p/dev0.img"} 3"#,
             r#"bulwark_device_write_errors_total{device="/p/dev1.img"} 1"#,
             r#"bulwark_device_state{device="/p/dev1.img",state="FAULTED"} 1"#,

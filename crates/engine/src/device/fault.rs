@@ -243,6 +243,18 @@ impl Device for FaultyDevice {
         }
         self.inner.flush()
     }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+        if self.fire(offset, &[FaultMode::Vanish]).is_some() {
+            return Err(eio("device vanished"));
+        }
+        self.inner.discard(offset, len)
+    }
+    fn is_hole(&self, offset: u64, len: u64) -> bool {
+        self.inner.is_hole(offset, len)
+    }
+    fn allocated_bytes(&self) -> u64 {
+        self.inner.allocated_bytes()
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,21 @@ pub trait Device: Send + Sync {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
     fn flush(&self) -> std::io::Result<()>;
+    /// Give back the space of `len` bytes at `offset`: afterwards they read as zeros and
+    /// take no room (a hole). `Ok(false)`: this device cannot (the bytes are unchanged).
+    fn discard(&self, _offset: u64, _len: u64) -> std::io::Result<bool> {
+        Ok(false)
+    }
+    /// Whether `len` bytes at `offset` are one hole (`discard`ed, or never written):
+    /// nothing of them is stored. `false` when the device cannot tell.
+    fn is_hole(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
+    /// Bytes of storage the device takes (a sparse file's allocated blocks); its size when
+    /// it cannot tell.
+    fn allocated_bytes(&self) -> u64 {
+        self.size()
+    }
 }
 
 /// Copies `from` into `bufs`, one after another (`from` is as long as all of them).
@@ -59,6 +74,15 @@ impl<T: Device + ?Sized> Device for std::sync::Arc<T> {
     }
     fn flush(&self) -> std::io::Result<()> {
         (**self).flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+        (**self).discard(offset, len)
+    }
+    fn is_hole(&self, offset: u64, len: u64) -> bool {
+        (**self).is_hole(offset, len)
+    }
+    fn allocated_bytes(&self) -> u64 {
+        (**self).allocated_bytes()
     }
 }
 
@@ -296,6 +320,57 @@ impl Device for FileDevice {
     }
     fn flush(&self) -> std::io::Result<()> {
         self.file.sync_data()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
+        use std::os::unix::io::AsRawFd;
+        // Regular files only: a block device's discard may not read back as zeros.
+        if !self.file.metadata()?.is_file() {
+            return Ok(false);
+        }
+        // SAFETY: plain syscall on a descriptor we own.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Ok(false),
+            _ => Err(e),
+        }
+    }
+    fn is_hole(&self, offset: u64, len: u64) -> bool {
+        use std::os::unix::io::AsRawFd;
+        if len == 0 || offset.saturating_add(len) > self.size {
+            return false;
+        }
+        // SAFETY: plain syscall on a descriptor we own; it moves no position we rely on
+        // (every read and write here is positioned).
+        let next = unsafe {
+            libc::lseek(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                libc::SEEK_DATA,
+            )
+        };
+        if next < 0 {
+            // ENXIO: no data at or after `offset` (a hole to the end).
+            return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
+        }
+        next as u64 >= offset + len
+    }
+    fn allocated_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        match self.file.metadata() {
+            Ok(m) if m.is_file() => m.blocks() * 512,
+            _ => self.size,
+        }
     }
 }
 

@@ -129,6 +129,18 @@ pub struct Log {
     born: Vec<AtomicU64>,
     /// Segments below this are never freed in this process (`new`, `trust_zero`).
     reuse_floor: u32,
+    /// Whether each segment was last opened for client data or the cleaner's moves of it
+    /// (or found holding client data at import): the object tier may evict it.
+    evictable: Vec<AtomicBool>,
+    /// Segments whose local bytes were given back (`pool::tier`, the local cache of an
+    /// object store): their records are read from the store. Cleared when the segment is
+    /// opened again. Set, and read by every read of a record, under the reuse gate.
+    evicted: Vec<AtomicBool>,
+    evicted_count: AtomicU32,
+    /// Segments freed since the object tier last asked (`take_freed`; kept only once it
+    /// asked to: `track_freed`): their parts leave the store's segment table.
+    freed: Mutex<Vec<u32>>,
+    track_freed: AtomicBool,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -212,6 +224,11 @@ impl Log {
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             epoch: AtomicU64::new(0),
             born: (0..segments).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            evictable: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            evicted: (0..segments).map(|_| AtomicBool::new(false)).collect(),
+            evicted_count: AtomicU32::new(0),
+            freed: Mutex::new(Vec::new()),
+            track_freed: AtomicBool::new(false),
             reuse_floor: if trust_zero {
                 0
             } else {
@@ -234,7 +251,111 @@ impl Log {
     pub fn mark_data(&self, seg: u32) {
         if let Some(d) = self.holds_data.get(seg as usize) {
             d.store(true, Ordering::Relaxed);
+            self.evictable[seg as usize].store(true, Ordering::Relaxed);
         }
+    }
+
+    // --- the local cache of an object store (`pool::tier`) ---
+
+    /// Whether segment `seg` holds client data (its opening's stream, or import's walk).
+    pub fn is_evictable(&self, seg: u32) -> bool {
+        self.evictable
+            .get(seg as usize)
+            .is_some_and(|e| e.load(Ordering::Relaxed))
+    }
+
+    /// Whether segment `seg`'s bytes are in the object store only.
+    pub fn is_evicted(&self, seg: u32) -> bool {
+        self.evicted
+            .get(seg as usize)
+            .is_some_and(|e| e.load(Ordering::Acquire))
+    }
+
+    /// Note that segment `seg`'s local bytes are being given back: from now on its records
+    /// are read from the store. False if it was already.
+    pub fn set_evicted(&self, seg: u32) -> bool {
+        let Some(e) = self.evicted.get(seg as usize) else {
+            return false;
+        };
+        let newly = !e.swap(true, Ordering::AcqRel);
+        if newly {
+            self.evicted_count.fetch_add(1, Ordering::Relaxed);
+        }
+        newly
+    }
+
+    /// Segments whose bytes are in the store only (free ones given back included).
+    pub fn evicted_count(&self) -> u32 {
+        self.evicted_count.load(Ordering::Relaxed)
+    }
+
+    /// Sealed segments of client data still held locally, oldest opening first: what the
+    /// local cache gives back first once its bytes are in the store.
+    pub fn eviction_candidates(&self) -> Vec<u32> {
+        let g = self.inner.lock();
+        let mut v: Vec<u32> = (0..self.segments)
+            .filter(|&s| {
+                g.state[s as usize] == SegState::Sealed
+                    && self.evictable[s as usize].load(Ordering::Relaxed)
+                    && !self.evicted[s as usize].load(Ordering::Relaxed)
+                    && self.live[s as usize].load(Ordering::Relaxed) > 0
+            })
+            .collect();
+        drop(g);
+        v.sort_by_key(|&s| self.stamp[s as usize].load(Ordering::Relaxed));
+        v
+    }
+
+    /// Give back segment `seg`'s local bytes with `discard`, once `set_evicted` marked it
+    /// and every read that could have missed the mark has finished (the reuse gate): under
+    /// the log's lock, and only if it was not opened again meanwhile (which clears the mark,
+    /// and its new bytes must stay). `discard` answering that nothing was given back (the
+    /// device cannot) clears the mark; an error leaves it (some copy may be a hole: reads
+    /// go to the store).
+    pub fn give_back(&self, seg: u32, discard: impl FnOnce() -> Result<bool>) -> Result<bool> {
+        let _g = self.inner.lock();
+        if !self.is_evicted(seg) {
+            return Ok(false);
+        }
+        let done = discard()?;
+        if !done && self.evicted[seg as usize].swap(false, Ordering::AcqRel) {
+            self.evicted_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(done)
+    }
+
+    /// Keep the segments freed from now on for `take_freed` (the object tier).
+    pub fn track_freed(&self) {
+        self.track_freed.store(true, Ordering::Relaxed);
+    }
+
+    /// The segments freed since the last call (each may have been opened again since).
+    pub fn take_freed(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.freed.lock())
+    }
+
+    /// Put back what a failed upload took (`take_freed`).
+    pub fn return_freed(&self, mut segs: Vec<u32>) {
+        self.freed.lock().append(&mut segs);
+    }
+
+    /// Whether segment `seg` is free.
+    pub fn is_free(&self, seg: u32) -> bool {
+        self.inner
+            .lock()
+            .state
+            .get(seg as usize)
+            .is_some_and(|s| *s == SegState::Free)
+    }
+
+    /// Free segments not yet given back (their old bytes still take local room).
+    pub fn free_held(&self) -> Vec<u32> {
+        let g = self.inner.lock();
+        g.free
+            .iter()
+            .copied()
+            .filter(|&s| !self.evicted[s as usize].load(Ordering::Relaxed))
+            .collect()
     }
 
     pub fn segments(&self) -> u32 {
@@ -318,6 +439,14 @@ impl Log {
             g.high_water = g.high_water.max(seg + 1);
             g.heads[h] = Some((seg, 0));
             self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
+            self.evictable[seg as usize].store(
+                matches!(stream, Stream::Data | Stream::Clean),
+                Ordering::Relaxed,
+            );
+            // A segment given back is a hole again: written from here on, read locally.
+            if self.evicted[seg as usize].swap(false, Ordering::AcqRel) {
+                self.evicted_count.fetch_sub(1, Ordering::Relaxed);
+            }
             self.stamp[seg as usize].store(self.written_total(), Ordering::Relaxed);
             // SeqCst pairs with `begin_snapshot`: a commit whose snapshot could see records
             // placed here either bumped the epoch before this load, or bumps it later.
@@ -588,6 +717,9 @@ impl Log {
                 g.free.insert(s);
                 g.recent.push(s);
                 freed += 1;
+                if self.track_freed.load(Ordering::Relaxed) {
+                    self.freed.lock().push(s);
+                }
             }
         }
         drop(g);
@@ -647,6 +779,9 @@ impl Log {
                 g.free.insert(s);
                 g.recent.push(s);
                 freed += 1;
+                if self.track_freed.load(Ordering::Relaxed) {
+                    self.freed.lock().push(s);
+                }
             }
         }
         drop(g);
@@ -670,7 +805,16 @@ impl Log {
                 .filter(|c| c.live > 0)
                 .collect()
         };
-        victims::pick(candidates, max, budget_bytes)
+        // Segments given back to an object store are cleaned only when no other is worth
+        // it: each of their live records is a request to the store.
+        let (local, remote): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .partition(|c| !self.evicted[c.seg as usize].load(Ordering::Relaxed));
+        let picked = victims::pick(local, max, budget_bytes);
+        if !picked.is_empty() {
+            return picked;
+        }
+        victims::pick(remote, max, budget_bytes)
     }
 
     /// Whether any sealed segment holds dead bytes worth cleaning.
@@ -988,5 +1132,43 @@ mod tests {
         assert!(zero.is_empty(), "{zero:?}");
         log.release(&zero);
         assert_eq!(log.free_segments(), 3);
+    }
+
+    #[test]
+    fn a_segment_opened_again_after_its_mark_is_never_given_back() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let seg = log.free_held()[0];
+        assert!(log.set_evicted(seg));
+        assert_eq!(log.evicted_count(), 1);
+        // A writer opens it before the hole is punched: the mark goes, and so does the
+        // punch (its new bytes stay).
+        let addr = log.alloc(Stream::Data, 4096).unwrap();
+        assert_eq!(
+            segment_of(addr),
+            seg,
+            "the log did not take the marked segment"
+        );
+        assert!(!log.is_evicted(seg));
+        assert_eq!(log.evicted_count(), 0);
+        let punched = log
+            .give_back(seg, || panic!("a segment opened again was given back"))
+            .unwrap();
+        assert!(!punched);
+    }
+
+    #[test]
+    fn a_device_that_cannot_give_back_clears_the_mark() {
+        let log = Log::new(vec![0; 8], 0, true);
+        let seg = log.free_held()[0];
+        assert!(log.set_evicted(seg));
+        assert!(!log.give_back(seg, || Ok(false)).unwrap());
+        assert!(
+            !log.is_evicted(seg),
+            "reads would go to the store for local bytes"
+        );
+        assert!(log.set_evicted(seg));
+        assert!(log.give_back(seg, || Ok(true)).unwrap());
+        assert!(log.is_evicted(seg));
+        assert!(!log.free_held().contains(&seg));
     }
 }

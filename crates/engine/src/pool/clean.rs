@@ -373,8 +373,7 @@ impl Core {
             }
             match self
                 .store
-                .red
-                .read_verified(old.addrs(), old.len as usize, &old.checksum, stored)
+                .read_record(old.addrs(), old.len as usize, &old.checksum, stored)
             {
                 Ok(()) => {}
                 Err(Error::Unrecoverable(e)) => {

@@ -450,7 +450,7 @@ impl Core {
                 None => self.cachedev_unavailable.lock().clone(),
             },
             log,
-            object_store: self.tier.as_ref().map(|t| t.status()),
+            object_store: self.tier.as_ref().map(|t| t.status(&self.store)),
         }
     }
 
@@ -556,6 +556,10 @@ impl Core {
                     tracing::error!("background commit failed: {e}");
                     continue;
                 }
+            }
+            // The local cache of the object store: room given back once past its size.
+            if let Err(e) = self.evict() {
+                tracing::warn!("local cache: giving back room failed: {e}");
             }
             if self.low_on_space() && self.accounting_complete {
                 self.store.take_space_wanted();

@@ -77,6 +77,10 @@ pub struct ObjectStoreConfig {
     /// the price of a window another host importing from the store does not see.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub local_flush: bool,
+    /// `--object-store-cache-size`: the local devices keep about this much of the pool;
+    /// past it, client data the store holds is given back locally (`pool::evict`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_bytes: Option<u64>,
 }
 
 impl PoolConfig {

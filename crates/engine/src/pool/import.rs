@@ -1191,12 +1191,22 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                         .into(),
                 ));
             }
-            let tier = super::tier::Tier::take(t, &sb_key, &newest)?;
+            let tier = Arc::new(super::tier::Tier::take(t, &sb_key, &newest)?);
             store.set_tiered();
             for p in &replayed_records {
                 store.note_record(p);
             }
-            Some(Arc::new(tier))
+            // Segments given back to the store before (or never downloaded) are read
+            // from it.
+            let given_back = super::evict::mark_holes(&store, &data_segments);
+            if given_back > 0 {
+                tracing::info!(
+                    segments = given_back,
+                    "local cache: segments of client data only the object store holds"
+                );
+            }
+            store.set_remote(tier.clone());
+            Some(tier)
         }
         None => None,
     };

@@ -10,6 +10,7 @@ mod clean;
 mod commit;
 mod core;
 pub mod create;
+pub mod evict;
 #[cfg(test)]
 mod hostile;
 mod import;

@@ -432,13 +432,17 @@ impl Core {
                     if v.tree.lock().lookup(&*self.store, &self.store.cache, l)? != ptr {
                         continue;
                     }
-                    let mut o = self.store.red.scrub(
+                    batch_bytes += ptr.len as u64;
+                    // A record only the object store holds has no local copy to check.
+                    let Some(mut o) = self.store.scrub_record(
                         ptr.addrs(),
                         ptr.len as usize,
                         &ptr.checksum,
                         &mut buf,
-                    );
-                    batch_bytes += ptr.len as u64;
+                    ) else {
+                        self.count_outcome(0, false, ptr.len as u64);
+                        continue;
+                    };
                     // A record whose flags break the volume's policy (plaintext in an
                     // encrypted volume) is not this volume's data, however well it checksums.
                     if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {
@@ -544,10 +548,12 @@ impl Core {
             if !held {
                 continue;
             }
-            let mut o = self
-                .store
-                .red
-                .scrub(ptr.addrs(), ptr.len as usize, &ptr.checksum, buf);
+            let Some(mut o) =
+                self.store
+                    .scrub_record(ptr.addrs(), ptr.len as usize, &ptr.checksum, buf)
+            else {
+                continue;
+            };
             let (off, len, kind) = match at {
                 At::Data(lba) => {
                     if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {

@@ -46,14 +46,20 @@ const SUPERBLOCK_OBJECT_BYTES_MAX: u64 = 16 << 20;
 /// as one part instead (so a page stays small, `PAGE_BYTES_MAX`).
 const PARTS_PER_SEGMENT_MAX: u32 = 64;
 /// The largest page: every segment of it with the most parts.
-const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (8 + PARTS_PER_SEGMENT_MAX as u64 * 28);
+const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (12 + PARTS_PER_SEGMENT_MAX as u64 * 28);
 /// How long one commit may take to upload before it gives up (`StoreUnavailable`): a
 /// FLUSH fails by then instead of hanging past the client's own timeout.
 const PUBLISH_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
 /// Uploads in flight at once during a commit.
 const UPLOADS_AT_ONCE: usize = 8;
 const MAGIC: &str = "bulwark object superblock 1";
-const PAGE_MAGIC: &[u8; 8] = b"BWTPAGE2";
+const PAGE_MAGIC: &[u8; 8] = b"BWTPAGE3";
+/// Pages written before segments said whether they hold client data (read as metadata:
+/// `restore` always downloads them).
+const PAGE_MAGIC_2: &[u8; 8] = b"BWTPAGE2";
+/// A slot's flag in a page: the segment holds client data (a lazy `restore` leaves it in
+/// the store; the local cache may give it back).
+const SLOT_DATA: u32 = 1;
 /// A commit's parts go up together in objects of about this size (one PUT for the
 /// many small runs of a flush, several in parallel for a large commit).
 const BUNDLE_BYTES: usize = 8 << 20;
@@ -76,6 +82,10 @@ pub struct TierOpen {
     /// A FLUSH is made durable by the local intent log, and reaches the store with the
     /// next commit (`ObjectStoreConfig::local_flush`).
     pub local_flush: bool,
+    /// The local cache's size (`ObjectStoreConfig::cache_bytes`): past it, segments of
+    /// client data the store holds are given back locally (`Core::evict`). `None`: the
+    /// local devices keep everything.
+    pub cache_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for TierOpen {
@@ -87,6 +97,7 @@ impl std::fmt::Debug for TierOpen {
             .field("force", &self.force)
             .field("gc_grace", &self.gc_grace)
             .field("local_flush", &self.local_flush)
+            .field("cache_bytes", &self.cache_bytes)
             .finish()
     }
 }
@@ -220,6 +231,8 @@ pub struct Slot {
     /// earlier process).
     pub inc: u64,
     pub parts: Vec<Part>,
+    /// The segment holds client data (`Log::is_evictable`), not map nodes or the table.
+    pub data: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,6 +363,7 @@ pub fn encode_page(index: u32, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
     for (seg, s) in mine {
         b.extend_from_slice(&seg.to_le_bytes());
         b.extend_from_slice(&(s.parts.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(if s.data { SLOT_DATA } else { 0 }).to_le_bytes());
         for p in &s.parts {
             b.extend_from_slice(&p.off.to_le_bytes());
             b.extend_from_slice(&p.len.to_le_bytes());
@@ -366,9 +380,11 @@ pub fn encode_page(index: u32, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
 pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
     let bad = |why: &str| Error::Corrupt(format!("segment table page {index}: {why}"));
     let mut r = Reader(b);
-    if r.take(8).ok_or_else(|| bad("short"))? != PAGE_MAGIC {
-        return Err(bad("bad magic"));
-    }
+    let flagged = match r.take(8).ok_or_else(|| bad("short"))? {
+        m if m == PAGE_MAGIC => true,
+        m if m == PAGE_MAGIC_2 => false,
+        _ => return Err(bad("bad magic")),
+    };
     if r.u32().ok_or_else(|| bad("short"))? != index {
         return Err(bad("it is another page"));
     }
@@ -386,6 +402,14 @@ pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
         let n = r.u32().ok_or_else(|| bad("short"))?;
         if n == 0 || n > PARTS_PER_SEGMENT_MAX {
             return Err(bad("a segment with no parts or too many"));
+        }
+        let flags = if flagged {
+            r.u32().ok_or_else(|| bad("short"))?
+        } else {
+            0
+        };
+        if flags & !SLOT_DATA != 0 {
+            return Err(bad("unknown segment flags"));
         }
         let mut parts = Vec::new();
         for _ in 0..n {
@@ -410,6 +434,7 @@ pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
                 Slot {
                     inc: u64::MAX,
                     parts,
+                    data: flags & SLOT_DATA != 0,
                 },
             )
             .is_some()
@@ -567,6 +592,10 @@ pub struct Tier {
     /// When the last collection ran (`None`: not yet in this run), objects deleted, and
     /// commits published as of then.
     collected: Mutex<(Option<std::time::Instant>, u64, u64)>,
+    /// The local cache's size (`TierOpen::cache_bytes`).
+    pub cache_bytes: Option<u64>,
+    /// Segments given back locally in this run.
+    pub evicted_total: std::sync::atomic::AtomicU64,
 }
 
 /// What `Tier::collect` did.
@@ -612,6 +641,31 @@ pub struct TierStatus {
     /// do; the store gets it with the next commit).
     #[serde(default)]
     pub flush: String,
+    /// The local cache, when the pool has a size for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheStatus>,
+    /// Reads the store served: of records in segments given back, and of records no local
+    /// copy verified.
+    #[serde(default)]
+    pub remote_reads: u64,
+    #[serde(default)]
+    pub remote_read_bytes: u64,
+    #[serde(default)]
+    pub healed_from_store: u64,
+}
+
+/// The local cache of a pool whose object store holds everything (`pool create
+/// --object-store-cache-size`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CacheStatus {
+    /// What the local devices may take before segments are given back.
+    pub limit_bytes: u64,
+    /// What they take now (allocated blocks of the device files).
+    pub local_bytes: u64,
+    /// Segments whose bytes only the store holds now.
+    pub evicted_segments: u64,
+    /// Segments given back in this run.
+    pub evicted_total: u64,
 }
 
 impl Tier {
@@ -713,6 +767,8 @@ impl Tier {
             gc_grace: open.gc_grace,
             local_flush: open.local_flush,
             collected: Mutex::new((None, 0, 0)),
+            cache_bytes: open.cache_bytes,
+            evicted_total: Default::default(),
         };
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
@@ -824,9 +880,11 @@ impl Tier {
     /// changed by a failure: the runs go back to the store for the next try.
     pub fn publish(&self, store: &Store, labels: Vec<Vec<u8>>, generation: u64) -> Result<()> {
         let taken = store.take_uploads();
-        let result = self.publish_runs(store, &taken, labels, generation);
+        let freed = store.log.take_freed();
+        let result = self.publish_runs(store, &taken, &freed, labels, generation);
         if result.is_err() {
             store.return_uploads(taken);
+            store.log.return_freed(freed);
         }
         result.map_err(|e| match e {
             // The store failed (after its own retries, by its deadline): nothing local
@@ -845,6 +903,7 @@ impl Tier {
         &self,
         store: &Store,
         taken: &[Extent],
+        freed: &[u32],
         labels: Vec<Vec<u8>>,
         generation: u64,
     ) -> Result<()> {
@@ -947,15 +1006,28 @@ impl Tier {
         // Its changed pages are named now and go up with the parts, in one round: the
         // superblock object that names both is written only after both landed.
         let mut dirty = BTreeSet::new();
+        // Segments freed since the last commit: no durable commit from this one on
+        // references their parts (garbage collection may take them after the grace).
+        for &seg in freed {
+            let stale = slots.get(&seg).is_some_and(|s| {
+                store.log.is_free(seg) || !same_opening(s.inc, store.log.incarnation(seg))
+            });
+            if stale {
+                slots.remove(&seg);
+                dirty.insert(seg / PAGE_SEGMENTS);
+            }
+        }
         for (e, p, replaces) in &parts {
             let slot = slots.entry(e.seg).or_default();
             if !same_opening(slot.inc, e.inc) || *replaces {
                 *slot = Slot {
                     inc: e.inc,
                     parts: Vec::new(),
+                    data: false,
                 };
             }
             slot.inc = e.inc;
+            slot.data = store.log.is_evictable(e.seg);
             slot.parts.push(*p);
             dirty.insert(e.seg / PAGE_SEGMENTS);
         }
@@ -1109,8 +1181,9 @@ impl Tier {
         Ok(done)
     }
 
-    pub fn status(&self) -> TierStatus {
+    pub fn status(&self, store: &Store) -> TierStatus {
         let st = self.st.lock();
+        let remote = store.remote_reads();
         TierStatus {
             url: self.store.describe(),
             writer: st.head.writer.clone(),
@@ -1122,7 +1195,80 @@ impl Tier {
             collected: self.collected.lock().1,
             requests: self.counted.requests(),
             flush: if self.local_flush { "local" } else { "store" }.into(),
+            cache: self.cache_bytes.map(|limit| CacheStatus {
+                limit_bytes: limit,
+                local_bytes: store.red.allocated_bytes(),
+                evicted_segments: store.log.evicted_count() as u64,
+                evicted_total: self
+                    .evicted_total
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            }),
+            remote_reads: remote.reads,
+            remote_read_bytes: remote.bytes,
+            healed_from_store: remote.healed,
         }
+    }
+
+    /// Of `segs`, those whose every byte the store holds as of the last commit: a slot of
+    /// the segment's current opening, and no run written since waiting for the next
+    /// commit's upload (`pending`). Called under the commit lock (no upload under way).
+    pub fn stored_segments(
+        &self,
+        store: &Store,
+        segs: &[u32],
+        pending: &BTreeSet<u32>,
+    ) -> Vec<u32> {
+        let st = self.st.lock();
+        segs.iter()
+            .copied()
+            .filter(|seg| {
+                !pending.contains(seg)
+                    && st.slots.get(seg).is_some_and(|s| {
+                        !s.parts.is_empty() && same_opening(s.inc, store.log.incarnation(*seg))
+                    })
+            })
+            .collect()
+    }
+
+    /// Where the store holds `len` bytes at pool address `addr`: the object and the offset
+    /// in it (the newest part of the segment that covers them all).
+    fn locate(&self, addr: u64, len: usize) -> Option<(String, u64)> {
+        let seg = (addr / SEGMENT_BYTES) as u32;
+        let off = addr % SEGMENT_BYTES;
+        let st = self.st.lock();
+        let slot = st.slots.get(&seg)?;
+        slot.parts
+            .iter()
+            .rev()
+            .find(|p| p.off as u64 <= off && off + len as u64 <= p.off as u64 + p.len as u64)
+            .map(|p| (p.name(), p.at as u64 + (off - p.off as u64)))
+    }
+}
+
+impl crate::store::Remote for Tier {
+    fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
+        let Some((name, at)) = self.locate(addr, len) else {
+            return Err(Error::Unrecoverable(format!(
+                "the {len} bytes at pool address {addr} are in no part of the object store's \
+                 segment table"
+            )));
+        };
+        self.store
+            .get_range(&name, at, len as u64)
+            .map_err(|e| match e {
+                Error::Io(_) => Error::StoreUnavailable(format!(
+                    "reading {len} bytes of '{name}' from the object store {}: {e}",
+                    self.store.describe()
+                )),
+                // Deleted under us (this host was fenced and the new holder collected it):
+                // the bytes are gone, never replaced by others.
+                Error::NotFound(_) => Error::Unrecoverable(format!(
+                    "'{name}' is no longer in the object store {} (this host no longer holds the \
+                 pool?): {e}",
+                    self.store.describe()
+                )),
+                other => other,
+            })
     }
 }
 
@@ -1175,6 +1321,7 @@ mod tests {
                         seq: 0,
                     },
                 ],
+                data: true,
             },
         );
         m.insert(
@@ -1188,6 +1335,7 @@ mod tests {
                     epoch: 1,
                     seq: 9,
                 }],
+                data: false,
             },
         );
         m.insert(
@@ -1201,6 +1349,7 @@ mod tests {
                     epoch: 1,
                     seq: 1,
                 }],
+                data: true,
             },
         );
         m
@@ -1289,6 +1438,9 @@ pub struct RestoreReport {
     pub devices: Vec<std::path::PathBuf>,
     pub parts: usize,
     pub bytes: u64,
+    /// Bytes of client data left in the store (`--object-store-cache-size`: read from it
+    /// when needed).
+    pub left_in_store: u64,
 }
 
 /// The pool id a superblock object claims (before its MAC can be checked: the MAC key is
@@ -1409,9 +1561,19 @@ pub fn restore(
         }
         let red = Redundancy::new(first.layout, members, first.segments_per_device);
         let segments = red.segments();
+        // With a local cache of a set size, client data stays in the store: it is read
+        // from there (and its segments are holes here, which the next open finds).
+        let lazy = config.cache_bytes.is_some();
+        let left_in_store: u64 = found
+            .slots
+            .values()
+            .filter(|s| lazy && s.data)
+            .flat_map(|s| s.parts.iter().map(|p| p.len as u64))
+            .sum();
         let jobs: Vec<(u32, Part)> = found
             .slots
             .iter()
+            .filter(|(_, s)| !(lazy && s.data))
             .flat_map(|(seg, s)| s.parts.iter().map(move |p| (*seg, *p)))
             .collect();
         if let Some((seg, _)) = jobs.iter().find(|(seg, _)| *seg as u64 >= segments) {
@@ -1499,6 +1661,7 @@ pub fn restore(
             devices: names.iter().map(|n| dir.join(n)).collect(),
             parts: jobs.len(),
             bytes: total,
+            left_in_store,
         })
     })();
     if result.is_err() {

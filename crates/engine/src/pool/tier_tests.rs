@@ -129,6 +129,7 @@ fn open_with(
                 force: false,
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
+                cache_bytes: None,
             }),
             ..OpenOptions::default()
         },
@@ -152,6 +153,7 @@ fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
         writer: "host-a".into(),
         single_host: false,
         local_flush: false,
+        cache_bytes: None,
     });
     conf.write(dir).unwrap();
     open_with(dir, store, "host-a", true)
@@ -268,6 +270,7 @@ fn two_takeovers_from_one_version_never_both_win() {
             force: false,
             gc_grace: std::time::Duration::from_secs(3600),
             local_flush: false,
+            cache_bytes: None,
         };
         super::tier::Tier::take(&open, &sb_key, &local)
     };
@@ -326,6 +329,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
         writer: "host-b".into(),
         single_host: false,
         local_flush: false,
+        cache_bytes: None,
     };
     let report =
         super::tier::restore(new.path(), &*store, &key, conf, true, None, &|_, _| {}).unwrap();
@@ -340,6 +344,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
                 force: true,
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
+                cache_bytes: None,
             }),
             ..OpenOptions::default()
         },
@@ -347,7 +352,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
     .unwrap();
     pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
         .unwrap();
-    let st = pool.core.tier.as_ref().unwrap().status();
+    let st = pool.core.tier.as_ref().unwrap().status(&pool.core.store);
     assert!(
         st.parts <= st.segments_stored * 64,
         "{} parts in {} segments",

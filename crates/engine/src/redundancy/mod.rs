@@ -227,6 +227,54 @@ impl Redundancy {
         Ok(())
     }
 
+    /// Give back the local space of segment `seg` on every member holding it (its bytes
+    /// are in the object store: `pool::tier`). `Ok(false)`: a device cannot, and nothing
+    /// was given back on it.
+    pub fn discard_segment(&self, seg: u32) -> Result<bool> {
+        let mut all = true;
+        for (m, off) in self.copies(seg as u64 * SEGMENT_BYTES)?.iter() {
+            let member = &self.members[m];
+            let Some(dev) = member.writable() else {
+                continue;
+            };
+            match dev.discard(off, SEGMENT_BYTES) {
+                Ok(done) => all &= done,
+                Err(e) => return Err(Error::device(&member.path(), e)),
+            }
+        }
+        Ok(all)
+    }
+
+    /// Whether segment `seg` is a hole on some member that holds it: `discard_segment`
+    /// began on it, so its bytes are to be read from the object store.
+    pub fn segment_is_hole(&self, seg: u32) -> bool {
+        let Ok(places) = self.copies(seg as u64 * SEGMENT_BYTES) else {
+            return false;
+        };
+        let hole = places.iter().any(|(m, off)| {
+            self.members[m]
+                .dev()
+                .is_some_and(|d| d.is_hole(off, SEGMENT_BYTES))
+        });
+        hole
+    }
+
+    /// Bytes of the devices one segment takes (one per whole copy: 1 for `single`, N for
+    /// `mirror:N`).
+    pub fn bytes_per_segment(&self) -> u64 {
+        self.copies(0)
+            .map_or(SEGMENT_BYTES, |p| p.len as u64 * SEGMENT_BYTES)
+    }
+
+    /// Bytes of local storage the members take (`Device::allocated_bytes`).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.members
+            .iter()
+            .filter_map(|m| m.dev())
+            .map(|d| d.allocated_bytes())
+            .sum()
+    }
+
     /// Write a whole record to every copy. Succeeds if at least one copy was written;
     /// a failed copy marks its device FAULTED and counts a WRITE error.
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {

@@ -53,6 +53,24 @@ pub trait Control: Send + Sync {
     fn clear_rewritten(&self, volume: &str, offset: u64, length: u64);
 }
 
+/// Where the records of segments the local cache gave back are read from (the pool's
+/// object tier implements it: `pool::tier`).
+pub trait Remote: Send + Sync {
+    /// The `len` stored bytes at pool address `addr` (one record, or a run of them, inside
+    /// one segment), unverified: the caller checks them.
+    fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>>;
+}
+
+/// Reads served by the object store (`Store::remote_reads`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteReads {
+    /// Reads of records in segments only the store holds.
+    pub reads: u64,
+    pub bytes: u64,
+    /// Records no local copy verified, read from the store instead.
+    pub healed: u64,
+}
+
 /// One record for [`Store::put`]: its stored bytes are `buf[at..at + ptr.len]` of the
 /// caller's buffer, padded to `RECORD_ALIGN` up to the next record.
 #[derive(Debug, Clone, Copy)]
@@ -103,6 +121,10 @@ pub struct Store {
     /// and the next commit uploads it before its superblock.
     tiered: AtomicBool,
     uploads: Mutex<Vec<Extent>>,
+    /// The object store, once the pool's tier is taken: segments the local cache gave back
+    /// (`Log::is_evicted`) are read from it, and so is a record no local copy verifies.
+    remote: std::sync::OnceLock<Arc<dyn Remote>>,
+    remote_reads: [AtomicU64; 3],
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -153,6 +175,8 @@ impl Store {
             cachedev: std::sync::OnceLock::new(),
             tiered: AtomicBool::new(false),
             uploads: Mutex::new(Vec::new()),
+            remote: std::sync::OnceLock::new(),
+            remote_reads: Default::default(),
         }
     }
 
@@ -419,8 +443,7 @@ impl Store {
     /// `Redundancy::check_record` before the read buffer is sized.
     pub fn read_meta(&self, ptr: &Blkptr, raw_len: usize) -> Result<Vec<u8>> {
         let mut stored = Vec::new();
-        self.red
-            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut stored)?;
+        self.read_record(ptr.addrs(), ptr.len as usize, &ptr.checksum, &mut stored)?;
         if ptr.flags & codec::FLAG_LZ4 == 0 {
             return Ok(stored);
         }
@@ -437,6 +460,7 @@ impl Store {
 
     /// Note every run written from now on for upload (`take_uploads`).
     pub fn set_tiered(&self) {
+        self.log.track_freed();
         self.tiered.store(true, Ordering::Release);
     }
 
@@ -471,6 +495,11 @@ impl Store {
         std::mem::take(&mut *self.uploads.lock())
     }
 
+    /// Segments with runs waiting for the next commit's upload.
+    pub fn pending_upload_segments(&self) -> std::collections::BTreeSet<u32> {
+        self.uploads.lock().iter().map(|e| e.seg).collect()
+    }
+
     /// Put back runs a failed upload took (`take_uploads`): the next commit tries them again.
     pub fn return_uploads(&self, mut extents: Vec<Extent>) {
         let mut u = self.uploads.lock();
@@ -498,8 +527,7 @@ impl Store {
     pub fn read_data(&self, ptr: &Blkptr, out: &mut Vec<u8>) -> Result<bool> {
         let len = ptr.len as usize;
         let Some(c) = self.cachedev() else {
-            self.red
-                .read_verified(ptr.addrs(), len, &ptr.checksum, out)?;
+            self.read_record(ptr.addrs(), len, &ptr.checksum, out)?;
             return Ok(false);
         };
         // Bounded like any read by pointer before the cache sizes a buffer by it.
@@ -507,16 +535,146 @@ impl Store {
         if c.read(ptr.addr[0], len, &ptr.checksum, out) {
             return Ok(true);
         }
-        self.red
-            .read_verified(ptr.addrs(), len, &ptr.checksum, out)?;
+        self.read_record(ptr.addrs(), len, &ptr.checksum, out)?;
         c.offer(ptr.addr[0], &ptr.checksum, &[&out[..len]]);
         Ok(false)
     }
 
     /// `read_data` from the pool's copies only.
     pub fn read_data_from_pool(&self, ptr: &Blkptr, out: &mut Vec<u8>) -> Result<()> {
-        self.red
-            .read_verified(ptr.addrs(), ptr.len as usize, &ptr.checksum, out)
+        self.read_record(ptr.addrs(), ptr.len as usize, &ptr.checksum, out)
+    }
+
+    // --- records the local devices no longer hold (the object tier's local cache) ---
+
+    /// Read the pool's copies of the record of `len` stored bytes at `addrs` (checked
+    /// against `sum`, bad copies repaired: `Redundancy::read_verified`), or, with an object
+    /// store, the store's when its segment was given back, or when no local copy verifies.
+    /// The caller holds the reuse gate.
+    pub fn read_record(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let Some(remote) = self.remote.get() else {
+            return self.red.read_verified(addrs, len, sum, out);
+        };
+        self.red.check_record(addrs, len)?;
+        if addrs
+            .iter()
+            .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
+        {
+            return self.read_remote(&**remote, addrs, len, sum, out);
+        }
+        match self.red.read_verified(addrs, len, sum, out) {
+            Err(Error::Unrecoverable(local)) => {
+                self.read_remote(&**remote, addrs, len, sum, out)
+                    .map_err(|e| Error::Unrecoverable(format!("{local}; {e}")))?;
+                self.remote_reads[2].fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    address = addrs[0],
+                    len,
+                    "no local copy verified: read from the object store"
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// The record from the object store, verified by `sum`.
+    fn read_remote(
+        &self,
+        remote: &dyn Remote,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let mut last = None;
+        for &a in addrs {
+            match remote.read(a, len) {
+                Ok(b) if b.len() == len && crate::checksum::verify(sum, &b) => {
+                    self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
+                    self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
+                    out.clear();
+                    out.extend_from_slice(&b);
+                    return Ok(());
+                }
+                Ok(_) => {
+                    last = Some(Error::Unrecoverable(format!(
+                        "the object store's copy of the {len}-byte record at pool address {a} \
+                         does not match its checksum"
+                    )))
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Invalid("a record with no address".into())))
+    }
+
+    /// Read the run of `bufs` (concatenated) at `addr`, unverified like
+    /// `Redundancy::read_run_scattered`: from the object store in one ranged read when its
+    /// segment was given back.
+    pub fn read_run_scattered(&self, addr: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let remote = self
+            .remote
+            .get()
+            .filter(|_| self.log.is_evicted(crate::log::segment_of(addr)));
+        let Some(remote) = remote else {
+            return self.red.read_run_scattered(addr, bufs);
+        };
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        self.red.check_record(&[addr], len)?;
+        let b = remote.read(addr, len)?;
+        if b.len() != len {
+            return Err(Error::Corrupt(format!(
+                "the object store gave {} bytes for a run of {len}",
+                b.len()
+            )));
+        }
+        self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
+        self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
+        let mut at = 0;
+        for buf in bufs.iter_mut() {
+            buf.copy_from_slice(&b[at..at + buf.len()]);
+            at += buf.len();
+        }
+        Ok(())
+    }
+
+    /// Scrub one record (`Redundancy::scrub`), unless its segment was given back to the
+    /// object store: there is no local copy to check (`None`).
+    pub fn scrub_record(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        buf: &mut Vec<u8>,
+    ) -> Option<crate::redundancy::ScrubOutcome> {
+        if self.remote.get().is_some()
+            && addrs
+                .iter()
+                .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
+        {
+            return None;
+        }
+        Some(self.red.scrub(addrs, len, sum, buf))
+    }
+
+    /// Read records of given-back segments from `remote` (once).
+    pub fn set_remote(&self, remote: Arc<dyn Remote>) {
+        let _ = self.remote.set(remote);
+    }
+
+    pub fn remote_reads(&self) -> RemoteReads {
+        RemoteReads {
+            reads: self.remote_reads[0].load(Ordering::Relaxed),
+            bytes: self.remote_reads[1].load(Ordering::Relaxed),
+            healed: self.remote_reads[2].load(Ordering::Relaxed),
+        }
     }
 
     // --- the release point ---

@@ -702,7 +702,7 @@ impl Volume {
             bufs.push(block);
             bufs.push(tag);
         }
-        let read = self.store.red.read_run_scattered(addr, &mut bufs).is_ok();
+        let read = self.store.read_run_scattered(addr, &mut bufs).is_ok();
         drop(bufs);
         // With a cache device, each block's stored bytes (ciphertext and tag) are kept
         // before they are opened in place, and offered once the tag verified them.
