@@ -17,6 +17,12 @@ pub const DEVICES_MAX: usize = 16;
 
 /// The log is cut into segments of this size; space is reclaimed a segment at a time.
 pub const SEGMENT_BYTES: u64 = 1 << 20;
+/// How long a commit, a recycle or the local cache waits for reads to finish before freeing
+/// or giving back segments (`Store::drain_reads`): longer only when reads wait for the
+/// object store, and then the freeing waits for a later commit instead.
+pub const GATE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// Commits in a row that gave up waiting (`GATE_WAIT`) before one waits as long as it takes.
+pub const GATE_WAIT_DEFERRALS_MAX: u64 = 16;
 /// Records inside a segment start on this alignment.
 pub const RECORD_ALIGN: u64 = 16;
 /// Segments kept back from client data and the cleaner's moves so commits can always

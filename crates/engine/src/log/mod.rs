@@ -137,6 +137,10 @@ pub struct Log {
     /// opened again. Set, and read by every read of a record, under the reuse gate.
     evicted: Vec<AtomicBool>,
     evicted_count: AtomicU32,
+    /// Puts of client data (`Stream::Data`, `Stream::Clean`) placed in each segment and not
+    /// yet written and noted for upload (`put_done`): a segment with any is never given
+    /// back, even once sealed by another writer's allocation.
+    inflight: Vec<AtomicU32>,
     /// Segments freed since the object tier last asked (`take_freed`; kept only once it
     /// asked to: `track_freed`): their parts leave the store's segment table.
     freed: Mutex<Vec<u32>>,
@@ -227,6 +231,7 @@ impl Log {
             evictable: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             evicted: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             evicted_count: AtomicU32::new(0),
+            inflight: (0..segments).map(|_| AtomicU32::new(0)).collect(),
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
             reuse_floor: if trust_zero {
@@ -271,8 +276,47 @@ impl Log {
             .is_some_and(|e| e.load(Ordering::Acquire))
     }
 
-    /// Note that segment `seg`'s local bytes are being given back: from now on its records
-    /// are read from the store. False if it was already.
+    /// A put of client data placed at `addr` (by `alloc_run`) is written and noted for
+    /// upload, or failed.
+    pub fn put_done(&self, addr: u64) {
+        if let Some(n) = self.inflight.get(segment_of(addr) as usize) {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Mark segment `seg` to be given back (`give_back`), under the log's lock and only if
+    /// it is still what the caller checked: free (`opening` `None`), or sealed client data
+    /// of the opening `opening` (`incarnation`) with live bytes and no put under way. From
+    /// the mark on, its records are read from the store. False if it was not marked.
+    pub fn mark_for_eviction(&self, seg: u32, opening: Option<u64>) -> bool {
+        let g = self.inner.lock();
+        let s = seg as usize;
+        let Some(&state) = g.state.get(s) else {
+            return false;
+        };
+        let still = match opening {
+            None => state == SegState::Free,
+            Some(inc) => {
+                state == SegState::Sealed
+                    && self.evictable[s].load(Ordering::Relaxed)
+                    && self.live[s].load(Ordering::Acquire) > 0
+                    && self.inflight[s].load(Ordering::Acquire) == 0
+                    && self.incarnation(seg) == inc
+            }
+        };
+        still && self.set_evicted(seg)
+    }
+
+    /// Take back a mark no hole was punched for yet (the pass that set it gave up).
+    pub fn unmark(&self, seg: u32) {
+        let _g = self.inner.lock();
+        if self.evicted[seg as usize].swap(false, Ordering::AcqRel) {
+            self.evicted_count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Note that segment `seg`'s local bytes are given back (at open: found a hole): its
+    /// records are read from the store. False if it was already.
     pub fn set_evicted(&self, seg: u32) -> bool {
         let Some(e) = self.evicted.get(seg as usize) else {
             return false;
@@ -332,6 +376,11 @@ impl Log {
     /// The segments freed since the last call (each may have been opened again since).
     pub fn take_freed(&self) -> Vec<u32> {
         std::mem::take(&mut *self.freed.lock())
+    }
+
+    /// Note `seg` as freed (at open: free, and still in the store's table).
+    pub fn note_freed(&self, seg: u32) {
+        self.freed.lock().push(seg);
     }
 
     /// Put back what a failed upload took (`take_freed`).
@@ -472,6 +521,8 @@ impl Log {
         g.heads[h] = Some((seg, end.min(SEGMENT_BYTES) as u32));
         if counted {
             self.pending_nodes.fetch_add(n, Ordering::Relaxed);
+            // Under the lock: a segment sealed after this returns still shows the put.
+            self.inflight[seg as usize].fetch_add(1, Ordering::AcqRel);
         }
         self.written[h].fetch_add(end - off as u64, Ordering::Relaxed);
         self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
@@ -1170,5 +1221,43 @@ mod tests {
         assert!(log.give_back(seg, || Ok(true)).unwrap());
         assert!(log.is_evicted(seg));
         assert!(!log.free_held().contains(&seg));
+    }
+
+    #[test]
+    fn a_segment_is_marked_for_eviction_only_as_checked() {
+        let log = Log::new(vec![0; 64], 0, true);
+        // Listed free, then opened by a writer before the mark: not marked.
+        let seg = log.free_held()[0];
+        let first = log.alloc(Stream::Data, 4096).unwrap();
+        assert_eq!(segment_of(first), seg);
+        assert!(
+            !log.mark_for_eviction(seg, None),
+            "an open segment marked as free"
+        );
+        let inc = log.incarnation(seg);
+        assert!(
+            !log.mark_for_eviction(seg, Some(inc)),
+            "the open head was marked"
+        );
+        // Sealed by later allocations while the first put is still under way: not marked.
+        loop {
+            let a = log.alloc(Stream::Data, 65536).unwrap();
+            if segment_of(a) != seg {
+                log.put_done(a);
+                break;
+            }
+            log.put_done(a);
+        }
+        assert!(
+            !log.mark_for_eviction(seg, Some(inc)),
+            "a segment with a put under way was marked"
+        );
+        log.put_done(first);
+        assert!(
+            !log.mark_for_eviction(seg, Some(inc + 1)),
+            "marked although opened again since the check"
+        );
+        assert!(log.mark_for_eviction(seg, Some(inc)));
+        assert!(log.is_evicted(seg));
     }
 }

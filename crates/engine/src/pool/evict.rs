@@ -8,17 +8,24 @@
 //! lacks is ever given back:
 //! 1. Under the commit lock: no upload is under way, so every run written since the last
 //!    commit is still listed for the next one (`Store::pending_upload_segments`), and a
-//!    segment with none, whose slot in the store's table is of its current opening, is
-//!    wholly in the store (`Tier::stored_segments`).
-//! 2. `Log::set_evicted`: reads from here on go to the store.
-//! 3. The reuse gate, write-held once: every read that looked at the mark before step 2
-//!    has finished.
+//!    sealed segment with none, whose slot in the store's table is of its current opening,
+//!    has every byte it holds in the store (`Tier::stored_segments`).
+//! 2. `Log::mark_for_eviction`, under the log's lock, only if the segment is still as
+//!    checked: free, or sealed client data of that opening with no put under way (a put
+//!    placed in a segment counts until its bytes are written and noted for upload, even
+//!    after another writer's allocation sealed it: `Log::put_done`). Reads from here on go
+//!    to the store.
+//! 3. The reuse gate, write-held once (`Store::drain_reads`): every read that looked at
+//!    the mark before step 2 has finished. A read that waits for the store past
+//!    `GATE_WAIT` makes the pass take its marks back and stop, rather than stall every
+//!    reader queued behind the gate.
 //! 4. `Log::give_back`: under the log's lock, only if the segment was not opened again
-//!    since (a reopened segment's new bytes stay), the devices punch the hole.
+//!    since (which clears the mark), the devices punch the hole.
 //!
 //! Free segments are given back first (their bytes are dead), then client data, oldest
-//! first. Map nodes and the volume table are never given back (every map walk needs them).
-//! At open, a segment found a hole on a member is marked again (`mark_holes`).
+//! opening first. Map nodes and the volume table are never given back (every map walk
+//! needs them). At open, a segment that is a hole on every member holding it is marked
+//! again (`mark_holes`). Devices that cannot punch holes stop the cache's passes.
 
 use std::sync::atomic::Ordering;
 
@@ -51,7 +58,7 @@ impl Core {
             return Ok(done);
         };
         let store = &self.store;
-        if store.red.allocated_bytes() <= limit {
+        if tier.cache_unsupported.load(Ordering::Relaxed) || store.red.allocated_bytes() <= limit {
             return Ok(done);
         }
         let target = limit / 100 * EVICT_TO_PERCENT;
@@ -63,56 +70,31 @@ impl Core {
             now.saturating_sub(target)
                 .div_ceil(store.red.bytes_per_segment()) as usize
         };
-        // Free segments: nothing reads them, and they are given back under the log's lock.
-        let free = store.log.free_held();
-        let mut free = free.as_slice();
-        while !free.is_empty() {
-            let n = wanted().min(EVICT_BATCH).min(free.len());
-            if n == 0 {
-                return Ok(done);
-            }
-            let (chunk, rest) = free.split_at(n);
-            free = rest;
-            for &seg in chunk {
-                store.log.set_evicted(seg);
-                if store
-                    .log
-                    .give_back(seg, || store.red.discard_segment(seg))?
-                {
-                    done.free += 1;
-                }
-            }
+        // Free segments first: nothing reads them. Each is marked only if still free, and
+        // punched only if not opened since (`Log::give_back`).
+        let free: Vec<(u32, Option<u64>)> = store
+            .log
+            .free_held()
+            .into_iter()
+            .map(|s| (s, None))
+            .collect();
+        done.free = self.give_back(&free, &wanted, false)?;
+        if tier.cache_unsupported.load(Ordering::Relaxed) {
+            return Ok(done);
         }
+        // Then client data, oldest opening first, each only as it was checked: sealed,
+        // of the opening whose slot the store holds, with no put under way.
         let pending = store.pending_upload_segments();
         let candidates = store.log.eviction_candidates();
-        let stored = tier.stored_segments(store, &candidates, &pending);
-        let mut stored = stored.as_slice();
-        while !stored.is_empty() {
-            let n = wanted().min(EVICT_BATCH).min(stored.len());
-            if n == 0 {
-                break;
-            }
-            let (chunk, rest) = stored.split_at(n);
-            stored = rest;
-            let marked: Vec<u32> = chunk
-                .iter()
-                .copied()
-                .filter(|&seg| store.log.set_evicted(seg))
-                .collect();
-            // Every read that could have missed the mark finishes first.
-            drop(store.reuse_gate.write());
-            for seg in marked {
-                crate::crashpoint::hit("cache.evict");
-                if store
-                    .log
-                    .give_back(seg, || store.red.discard_segment(seg))?
-                {
-                    done.data += 1;
-                    tier.evicted_total.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        if done.data > 0 {
+        let stored: Vec<(u32, Option<u64>)> = tier
+            .stored_segments(store, &candidates, &pending)
+            .into_iter()
+            .map(|(s, inc)| (s, Some(inc)))
+            .collect();
+        done.data = self.give_back(&stored, &wanted, true)?;
+        tier.evicted_total
+            .fetch_add(done.data as u64, Ordering::Relaxed);
+        if done.data > 0 || done.free > 0 {
             tracing::debug!(
                 segments = done.data,
                 free = done.free,
@@ -122,6 +104,66 @@ impl Core {
             );
         }
         Ok(done)
+    }
+
+    /// Give back `segs` (each with the opening checked, `None` for a free one), batch by
+    /// batch while `wanted` says more are needed. With `readers`, each batch waits out the
+    /// reads that could have missed its marks first (and is taken back when they take too
+    /// long: a read waiting for the store). Returns how many were given back.
+    fn give_back(
+        &self,
+        segs: &[(u32, Option<u64>)],
+        wanted: &dyn Fn() -> usize,
+        readers: bool,
+    ) -> Result<usize> {
+        let store = &self.store;
+        let tier = self.tier.as_ref().expect("called with an object store");
+        let mut given = 0;
+        let mut rest = segs;
+        while !rest.is_empty() {
+            let n = wanted().min(EVICT_BATCH).min(rest.len());
+            if n == 0 {
+                break;
+            }
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            let marked: Vec<u32> = chunk
+                .iter()
+                .filter(|(seg, opening)| store.log.mark_for_eviction(*seg, *opening))
+                .map(|(seg, _)| *seg)
+                .collect();
+            if readers && !store.drain_reads(false) {
+                for &seg in &marked {
+                    store.log.unmark(seg);
+                }
+                break;
+            }
+            let mut none_could = !marked.is_empty();
+            for seg in marked {
+                crate::crashpoint::hit("cache.evict");
+                match store.log.give_back(seg, || store.red.discard_segment(seg)) {
+                    Ok(true) => {
+                        given += 1;
+                        none_could = false;
+                    }
+                    Ok(false) => {}
+                    // The mark stays (a copy may be a hole): its reads go to the store.
+                    Err(e) => {
+                        none_could = false;
+                        tracing::warn!(segment = seg, "local cache: giving back failed: {e}")
+                    }
+                }
+            }
+            if none_could {
+                tier.cache_unsupported.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "local cache: the pool's devices cannot give space back (block devices, \
+                     or a file system without hole punching): they keep every byte"
+                );
+                break;
+            }
+        }
+        Ok(given)
     }
 }
 

@@ -1205,6 +1205,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     "local cache: segments of client data only the object store holds"
                 );
             }
+            // Segments freed by the last run's final commits are still in the store's
+            // table: the next commit drops them (garbage collection takes their objects).
+            for seg in tier.slot_segments() {
+                if store.log.is_free(seg) {
+                    store.log.note_freed(seg);
+                }
+            }
             store.set_remote(tier.clone());
             Some(tier)
         }
@@ -1246,6 +1253,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
         commit_failed_at: AtomicU64::new(0),
+        gate_deferrals: AtomicU64::new(0),
         workers: Mutex::new(Vec::new()),
         table_dirty: AtomicBool::new(true),
         accounting_complete: complete,

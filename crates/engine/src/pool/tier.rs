@@ -596,6 +596,9 @@ pub struct Tier {
     pub cache_bytes: Option<u64>,
     /// Segments given back locally in this run.
     pub evicted_total: std::sync::atomic::AtomicU64,
+    /// No device could give space back (block devices, a file system without hole
+    /// punching): the local cache stops trying.
+    pub cache_unsupported: std::sync::atomic::AtomicBool,
 }
 
 /// What `Tier::collect` did.
@@ -769,6 +772,7 @@ impl Tier {
             collected: Mutex::new((None, 0, 0)),
             cache_bytes: open.cache_bytes,
             evicted_total: Default::default(),
+            cache_unsupported: Default::default(),
         };
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
@@ -910,9 +914,10 @@ impl Tier {
         let started = std::time::Instant::now();
         // Runs still in the segment's current incarnation, by segment and offset, joined
         // where they touch.
+        // A segment freed since is dead: its runs are not uploaded.
         let mut runs: Vec<Extent> = taken
             .iter()
-            .filter(|e| store.log.incarnation(e.seg) == e.inc)
+            .filter(|e| store.log.incarnation(e.seg) == e.inc && !store.log.is_free(e.seg))
             .copied()
             .collect();
         runs.sort();
@@ -1006,17 +1011,6 @@ impl Tier {
         // Its changed pages are named now and go up with the parts, in one round: the
         // superblock object that names both is written only after both landed.
         let mut dirty = BTreeSet::new();
-        // Segments freed since the last commit: no durable commit from this one on
-        // references their parts (garbage collection may take them after the grace).
-        for &seg in freed {
-            let stale = slots.get(&seg).is_some_and(|s| {
-                store.log.is_free(seg) || !same_opening(s.inc, store.log.incarnation(seg))
-            });
-            if stale {
-                slots.remove(&seg);
-                dirty.insert(seg / PAGE_SEGMENTS);
-            }
-        }
         for (e, p, replaces) in &parts {
             let slot = slots.entry(e.seg).or_default();
             if !same_opening(slot.inc, e.inc) || *replaces {
@@ -1030,6 +1024,18 @@ impl Tier {
             slot.data = store.log.is_evictable(e.seg);
             slot.parts.push(*p);
             dirty.insert(e.seg / PAGE_SEGMENTS);
+        }
+        // Segments freed since the last commit: no durable commit from this one on
+        // references their parts (garbage collection may take them after the grace). One
+        // opened again since keeps the parts of its new opening.
+        for &seg in freed {
+            let stale = slots.get(&seg).is_some_and(|s| {
+                store.log.is_free(seg) || !same_opening(s.inc, store.log.incarnation(seg))
+            });
+            if stale {
+                slots.remove(&seg);
+                dirty.insert(seg / PAGE_SEGMENTS);
+            }
         }
         let mut page_jobs: Vec<(String, Vec<u8>)> = Vec::new();
         for index in dirty {
@@ -1074,6 +1080,15 @@ impl Tier {
                             for (e, p, _) in &parts_ref[range.clone()] {
                                 debug_assert_eq!(p.at as usize, body.len());
                                 let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
+                                // Never upload a hole: a segment given back had every byte
+                                // in the store before it was (`pool::evict`).
+                                if store.log.is_evicted(e.seg) {
+                                    return Err(Error::Unrecoverable(format!(
+                                        "segment {} was given back to the object store with \
+                                         runs not yet uploaded",
+                                        e.seg
+                                    )));
+                                }
                                 // A local read that fails is the devices' failure, not the
                                 // store's: it poisons the pool like any device error.
                                 store.red.read_run(addr, e.len as usize, &mut buf).map_err(
@@ -1212,22 +1227,29 @@ impl Tier {
     /// Of `segs`, those whose every byte the store holds as of the last commit: a slot of
     /// the segment's current opening, and no run written since waiting for the next
     /// commit's upload (`pending`). Called under the commit lock (no upload under way).
+    /// Each with the opening (`Log::incarnation`) that was checked.
     pub fn stored_segments(
         &self,
         store: &Store,
         segs: &[u32],
         pending: &BTreeSet<u32>,
-    ) -> Vec<u32> {
+    ) -> Vec<(u32, u64)> {
         let st = self.st.lock();
         segs.iter()
-            .copied()
-            .filter(|seg| {
+            .map(|&seg| (seg, store.log.incarnation(seg)))
+            .filter(|(seg, inc)| {
                 !pending.contains(seg)
-                    && st.slots.get(seg).is_some_and(|s| {
-                        !s.parts.is_empty() && same_opening(s.inc, store.log.incarnation(*seg))
-                    })
+                    && st
+                        .slots
+                        .get(seg)
+                        .is_some_and(|s| !s.parts.is_empty() && same_opening(s.inc, *inc))
             })
             .collect()
+    }
+
+    /// The segments the store's table lists.
+    pub fn slot_segments(&self) -> Vec<u32> {
+        self.st.lock().slots.keys().copied().collect()
     }
 
     /// Where the store holds `len` bytes at pool address `addr`: the object and the offset

@@ -228,35 +228,47 @@ impl Redundancy {
     }
 
     /// Give back the local space of segment `seg` on every member holding it (its bytes
-    /// are in the object store: `pool::tier`). `Ok(false)`: a device cannot, and nothing
-    /// was given back on it.
+    /// are in the object store: `pool::tier`). `Ok(false)`: no device could, and nothing
+    /// was given back; `Ok(true)` once any did (the segment's records must then be read
+    /// from the store: that copy reads as zeros).
     pub fn discard_segment(&self, seg: u32) -> Result<bool> {
-        let mut all = true;
+        let mut any = false;
+        let mut failed = None;
         for (m, off) in self.copies(seg as u64 * SEGMENT_BYTES)?.iter() {
             let member = &self.members[m];
             let Some(dev) = member.writable() else {
                 continue;
             };
             match dev.discard(off, SEGMENT_BYTES) {
-                Ok(done) => all &= done,
-                Err(e) => return Err(Error::device(&member.path(), e)),
+                Ok(done) => any |= done,
+                Err(e) => failed = Some(Error::device(&member.path(), e)),
             }
         }
-        Ok(all)
+        match failed {
+            Some(e) if !any => Err(e),
+            _ => Ok(any),
+        }
     }
 
-    /// Whether segment `seg` is a hole on some member that holds it: `discard_segment`
-    /// began on it, so its bytes are to be read from the object store.
+    /// Whether segment `seg` is a hole on every member that holds it and is present: it
+    /// was given back (`discard_segment`), or never downloaded (a lazy import). A member
+    /// being resilvered is a hole where it was not written yet, but its partner is not:
+    /// such a segment is local.
     pub fn segment_is_hole(&self, seg: u32) -> bool {
         let Ok(places) = self.copies(seg as u64 * SEGMENT_BYTES) else {
             return false;
         };
-        let hole = places.iter().any(|(m, off)| {
-            self.members[m]
-                .dev()
-                .is_some_and(|d| d.is_hole(off, SEGMENT_BYTES))
-        });
-        hole
+        let mut seen = false;
+        for (m, off) in places.iter() {
+            let Some(d) = self.members[m].dev() else {
+                continue;
+            };
+            seen = true;
+            if !d.is_hole(off, SEGMENT_BYTES) {
+                return false;
+            }
+        }
+        seen
     }
 
     /// Bytes of the devices one segment takes (one per whole copy: 1 for `single`, N for

@@ -376,10 +376,14 @@ impl Store {
                     "the log placed a run of {} bytes at {addr} outside one segment",
                     end - base
                 );
-                self.red.write(addr, &buf[base..end])?;
-                if self.tiered.load(Ordering::Relaxed) {
+                let wrote = self.red.write(addr, &buf[base..end]);
+                if wrote.is_ok() && self.tiered.load(Ordering::Relaxed) {
                     self.note_upload(addr, self.red.footprint(end - base));
                 }
+                if matches!(stream, Stream::Data | Stream::Clean) {
+                    self.log.put_done(addr);
+                }
+                wrote?;
             }
             Ok(())
         })();
@@ -721,8 +725,24 @@ impl Store {
         if segs.is_empty() {
             return;
         }
-        drop(self.reuse_gate.write());
+        // A read held up by the object store: the segments stay sealed and empty, and the
+        // next commit frees them.
+        if !self.drain_reads(false) {
+            return;
+        }
         self.log.recycle(&segs, epoch);
+    }
+
+    /// Wait out every read that looked up a pointer before the call (the reuse gate,
+    /// write-held once). A read may be waiting for the object store (up to its deadline):
+    /// unless `patient`, give up after `GATE_WAIT` (new readers queue behind a waiting
+    /// writer, so a long wait would stall every read) and answer false.
+    pub fn drain_reads(&self, patient: bool) -> bool {
+        if patient {
+            drop(self.reuse_gate.write());
+            return true;
+        }
+        self.reuse_gate.try_write_for(GATE_WAIT).is_some()
     }
 
     // --- back-pressure ---

@@ -702,7 +702,13 @@ impl Volume {
             bufs.push(block);
             bufs.push(tag);
         }
-        let read = self.store.read_run_scattered(addr, &mut bufs).is_ok();
+        let read = match self.store.read_run_scattered(addr, &mut bufs) {
+            Ok(()) => true,
+            // The object store did not answer (by its deadline): block by block would ask
+            // it again for each.
+            Err(e @ Error::StoreUnavailable(_)) => return Err(e),
+            Err(_) => false,
+        };
         drop(bufs);
         // With a cache device, each block's stored bytes (ciphertext and tag) are kept
         // before they are opened in place, and offered once the tag verified them.
