@@ -17,7 +17,9 @@ What it does not show: a remote store's latency (loopback here: a real store add
 trip to every cold read), a store on other disks than the pool's, a cache device beside
 the store (docs/cache.md), or reads of data brought back whole (not built).
 
-Usage: RT=20 SIZE=1G CACHE=256M [FIO=0] python3 bench/objstore_cache.py [path/to/bulwark]
+PROXY=0: straight to the server (no request counts; what the proxy's own latency hides).
+
+Usage: RT=20 SIZE=1G CACHE=256M [FIO=0] [PROXY=0] python3 bench/objstore_cache.py [path/to/bulwark]
 """
 
 from __future__ import annotations
@@ -148,9 +150,11 @@ def main():
         local = run_mode(top / "local", None, None, None) if FIO else {}
         with start_versitygw(top / "vgw") as srv, FaultProxy.for_server(srv) as proxy:
             creds = srv.write_credentials(top / "s3.env")
-            url = f"s3://{srv.bucket}/bench?endpoint={proxy.endpoint}"
+            direct = os.environ.get("PROXY", "1") == "0"
+            endpoint = srv.endpoint if direct else proxy.endpoint
+            url = f"s3://{srv.bucket}/bench?endpoint={endpoint}"
             (top / "store").mkdir()
-            store = run_mode(top / "store", url, creds, proxy)
+            store = run_mode(top / "store", url, creds, None if direct else proxy)
         mib = 1 << 20
         print(f"# bulwark {B}, RT={RT}s per cell, {SIZE} encrypted volume, "
               f"--object-store-cache-size {CACHE}")
@@ -162,12 +166,12 @@ def main():
             lo, st = local[name], store[name]
             print(f"{name:<18} local {lo['iops']:8.0f} IOPS  cache {st['iops']:8.0f} IOPS  "
                   f"ratio {st['iops'] / lo['iops']:.2f}x  p99 {lo['p99_us']:.0f}/"
-                  f"{st['p99_us']:.0f} us  GETs/read {st['gets_per_read']:.2f}")
+                  f"{st['p99_us']:.0f} us  GETs/read {st.get('gets_per_read', float('nan')):.2f}")
         s = store.get("status", {})
         print(f"store reads this run: {s.get('remote_reads')} ({(s.get('remote_read_bytes') or 0) / mib:.0f} MiB)")
         for name in ("lazy", "full"):
             print(f"import ({name}): {store[f'import_{name}_s']:.1f} s, "
-                  f"{store[f'import_{name}_gets']} GETs, "
+                  f"{store.get(f'import_{name}_gets', '?')} GETs, "
                   f"{store[f'import_{name}_bytes'] / mib:.0f} MiB local")
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -433,7 +433,8 @@ impl Core {
                         continue;
                     }
                     batch_bytes += ptr.len as u64;
-                    // A record only the object store holds has no local copy to check.
+                    // A record only the object store holds is checked there (`None`: the
+                    // store did not answer; not counted as checked or as an error).
                     let Some(mut o) = self.store.scrub_record(
                         ptr.addrs(),
                         ptr.len as usize,

@@ -649,8 +649,9 @@ impl Store {
         Ok(())
     }
 
-    /// Scrub one record (`Redundancy::scrub`), unless its segment was given back to the
-    /// object store: there is no local copy to check (`None`).
+    /// Scrub one record (`Redundancy::scrub`); for a record of a segment given back to the
+    /// object store, verify the store's copy instead (one ranged GET: no key needed, the
+    /// checksum is of the stored bytes). `None`: not checked (the store did not answer).
     pub fn scrub_record(
         &self,
         addrs: &[u64],
@@ -658,14 +659,30 @@ impl Store {
         sum: &crate::checksum::Checksum,
         buf: &mut Vec<u8>,
     ) -> Option<crate::redundancy::ScrubOutcome> {
-        if self.remote.get().is_some()
-            && addrs
+        let remote = self.remote.get().filter(|_| {
+            addrs
                 .iter()
                 .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
-        {
-            return None;
+        });
+        let Some(remote) = remote else {
+            return Some(self.red.scrub(addrs, len, sum, buf));
+        };
+        let outcome = |bad: bool| crate::redundancy::ScrubOutcome {
+            bad_copies: usize::from(bad),
+            repaired: 0,
+            unrecoverable: bad,
+        };
+        match self.read_remote(&**remote, addrs, len, sum, buf) {
+            Ok(()) => Some(outcome(false)),
+            Err(Error::Unrecoverable(e)) => {
+                tracing::error!("scrub: {e}");
+                Some(outcome(true))
+            }
+            Err(e) => {
+                tracing::warn!("scrub: a record in the object store was not checked: {e}");
+                None
+            }
         }
-        Some(self.red.scrub(addrs, len, sum, buf))
     }
 
     /// Read records of given-back segments from `remote` (once).
