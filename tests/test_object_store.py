@@ -549,3 +549,56 @@ def test_rolled_back_store_refused_with_min_generation(versitygw, tmp_path):
     r = q.import_from_store(p.dir / "pool.key", "--force", "--min-generation", str(last))
     assert r.returncode != 0 and "older than" in r.stderr and "rolled back" in r.stderr, r.stderr
     assert not (q.dir / "pool.json").exists()
+
+
+def test_an_existing_pool_gets_an_object_store(versitygw, tmp_path):
+    """`pool object-store add URL` on a pool that has data: everything it held is uploaded,
+    later flushes go to the store, and a new host rebuilds every byte from the bucket. A
+    second add is refused; `remove` makes the pool local again."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "added")
+    Pool.create(p, "--devices", "1", "--device-size", p.device_size)
+    p.start()
+    try:
+        key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 21)
+        write_and_flush(p, tmp_path / "data.img")
+        assert p.status().get("object_store") is None
+        r = p.cli("pool", "object-store", "add", p.url, check=False)
+        assert r.returncode != 0 and "stop it first" in r.stderr, \
+            f"changing a served pool's store must be refused:\n{r.stdout}\n{r.stderr}"
+        p.stop()
+    finally:
+        p.kill()
+    assert not server_keys(srv, p.prefix), "objects in the bucket before the store was added"
+    r = p.cli("pool", "object-store", "add", p.url, "--object-store-credentials", p.creds)
+    assert "segments uploaded" in r.stdout, r.stdout
+    r = p.cli("pool", "object-store", "add", p.url, "--object-store-credentials", p.creds,
+              check=False)
+    assert r.returncode != 0 and "already keeps its durable copy" in r.stderr, r.stderr
+    p.start()
+    try:
+        st = p.status()["object_store"]
+        assert st["fenced"] is None and st["segments_stored"] > 0, st
+        p.load_key("v", key)
+        nbd_script(p, "h.pwrite(b'A' * 65536, 0)\nh.flush()\n")
+        data = b"A" * 65536 + data[65536:]
+        p.stop()
+    finally:
+        p.kill()
+    r = p.bulwark("pool", "export", p.dir)
+    assert r.returncode == 0, r.stderr
+    pool_key = tmp_path / "pool.key.backup"
+    shutil.copy2(p.dir / "pool.key", pool_key)
+    got = rebuilt_elsewhere(p, pool_key, key, tmp_path / "out.img", dir_name="elsewhere")
+    assert got == data, "bytes differ after an import of a pool whose store was added late"
+
+    # Removed: the pool is local again, and serves without the store.
+    r = p.cli("pool", "object-store", "remove", check=False)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    r = p.cli("pool", "object-store", "remove", check=False)
+    assert r.returncode != 0 and "has no object store" in r.stderr, r.stderr
+
+
+def server_keys(server, prefix: str) -> list[str]:
+    return [k for k in server.keys(prefix + "/") if not k.startswith(prefix + "/probe/")]

@@ -322,6 +322,38 @@ pub enum PoolCommand {
     /// Add or remove the pool's separate intent log devices (no daemon may serve it).
     #[command(subcommand)]
     Log(PoolLogCommand),
+    /// Give an existing pool an object store, or forget it (no daemon may serve the pool).
+    #[command(subcommand)]
+    ObjectStore(PoolObjectStoreCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolObjectStoreCommand {
+    /// Keep the pool's durable copy in an object store from now on: probes the store,
+    /// uploads every segment that holds data, then every commit publishes to it.
+    #[command(after_help = POOL_OBJECT_STORE_AFTER_HELP)]
+    Add(PoolObjectStoreAddArgs),
+    /// Forget the pool's object store: the pool is local only again. The objects stay in
+    /// the bucket (delete the prefix with the store's own tools).
+    #[command(after_help = POOL_OBJECT_STORE_AFTER_HELP)]
+    Remove,
+}
+
+const POOL_OBJECT_STORE_AFTER_HELP: &str = "\
+The pool is --pool DIR ($BULWARK_POOL), or the only pool registered. Refused while a \
+daemon serves the pool: stop it first. 'add' refuses a store that ignores conditional \
+writes (unless --object-store-single-host), a prefix that already holds a pool, parity \
+layouts and pools with a log device; it imports the pool, uploads its data with the \
+first commit (progress in the log; a minute plus a second per 4 MiB at most), and \
+closes it. See docs/object-store.md.";
+
+#[derive(Debug, Args)]
+pub struct PoolObjectStoreAddArgs {
+    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION]
+    #[arg(value_name = "URL")]
+    pub url: String,
+    #[command(flatten)]
+    pub store: ObjectStoreArgs,
 }
 
 #[derive(Debug, Subcommand)]

@@ -76,6 +76,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Pool(PoolCommand::Upgrade(args)) => pools::upgrade(args),
         Command::Pool(PoolCommand::Cache(cmd)) => pools::cache(cmd),
         Command::Pool(PoolCommand::Log(command)) => pools::log(command, pool),
+        Command::Pool(PoolCommand::ObjectStore(command)) => pools::object_store(command, pool),
         Command::Serve(args) => {
             let dir = match &args.dir {
                 Some(dir) => dir.as_path(),

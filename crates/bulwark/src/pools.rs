@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::access;
 use crate::cli::{
     ListArgs, PoolCacheCommand, PoolCreateArgs, PoolDestroyArgs, PoolImportArgs, PoolLogCommand,
-    PoolStatusArgs, PoolTargetArgs, StatusArgs,
+    PoolObjectStoreCommand, PoolStatusArgs, PoolTargetArgs, StatusArgs,
 };
 use crate::client::{self, print, print_json};
 use crate::control::{self, Request, Response, StatusReport};
@@ -420,6 +420,119 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         }
     }
     print(&out)
+}
+
+/// `pool object-store add|remove`: give an existing pool a store (its data uploaded by the
+/// import's commit), or forget it; no daemon may serve the pool.
+pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Result<()> {
+    let dir = status_target(
+        &PoolStatusArgs {
+            target: None,
+            json: false,
+        },
+        pool,
+    )?;
+    let mut conf = PoolConfig::read(&dir)?;
+    let name = config_name(&dir, &conf);
+    refuse_if_served(&dir, &name, "change its object store")?;
+    let args = match command {
+        PoolObjectStoreCommand::Remove => {
+            let Some(old) = conf.object_store.take() else {
+                return Err(Error::msg(format!("pool {name} has no object store")));
+            };
+            conf.write(&dir)?;
+            audit(
+                &dir,
+                "pool.object_store.remove",
+                serde_json::json!({ "url": old.url }),
+            );
+            return print(&format!(
+                "pool {name} no longer uses the object store {}: its commits stay local.\n\
+                 The objects stay in the bucket, and another host can still import the pool as \
+                 it was there: delete the prefix with the store's tools when it is not wanted.\n",
+                old.url
+            ));
+        }
+        PoolObjectStoreCommand::Add(a) => a,
+    };
+    if let Some(os) = &conf.object_store {
+        return Err(Error::msg(format!(
+            "pool {name} already keeps its durable copy in {} ('bulwark pool object-store \
+             remove' first)",
+            os.url
+        )));
+    }
+    if conf.layout.starts_with("parity") {
+        return Err(Error::usage(
+            "an object store works with the single and mirror layouts; parity is not \
+             supported with it yet",
+        ));
+    }
+    if !conf.log_devices.is_empty() {
+        return Err(Error::usage(
+            "a pool with an object store has no separate log device ('bulwark pool log \
+             remove' first)",
+        ));
+    }
+    let config = crate::objects::config(&dir, &args.url, &args.store)?;
+    let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
+    crate::objects::probe(&*store, config.single_host)?;
+    conf.object_store = Some(config.clone());
+    conf.write(&dir)?;
+    let opened = Pool::open(
+        &dir,
+        OpenOptions {
+            tier: Some(bulwark_engine::pool::tier::TierOpen {
+                store,
+                writer: config.writer.clone(),
+                create: true,
+                force: false,
+                gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
+                local_flush: config.local_flush,
+                cache_bytes: config.cache_bytes,
+            }),
+            ..OpenOptions::default()
+        },
+    );
+    let published = opened.and_then(|p| {
+        let st = p.status();
+        p.close().map(|()| st)
+    });
+    let st = match published {
+        Ok(st) => st,
+        Err(e) => {
+            conf.object_store = None;
+            conf.write(&dir)?;
+            return Err(Error::msg(format!(
+                "the pool could not be written to the object store {}: {e}; pool {name} is \
+                 unchanged (local only)",
+                config.url
+            )));
+        }
+    };
+    audit(
+        &dir,
+        "pool.object_store.add",
+        serde_json::json!({ "url": config.url, "writer": config.writer }),
+    );
+    let uploaded = st
+        .object_store
+        .as_ref()
+        .map(|t| (t.segments_stored, t.requests.bytes_up))
+        .unwrap_or_default();
+    print(&format!(
+        "pool {name} keeps its durable copy in {} from now on: {} segments uploaded ({})\n\
+         writer '{}'; every FLUSH returns once the store has it{}\n",
+        config.url,
+        uploaded.0,
+        format_size(uploaded.1),
+        config.writer,
+        if config.local_flush {
+            " (--object-store-flush local: once the local devices have it)"
+        } else {
+            ""
+        }
+    ))
 }
 
 /// `pool log add|remove`: import the pool (no daemon may serve it), change its log

@@ -1193,6 +1193,22 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
             let tier = Arc::new(super::tier::Tier::take(t, &sb_key, &newest)?);
             store.set_tiered();
+            // A pool that had data before it had a store (`pool object-store add`): its
+            // first commit uploads every segment that holds some.
+            if t.create {
+                let segs: Vec<u32> = (0..store.log.segments())
+                    .filter(|&s| store.log.live_of(s) > 0)
+                    .collect();
+                if !segs.is_empty() {
+                    tracing::info!(
+                        segments = segs.len(),
+                        "uploading the pool's data to its new object store"
+                    );
+                }
+                for seg in segs {
+                    store.note_segment(seg);
+                }
+            }
             for p in &replayed_records {
                 store.note_record(p);
             }

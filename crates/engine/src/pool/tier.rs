@@ -50,6 +50,8 @@ const PAGE_BYTES_MAX: u64 = 16 + PAGE_SEGMENTS as u64 * (12 + PARTS_PER_SEGMENT_
 /// How long one commit may take to upload before it gives up (`StoreUnavailable`): a
 /// FLUSH fails by then instead of hanging past the client's own timeout.
 const PUBLISH_BUDGET: std::time::Duration = std::time::Duration::from_secs(60);
+/// Bytes per second a commit's budget grows by with what it uploads (a slow store's pace).
+const PUBLISH_PACE: u64 = 4 << 20;
 /// Uploads in flight at once during a commit.
 const UPLOADS_AT_ONCE: usize = 8;
 const MAGIC: &str = "bulwark object superblock 1";
@@ -1053,7 +1055,11 @@ impl Tier {
             page_jobs.push((r.name.clone(), body));
             pages.insert(index, r);
         }
-        // Upload the bundles, several at once, within the commit's budget.
+        // Upload the bundles, several at once, within the commit's budget: a minute, and
+        // more for a large commit (the first one of a pool that had data before its store)
+        // at the pace of a slow store.
+        let bytes: u64 = parts.iter().map(|(_, p, _)| p.len as u64).sum();
+        let budget = PUBLISH_BUDGET + std::time::Duration::from_secs(bytes / PUBLISH_PACE);
         let parts_ref = &parts;
         let chunk = bundles.len().div_ceil(UPLOADS_AT_ONCE).max(1);
         std::thread::scope(|s| {
@@ -1069,11 +1075,11 @@ impl Tier {
                     s.spawn(move || -> Result<()> {
                         let mut buf = Vec::new();
                         for range in c {
-                            if started.elapsed() > PUBLISH_BUDGET {
+                            if started.elapsed() > budget {
                                 return Err(Error::StoreUnavailable(format!(
                                     "the object store {} took more than {} s for one commit",
                                     self.store.describe(),
-                                    PUBLISH_BUDGET.as_secs()
+                                    budget.as_secs()
                                 )));
                             }
                             let mut body = Vec::new();

@@ -483,6 +483,14 @@ impl Store {
         self.uploads.lock().push(e);
     }
 
+    /// Note the whole of segment `seg`, written before this process, for upload (a pool
+    /// that had data before it had an object store: its first commit uploads it all).
+    pub fn note_segment(&self, seg: u32) {
+        if self.is_tiered() {
+            self.note_upload(seg as u64 * SEGMENT_BYTES, SEGMENT_BYTES as usize);
+        }
+    }
+
     /// Note a record written before this process for upload (the intent log's replay: the
     /// process that wrote it died before its commit could upload it).
     pub fn note_record(&self, p: &Blkptr) {
