@@ -109,6 +109,16 @@ def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path)
             lo, hi = (int(x) for x in rng.split("=")[1].split("-"))
             assert hi - lo + 1 <= 4096 + 16, f"a cold 4 KiB read fetched {rng}"
 
+            # Read often, the segment is brought back whole: its reads stay local.
+            nbd_script(p, "for _ in range(16):\n    h.pread(65536, 0)\n")
+            wait_for("a segment read often to be brought back",
+                     lambda: cache_of(p)["cache"]["refilled_total"] >= 1)
+            proxy.reset_counts()
+            r = qemu_io(p.uri("v"), "read -v 0 4k")
+            assert r.returncode == 0, r.stderr
+            gets = ranged_gets(proxy, p.prefix)
+            assert not gets, f"a segment brought back is still read from the store: {gets}"
+
             # After a restart the holes are found again: still read from the store.
             p.stop()
             p.start()

@@ -303,11 +303,12 @@ pub fn status_text(report: &StatusReport) -> String {
             let _ = writeln!(
                 out,
                 "\tlocal cache: {} of {} on the local devices; {} segments in the store only \
-                 ({} given back this run)",
+                 ({} given back, {} brought back this run)",
                 format_size(c.local_bytes),
                 format_size(c.limit_bytes),
                 c.evicted_segments,
-                c.evicted_total
+                c.evicted_total,
+                c.refilled_total
             );
         }
         if t.remote_reads > 0 || t.healed_from_store > 0 {

@@ -21,6 +21,13 @@ pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// or giving back segments (`Store::drain_reads`): longer only when reads wait for the
 /// object store, and then the freeing waits for a later commit instead.
 pub const GATE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// Reads from the object store of one given-back segment after which the local cache
+/// brings it back whole (`Core::bring_back`).
+pub const REFILL_AFTER_READS: u32 = 8;
+/// Given-back segments whose reads are counted at once (past it the counts start over).
+pub const COLD_SEGMENTS_TRACKED: usize = 4096;
+/// Segments waiting to be brought back at most (more wait for their reads to ask again).
+pub const REFILL_WANTED_MAX: usize = 256;
 /// Commits in a row that gave up waiting (`GATE_WAIT`) before one waits as long as it takes.
 pub const GATE_WAIT_DEFERRALS_MAX: u64 = 16;
 /// Records inside a segment start on this alignment.

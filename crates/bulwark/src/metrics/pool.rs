@@ -356,6 +356,12 @@ pub(super) fn encode_status(
                 "Segments of client data only the object store holds",
                 c.evicted_segments,
             )?;
+            counter(
+                e,
+                "object_store_cache_brought_back",
+                "Given-back segments brought back whole since the daemon started (read from the store often)",
+                c.refilled_total,
+            )?;
         }
     }
 

@@ -141,6 +141,9 @@ pub struct Log {
     /// yet written and noted for upload (`put_done`): a segment with any is never given
     /// back, even once sealed by another writer's allocation.
     inflight: Vec<AtomicU32>,
+    /// When each segment was last brought back from the store (the log's byte count, as
+    /// `stamp`): the local cache gives back the least recently opened or brought back first.
+    touched: Vec<AtomicU64>,
     /// Segments freed since the object tier last asked (`take_freed`; kept only once it
     /// asked to: `track_freed`): their parts leave the store's segment table.
     freed: Mutex<Vec<u32>>,
@@ -232,6 +235,7 @@ impl Log {
             evicted: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             evicted_count: AtomicU32::new(0),
             inflight: (0..segments).map(|_| AtomicU32::new(0)).collect(),
+            touched: (0..segments).map(|_| AtomicU64::new(0)).collect(),
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
             reuse_floor: if trust_zero {
@@ -307,6 +311,20 @@ impl Log {
         still && self.set_evicted(seg)
     }
 
+    /// Bring segment `seg` back from the store with `write` (its bytes, written to the
+    /// devices), under the log's lock and only while it is still marked given back (a
+    /// segment opened again since holds new bytes, which must stay). The caller makes the
+    /// bytes durable, then `unmark`s it.
+    pub fn bring_back(&self, seg: u32, write: impl FnOnce() -> Result<()>) -> Result<bool> {
+        let _g = self.inner.lock();
+        if !self.is_evicted(seg) {
+            return Ok(false);
+        }
+        write()?;
+        self.touched[seg as usize].store(self.written_total(), Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Take back a mark no hole was punched for yet (the pass that set it gave up).
     pub fn unmark(&self, seg: u32) {
         let _g = self.inner.lock();
@@ -346,7 +364,12 @@ impl Log {
             })
             .collect();
         drop(g);
-        v.sort_by_key(|&s| self.stamp[s as usize].load(Ordering::Relaxed));
+        v.sort_by_key(|&s| {
+            let s = s as usize;
+            self.stamp[s]
+                .load(Ordering::Relaxed)
+                .max(self.touched[s].load(Ordering::Relaxed))
+        });
         v
     }
 
@@ -1259,5 +1282,20 @@ mod tests {
         );
         assert!(log.mark_for_eviction(seg, Some(inc)));
         assert!(log.is_evicted(seg));
+    }
+
+    #[test]
+    fn a_segment_opened_again_is_never_overwritten_by_bringing_it_back() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let seg = log.free_held()[0];
+        assert!(log.mark_for_eviction(seg, None));
+        let a = log.alloc(Stream::Data, 4096).unwrap();
+        assert_eq!(segment_of(a), seg);
+        let wrote = log
+            .bring_back(seg, || {
+                panic!("old bytes written over a segment opened again")
+            })
+            .unwrap();
+        assert!(!wrote);
     }
 }

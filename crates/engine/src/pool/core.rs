@@ -560,7 +560,11 @@ impl Core {
                     continue;
                 }
             }
-            // The local cache of the object store: room given back once past its size.
+            // The local cache of the object store: segments read often brought back, and
+            // room given back once past its size.
+            if let Err(e) = self.bring_back() {
+                tracing::warn!("local cache: bringing back segments failed: {e}");
+            }
             if let Err(e) = self.evict() {
                 tracing::warn!("local cache: giving back room failed: {e}");
             }

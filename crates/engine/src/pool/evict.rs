@@ -35,6 +35,10 @@ use crate::Result;
 /// Segments given back per pass (each a few `fallocate` calls under the log's lock).
 const EVICT_BATCH: usize = 64;
 
+/// Segments brought back per pass (each its parts' GETs, one segment's writes under the
+/// log's lock and a flush).
+const REFILL_BATCH: usize = 16;
+
 /// Given back until the devices take at most this share of the cache's size, so that a
 /// pass frees room for a while rather than one segment at a time.
 const EVICT_TO_PERCENT: u64 = 90;
@@ -104,6 +108,50 @@ impl Core {
             );
         }
         Ok(done)
+    }
+
+    /// Bring back whole the given-back segments read from the store often enough
+    /// (`Store::note_cold`): their parts fetched, written to the devices under the log's
+    /// lock while the segment is still marked (`Log::bring_back`), made durable, then
+    /// unmarked, so that their reads are local again. Runs on the maintenance thread, as
+    /// `evict` does (never both at once). Returns how many came back.
+    pub fn bring_back(&self) -> Result<usize> {
+        let Some(tier) = &self.tier else {
+            return Ok(0);
+        };
+        let store = &self.store;
+        let wanted = store.take_wanted_back();
+        let mut back = 0;
+        for seg in wanted.into_iter().take(REFILL_BATCH) {
+            if !store.log.is_evicted(seg) || store.log.is_free(seg) {
+                continue;
+            }
+            let parts = match tier.segment_bytes(store, seg) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(segment = seg, "local cache: bringing back failed: {e}");
+                    continue;
+                }
+            };
+            let base = seg as u64 * crate::constants::SEGMENT_BYTES;
+            let written = store.log.bring_back(seg, || {
+                for (off, bytes) in &parts {
+                    store.red.write(base + *off as u64, bytes)?;
+                }
+                Ok(())
+            })?;
+            if written {
+                store.red.flush()?;
+                store.log.unmark(seg);
+                tier.refilled_total.fetch_add(1, Ordering::Relaxed);
+                back += 1;
+            }
+        }
+        if back > 0 {
+            tracing::debug!(segments = back, "local cache: segments brought back");
+        }
+        Ok(back)
     }
 
     /// Give back `segs` (each with the opening checked, `None` for a free one), batch by

@@ -598,6 +598,8 @@ pub struct Tier {
     pub cache_bytes: Option<u64>,
     /// Segments given back locally in this run.
     pub evicted_total: std::sync::atomic::AtomicU64,
+    /// Segments brought back from the store in this run (read often: `Core::bring_back`).
+    pub refilled_total: std::sync::atomic::AtomicU64,
     /// No device could give space back (block devices, a file system without hole
     /// punching): the local cache stops trying.
     pub cache_unsupported: std::sync::atomic::AtomicBool,
@@ -671,6 +673,9 @@ pub struct CacheStatus {
     pub evicted_segments: u64,
     /// Segments given back in this run.
     pub evicted_total: u64,
+    /// Segments brought back whole in this run, having been read from the store often.
+    #[serde(default)]
+    pub refilled_total: u64,
 }
 
 impl Tier {
@@ -774,6 +779,7 @@ impl Tier {
             collected: Mutex::new((None, 0, 0)),
             cache_bytes: open.cache_bytes,
             evicted_total: Default::default(),
+            refilled_total: Default::default(),
             cache_unsupported: Default::default(),
         };
         if version.is_some() {
@@ -1223,6 +1229,9 @@ impl Tier {
                 evicted_total: self
                     .evicted_total
                     .load(std::sync::atomic::Ordering::Relaxed),
+                refilled_total: self
+                    .refilled_total
+                    .load(std::sync::atomic::Ordering::Relaxed),
             }),
             remote_reads: remote.reads,
             remote_read_bytes: remote.bytes,
@@ -1251,6 +1260,24 @@ impl Tier {
                         .is_some_and(|s| !s.parts.is_empty() && same_opening(s.inc, *inc))
             })
             .collect()
+    }
+
+    /// The bytes the store holds of segment `seg`'s current opening, part by part (offset
+    /// in the segment, bytes): `None` if its slot is of another opening (or none).
+    pub fn segment_bytes(&self, store: &Store, seg: u32) -> Result<Option<Vec<(u32, Vec<u8>)>>> {
+        let parts = {
+            let st = self.st.lock();
+            match st.slots.get(&seg) {
+                Some(s) if same_opening(s.inc, store.log.incarnation(seg)) => s.parts.clone(),
+                _ => return Ok(None),
+            }
+        };
+        let mut out = Vec::with_capacity(parts.len());
+        for p in parts {
+            let b = self.store.get_range(&p.name(), p.at as u64, p.len as u64)?;
+            out.push((p.off, b));
+        }
+        Ok(Some(out))
     }
 
     /// The segments the store's table lists.

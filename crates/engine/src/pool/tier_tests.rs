@@ -529,3 +529,52 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
         "the deferred segments were never freed"
     );
 }
+
+/// A given-back segment read often is brought back whole: its reads are local again, and
+/// the local cache gives back others first. (The pool's maintenance thread brings back and
+/// gives back on its own too: the checks below hold whichever thread did it.)
+#[test]
+fn a_segment_read_often_is_brought_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    drop(new_pool(dir.path(), &store));
+    let pool = open_cached(dir.path(), &store, 3 << 20);
+    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
+        .unwrap();
+    write_blocks(&pool, 0..1024, 0);
+    pool.core.flush().unwrap();
+    pool.core.evict().unwrap();
+    let tier = pool.core.tier.as_ref().unwrap();
+    let refilled = || tier.status(&pool.core.store).cache.unwrap().refilled_total;
+    // Block 0 is in the oldest segment: given back first, read from the store.
+    let before = pool.core.store.remote_reads().reads;
+    check_blocks(&pool, 0..1, 0);
+    assert!(
+        pool.core.store.remote_reads().reads > before,
+        "block 0 was not given back"
+    );
+    for _ in 1..crate::constants::REFILL_AFTER_READS {
+        check_blocks(&pool, 0..1, 0);
+    }
+    pool.core.bring_back().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while refilled() == 0 {
+        assert!(std::time::Instant::now() < deadline, "never brought back");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let before = pool.core.store.remote_reads();
+    check_blocks(&pool, 0..1, 0);
+    assert_eq!(
+        pool.core.store.remote_reads().reads,
+        before.reads,
+        "a segment brought back is still read from the store"
+    );
+    check_blocks(&pool, 0..1024, 0);
+    // After a restart it is local (no hole left), and nothing reads as damaged.
+    drop(pool);
+    let pool = open_cached(dir.path(), &store, 3 << 20);
+    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
+        .unwrap();
+    check_blocks(&pool, 0..1024, 0);
+    assert_eq!(pool.core.store.remote_reads().healed, 0);
+}

@@ -125,6 +125,10 @@ pub struct Store {
     /// (`Log::is_evicted`) are read from it, and so is a record no local copy verifies.
     remote: std::sync::OnceLock<Arc<dyn Remote>>,
     remote_reads: [AtomicU64; 3],
+    /// Reads from the store per given-back segment since it was last brought back or
+    /// asked for (bounded: `COLD_SEGMENTS_TRACKED`), and the segments read often enough
+    /// to bring back (`take_wanted_back`).
+    cold: Mutex<(std::collections::HashMap<u32, u32>, Vec<u32>)>,
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -177,6 +181,7 @@ impl Store {
             uploads: Mutex::new(Vec::new()),
             remote: std::sync::OnceLock::new(),
             remote_reads: Default::default(),
+            cold: Mutex::new(Default::default()),
         }
     }
 
@@ -578,7 +583,9 @@ impl Store {
             .iter()
             .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
         {
-            return self.read_remote(&**remote, addrs, len, sum, out);
+            self.read_remote(&**remote, addrs, len, sum, out)?;
+            self.note_cold(crate::log::segment_of(addrs[0]));
+            return Ok(());
         }
         match self.red.read_verified(addrs, len, sum, out) {
             Err(Error::Unrecoverable(local)) => {
@@ -649,6 +656,7 @@ impl Store {
         }
         self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
         self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
+        self.note_cold(crate::log::segment_of(addr));
         let mut at = 0;
         for buf in bufs.iter_mut() {
             buf.copy_from_slice(&b[at..at + buf.len()]);
@@ -691,6 +699,29 @@ impl Store {
                 None
             }
         }
+    }
+
+    /// A read of given-back segment `seg` went to the store: once it has had
+    /// `REFILL_AFTER_READS`, it is wanted back (the maintenance thread brings it back).
+    fn note_cold(&self, seg: u32) {
+        let mut c = self.cold.lock();
+        let (counts, wanted) = &mut *c;
+        if counts.len() >= COLD_SEGMENTS_TRACKED {
+            counts.clear();
+        }
+        let n = counts.entry(seg).or_insert(0);
+        *n += 1;
+        if *n >= REFILL_AFTER_READS && wanted.len() < REFILL_WANTED_MAX && !wanted.contains(&seg) {
+            counts.remove(&seg);
+            wanted.push(seg);
+            drop(c);
+            self.wake_maintenance();
+        }
+    }
+
+    /// The given-back segments read often enough to bring back (each once).
+    pub fn take_wanted_back(&self) -> Vec<u32> {
+        std::mem::take(&mut self.cold.lock().1)
     }
 
     /// Read records of given-back segments from `remote` (once).
