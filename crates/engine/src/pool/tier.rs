@@ -581,6 +581,9 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
     }))
 }
 
+/// A segment's bytes from the store, part by part: (offset in the segment, bytes).
+pub type SegmentBytes = Vec<(u32, Vec<u8>)>;
+
 /// The pool's side of its object store, held by the `Core` while it serves.
 pub struct Tier {
     pub store: Arc<dyn ObjectStore>,
@@ -1264,7 +1267,7 @@ impl Tier {
 
     /// The bytes the store holds of segment `seg`'s current opening, part by part (offset
     /// in the segment, bytes): `None` if its slot is of another opening (or none).
-    pub fn segment_bytes(&self, store: &Store, seg: u32) -> Result<Option<Vec<(u32, Vec<u8>)>>> {
+    pub fn segment_bytes(&self, store: &Store, seg: u32) -> Result<Option<SegmentBytes>> {
         let parts = {
             let st = self.st.lock();
             match st.slots.get(&seg) {
