@@ -35,6 +35,9 @@ use crate::Result;
 /// Segments given back per pass (each a few `fallocate` calls under the log's lock).
 const EVICT_BATCH: usize = 64;
 
+/// Segments of room a pass leaves below the limit at least, for segments to come back.
+const REFILL_ROOM_SEGMENTS: u64 = 2;
+
 /// Segments brought back per pass (each its parts' GETs, one segment's writes under the
 /// log's lock and a flush).
 const REFILL_BATCH: usize = 16;
@@ -65,7 +68,11 @@ impl Core {
         if tier.cache_unsupported.load(Ordering::Relaxed) || store.red.allocated_bytes() <= limit {
             return Ok(done);
         }
-        let target = limit / 100 * EVICT_TO_PERCENT;
+        // Room left below the limit: for a while of writes, and for segments read often
+        // to come back (`bring_back` only uses room the cache has).
+        let headroom = (limit / 100 * (100 - EVICT_TO_PERCENT))
+            .max(REFILL_ROOM_SEGMENTS * store.red.bytes_per_segment());
+        let target = limit.saturating_sub(headroom);
         let _c = self.commit_lock.lock();
         store.check_poisoned()?;
         // How many segments are still to give back to reach the target.
@@ -121,8 +128,15 @@ impl Core {
         };
         let store = &self.store;
         let wanted = store.take_wanted_back();
-        let mut back = 0;
+        let mut written = Vec::new();
         for seg in wanted.into_iter().take(REFILL_BATCH) {
+            // Only into room the cache has: bringing back never gives back others (a
+            // working set larger than the cache would only churn).
+            if let Some(limit) = tier.cache_bytes {
+                if store.red.allocated_bytes() + store.red.bytes_per_segment() > limit {
+                    break;
+                }
+            }
             if !store.log.is_evicted(seg) || store.log.is_free(seg) {
                 continue;
             }
@@ -135,23 +149,28 @@ impl Core {
                 }
             };
             let base = seg as u64 * crate::constants::SEGMENT_BYTES;
-            let written = store.log.bring_back(seg, || {
+            let wrote = store.log.bring_back(seg, || {
                 for (off, bytes) in &parts {
                     store.red.write(base + *off as u64, bytes)?;
                 }
                 Ok(())
             })?;
-            if written {
-                store.red.flush()?;
-                store.log.unmark(seg);
-                tier.refilled_total.fetch_add(1, Ordering::Relaxed);
-                back += 1;
+            if wrote {
+                written.push(seg);
             }
         }
-        if back > 0 {
-            tracing::debug!(segments = back, "local cache: segments brought back");
+        if written.is_empty() {
+            return Ok(0);
         }
-        Ok(back)
+        // Durable before any read goes to them (one flush for the batch).
+        store.red.flush()?;
+        for &seg in &written {
+            store.log.unmark(seg);
+        }
+        tier.refilled_total
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
+        tracing::debug!(segments = written.len(), "local cache: segments brought back");
+        Ok(written.len())
     }
 
     /// Give back `segs` (each with the opening checked, `None` for a free one), batch by
