@@ -1229,6 +1229,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 }
             }
             store.set_remote(tier.clone());
+            if let Some(limit) = t.cache_bytes {
+                store.set_cache_wake((limit / 8).max(8 << 20));
+            }
             Some(tier)
         }
         None => None,

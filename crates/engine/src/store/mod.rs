@@ -129,6 +129,10 @@ pub struct Store {
     /// asked for (bounded: `COLD_SEGMENTS_TRACKED`), and the segments read often enough
     /// to bring back (`take_wanted_back`).
     cold: Mutex<(std::collections::HashMap<u32, u32>, Vec<u32>)>,
+    /// With a local cache of a set size: bytes written after which the maintenance thread
+    /// is woken (it commits, so the store has them, and gives back room), and the count
+    /// since it last was. 0: no cache.
+    cache_wake: [AtomicU64; 2],
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -182,6 +186,7 @@ impl Store {
             remote: std::sync::OnceLock::new(),
             remote_reads: Default::default(),
             cold: Mutex::new(Default::default()),
+            cache_wake: Default::default(),
         }
     }
 
@@ -486,6 +491,17 @@ impl Store {
             len: len as u32,
         };
         self.uploads.lock().push(e);
+        let every = self.cache_wake[0].load(Ordering::Relaxed);
+        if every > 0 && self.cache_wake[1].fetch_add(len as u64, Ordering::Relaxed) >= every {
+            self.cache_wake[1].store(0, Ordering::Relaxed);
+            self.wake_maintenance();
+        }
+    }
+
+    /// Wake the maintenance thread every `bytes` written (the local cache's limit: it
+    /// commits and gives back room before the devices pass the limit by much more).
+    pub fn set_cache_wake(&self, bytes: u64) {
+        self.cache_wake[0].store(bytes, Ordering::Relaxed);
     }
 
     /// Note the whole of segment `seg`, written before this process, for upload (a pool
