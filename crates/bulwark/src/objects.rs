@@ -39,15 +39,28 @@ pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<Tier
         );
         format!("{} (a copy of {})", writer_name(dir), os.writer)
     };
-    Ok(TierOpen {
+    let mut open = tier_open(store, os, false, false);
+    open.writer = writer;
+    Ok(open)
+}
+
+/// How a pool with `os` in its `pool.json` asks for its store: `create` a new pool there
+/// (the store must hold none), `force` a takeover.
+pub fn tier_open(
+    store: Arc<dyn ObjectStore>,
+    os: &ObjectStoreConfig,
+    create: bool,
+    force: bool,
+) -> TierOpen {
+    TierOpen {
         store,
-        writer,
-        create: false,
-        force: false,
+        writer: os.writer.clone(),
+        create,
+        force,
         gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
         local_flush: os.local_flush,
         cache_bytes: os.cache_bytes,
-    })
+    }
 }
 
 /// Run the probe (`tier::probe`) on a fresh name; a store that fails it is refused unless

@@ -353,15 +353,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
             conf.object_store = Some(config.clone());
             conf.write(&dir)?;
             let opts = OpenOptions {
-                tier: Some(bulwark_engine::pool::tier::TierOpen {
-                    store,
-                    writer: config.writer.clone(),
-                    create: true,
-                    force: false,
-                    gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
-                    local_flush: config.local_flush,
-                    cache_bytes: config.cache_bytes,
-                }),
+                tier: Some(crate::objects::tier_open(store, &config, true, false)),
                 ..OpenOptions::default()
             };
             Pool::open(&dir, opts)?.close()?;
@@ -482,15 +474,7 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
     let opened = Pool::open(
         &dir,
         OpenOptions {
-            tier: Some(bulwark_engine::pool::tier::TierOpen {
-                store,
-                writer: config.writer.clone(),
-                create: true,
-                force: false,
-                gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
-                local_flush: config.local_flush,
-                cache_bytes: config.cache_bytes,
-            }),
+            tier: Some(crate::objects::tier_open(store, &config, true, false)),
             ..OpenOptions::default()
         },
     );
@@ -974,15 +958,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
     let opts = OpenOptions {
         take_exported: true,
         rename: args.name.clone(),
-        tier: Some(bulwark_engine::pool::tier::TierOpen {
-            store,
-            writer: config.writer.clone(),
-            create: false,
-            force: args.force,
-            gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
-            local_flush: config.local_flush,
-            cache_bytes: config.cache_bytes,
-        }),
+        tier: Some(crate::objects::tier_open(store, &config, false, args.force)),
         ..OpenOptions::default()
     };
     let taken = Pool::open(&dir, opts).and_then(|p| p.close());

@@ -169,7 +169,10 @@ impl Core {
         }
         tier.refilled_total
             .fetch_add(written.len() as u64, Ordering::Relaxed);
-        tracing::debug!(segments = written.len(), "local cache: segments brought back");
+        tracing::debug!(
+            segments = written.len(),
+            "local cache: segments brought back"
+        );
         Ok(written.len())
     }
 
