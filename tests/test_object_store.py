@@ -593,8 +593,10 @@ def test_an_existing_pool_gets_an_object_store(versitygw, tmp_path):
     got = rebuilt_elsewhere(p, pool_key, key, tmp_path / "out.img", dir_name="elsewhere")
     assert got == data, "bytes differ after an import of a pool whose store was added late"
 
-    # Removed: the pool is local again, and serves without the store.
+    # The store is another host's now: forgetting it here needs --force.
     r = p.cli("pool", "object-store", "remove", check=False)
+    assert r.returncode != 0 and "--force" in r.stderr, f"{r.stdout}\n{r.stderr}"
+    r = p.cli("pool", "object-store", "remove", "--force", check=False)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     r = p.cli("pool", "object-store", "remove", check=False)
     assert r.returncode != 0 and "has no object store" in r.stderr, r.stderr

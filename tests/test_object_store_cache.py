@@ -322,3 +322,35 @@ def test_scrub_checks_the_stores_copy_of_what_was_given_back(versitygw, tmp_path
         assert any(e.get("volume") == "v" for e in errs), f"no damaged range listed: {errs}"
     finally:
         p.kill()
+
+
+def test_removing_the_store_brings_back_what_only_it_held(versitygw, tmp_path):
+    """`pool object-store remove` on a pool whose cache gave data back: every segment
+    comes back first, then the pool serves every byte without the store."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "cacheremove").create("--object-store-cache-size", CACHE).start()
+    try:
+        key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 17)
+        write_and_flush(p, tmp_path / "data.img")
+        wait_for("the local cache to give back room",
+                 lambda: cache_of(p)["cache"]["evicted_segments"] > 0
+                 and cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        p.stop()
+    finally:
+        p.kill()
+    r = p.cli("pool", "object-store", "remove")
+    assert "bringing back" in r.stderr, r.stderr
+    assert "pool.json" not in r.stderr
+    assert "object_store" not in (p.dir / "pool.json").read_text()
+    assert allocated(p) >= len(data), "the device files do not hold the volume again"
+    p.start()
+    try:
+        assert p.status().get("object_store") is None
+        p.load_key("v", key)
+        assert read_back(p, tmp_path / "out.img") == data, \
+            "bytes differ after the store was removed"
+        st = p.status()
+        assert st["state"] == "ONLINE" and not st.get("errors"), st
+    finally:
+        p.kill()

@@ -333,10 +333,19 @@ pub enum PoolObjectStoreCommand {
     /// uploads every segment that holds data, then every commit publishes to it.
     #[command(after_help = POOL_OBJECT_STORE_AFTER_HELP)]
     Add(PoolObjectStoreAddArgs),
-    /// Forget the pool's object store: the pool is local only again. The objects stay in
+    /// Forget the pool's object store: the pool is local only again. Data only the store
+    /// holds (given back by the local cache) is brought back first. The objects stay in
     /// the bucket (delete the prefix with the store's own tools).
     #[command(after_help = POOL_OBJECT_STORE_AFTER_HELP)]
-    Remove,
+    Remove(PoolObjectStoreRemoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PoolObjectStoreRemoveArgs {
+    /// Forget the store even when the pool cannot be opened with it (another host holds
+    /// it, or it does not answer): data only the store holds is then lost to this pool.
+    #[arg(long)]
+    pub force: bool,
 }
 
 const POOL_OBJECT_STORE_AFTER_HELP: &str = "\

@@ -428,10 +428,65 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
     let name = config_name(&dir, &conf);
     refuse_if_served(&dir, &name, "change its object store")?;
     let args = match command {
-        PoolObjectStoreCommand::Remove => {
+        PoolObjectStoreCommand::Remove(r) => {
             let Some(old) = conf.object_store.take() else {
                 return Err(Error::msg(format!("pool {name} has no object store")));
             };
+            // Data only the store holds comes back first: without the store the pool must
+            // read every byte from its own devices.
+            let p = match Pool::open(&dir, OpenOptions::default()) {
+                Ok(p) => p,
+                Err(e) if r.force => {
+                    tracing::warn!(
+                        "pool {name} could not be opened with its object store ({e}): \
+                         forgetting the store anyway (--force); data only the store held \
+                         reads as errors"
+                    );
+                    conf.write(&dir)?;
+                    audit(
+                        &dir,
+                        "pool.object_store.remove",
+                        serde_json::json!({ "url": old.url, "force": true }),
+                    );
+                    return print(&format!(
+                        "pool {name} no longer uses the object store {} (forced)\n",
+                        old.url
+                    ));
+                }
+                Err(e) => {
+                    return Err(Error::msg(format!(
+                        "pool {name} could not be opened with its object store {} to bring \
+                         back the data only the store holds: {e}. If the store's copy is not \
+                         this pool's any more (another host took it), add --force",
+                        old.url
+                    )))
+                }
+            };
+            let (segments, bytes) = p.given_back();
+            if segments > 0 {
+                let free = free_bytes(&dir);
+                if free < bytes {
+                    let _ = p.close();
+                    return Err(Error::msg(format!(
+                        "pool {name} keeps {} of its data in the object store only, and its \
+                         file system has {} free: make room first",
+                        format_size(bytes),
+                        format_size(free)
+                    )));
+                }
+                eprintln!(
+                    "bringing back {segments} segments ({}) from the object store...",
+                    format_size(bytes)
+                );
+                if let Err(e) = p.bring_back_all() {
+                    let _ = p.close();
+                    return Err(Error::msg(format!(
+                        "bringing back pool {name}'s data from the object store failed: {e}; \
+                         the pool still uses the store"
+                    )));
+                }
+            }
+            p.close()?;
             conf.write(&dir)?;
             audit(
                 &dir,
@@ -465,6 +520,33 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
             "a pool with an object store has no separate log device ('bulwark pool log \
              remove' first)",
         ));
+    }
+    // The upload reads one copy of each segment without checking it (as every commit
+    // does its new runs): every copy must be whole and in sync first.
+    {
+        let p = Pool::open(&dir, OpenOptions::default())?;
+        let st = p.status();
+        p.close()?;
+        let unwell: Vec<String> = st
+            .devices
+            .iter()
+            .filter(|d| d.state != "ONLINE")
+            .map(|d| format!("{} is {}", d.path.display(), d.state))
+            .collect();
+        if !unwell.is_empty() || st.state != "ONLINE" {
+            return Err(Error::msg(format!(
+                "pool {name} is {} ({}): bring every device ONLINE (and let a resilver \
+                 finish) before it gets an object store",
+                st.state,
+                unwell.join(", ")
+            )));
+        }
+        if st.scrub.kind == "resilver" && matches!(st.scrub.state.as_str(), "scanning" | "paused") {
+            return Err(Error::msg(format!(
+                "pool {name} is being resilvered: let it finish ('bulwark scrub status') \
+                 before it gets an object store"
+            )));
+        }
     }
     let config = crate::objects::config(&dir, &args.url, &args.store)?;
     let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
@@ -517,6 +599,20 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
             ""
         }
     ))
+}
+
+/// Bytes free for an unprivileged writer on the file system holding `dir` (0 if unknown).
+fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a struct of the right type.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bavail as u64 * st.f_frsize as u64
 }
 
 /// `pool log add|remove`: import the pool (no daemon may serve it), change its log

@@ -315,9 +315,19 @@ impl Log {
     /// devices), under the log's lock and only while it is still marked given back (a
     /// segment opened again since holds new bytes, which must stay). The caller makes the
     /// bytes durable, then `unmark`s it.
-    pub fn bring_back(&self, seg: u32, write: impl FnOnce() -> Result<()>) -> Result<bool> {
-        let _g = self.inner.lock();
-        if !self.is_evicted(seg) {
+    pub fn bring_back(
+        &self,
+        seg: u32,
+        opening: u64,
+        write: impl FnOnce() -> Result<()>,
+    ) -> Result<bool> {
+        let g = self.inner.lock();
+        // Still the sealed segment of the opening whose bytes were fetched: not freed (its
+        // bytes dead) nor opened again (new bytes) since.
+        if !self.is_evicted(seg)
+            || g.state.get(seg as usize) != Some(&SegState::Sealed)
+            || self.incarnation(seg) != opening
+        {
             return Ok(false);
         }
         write()?;
@@ -349,6 +359,16 @@ impl Log {
     /// Segments whose bytes are in the store only (free ones given back included).
     pub fn evicted_count(&self) -> u32 {
         self.evicted_count.load(Ordering::Relaxed)
+    }
+
+    /// Segments given back that hold live bytes (their records only the store has).
+    pub fn evicted_live(&self) -> Vec<u32> {
+        (0..self.segments)
+            .filter(|&s| {
+                self.evicted[s as usize].load(Ordering::Relaxed)
+                    && self.live[s as usize].load(Ordering::Relaxed) > 0
+            })
+            .collect()
     }
 
     /// Sealed segments of client data still held locally, oldest opening first: what the
@@ -1292,7 +1312,7 @@ mod tests {
         let a = log.alloc(Stream::Data, 4096).unwrap();
         assert_eq!(segment_of(a), seg);
         let wrote = log
-            .bring_back(seg, || {
+            .bring_back(seg, 0, || {
                 panic!("old bytes written over a segment opened again")
             })
             .unwrap();

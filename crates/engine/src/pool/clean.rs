@@ -371,10 +371,12 @@ impl Core {
             if !held()? {
                 return Ok(None);
             }
-            match self
-                .store
-                .read_record(old.addrs(), old.len as usize, &old.checksum, stored)
-            {
+            match self.store.read_record_to_move(
+                old.addrs(),
+                old.len as usize,
+                &old.checksum,
+                stored,
+            ) {
                 Ok(()) => {}
                 Err(Error::Unrecoverable(e)) => {
                     tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");

@@ -30,7 +30,7 @@
 use std::sync::atomic::Ordering;
 
 use super::core::Core;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Segments given back per pass (each a few `fallocate` calls under the log's lock).
 const EVICT_BATCH: usize = 64;
@@ -74,6 +74,7 @@ impl Core {
             .max(REFILL_ROOM_SEGMENTS * store.red.bytes_per_segment());
         let target = limit.saturating_sub(headroom);
         let _c = self.commit_lock.lock();
+        let _one = tier.cache_lock.lock();
         store.check_poisoned()?;
         // How many segments are still to give back to reach the target.
         let wanted = || {
@@ -126,10 +127,15 @@ impl Core {
         let Some(tier) = &self.tier else {
             return Ok(0);
         };
+        let _one = tier.cache_lock.lock();
         let store = &self.store;
         let wanted = store.take_wanted_back();
         let mut written = Vec::new();
-        for seg in wanted.into_iter().take(REFILL_BATCH) {
+        let mut done = 0;
+        for &seg in &wanted {
+            if written.len() >= REFILL_BATCH {
+                break;
+            }
             // Only into room the cache has: bringing back never gives back others (a
             // working set larger than the cache would only churn).
             if let Some(limit) = tier.cache_bytes {
@@ -137,19 +143,28 @@ impl Core {
                     break;
                 }
             }
+            done += 1;
             if !store.log.is_evicted(seg) || store.log.is_free(seg) {
                 continue;
             }
+            let opening = store.log.incarnation(seg);
             let parts = match tier.segment_bytes(store, seg) {
                 Ok(Some(p)) => p,
                 Ok(None) => continue,
+                // The store does not answer: the rest waits for the next pass (each would
+                // wait for its deadline, and this thread also commits and cleans).
+                Err(e @ Error::StoreUnavailable(_)) | Err(e @ Error::Io(_)) => {
+                    tracing::warn!("local cache: bringing back segments paused: {e}");
+                    done -= 1;
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(segment = seg, "local cache: bringing back failed: {e}");
                     continue;
                 }
             };
             let base = seg as u64 * crate::constants::SEGMENT_BYTES;
-            let wrote = store.log.bring_back(seg, || {
+            let wrote = store.log.bring_back(seg, opening, || {
                 for (off, bytes) in &parts {
                     store.red.write(base + *off as u64, bytes)?;
                 }
@@ -159,6 +174,7 @@ impl Core {
                 written.push(seg);
             }
         }
+        store.return_wanted_back(&wanted[done..]);
         if written.is_empty() {
             return Ok(0);
         }
@@ -174,6 +190,40 @@ impl Core {
             "local cache: segments brought back"
         );
         Ok(written.len())
+    }
+
+    /// Bring back every segment only the store holds (`pool object-store remove`: the
+    /// pool is about to be local only), whatever the cache's size. Returns how many.
+    pub fn bring_back_all(&self) -> Result<usize> {
+        let Some(tier) = &self.tier else {
+            return Ok(0);
+        };
+        let _one = tier.cache_lock.lock();
+        let store = &self.store;
+        let mut back = 0;
+        for seg in store.log.evicted_live() {
+            let opening = store.log.incarnation(seg);
+            let parts = tier.segment_bytes(store, seg)?.ok_or_else(|| {
+                Error::Unrecoverable(format!(
+                    "segment {seg} was given back, and the object store's table has no bytes \
+                     of it"
+                ))
+            })?;
+            let base = seg as u64 * crate::constants::SEGMENT_BYTES;
+            if store.log.bring_back(seg, opening, || {
+                for (off, bytes) in &parts {
+                    store.red.write(base + *off as u64, bytes)?;
+                }
+                Ok(())
+            })? {
+                back += 1;
+            }
+        }
+        store.red.flush()?;
+        for seg in store.log.evicted_live() {
+            store.log.unmark(seg);
+        }
+        Ok(back)
     }
 
     /// Give back `segs` (each with the opening checked, `None` for a free one), batch by

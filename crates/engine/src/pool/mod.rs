@@ -413,6 +413,18 @@ impl Pool {
         out
     }
 
+    /// Segments of data only the object store holds (given back by the local cache, or
+    /// never downloaded), and the local bytes bringing them all back would take.
+    pub fn given_back(&self) -> (usize, u64) {
+        let n = self.core.store.log.evicted_live().len();
+        (n, n as u64 * self.core.store.red.bytes_per_segment())
+    }
+
+    /// Bring back every segment only the object store holds (`pool object-store remove`).
+    pub fn bring_back_all(&self) -> Result<usize> {
+        self.core.bring_back_all()
+    }
+
     pub fn status(&self) -> PoolStatus {
         self.core.status()
     }

@@ -13,7 +13,7 @@
 //! every commit, so a scrub interrupted by a restart resumes where it stopped.
 //! It is throttled to `rate_bytes` per second and backs off while clients do I/O.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -350,6 +350,9 @@ impl Core {
         let run_start = Instant::now();
         let done_at_start = self.scrub.lock().bytes_done;
         let mut buf = Vec::new();
+        // Records only the object store holds that it did not answer for: after the first,
+        // the store is not asked again in this run (each would wait for its deadline).
+        let unchecked = AtomicU64::new(0);
         // The volume table itself.
         let root = self.sb.lock().sb.root;
         if !root.is_hole() {
@@ -440,8 +443,9 @@ impl Core {
                         ptr.len as usize,
                         &ptr.checksum,
                         &mut buf,
+                        unchecked.load(Ordering::Relaxed) == 0,
                     ) else {
-                        self.count_outcome(0, false, ptr.len as u64);
+                        unchecked.fetch_add(1, Ordering::Relaxed);
                         continue;
                     };
                     // A record whose flags break the volume's policy (plaintext in an
@@ -471,7 +475,7 @@ impl Core {
                     .store((done as f64 / secs) as u64, Ordering::Relaxed);
             }
             if !v.destroyed.load(Ordering::Acquire) {
-                self.scrub_snapshot_records(&v, &mut buf)?;
+                self.scrub_snapshot_records(&v, &mut buf, &unchecked)?;
                 if !self.keep_going() {
                     return Ok(());
                 }
@@ -492,7 +496,17 @@ impl Core {
             s.bytes_done = s.bytes_done.max(s.bytes_total);
             let epoch = s.epoch;
             drop(s);
-            self.errors.lock().retain(|e| e.seen_epoch >= epoch);
+            let unchecked = unchecked.load(Ordering::Relaxed);
+            if unchecked == 0 {
+                self.errors.lock().retain(|e| e.seen_epoch >= epoch);
+            } else {
+                // Errors of records not checked this run stay listed.
+                tracing::warn!(
+                    records = unchecked,
+                    "scrub: records only the object store holds were not checked (it did not \
+                     answer); the errors listed before are kept"
+                );
+            }
             self.table_dirty.store(true, Ordering::Release);
             self.commit()?;
             tracing::info!("scrub finished");
@@ -503,7 +517,12 @@ impl Core {
     /// Scrub the records only snapshots hold (the walk of the volume's own map saw the
     /// rest): each snapshot against the tree after it, so a record is read once. Found
     /// under the map lock, read without it, each only if its snapshot still holds it.
-    fn scrub_snapshot_records(&self, v: &VolumeState, buf: &mut Vec<u8>) -> Result<()> {
+    fn scrub_snapshot_records(
+        &self,
+        v: &VolumeState,
+        buf: &mut Vec<u8>,
+        unchecked: &AtomicU64,
+    ) -> Result<()> {
         let bs = v.block_size as u64;
         let mut found: Vec<(String, At, Blkptr)> = Vec::new();
         {
@@ -549,10 +568,14 @@ impl Core {
             if !held {
                 continue;
             }
-            let Some(mut o) =
-                self.store
-                    .scrub_record(ptr.addrs(), ptr.len as usize, &ptr.checksum, buf)
-            else {
+            let Some(mut o) = self.store.scrub_record(
+                ptr.addrs(),
+                ptr.len as usize,
+                &ptr.checksum,
+                buf,
+                unchecked.load(Ordering::Relaxed) == 0,
+            ) else {
+                unchecked.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             let (off, len, kind) = match at {

@@ -606,6 +606,13 @@ pub struct Tier {
     /// No device could give space back (block devices, a file system without hole
     /// punching): the local cache stops trying.
     pub cache_unsupported: std::sync::atomic::AtomicBool,
+    /// Held by the local cache's passes (`Core::evict`, `Core::bring_back`): never two
+    /// at once, whoever calls them.
+    pub cache_lock: Mutex<()>,
+    /// The first commit to a store this pool was just given (`TierOpen::create`) may
+    /// upload all its data: its budget grows with the bytes. Later commits keep the
+    /// minute.
+    first_upload: std::sync::atomic::AtomicBool,
 }
 
 /// What `Tier::collect` did.
@@ -784,6 +791,8 @@ impl Tier {
             evicted_total: Default::default(),
             refilled_total: Default::default(),
             cache_unsupported: Default::default(),
+            cache_lock: Mutex::new(()),
+            first_upload: std::sync::atomic::AtomicBool::new(open.create),
         };
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
@@ -1068,7 +1077,11 @@ impl Tier {
         // more for a large commit (the first one of a pool that had data before its store)
         // at the pace of a slow store.
         let bytes: u64 = parts.iter().map(|(_, p, _)| p.len as u64).sum();
-        let budget = PUBLISH_BUDGET + std::time::Duration::from_secs(bytes / PUBLISH_PACE);
+        let budget = if self.first_upload.load(std::sync::atomic::Ordering::Relaxed) {
+            PUBLISH_BUDGET + std::time::Duration::from_secs(bytes / PUBLISH_PACE)
+        } else {
+            PUBLISH_BUDGET
+        };
         let parts_ref = &parts;
         let chunk = bundles.len().div_ceil(UPLOADS_AT_ONCE).max(1);
         std::thread::scope(|s| {
@@ -1140,6 +1153,8 @@ impl Tier {
         st.slots = slots;
         st.pages = pages;
         st.published += 1;
+        self.first_upload
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -591,6 +591,29 @@ impl Store {
         sum: &crate::checksum::Checksum,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        self.read_record_noting(addrs, len, sum, out, true)
+    }
+
+    /// `read_record` for the cleaner: a record it moves out of a given-back segment does
+    /// not count toward bringing that segment back (it is being emptied).
+    pub fn read_record_to_move(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.read_record_noting(addrs, len, sum, out, false)
+    }
+
+    fn read_record_noting(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        out: &mut Vec<u8>,
+        note: bool,
+    ) -> Result<()> {
         let Some(remote) = self.remote.get() else {
             return self.red.read_verified(addrs, len, sum, out);
         };
@@ -600,7 +623,9 @@ impl Store {
             .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
         {
             self.read_remote(&**remote, addrs, len, sum, out)?;
-            self.note_cold(crate::log::segment_of(addrs[0]));
+            if note {
+                self.note_cold(crate::log::segment_of(addrs[0]));
+            }
             return Ok(());
         }
         match self.red.read_verified(addrs, len, sum, out) {
@@ -684,12 +709,15 @@ impl Store {
     /// Scrub one record (`Redundancy::scrub`); for a record of a segment given back to the
     /// object store, verify the store's copy instead (one ranged GET: no key needed, the
     /// checksum is of the stored bytes). `None`: not checked (the store did not answer).
+    /// With `check_store` false, such a record is not checked (`None`): the scrub stops
+    /// asking a store that did not answer.
     pub fn scrub_record(
         &self,
         addrs: &[u64],
         len: usize,
         sum: &crate::checksum::Checksum,
         buf: &mut Vec<u8>,
+        check_store: bool,
     ) -> Option<crate::redundancy::ScrubOutcome> {
         let remote = self.remote.get().filter(|_| {
             addrs
@@ -699,6 +727,9 @@ impl Store {
         let Some(remote) = remote else {
             return Some(self.red.scrub(addrs, len, sum, buf));
         };
+        if !check_store {
+            return None;
+        }
         let outcome = |bad: bool| crate::redundancy::ScrubOutcome {
             bad_copies: usize::from(bad),
             repaired: 0,
@@ -706,7 +737,8 @@ impl Store {
         };
         match self.read_remote(&**remote, addrs, len, sum, buf) {
             Ok(()) => Some(outcome(false)),
-            Err(Error::Unrecoverable(e)) => {
+            // Bytes that fail their checksum, a missing object, a short one.
+            Err(Error::Unrecoverable(e) | Error::Corrupt(e)) => {
                 tracing::error!("scrub: {e}");
                 Some(outcome(true))
             }
@@ -738,6 +770,16 @@ impl Store {
     /// The given-back segments read often enough to bring back (each once).
     pub fn take_wanted_back(&self) -> Vec<u32> {
         std::mem::take(&mut self.cold.lock().1)
+    }
+
+    /// Put back what `take_wanted_back` gave and was not brought back yet.
+    pub fn return_wanted_back(&self, segs: &[u32]) {
+        let mut c = self.cold.lock();
+        for &s in segs {
+            if c.1.len() < REFILL_WANTED_MAX && !c.1.contains(&s) {
+                c.1.push(s);
+            }
+        }
     }
 
     /// Read records of given-back segments from `remote` (once).
