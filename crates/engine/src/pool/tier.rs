@@ -62,6 +62,12 @@ const PAGE_MAGIC_2: &[u8; 8] = b"BWTPAGE2";
 /// A slot's flag in a page: the segment holds client data (a lazy `restore` leaves it in
 /// the store; the local cache may give it back).
 const SLOT_DATA: u32 = 1;
+/// A slot's flag in a delta: the segment left the table (freed).
+const SLOT_GONE: u32 = 2;
+const DELTA_MAGIC: &[u8; 8] = b"BWTDELT1";
+/// The largest table delta a superblock object carries: past it, the commit writes the
+/// pages of the segments the delta lists (in the round of its parts), and starts over.
+const DELTA_BYTES_MAX: usize = 64 << 10;
 /// A commit's parts go up together in objects of about this size (one PUT for the
 /// many small runs of a flush, several in parallel for a large commit).
 const BUNDLE_BYTES: usize = 8 << 20;
@@ -261,6 +267,10 @@ pub struct Head {
     /// Every member's label (`Superblock::encode`), hex.
     pub labels: Vec<String>,
     pub pages: Vec<PageRef>,
+    /// The table's changes since the pages were written (`encode_delta`), hex; applied
+    /// over the pages when read.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub delta: String,
 }
 
 /// The key of the superblock object's MAC, derived from the pool's superblock key.
@@ -363,18 +373,82 @@ pub fn encode_page(index: u32, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
     b.extend_from_slice(&index.to_le_bytes());
     b.extend_from_slice(&(mine.len() as u32).to_le_bytes());
     for (seg, s) in mine {
-        b.extend_from_slice(&seg.to_le_bytes());
-        b.extend_from_slice(&(s.parts.len() as u32).to_le_bytes());
-        b.extend_from_slice(&(if s.data { SLOT_DATA } else { 0 }).to_le_bytes());
-        for p in &s.parts {
-            b.extend_from_slice(&p.off.to_le_bytes());
-            b.extend_from_slice(&p.len.to_le_bytes());
-            b.extend_from_slice(&p.at.to_le_bytes());
-            b.extend_from_slice(&p.epoch.to_le_bytes());
-            b.extend_from_slice(&p.seq.to_le_bytes());
-        }
+        encode_slot(&mut b, *seg, Some(s));
     }
     b
+}
+
+/// One segment's entry in a page or a delta: its number, part count, flags, parts. `None`:
+/// the segment left the table (deltas only: no parts, `SLOT_GONE`).
+fn encode_slot(b: &mut Vec<u8>, seg: u32, slot: Option<&Slot>) {
+    let (parts, flags) = match slot {
+        Some(s) => (&s.parts[..], if s.data { SLOT_DATA } else { 0 }),
+        None => (&[][..], SLOT_GONE),
+    };
+    b.extend_from_slice(&seg.to_le_bytes());
+    b.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    b.extend_from_slice(&flags.to_le_bytes());
+    for p in parts {
+        b.extend_from_slice(&p.off.to_le_bytes());
+        b.extend_from_slice(&p.len.to_le_bytes());
+        b.extend_from_slice(&p.at.to_le_bytes());
+        b.extend_from_slice(&p.epoch.to_le_bytes());
+        b.extend_from_slice(&p.seq.to_le_bytes());
+    }
+}
+
+/// Read one entry (`encode_slot`; `flagged` false: a `BWTPAGE2` page, no flags). `gone`:
+/// whether an entry may say the segment left the table. Bounds checked: bucket input.
+fn decode_slot(
+    r: &mut Reader<'_>,
+    flagged: bool,
+    gone: bool,
+    bad: &dyn Fn(&str) -> Error,
+) -> Result<(u32, Option<Slot>)> {
+    let seg = r.u32().ok_or_else(|| bad("short"))?;
+    let n = r.u32().ok_or_else(|| bad("short"))?;
+    let flags = if flagged {
+        r.u32().ok_or_else(|| bad("short"))?
+    } else {
+        0
+    };
+    if flags & !(SLOT_DATA | SLOT_GONE) != 0 || (flags & SLOT_GONE != 0 && !gone) {
+        return Err(bad("unknown segment flags"));
+    }
+    if flags & SLOT_GONE != 0 {
+        if n != 0 || flags & SLOT_DATA != 0 {
+            return Err(bad("a segment that left the table with parts"));
+        }
+        return Ok((seg, None));
+    }
+    if n == 0 || n > PARTS_PER_SEGMENT_MAX {
+        return Err(bad("a segment with no parts or too many"));
+    }
+    let mut parts = Vec::new();
+    for _ in 0..n {
+        let p = Part {
+            off: r.u32().ok_or_else(|| bad("short"))?,
+            len: r.u32().ok_or_else(|| bad("short"))?,
+            at: r.u32().ok_or_else(|| bad("short"))?,
+            epoch: r.u64().ok_or_else(|| bad("short"))?,
+            seq: r.u64().ok_or_else(|| bad("short"))?,
+        };
+        if p.len == 0 || p.off as u64 + p.len as u64 > SEGMENT_BYTES {
+            return Err(bad("a part outside its segment"));
+        }
+        if p.at as u64 + p.len as u64 > (BUNDLE_BYTES as u64 + SEGMENT_BYTES) {
+            return Err(bad("a part past the end of any object the pool writes"));
+        }
+        parts.push(p);
+    }
+    Ok((
+        seg,
+        Some(Slot {
+            inc: u64::MAX,
+            parts,
+            data: flags & SLOT_DATA != 0,
+        }),
+    ))
 }
 
 /// Read a page back (its bytes verified by the caller against the superblock object's
@@ -397,50 +471,12 @@ pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
     let lo = index as u64 * PAGE_SEGMENTS as u64;
     let mut slots = BTreeMap::new();
     for _ in 0..count {
-        let seg = r.u32().ok_or_else(|| bad("short"))?;
+        let (seg, slot) = decode_slot(&mut r, flagged, false, &bad)?;
         if !(lo..lo + PAGE_SEGMENTS as u64).contains(&(seg as u64)) {
             return Err(bad("a segment outside the page"));
         }
-        let n = r.u32().ok_or_else(|| bad("short"))?;
-        if n == 0 || n > PARTS_PER_SEGMENT_MAX {
-            return Err(bad("a segment with no parts or too many"));
-        }
-        let flags = if flagged {
-            r.u32().ok_or_else(|| bad("short"))?
-        } else {
-            0
-        };
-        if flags & !SLOT_DATA != 0 {
-            return Err(bad("unknown segment flags"));
-        }
-        let mut parts = Vec::new();
-        for _ in 0..n {
-            let p = Part {
-                off: r.u32().ok_or_else(|| bad("short"))?,
-                len: r.u32().ok_or_else(|| bad("short"))?,
-                at: r.u32().ok_or_else(|| bad("short"))?,
-                epoch: r.u64().ok_or_else(|| bad("short"))?,
-                seq: r.u64().ok_or_else(|| bad("short"))?,
-            };
-            if p.len == 0 || p.off as u64 + p.len as u64 > SEGMENT_BYTES {
-                return Err(bad("a part outside its segment"));
-            }
-            if p.at as u64 + p.len as u64 > (BUNDLE_BYTES as u64 + SEGMENT_BYTES) {
-                return Err(bad("a part past the end of any object the pool writes"));
-            }
-            parts.push(p);
-        }
-        if slots
-            .insert(
-                seg,
-                Slot {
-                    inc: u64::MAX,
-                    parts,
-                    data: flags & SLOT_DATA != 0,
-                },
-            )
-            .is_some()
-        {
+        let slot = slot.expect("pages list no gone segments");
+        if slots.insert(seg, slot).is_some() {
             return Err(bad("a segment listed twice"));
         }
     }
@@ -448,6 +484,43 @@ pub fn decode_page(b: &[u8], index: u32) -> Result<BTreeMap<u32, Slot>> {
         return Err(bad("trailing bytes"));
     }
     Ok(slots)
+}
+
+/// The table's changes since its pages were last written, carried in the superblock object
+/// itself (`Head::delta`, under its MAC): each listed segment's whole slot, or its leaving
+/// the table. A commit then needs no page PUT until the delta passes `DELTA_BYTES_MAX`.
+pub fn encode_delta(segs: &BTreeSet<u32>, slots: &BTreeMap<u32, Slot>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + segs.len() * 40);
+    b.extend_from_slice(DELTA_MAGIC);
+    b.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+    for &seg in segs {
+        encode_slot(&mut b, seg, slots.get(&seg).filter(|s| !s.parts.is_empty()));
+    }
+    b
+}
+
+/// Read a delta back (`encode_delta`): segment → its slot, or `None` (left the table).
+pub fn decode_delta(b: &[u8]) -> Result<BTreeMap<u32, Option<Slot>>> {
+    let bad = |why: &str| Error::Corrupt(format!("the superblock object's table delta: {why}"));
+    let mut r = Reader(b);
+    if r.take(8).ok_or_else(|| bad("short"))? != DELTA_MAGIC {
+        return Err(bad("bad magic"));
+    }
+    let count = r.u32().ok_or_else(|| bad("short"))?;
+    if count as u64 > DELTA_BYTES_MAX as u64 / 12 + 1 {
+        return Err(bad("more segments than a delta holds"));
+    }
+    let mut out = BTreeMap::new();
+    for _ in 0..count {
+        let (seg, slot) = decode_slot(&mut r, true, true, &bad)?;
+        if out.insert(seg, slot).is_some() {
+            return Err(bad("a segment listed twice"));
+        }
+    }
+    if !r.0.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    Ok(out)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -548,6 +621,8 @@ pub struct Found {
     pub head: Head,
     pub version: Version,
     pub slots: BTreeMap<u32, Slot>,
+    /// The segments the head's delta lists (their pages are older than their slots).
+    pub delta_segs: BTreeSet<u32>,
 }
 
 /// Read the pool's superblock object and segment table (`None`: no pool there).
@@ -574,10 +649,24 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
         }
         slots.extend(decode_page(&b, p.index)?);
     }
+    let mut delta_segs = BTreeSet::new();
+    if !head.delta.is_empty() {
+        let raw = from_hex(&head.delta).ok_or_else(|| {
+            Error::Corrupt("the superblock object's table delta is not hex".into())
+        })?;
+        for (seg, slot) in decode_delta(&raw)? {
+            delta_segs.insert(seg);
+            match slot {
+                Some(s) => slots.insert(seg, s),
+                None => slots.remove(&seg),
+            };
+        }
+    }
     Ok(Some(Found {
         head,
         version,
         slots,
+        delta_segs,
     }))
 }
 
@@ -636,6 +725,8 @@ struct State {
     named: u64,
     /// Commits published in this run (collection runs only when there were some).
     published: u64,
+    /// Segments whose slot changed since their page was written: the head's delta.
+    delta_segs: BTreeSet<u32>,
 }
 
 /// The object store in `status`.
@@ -699,7 +790,7 @@ impl Tier {
         let store = &*open.store;
         let pool_id = to_hex(&local.pool_id);
         let found = load(store, &key)?;
-        let (mut head, version, slots) = match (found, open.create) {
+        let (mut head, version, (slots, delta_segs)) = match (found, open.create) {
             (Some(_), true) => {
                 return Err(Error::Exists(format!(
                     "the object store {} already holds a pool: give each pool its own prefix \
@@ -724,11 +815,12 @@ impl Tier {
                     seq_next: 0,
                     labels: Vec::new(),
                     pages: Vec::new(),
+                    delta: String::new(),
                 },
                 None,
-                BTreeMap::new(),
+                (BTreeMap::new(), BTreeSet::new()),
             ),
-            (Some(f), false) => (f.head, Some(f.version), f.slots),
+            (Some(f), false) => (f.head, Some(f.version), (f.slots, f.delta_segs)),
         };
         if head.pool_id != pool_id {
             return Err(Error::Invalid(format!(
@@ -778,6 +870,7 @@ impl Tier {
             st: Mutex::new(State {
                 named: head.seq_next,
                 published: 0,
+                delta_segs,
                 head: head.clone(),
                 version: version.clone(),
                 slots,
@@ -954,7 +1047,7 @@ impl Tier {
         // Names are handed out under the lock; the uploads run without it (`status`, the
         // fencing check and collection read the state meanwhile; commits are serialised
         // by the commit lock).
-        let (mut head, version, mut slots, mut pages, parts, bundles) = {
+        let (mut head, version, mut slots, mut pages, mut delta_segs, parts, bundles) = {
             let mut st = self.st.lock();
             let mut parts: Vec<(Extent, Part, bool)> = Vec::with_capacity(joined.len());
             let mut i = 0;
@@ -1023,6 +1116,7 @@ impl Tier {
                 st.version.clone(),
                 st.slots.clone(),
                 st.pages.clone(),
+                st.delta_segs.clone(),
                 parts,
                 bundles,
             )
@@ -1043,7 +1137,7 @@ impl Tier {
             slot.inc = e.inc;
             slot.data = store.log.is_evictable(e.seg);
             slot.parts.push(*p);
-            dirty.insert(e.seg / PAGE_SEGMENTS);
+            dirty.insert(e.seg);
         }
         // Segments freed since the last commit: no durable commit from this one on
         // references their parts (garbage collection may take them after the grace). One
@@ -1054,11 +1148,29 @@ impl Tier {
             });
             if stale {
                 slots.remove(&seg);
-                dirty.insert(seg / PAGE_SEGMENTS);
+                dirty.insert(seg);
             }
         }
+        // The changed slots go in the superblock object's delta; once it would pass
+        // `DELTA_BYTES_MAX`, the pages of every segment it lists are written instead (in
+        // the round of the parts) and it starts over.
+        delta_segs.extend(dirty);
+        let delta = encode_delta(&delta_segs, &slots);
+        let rewrite: BTreeSet<u32> = if delta.len() > DELTA_BYTES_MAX {
+            std::mem::take(&mut delta_segs)
+                .into_iter()
+                .map(|seg| seg / PAGE_SEGMENTS)
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        head.delta = if delta_segs.is_empty() {
+            String::new()
+        } else {
+            to_hex(&delta)
+        };
         let mut page_jobs: Vec<(String, Vec<u8>)> = Vec::new();
-        for index in dirty {
+        for index in rewrite {
             let body = encode_page(index, &slots);
             let seq = {
                 let mut st = self.st.lock();
@@ -1152,6 +1264,7 @@ impl Tier {
         st.version = Some(version);
         st.slots = slots;
         st.pages = pages;
+        st.delta_segs = delta_segs;
         st.published += 1;
         self.first_upload
             .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -1443,6 +1556,32 @@ mod tests {
     }
 
     #[test]
+    fn deltas_round_trip_with_segments_that_left() {
+        let s = slots();
+        let segs: BTreeSet<u32> = [3, 7, PAGE_SEGMENTS].into_iter().collect();
+        let d = decode_delta(&encode_delta(&segs, &s)).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[&3].as_ref(), Some(&s[&3]));
+        assert_eq!(d[&7], None, "a segment not in the table left it");
+        assert_eq!(d[&PAGE_SEGMENTS].as_ref(), Some(&s[&PAGE_SEGMENTS]));
+        // A page never says a segment left; a delta of any bytes is an error or bounded.
+        let mut page = encode_page(0, &s);
+        page[8 + 4 + 4 + 8] = SLOT_GONE as u8;
+        assert!(decode_page(&page, 0).is_err());
+        let good = encode_delta(&segs, &s);
+        for i in 0..good.len() {
+            for flip in [1u8, 0x80] {
+                let mut b = good.clone();
+                b[i] ^= flip;
+                if let Ok(d) = decode_delta(&b) {
+                    assert!(d.len() <= 3);
+                }
+            }
+            assert!(decode_delta(&good[..i]).is_err(), "a delta cut at {i}");
+        }
+    }
+
+    #[test]
     fn any_page_bytes_give_an_error_or_a_bounded_table() {
         let good = vec![encode_page(0, &slots())];
         crate::fuzz::never_panics("decode_page", &good, 5000, None, &|b| {
@@ -1470,6 +1609,7 @@ mod tests {
             seq_next: 12,
             labels: vec!["00".repeat(SUPERBLOCK_BYTES)],
             pages: vec![],
+            delta: String::new(),
         };
         let b = head.seal(&key);
         assert_eq!(Head::open(&b, &key).unwrap(), head);

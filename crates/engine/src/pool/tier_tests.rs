@@ -578,3 +578,53 @@ fn a_segment_read_often_is_brought_back() {
     check_blocks(&pool, 0..1024, 0);
     assert_eq!(pool.core.store.remote_reads().healed, 0);
 }
+
+/// A commit's changes to the segment table ride in the superblock object (its delta): a
+/// small flush writes no table page, and the store's copy read back (pages, then the
+/// delta over them) is the table the writer holds.
+#[test]
+fn small_commits_carry_the_table_in_the_superblock_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    let pool = new_pool(dir.path(), &store);
+    let tables = || {
+        store
+            .objects
+            .lock()
+            .keys()
+            .filter(|k| k.starts_with("table/"))
+            .count()
+    };
+    write_blocks(&pool, 0..1024, 0);
+    pool.core.flush().unwrap();
+    let before = tables();
+    for i in 0..20u64 {
+        write_blocks(&pool, i..i + 1, 100);
+        pool.core.flush().unwrap();
+    }
+    assert_eq!(tables(), before, "a small flush wrote a table page");
+    let held = pool.core.tier.as_ref().unwrap().slot_segments();
+    let sb_key = pool.core.sb_key.clone();
+    drop(pool);
+    let found = super::tier::load(&*store, &super::tier::object_key(&sb_key))
+        .unwrap()
+        .unwrap();
+    assert!(
+        !found.delta_segs.is_empty(),
+        "no delta in the superblock object"
+    );
+    assert_eq!(
+        found.slots.keys().copied().collect::<Vec<_>>(),
+        held,
+        "the table read back from the store differs from the writer's"
+    );
+    // Read back through the store's table (pages, then the delta): give everything back.
+    let pool = open_cached(dir.path(), &store, 1 << 20);
+    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
+        .unwrap();
+    pool.core.evict().unwrap();
+    check_blocks(&pool, 0..20, 100);
+    check_blocks(&pool, 20..1024, 0);
+    let reads = pool.core.store.remote_reads();
+    assert!(reads.reads > 0 && reads.healed == 0, "{reads:?}");
+}
