@@ -67,7 +67,7 @@ const SLOT_GONE: u32 = 2;
 const DELTA_MAGIC: &[u8; 8] = b"BWTDELT1";
 /// The largest table delta a superblock object carries: past it, the commit writes the
 /// pages of the segments the delta lists (in the round of its parts), and starts over.
-const DELTA_BYTES_MAX: usize = 64 << 10;
+const DELTA_BYTES_MAX: usize = 8 << 10;
 /// A commit's parts go up together in objects of about this size (one PUT for the
 /// many small runs of a flush, several in parallel for a large commit).
 const BUNDLE_BYTES: usize = 8 << 20;
