@@ -16,8 +16,8 @@
 //!    after another writer's allocation sealed it: `Log::put_done`). Reads from here on go
 //!    to the store.
 //! 3. The reuse gate, write-held once (`Store::drain_reads`): every read that looked at
-//!    the mark before step 2 has finished. A read that waits for the store past
-//!    `GATE_WAIT` makes the pass take its marks back and stop, rather than stall every
+//!    the mark before step 2 has finished. While a read from the store holds it past
+//!    `GATE_WAIT`, the pass takes its marks back and stops, rather than stall every
 //!    reader queued behind the gate.
 //! 4. `Log::give_back`: under the log's lock, only if the segment was not opened again
 //!    since (which clears the mark), the devices punch the hole.

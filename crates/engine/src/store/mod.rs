@@ -133,6 +133,8 @@ pub struct Store {
     /// is woken (it commits, so the store has them, and gives back room), and the count
     /// since it last was. 0: no cache.
     cache_wake: [AtomicU64; 2],
+    /// Reads from the object store under way (`drain_reads` does not wait for them).
+    remote_in_flight: AtomicUsize,
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -187,6 +189,7 @@ impl Store {
             remote_reads: Default::default(),
             cold: Mutex::new(Default::default()),
             cache_wake: Default::default(),
+            remote_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -644,6 +647,14 @@ impl Store {
         }
     }
 
+    /// `Remote::read`, counted as under way while it runs (`drain_reads`).
+    fn remote_read(&self, remote: &dyn Remote, addr: u64, len: usize) -> Result<Vec<u8>> {
+        self.remote_in_flight.fetch_add(1, Ordering::AcqRel);
+        let r = remote.read(addr, len);
+        self.remote_in_flight.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
     /// The record from the object store, verified by `sum`.
     fn read_remote(
         &self,
@@ -655,7 +666,7 @@ impl Store {
     ) -> Result<()> {
         let mut last = None;
         for &a in addrs {
-            match remote.read(a, len) {
+            match self.remote_read(remote, a, len) {
                 Ok(b) if b.len() == len && crate::checksum::verify(sum, &b) => {
                     self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
                     self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
@@ -688,7 +699,7 @@ impl Store {
         };
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         self.red.check_record(&[addr], len)?;
-        let b = remote.read(addr, len)?;
+        let b = self.remote_read(&**remote, addr, len)?;
         if b.len() != len {
             return Err(Error::Corrupt(format!(
                 "the object store gave {} bytes for a run of {len}",
@@ -849,14 +860,22 @@ impl Store {
 
     /// Wait out every read that looked up a pointer before the call (the reuse gate,
     /// write-held once). A read may be waiting for the object store (up to its deadline):
-    /// unless `patient`, give up after `GATE_WAIT` (new readers queue behind a waiting
-    /// writer, so a long wait would stall every read) and answer false.
+    /// unless `patient`, when the gate is not free within `GATE_WAIT` and a read from the
+    /// store is under way, give up and answer false (new readers queue behind a waiting
+    /// writer, so waiting on would stall every read). Long local reads are waited out.
     pub fn drain_reads(&self, patient: bool) -> bool {
-        if patient {
+        if patient || self.remote.get().is_none() {
             drop(self.reuse_gate.write());
             return true;
         }
-        self.reuse_gate.try_write_for(GATE_WAIT).is_some()
+        if self.reuse_gate.try_write_for(GATE_WAIT).is_some() {
+            return true;
+        }
+        if self.remote_in_flight.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        drop(self.reuse_gate.write());
+        true
     }
 
     // --- back-pressure ---
