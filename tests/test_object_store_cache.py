@@ -356,3 +356,14 @@ def test_removing_the_store_brings_back_what_only_it_held(versitygw, tmp_path):
         assert st["state"] == "ONLINE" and not st.get("errors"), st
     finally:
         p.kill()
+
+
+def test_cache_size_without_a_store_is_refused(tmp_path):
+    """`--object-store-cache-size` (or another store option) without `--object-store` is
+    an error naming what is missing, not silently ignored; nothing is created."""
+    from conftest import Pool
+    p = Pool(tmp_path)
+    r = p.bulwark("pool", "create", p.dir, "--devices", "1", "--device-size", "64M",
+                  "--object-store-cache-size", "1G", check=False)
+    assert r.returncode != 0 and "needs --object-store" in r.stderr, r.stderr
+    assert not (p.dir / "pool.json").exists()

@@ -288,6 +288,9 @@ fn config_name(dir: &Path, conf: &PoolConfig) -> String {
 // ---- commands --------------------------------------------------------------------
 
 pub fn create(args: &PoolCreateArgs) -> Result<()> {
+    if args.object_store.is_none() {
+        refuse_store_options_without_store(&args.store)?;
+    }
     let copies = match args.layout {
         Layout::Single => 1,
         Layout::Mirror(n) => n as usize,
@@ -599,6 +602,26 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
             ""
         }
     ))
+}
+
+/// The object store's options given without `--object-store`: an error, not ignored.
+fn refuse_store_options_without_store(a: &crate::cli::ObjectStoreArgs) -> Result<()> {
+    let given = [
+        (a.object_store_cache_size.is_some(), "--object-store-cache-size"),
+        (a.object_store_credentials.is_some(), "--object-store-credentials"),
+        (a.object_store_single_host, "--object-store-single-host"),
+        (
+            a.object_store_flush != crate::cli::FlushMode::Store,
+            "--object-store-flush",
+        ),
+    ];
+    match given.iter().find(|(on, _)| *on) {
+        Some((_, name)) => Err(Error::usage(format!(
+            "{name} needs --object-store URL (or 'bulwark pool object-store add' for an \
+             existing pool)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Bytes free for an unprivileged writer on the file system holding `dir` (0 if unknown).
@@ -1115,6 +1138,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
     if let Some(url) = &args.object_store {
         return import_from_store(args, url);
     }
+    refuse_store_options_without_store(&args.store)?;
     let devices = import_devices(args)?;
     let Some(dir) = &args.dir else {
         // What zpool import says without a pool name: what is there, and whether it imports.
