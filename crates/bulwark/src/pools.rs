@@ -607,8 +607,14 @@ pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Re
 /// The object store's options given without `--object-store`: an error, not ignored.
 fn refuse_store_options_without_store(a: &crate::cli::ObjectStoreArgs) -> Result<()> {
     let given = [
-        (a.object_store_cache_size.is_some(), "--object-store-cache-size"),
-        (a.object_store_credentials.is_some(), "--object-store-credentials"),
+        (
+            a.object_store_cache_size.is_some(),
+            "--object-store-cache-size",
+        ),
+        (
+            a.object_store_credentials.is_some(),
+            "--object-store-credentials",
+        ),
         (a.object_store_single_host, "--object-store-single-host"),
         (
             a.object_store_flush != crate::cli::FlushMode::Store,

@@ -36,11 +36,15 @@ pub struct FoundMember {
     pub path: Option<PathBuf>,
     /// The generation of its newest label.
     pub generation: Option<u64>,
-    /// ONLINE, STALE (missed commits), SMALL (truncated) or MISSING.
+    /// ONLINE, STALE (missed commits), SMALL (truncated), DUPLICATE (its newest label is
+    /// on another device too: a copy) or MISSING.
     pub state: String,
     /// Why the device cannot be claimed now (a running daemon holds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_use: Option<String>,
+    /// DUPLICATE: the other device that carries the same member's newest label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub also_at: Option<PathBuf>,
 }
 
 /// A pool found on devices: what `bulwark pool import` shows before it imports.
@@ -215,13 +219,26 @@ fn scan_checked(devices: &[PathBuf], check: Check) -> Result<Vec<FoundPool>> {
                 .iter()
                 .filter(|l| &l.sb.device_id == member_id)
                 .max_by_key(|l| l.sb.generation);
+            // Another device with the same member's label at the same generation: a copy
+            // of the device. Which one the pool should use is the administrator's call.
+            let also_at = found.and_then(|f| {
+                mine.iter()
+                    .find(|l| {
+                        &l.sb.device_id == member_id
+                            && l.sb.generation == f.sb.generation
+                            && l.path != f.path
+                    })
+                    .map(|l| l.path.clone())
+            });
             let member = match found {
                 Some(l) => FoundMember {
                     index: i as u32,
                     device_id: to_hex(member_id),
                     path: Some(l.path.clone()),
                     generation: Some(l.sb.generation),
-                    state: if l.size < newest.device_bytes {
+                    state: if also_at.is_some() {
+                        "DUPLICATE"
+                    } else if l.size < newest.device_bytes {
                         "SMALL"
                     } else if l.sb.generation + 1 < newest.generation {
                         "STALE"
@@ -230,6 +247,7 @@ fn scan_checked(devices: &[PathBuf], check: Check) -> Result<Vec<FoundPool>> {
                     }
                     .into(),
                     in_use: claimed_elsewhere(&l.path),
+                    also_at,
                 },
                 None => FoundMember {
                     index: i as u32,
@@ -238,6 +256,7 @@ fn scan_checked(devices: &[PathBuf], check: Check) -> Result<Vec<FoundPool>> {
                     generation: None,
                     state: "MISSING".into(),
                     in_use: None,
+                    also_at: None,
                 },
             };
             members.push(member);
@@ -381,6 +400,25 @@ pub fn import_refusal(found: &FoundPool, force: bool) -> Option<Error> {
             "pool {name} is in use: a running bulwark daemon holds {} (its device claims); \
              stop that daemon, or export the pool there ('bulwark pool export') first",
             in_use.join(", ")
+        )));
+    }
+    let copies: Vec<String> = found
+        .members
+        .iter()
+        .filter_map(|m| match (&m.path, &m.also_at) {
+            (Some(p), Some(q)) => Some(format!(
+                "member {} is on both {} and {}",
+                m.index,
+                p.display(),
+                q.display()
+            )),
+            _ => None,
+        })
+        .collect();
+    if !copies.is_empty() {
+        return Some(Error::Invalid(format!(
+            "pool {name}: {} (a copy of a device?): give only the devices the pool should use",
+            copies.join("; ")
         )));
     }
     if !found.runnable {
@@ -983,6 +1021,29 @@ mod tests {
         let pool = Pool::open(&a, OpenOptions::default()).unwrap();
         assert!(pool.volume("v").is_err(), "the copy is from before 'v'");
         pool.close().unwrap();
+    }
+
+    /// A copy of a member's device given beside it: the import names both and refuses
+    /// (it used to take whichever came first).
+    #[test]
+    fn a_copied_device_given_beside_its_original_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        make(&a, Layout::Mirror(2), 2);
+        export(&a).unwrap();
+        let copy = t.path().join("copy-of-dev0.img");
+        std::fs::copy(a.join("dev0.img"), &copy).unwrap();
+        let given = vec![a.join("dev0.img"), a.join("dev1.img"), copy.clone()];
+        let found = one_pool(&given).unwrap();
+        let m0 = &found.members[0];
+        assert_eq!(m0.state, "DUPLICATE", "{m0:?}");
+        let e = import_into(&a, &given, &ImportOptions::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("on both") && e.to_string().contains("copy-of-dev0"),
+            "{e}"
+        );
+        // Without the copy: imported.
+        import_into(&a, &given[..2], &ImportOptions::default()).unwrap();
     }
 
     fn make(dir: &Path, layout: Layout, n: usize) {
