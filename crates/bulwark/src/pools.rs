@@ -417,16 +417,22 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     print(&out)
 }
 
-/// `pool object-store add|remove`: give an existing pool a store (its data uploaded by the
-/// import's commit), or forget it; no daemon may serve the pool.
-pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Result<()> {
-    let dir = status_target(
+/// The pool a command on a stopped pool works on: `--pool DIR` ($BULWARK_POOL), or the
+/// only one registered.
+fn pool_dir(pool: Option<&Path>) -> Result<PathBuf> {
+    status_target(
         &PoolStatusArgs {
             target: None,
             json: false,
         },
         pool,
-    )?;
+    )
+}
+
+/// `pool object-store add|remove`: give an existing pool a store (its data uploaded by the
+/// import's commit), or forget it; no daemon may serve the pool.
+pub fn object_store(command: &PoolObjectStoreCommand, pool: Option<&Path>) -> Result<()> {
+    let dir = pool_dir(pool)?;
     let mut conf = PoolConfig::read(&dir)?;
     let name = config_name(&dir, &conf);
     refuse_if_served(&dir, &name, "change its object store")?;
@@ -647,13 +653,7 @@ fn free_bytes(dir: &Path) -> u64 {
 /// `pool log add|remove`: import the pool (no daemon may serve it), change its log
 /// devices with one commit, close it.
 pub fn log(command: &PoolLogCommand, pool: Option<&Path>) -> Result<()> {
-    let dir = status_target(
-        &PoolStatusArgs {
-            target: None,
-            json: false,
-        },
-        pool,
-    )?;
+    let dir = pool_dir(pool)?;
     let conf = PoolConfig::read(&dir)?;
     let name = config_name(&dir, &conf);
     refuse_if_served(&dir, &name, "change its log devices")?;

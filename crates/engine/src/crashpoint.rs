@@ -12,8 +12,7 @@
 //! `commit.published` (the object store took the commit, no local superblock written),
 //! `commit.superblocks_written` (superblocks written, nothing released),
 //! `snapshot.destroy.released` (a snapshot's records released, the commit not begun),
-//! `rollback.released` (the volume's newer records released, the commit not begun),
-//! `cache.evict` (a segment of the local cache marked given back, its hole not yet punched).
+//! `rollback.released` (the volume's newer records released, the commit not begun).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -139,7 +139,9 @@ pub struct Log {
     evicted_count: AtomicU32,
     /// Puts of client data (`Stream::Data`, `Stream::Clean`) placed in each segment and not
     /// yet written and noted for upload (`put_done`): a segment with any is never given
-    /// back, even once sealed by another writer's allocation.
+    /// back, even once sealed by another writer's allocation. Counted only for a pool with
+    /// an object tier (`track_freed`, set once at import before any put), as `put_done`
+    /// settles them.
     inflight: Vec<AtomicU32>,
     /// When each segment was last brought back from the store (the log's byte count, as
     /// `stamp`): the local cache gives back the least recently opened or brought back first.
@@ -283,6 +285,9 @@ impl Log {
     /// A put of client data placed at `addr` (by `alloc_run`) is written and noted for
     /// upload, or failed.
     pub fn put_done(&self, addr: u64) {
+        if !self.track_freed.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(n) = self.inflight.get(segment_of(addr) as usize) {
             n.fetch_sub(1, Ordering::AcqRel);
         }
@@ -564,7 +569,10 @@ impl Log {
         g.heads[h] = Some((seg, end.min(SEGMENT_BYTES) as u32));
         if counted {
             self.pending_nodes.fetch_add(n, Ordering::Relaxed);
-            // Under the lock: a segment sealed after this returns still shows the put.
+        }
+        // Under the lock: a segment sealed after this returns still shows the put. Only
+        // with an object tier (`track_freed`, set with it), the only reader.
+        if counted && self.track_freed.load(Ordering::Relaxed) {
             self.inflight[seg as usize].fetch_add(1, Ordering::AcqRel);
         }
         self.written[h].fetch_add(end - off as u64, Ordering::Relaxed);
@@ -1269,7 +1277,8 @@ mod tests {
     #[test]
     fn a_segment_is_marked_for_eviction_only_as_checked() {
         let log = Log::new(vec![0; 64], 0, true);
-        // Listed free, then opened by a writer before the mark: not marked.
+        log.track_freed(); // an object tier: puts under way are counted
+                           // Listed free, then opened by a writer before the mark: not marked.
         let seg = log.free_held()[0];
         let first = log.alloc(Stream::Data, 4096).unwrap();
         assert_eq!(segment_of(first), seg);

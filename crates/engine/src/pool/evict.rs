@@ -147,10 +147,9 @@ impl Core {
             if !store.log.is_evicted(seg) || store.log.is_free(seg) {
                 continue;
             }
-            let opening = store.log.incarnation(seg);
-            let parts = match tier.segment_bytes(store, seg) {
-                Ok(Some(p)) => p,
-                Ok(None) => continue,
+            match self.write_back(tier, seg) {
+                Ok(Some(true)) => written.push(seg),
+                Ok(_) => {}
                 // The store does not answer: the rest waits for the next pass (each would
                 // wait for its deadline, and this thread also commits and cleans).
                 Err(e @ Error::StoreUnavailable(_)) | Err(e @ Error::Io(_)) => {
@@ -160,29 +159,11 @@ impl Core {
                 }
                 Err(e) => {
                     tracing::warn!(segment = seg, "local cache: bringing back failed: {e}");
-                    continue;
                 }
-            };
-            let base = seg as u64 * crate::constants::SEGMENT_BYTES;
-            let wrote = store.log.bring_back(seg, opening, || {
-                for (off, bytes) in &parts {
-                    store.red.write(base + *off as u64, bytes)?;
-                }
-                Ok(())
-            })?;
-            if wrote {
-                written.push(seg);
             }
         }
         store.return_wanted_back(&wanted[done..]);
-        if written.is_empty() {
-            return Ok(0);
-        }
-        // Durable before any read goes to them (one flush for the batch).
-        store.red.flush()?;
-        for &seg in &written {
-            store.log.unmark(seg);
-        }
+        self.settle_written_back(&written)?;
         tier.refilled_total
             .fetch_add(written.len() as u64, Ordering::Relaxed);
         tracing::debug!(
@@ -199,31 +180,54 @@ impl Core {
             return Ok(0);
         };
         let _one = tier.cache_lock.lock();
-        let store = &self.store;
-        let mut back = 0;
-        for seg in store.log.evicted_live() {
-            let opening = store.log.incarnation(seg);
-            let parts = tier.segment_bytes(store, seg)?.ok_or_else(|| {
-                Error::Unrecoverable(format!(
-                    "segment {seg} was given back, and the object store's table has no bytes \
-                     of it"
-                ))
-            })?;
-            let base = seg as u64 * crate::constants::SEGMENT_BYTES;
-            if store.log.bring_back(seg, opening, || {
-                for (off, bytes) in &parts {
-                    store.red.write(base + *off as u64, bytes)?;
+        let mut written = Vec::new();
+        for seg in self.store.log.evicted_live() {
+            match self.write_back(tier, seg)? {
+                Some(true) => written.push(seg),
+                Some(false) => {}
+                None => {
+                    return Err(Error::Unrecoverable(format!(
+                        "segment {seg} was given back, and the object store's table has no \
+                         bytes of it"
+                    )))
                 }
-                Ok(())
-            })? {
-                back += 1;
             }
         }
-        store.red.flush()?;
-        for seg in store.log.evicted_live() {
-            store.log.unmark(seg);
+        self.settle_written_back(&written)?;
+        Ok(written.len())
+    }
+
+    /// Fetch given-back segment `seg`'s bytes from the store and write them to the
+    /// devices, under the log's lock, only while it is still the sealed, marked segment of
+    /// the opening fetched (`Log::bring_back`). `None`: the store's table holds no bytes
+    /// of this opening; `Some(false)`: the segment changed meanwhile, nothing written.
+    fn write_back(&self, tier: &super::tier::Tier, seg: u32) -> Result<Option<bool>> {
+        let store = &self.store;
+        let opening = store.log.incarnation(seg);
+        let Some(parts) = tier.segment_bytes(store, seg)? else {
+            return Ok(None);
+        };
+        let base = seg as u64 * crate::constants::SEGMENT_BYTES;
+        let wrote = store.log.bring_back(seg, opening, || {
+            for (off, bytes) in &parts {
+                store.red.write(base + *off as u64, bytes)?;
+            }
+            Ok(())
+        })?;
+        Ok(Some(wrote))
+    }
+
+    /// Make the segments `write_back` wrote durable, then read them locally again (one
+    /// flush for the batch; none read locally before it).
+    fn settle_written_back(&self, written: &[u32]) -> Result<()> {
+        if written.is_empty() {
+            return Ok(());
         }
-        Ok(back)
+        self.store.red.flush()?;
+        for &seg in written {
+            self.store.log.unmark(seg);
+        }
+        Ok(())
     }
 
     /// Give back `segs` (each with the opening checked, `None` for a free one), batch by
@@ -260,7 +264,6 @@ impl Core {
             }
             let mut none_could = !marked.is_empty();
             for seg in marked {
-                crate::crashpoint::hit("cache.evict");
                 match store.log.give_back(seg, || store.red.discard_segment(seg)) {
                     Ok(true) => {
                         given += 1;

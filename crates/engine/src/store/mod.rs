@@ -621,10 +621,7 @@ impl Store {
             return self.red.read_verified(addrs, len, sum, out);
         };
         self.red.check_record(addrs, len)?;
-        if addrs
-            .iter()
-            .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
-        {
+        if self.given_back(addrs) {
             self.read_remote(&**remote, addrs, len, sum, out)?;
             if note {
                 self.note_cold(crate::log::segment_of(addrs[0]));
@@ -645,6 +642,13 @@ impl Store {
             }
             other => other,
         }
+    }
+
+    /// Whether a copy of the record at `addrs` lies in a segment given back to the store.
+    fn given_back(&self, addrs: &[u64]) -> bool {
+        addrs
+            .iter()
+            .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
     }
 
     /// `Remote::read`, counted as under way while it runs (`drain_reads`).
@@ -690,10 +694,7 @@ impl Store {
     /// `Redundancy::read_run_scattered`: from the object store in one ranged read when its
     /// segment was given back.
     pub fn read_run_scattered(&self, addr: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
-        let remote = self
-            .remote
-            .get()
-            .filter(|_| self.log.is_evicted(crate::log::segment_of(addr)));
+        let remote = self.remote.get().filter(|_| self.given_back(&[addr]));
         let Some(remote) = remote else {
             return self.red.read_run_scattered(addr, bufs);
         };
@@ -730,11 +731,7 @@ impl Store {
         buf: &mut Vec<u8>,
         check_store: bool,
     ) -> Option<crate::redundancy::ScrubOutcome> {
-        let remote = self.remote.get().filter(|_| {
-            addrs
-                .iter()
-                .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
-        });
+        let remote = self.remote.get().filter(|_| self.given_back(addrs));
         let Some(remote) = remote else {
             return Some(self.red.scrub(addrs, len, sum, buf));
         };
