@@ -3,18 +3,12 @@ grant change and volume create/destroy as one JSON line (mode 0600,
 appended), and never a secret: not the key file's bytes, not the
 passphrase, not the PSK key."""
 
-import json
 import os
 import stat
 
 from conftest import make_passphrase_file, qemu_io_ok, require_tools, run, wait_until
+from keyutil import audit_lines
 from tlsutil import make_psk, nbdinfo_list, start_tls_pool
-
-
-def audit_records(pool) -> list[dict]:
-    """audit.log's records (a line the daemon is still appending waits for the next read)."""
-    text = (pool.dir / "audit.log").read_text()
-    return [json.loads(l) for l in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def test_audit_log_has_every_event_and_no_secret(make_pool, tmp_path):
@@ -63,7 +57,7 @@ def test_audit_log_has_every_event_and_no_secret(make_pool, tmp_path):
 
     # Some records (a detach, a failed handshake) are written once the client
     # has gone: read the log again until all are there, then check it.
-    lines = wait_until(lambda: audit_records(pool),
+    lines = wait_until(lambda: audit_lines(pool),
                        lambda lines: all(has(lines, *e) for e in expected))
     log = pool.dir / "audit.log"
     assert stat.S_IMODE(os.stat(log).st_mode) == 0o600
@@ -112,7 +106,7 @@ def test_audit_log_has_device_fault_and_scrub_actions(make_pool, tmp_path):
     r = pool.cli("device", "offline", tmp_path / "no-such.img", check=False)
     assert r.returncode != 0
 
-    lines = [json.loads(l) for l in (pool.dir / "audit.log").read_text().splitlines()]
+    lines = audit_lines(pool)
 
     def find(event, result="ok"):
         return [l for l in lines if l["event"] == event and l["result"] == result]

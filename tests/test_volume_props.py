@@ -14,6 +14,7 @@ import os
 import re
 
 from conftest import KiB, MiB, qemu_io, qemu_io_ok, require_tools, run, stderr_lines
+from keyutil import audit_lines
 from test_nbdfuse_ext4 import loop_mount, make_tree, nbdfuse, require_loop_mount
 
 
@@ -174,7 +175,7 @@ def test_properties_round_trip_and_readonly(pool):
 
     pool.cli("volume", "set", "p", "readonly=off")
     qemu_io_ok(pool.uri("p"), "write -P 0x12 0 4k", "read -P 0x12 0 4k", "read -P 0x11 4k 60k")
-    events = [json.loads(l) for l in (pool.dir / "audit.log").read_text().splitlines()]
+    events = audit_lines(pool)
     sets = [e["detail"] for e in events if e["event"] == "volume_set"]
     assert {"readonly": "on"} in sets and {"readonly": "off"} in sets, sets
 
