@@ -174,12 +174,16 @@ def test_pool_rebuilt_from_the_bucket_alone(server, tmp_path):
 def test_second_host_fences_the_first(versitygw, tmp_path):
     """Split brain: a second importer takes the pool (--force, the first did not export);
     the first one's next FLUSH fails with EIO and it stops writing; restarted, it refuses
-    to serve, naming the holder. What the first flushed before is all on the second."""
+    to serve, naming the holder. What the first flushed before is all on the second.
+    Nonces never overlap: listed offline (tests/helpers/bwforge.py, the format's own
+    reader) from both hosts' devices, no (volume, key generation, salt, nonce) seals
+    two different records."""
     srv = versitygw
     a = StorePool(tmp_path, srv, "fence").create().start()
     key = a.create_volume("v", size=f"{VOLUME_MIB}M")
     data = volume_data(tmp_path / "data.img", 2)
     write_and_flush(a, tmp_path / "data.img")
+    a_devices = a.device_paths()
 
     b = StorePool(tmp_path, srv, "fence", dir_name="hostb")
     r = b.import_from_store(a.dir / "pool.key")
@@ -207,8 +211,35 @@ def test_second_host_fences_the_first(versitygw, tmp_path):
         b.load_key("v", key)
         got = read_back(b, tmp_path / "out.img")
         assert got == data, "the new holder lacks data the first host flushed"
+        # The new holder writes under the same volume key as the fenced host did.
+        run(["qemu-io", "-f", "raw", "-c", "write -P 0x5b 0 1M", "-c", "flush", b.uri("v")])
+        b_devices = b.device_paths()
+        b.stop()
     finally:
         b.kill()
+    assert_no_nonce_sealed_twice(a, [a_devices, b_devices])
+
+
+def assert_no_nonce_sealed_twice(pool: Pool, device_sets: list[list[str]]) -> None:
+    """Over the encrypted records reachable on each set of devices (listed offline by
+    bwforge), no (volume, key generation, salt, nonce) seals two different records; and
+    each set wrote under a salt of its own."""
+    pytest.importorskip("cryptography", reason="bwforge opens the volume table with AES-GCM")
+    import bwforge
+    import collections
+    k = (pool.dir / "pool.key").read_bytes()
+    seen = collections.defaultdict(set)
+    salts = []
+    for devs in device_sets:
+        recs = bwforge.Image(devs, k).nonces()
+        assert len(recs) >= 256, f"{devs}: only {len(recs)} encrypted records"
+        salts.append({r["salt"] for r in recs})
+        for r in recs:
+            seen[(r["volume"], r["key_generation"], r["salt"], r["nonce"])].add((r["lba"], r["checksum"]))
+    reused = {n: v for n, v in seen.items() if len(v) > 1}
+    assert not reused, f"nonce reused across hosts: {list(reused.items())[:5]}"
+    for i, own in enumerate(salts[1:], 1):
+        assert own - set().union(*salts[:i]), f"host {i} wrote under no salt of its own: {salts}"
 
 
 def test_lost_reply_to_the_superblock_put(versitygw, tmp_path):
