@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -128,6 +129,53 @@ def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path)
             assert read_back(p, tmp_path / "out2.img") == data
             assert p.status()["object_store"]["remote_reads"] > 0
             assert p.status()["state"] == "ONLINE"
+        finally:
+            p.kill()
+
+
+def test_writers_wait_for_the_store_past_the_cache_size(versitygw, tmp_path):
+    """Uploads slowed to 8 MiB/s and a writer far faster, with no FLUSH: the device files
+    never pass the cache's size and one wake interval (16 + 8 MiB) by more than the
+    writes in flight, because writes past it wait for the store to take room back; the
+    waits are counted, and every byte reads back exact."""
+    srv = versitygw
+    proxy = FaultProxy.for_server(srv)
+    with proxy:
+        p = StorePool(tmp_path, srv, "pace", endpoint=proxy.endpoint).create(
+            "--object-store-cache-size", CACHE).start()
+        try:
+            p.create_volume("v", size="64M")
+            src = tmp_path / "data.img"
+            src.write_bytes(os.urandom(64 << 20))
+            slow = proxy.slow_body(rate=8 << 20, prefix=f"{p.prefix}/seg/")
+            peak, done = [0], threading.Event()
+
+            def sample():
+                while not done.is_set():
+                    peak[0] = max(peak[0], allocated(p))
+                    time.sleep(0.01)
+
+            t = threading.Thread(target=sample, daemon=True)
+            t.start()
+            try:
+                # Four 256 KiB requests in flight at most: 1 MiB past a check at once.
+                run(["nbdcopy", "--connections=1", "--requests=4", "--request-size=262144",
+                     str(src), p.uri("v")])
+            finally:
+                done.set()
+                t.join()
+            assert slow.hits > 0, "no segment upload went through the slowed rule"
+            cap = CACHE_BYTES + (8 << 20)
+            slack = 4 << 20  # the requests in flight, map nodes, the open segments' rest
+            assert peak[0] <= cap + slack, \
+                f"the device files reached {peak[0] >> 20} MiB while the store took 8 MiB/s: " \
+                f"writes were not paced at {cap >> 20} MiB"
+            c = cache_of(p)["cache"]
+            assert c["paced_writes"] > 0 and c["paced_seconds"] > 0, c
+            slow.off()
+            run(["qemu-io", "-f", "raw", "-c", "flush", p.uri("v")])
+            out = tmp_path / "out.img"
+            assert read_back(p, out) == src.read_bytes(), "a byte differs after paced writes"
         finally:
             p.kill()
 

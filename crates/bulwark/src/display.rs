@@ -310,6 +310,13 @@ pub fn status_text(report: &StatusReport) -> String {
                 c.evicted_total,
                 c.refilled_total
             );
+            if c.paced_writes > 0 {
+                let _ = writeln!(
+                    out,
+                    "\tlocal cache: {} writes waited {:.1}s in all for the store to take room back",
+                    c.paced_writes, c.paced_seconds
+                );
+            }
         }
         if t.remote_reads > 0 || t.healed_from_store > 0 {
             let _ = writeln!(

@@ -362,6 +362,12 @@ pub(super) fn encode_status(
                 "Given-back segments brought back whole since the daemon started (read from the store often)",
                 c.refilled_total,
             )?;
+            counter(
+                e,
+                "object_store_cache_paced_writes",
+                "Client writes that waited for the store to take room back (the cache past its size)",
+                c.paced_writes,
+            )?;
         }
     }
 

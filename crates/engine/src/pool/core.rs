@@ -557,6 +557,9 @@ impl Core {
             {
                 if let Err(e) = self.commit() {
                     tracing::error!("background commit failed: {e}");
+                    // Writers paced by the local cache wait for no room (the store took
+                    // nothing): they go on locally until a commit succeeds.
+                    self.cache_pass_done(true);
                     continue;
                 }
             }
@@ -568,6 +571,7 @@ impl Core {
             if let Err(e) = self.evict() {
                 tracing::warn!("local cache: giving back room failed: {e}");
             }
+            self.cache_pass_done(false);
             if self.low_on_space() && self.accounting_complete {
                 self.store.take_space_wanted();
                 match self.clean() {
@@ -589,6 +593,15 @@ impl Core {
 }
 
 impl Core {
+    /// The end of a pass of the local cache: writers it paces look at the room again
+    /// (`store::pace`); `stalled`: the pass's commit failed.
+    fn cache_pass_done(&self, stalled: bool) {
+        let pace = &self.store.pace;
+        if pace.cap() > 0 {
+            pace.pass_done(self.store.red.allocated_bytes(), stalled);
+        }
+    }
+
     fn member_index(&self, path: &std::path::Path) -> Result<usize> {
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         self.store

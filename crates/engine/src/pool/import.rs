@@ -1230,7 +1230,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             }
             store.set_remote(tier.clone());
             if let Some(limit) = t.cache_bytes {
-                store.set_cache_wake((limit / 8).max(8 << 20));
+                store.set_cache_limit(limit);
             }
             Some(tier)
         }

@@ -777,6 +777,12 @@ pub struct CacheStatus {
     /// Segments brought back whole in this run, having been read from the store often.
     #[serde(default)]
     pub refilled_total: u64,
+    /// Client writes that waited for the store to take room back (past the size and one
+    /// wake interval: `store::pace`), and how long they waited in all.
+    #[serde(default)]
+    pub paced_writes: u64,
+    #[serde(default)]
+    pub paced_seconds: f64,
 }
 
 impl Tier {
@@ -1363,6 +1369,8 @@ impl Tier {
                 refilled_total: self
                     .refilled_total
                     .load(std::sync::atomic::Ordering::Relaxed),
+                paced_writes: store.pace.counts().waited_writes,
+                paced_seconds: store.pace.counts().waited_seconds,
             }),
             remote_reads: remote.reads,
             remote_read_bytes: remote.bytes,

@@ -30,6 +30,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+pub mod pace;
+
 use crate::cachedev::CacheDevice;
 use crate::checksum::checksum;
 use crate::codec::{self, Compression};
@@ -129,10 +131,10 @@ pub struct Store {
     /// asked for (bounded: `COLD_SEGMENTS_TRACKED`), and the segments read often enough
     /// to bring back (`take_wanted_back`).
     cold: Mutex<(std::collections::HashMap<u32, u32>, Vec<u32>)>,
-    /// With a local cache of a set size: bytes written after which the maintenance thread
-    /// is woken (it commits, so the store has them, and gives back room), and the count
-    /// since it last was. 0: no cache.
-    cache_wake: [AtomicU64; 2],
+    /// With a local cache of a set size: the maintenance thread woken every so many bytes
+    /// written (it commits, so the store has them, and gives back room), and client
+    /// writes paced past the size (`pace`).
+    pub pace: pace::Pace,
     /// Reads from the object store under way (`drain_reads` does not wait for them).
     remote_in_flight: AtomicUsize,
 }
@@ -146,6 +148,18 @@ pub struct Extent {
     pub inc: u64,
     pub off: u32,
     pub len: u32,
+}
+
+impl pace::Room for Store {
+    fn allocated(&self) -> u64 {
+        self.red.allocated_bytes()
+    }
+    fn wake(&self) {
+        self.wake_maintenance();
+    }
+    fn gone(&self) -> bool {
+        self.closing.load(Ordering::Relaxed) || self.is_poisoned()
+    }
 }
 
 impl NodeStore for Store {
@@ -188,7 +202,7 @@ impl Store {
             remote: std::sync::OnceLock::new(),
             remote_reads: Default::default(),
             cold: Mutex::new(Default::default()),
-            cache_wake: Default::default(),
+            pace: Default::default(),
             remote_in_flight: AtomicUsize::new(0),
         }
     }
@@ -494,17 +508,23 @@ impl Store {
             len: len as u32,
         };
         self.uploads.lock().push(e);
-        let every = self.cache_wake[0].load(Ordering::Relaxed);
-        if every > 0 && self.cache_wake[1].fetch_add(len as u64, Ordering::Relaxed) >= every {
-            self.cache_wake[1].store(0, Ordering::Relaxed);
+        if self.pace.note_written(len as u64) {
             self.wake_maintenance();
         }
     }
 
-    /// Wake the maintenance thread every `bytes` written (the local cache's limit: it
-    /// commits and gives back room before the devices pass the limit by much more).
-    pub fn set_cache_wake(&self, bytes: u64) {
-        self.cache_wake[0].store(bytes, Ordering::Relaxed);
+    /// A local cache of `limit` bytes: the maintenance thread is woken as writes near it,
+    /// and client writes wait past it (`pace`).
+    pub fn set_cache_limit(&self, limit: u64) {
+        self.pace.set_limit(limit, self.red.allocated_bytes());
+    }
+
+    /// A client write's wait for room in the local cache (`pace::Pace::wait_for_room`):
+    /// at once without a cache or under its cap.
+    pub fn wait_for_cache_room(&self) {
+        if self.pace.cap() > 0 {
+            self.pace.wait_for_room(self);
+        }
     }
 
     /// Note the whole of segment `seg`, written before this process, for upload (a pool

@@ -995,6 +995,8 @@ impl Volume {
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.refuse_client_write(true)?;
         self.check(offset, data.len() as u64)?;
+        // Before any lock: past a local cache's size, the store's pace.
+        self.store.wait_for_cache_room();
         let bs = self.st.block_size as usize;
         SCRATCH.with(|s| {
             let (stored, block) = &mut *s.borrow_mut();
