@@ -133,6 +133,58 @@ def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path)
             p.kill()
 
 
+def test_sequential_reads_from_the_store_are_read_ahead(versitygw, tmp_path):
+    """Given-back data read in order, 64 KiB at a time with one request in flight: the
+    reads after the first of a stream take the rest of their segment's part in one GET,
+    so far fewer GETs than reads reach the store, and every byte is exact; a random
+    4 KiB read after it still fetches only its record."""
+    srv = versitygw
+    proxy = FaultProxy.for_server(srv)
+    with proxy:
+        p = StorePool(tmp_path, srv, "ahead", endpoint=proxy.endpoint).create(
+            "--object-store-cache-size", CACHE).start()
+        try:
+            p.create_volume("v", size=f"{VOLUME_MIB}M")
+            data = volume_data(tmp_path / "data.img", 13)
+            write_and_flush(p, tmp_path / "data.img")
+            wait_for("the local cache to give back room",
+                     lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+            before = p.status()["object_store"]
+            proxy.reset_counts()
+            span = 6 << 20  # the oldest segments: given back first
+            out = nbd_script(p, (
+                "import hashlib\n"
+                "d = hashlib.sha256()\n"
+                f"for off in range(0, {span}, 65536):\n"
+                "    d.update(h.pread(65536, off))\n"
+                "print(d.hexdigest())\n"
+            ))
+            assert out.stdout.strip() == hashlib.sha256(data[:span]).hexdigest(), \
+                "bytes differ in reads served by read-ahead"
+            after = p.status()["object_store"]
+            reads = after["remote_reads"] - before["remote_reads"]
+            hits = after["read_ahead_hits"] - before["read_ahead_hits"]
+            gets = ranged_gets(proxy, p.prefix)
+            assert reads >= 32, f"only {reads} reads went to the store: was the data given back?"
+            assert hits > 0, f"no read was served by read-ahead: {after}"
+            assert len(gets) * 4 <= reads, \
+                f"{len(gets)} GETs for {reads} sequential reads from the store: no read-ahead"
+            got = read_back(p, tmp_path / "out.img")
+            assert got == data, "bytes differ after reads served by read-ahead"
+
+            proxy.reset_counts()
+            r = qemu_io(p.uri("v"), "read -v 3m 4k")
+            assert r.returncode == 0, r.stderr
+            gets = ranged_gets(proxy, p.prefix)
+            assert len(gets) <= 1, gets
+            for g in gets:
+                rng = dict((k.lower(), v) for k, v in g.headers)["range"]
+                lo, hi = (int(x) for x in rng.split("=")[1].split("-"))
+                assert hi - lo + 1 <= 4096 + 16, f"a random 4 KiB read fetched {rng}"
+        finally:
+            p.kill()
+
+
 def test_writers_wait_for_the_store_past_the_cache_size(versitygw, tmp_path):
     """Uploads slowed to 8 MiB/s and a writer far faster, with no FLUSH: the device files
     never pass the cache's size and one wake interval (16 + 8 MiB) by more than the

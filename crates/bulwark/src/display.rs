@@ -321,9 +321,11 @@ pub fn status_text(report: &StatusReport) -> String {
         if t.remote_reads > 0 || t.healed_from_store > 0 {
             let _ = writeln!(
                 out,
-                "\treads from the store this run: {} ({}); {} records no local copy verified\n",
+                "\treads from the store this run: {} ({} fetched, {} reads served by read-ahead); \
+                 {} records no local copy verified\n",
                 t.remote_reads,
                 format_size(t.remote_read_bytes),
+                t.read_ahead_hits,
                 t.healed_from_store
             );
         }

@@ -328,8 +328,14 @@ pub(super) fn encode_status(
         counter(
             e,
             "object_store_remote_read_bytes",
-            "Bytes of those reads",
+            "Bytes fetched from the object store for those reads (read-ahead included)",
             t.remote_read_bytes,
+        )?;
+        counter(
+            e,
+            "object_store_read_ahead_hits",
+            "Reads of given-back records served from bytes read ahead of a sequential read (no request of their own)",
+            t.read_ahead_hits,
         )?;
         counter(
             e,

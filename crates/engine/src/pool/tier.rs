@@ -760,6 +760,10 @@ pub struct TierStatus {
     pub remote_read_bytes: u64,
     #[serde(default)]
     pub healed_from_store: u64,
+    /// Of `remote_reads`, those served from bytes read ahead of a sequential read (no
+    /// request of their own).
+    #[serde(default)]
+    pub read_ahead_hits: u64,
 }
 
 /// The local cache of a pool whose object store holds everything (`pool create
@@ -1375,6 +1379,7 @@ impl Tier {
             remote_reads: remote.reads,
             remote_read_bytes: remote.bytes,
             healed_from_store: remote.healed,
+            read_ahead_hits: remote.ahead_hits,
         }
     }
 
@@ -1424,9 +1429,10 @@ impl Tier {
         self.st.lock().slots.keys().copied().collect()
     }
 
-    /// Where the store holds `len` bytes at pool address `addr`: the object and the offset
-    /// in it (the newest part of the segment that covers them all).
-    fn locate(&self, addr: u64, len: usize) -> Option<(String, u64)> {
+    /// Where the store holds `len` bytes at pool address `addr`: the object, the offset
+    /// in it (the newest part of the segment that covers them all), and how many bytes
+    /// from there that part holds.
+    fn locate(&self, addr: u64, len: usize) -> Option<(String, u64, u64)> {
         let seg = (addr / SEGMENT_BYTES) as u32;
         let off = addr % SEGMENT_BYTES;
         let st = self.st.lock();
@@ -1435,34 +1441,41 @@ impl Tier {
             .iter()
             .rev()
             .find(|p| p.off as u64 <= off && off + len as u64 <= p.off as u64 + p.len as u64)
-            .map(|p| (p.name(), p.at as u64 + (off - p.off as u64)))
+            .map(|p| {
+                let end = p.off as u64 + p.len as u64;
+                (p.name(), p.at as u64 + (off - p.off as u64), end - off)
+            })
     }
 }
 
 impl crate::store::Remote for Tier {
     fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
-        let Some((name, at)) = self.locate(addr, len) else {
+        self.read_ahead(addr, len, len)
+    }
+
+    fn read_ahead(&self, addr: u64, len: usize, want: usize) -> Result<Vec<u8>> {
+        let Some((name, at, held)) = self.locate(addr, len) else {
             return Err(Error::Unrecoverable(format!(
                 "the {len} bytes at pool address {addr} are in no part of the object store's \
                  segment table"
             )));
         };
-        self.store
-            .get_range(&name, at, len as u64)
-            .map_err(|e| match e {
-                Error::Io(_) => Error::StoreUnavailable(format!(
-                    "reading {len} bytes of '{name}' from the object store {}: {e}",
-                    self.store.describe()
-                )),
-                // Deleted under us (this host was fenced and the new holder collected it):
-                // the bytes are gone, never replaced by others.
-                Error::NotFound(_) => Error::Unrecoverable(format!(
-                    "'{name}' is no longer in the object store {} (this host no longer holds the \
+        // Past `len`, only what the same part holds: one ranged GET.
+        let fetch = (want as u64).min(held).max(len as u64);
+        self.store.get_range(&name, at, fetch).map_err(|e| match e {
+            Error::Io(_) => Error::StoreUnavailable(format!(
+                "reading {len} bytes of '{name}' from the object store {}: {e}",
+                self.store.describe()
+            )),
+            // Deleted under us (this host was fenced and the new holder collected it):
+            // the bytes are gone, never replaced by others.
+            Error::NotFound(_) => Error::Unrecoverable(format!(
+                "'{name}' is no longer in the object store {} (this host no longer holds the \
                  pool?): {e}",
-                    self.store.describe()
-                )),
-                other => other,
-            })
+                self.store.describe()
+            )),
+            other => other,
+        })
     }
 }
 

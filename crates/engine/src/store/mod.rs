@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+pub mod ahead;
 pub mod pace;
 
 use crate::cachedev::CacheDevice;
@@ -61,6 +62,13 @@ pub trait Remote: Send + Sync {
     /// The `len` stored bytes at pool address `addr` (one record, or a run of them, inside
     /// one segment), unverified: the caller checks them.
     fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>>;
+
+    /// `read`, and up to `want` bytes from `addr` in the same request where the store
+    /// holds them in one piece (read-ahead: `store::ahead`). At least `len` bytes.
+    fn read_ahead(&self, addr: u64, len: usize, want: usize) -> Result<Vec<u8>> {
+        let _ = want;
+        self.read(addr, len)
+    }
 }
 
 /// Reads served by the object store (`Store::remote_reads`).
@@ -71,6 +79,8 @@ pub struct RemoteReads {
     pub bytes: u64,
     /// Records no local copy verified, read from the store instead.
     pub healed: u64,
+    /// Reads served from bytes read ahead (`store::ahead`), no request of their own.
+    pub ahead_hits: u64,
 }
 
 /// One record for [`Store::put`]: its stored bytes are `buf[at..at + ptr.len]` of the
@@ -126,7 +136,11 @@ pub struct Store {
     /// The object store, once the pool's tier is taken: segments the local cache gave back
     /// (`Log::is_evicted`) are read from it, and so is a record no local copy verifies.
     remote: std::sync::OnceLock<Arc<dyn Remote>>,
-    remote_reads: [AtomicU64; 3],
+    /// Reads of given-back records, bytes fetched from the store, records healed from
+    /// it, reads served from bytes read ahead.
+    remote_reads: [AtomicU64; 4],
+    /// Bytes read ahead of sequential reads from the store (`ahead`).
+    ahead: Mutex<ahead::Ahead>,
     /// Reads from the store per given-back segment since it was last brought back or
     /// asked for (bounded: `COLD_SEGMENTS_TRACKED`), and the segments read often enough
     /// to bring back (`take_wanted_back`).
@@ -201,6 +215,7 @@ impl Store {
             uploads: Mutex::new(Vec::new()),
             remote: std::sync::OnceLock::new(),
             remote_reads: Default::default(),
+            ahead: Mutex::new(Default::default()),
             cold: Mutex::new(Default::default()),
             pace: Default::default(),
             remote_in_flight: AtomicUsize::new(0),
@@ -642,8 +657,8 @@ impl Store {
         };
         self.red.check_record(addrs, len)?;
         if self.given_back(addrs) {
-            self.read_remote(&**remote, addrs, len, sum, out)?;
-            if note {
+            let read_ahead = self.read_remote(&**remote, addrs, len, sum, out)?;
+            if note && !read_ahead {
                 self.note_cold(crate::log::segment_of(addrs[0]));
             }
             return Ok(());
@@ -671,15 +686,51 @@ impl Store {
             .any(|&a| self.log.is_evicted(crate::log::segment_of(a)))
     }
 
-    /// `Remote::read`, counted as under way while it runs (`drain_reads`).
-    fn remote_read(&self, remote: &dyn Remote, addr: u64, len: usize) -> Result<Vec<u8>> {
+    /// `len` bytes at `addr` from the object store: from a window read ahead when one
+    /// holds them (`true`), else one request, which reads ahead when the read continues a
+    /// stream (`store::ahead`). Unverified.
+    fn remote_read(&self, remote: &dyn Remote, addr: u64, len: usize) -> Result<(Vec<u8>, bool)> {
+        let opening = self.log.incarnation(crate::log::segment_of(addr));
+        let want = {
+            let mut a = self.ahead.lock();
+            if let Some(b) = a.take(addr, len, opening) {
+                self.remote_reads[3].fetch_add(1, Ordering::Relaxed);
+                return Ok((b, true));
+            }
+            ahead::fetch_len(addr, len)
+        };
+        let mut b = self.remote_fetch(remote, addr, len, want)?;
+        if b.len() > len {
+            let rest = b.split_off(len);
+            self.ahead.lock().keep(addr + len as u64, opening, rest);
+        }
+        Ok((b, false))
+    }
+
+    /// One request to the store (`want` > `len`: reading ahead), counted as under way
+    /// while it runs (`drain_reads`) and in the bytes read from the store.
+    fn remote_fetch(
+        &self,
+        remote: &dyn Remote,
+        addr: u64,
+        len: usize,
+        want: usize,
+    ) -> Result<Vec<u8>> {
         self.remote_in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = remote.read(addr, len);
+        let r = if want > len {
+            remote.read_ahead(addr, len, want)
+        } else {
+            remote.read(addr, len)
+        };
         self.remote_in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Ok(b) = &r {
+            self.remote_reads[1].fetch_add(b.len() as u64, Ordering::Relaxed);
+        }
         r
     }
 
-    /// The record from the object store, verified by `sum`.
+    /// The record from the object store, verified by `sum`; `true` when it came from
+    /// bytes read ahead.
     fn read_remote(
         &self,
         remote: &dyn Remote,
@@ -687,16 +738,24 @@ impl Store {
         len: usize,
         sum: &crate::checksum::Checksum,
         out: &mut Vec<u8>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut last = None;
         for &a in addrs {
-            match self.remote_read(remote, a, len) {
-                Ok(b) if b.len() == len && crate::checksum::verify(sum, &b) => {
+            let mut got = self.remote_read(remote, a, len);
+            if let Ok((b, true)) = &got {
+                if b.len() != len || !crate::checksum::verify(sum, b) {
+                    // Never expected (windows are keyed by the segment's opening): ask
+                    // the store itself rather than fail on a window's word.
+                    self.ahead.lock().forget(crate::log::segment_of(a));
+                    got = self.remote_fetch(remote, a, len, len).map(|b| (b, false));
+                }
+            }
+            match got {
+                Ok((b, ahead)) if b.len() == len && crate::checksum::verify(sum, &b) => {
                     self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
-                    self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
                     out.clear();
                     out.extend_from_slice(&b);
-                    return Ok(());
+                    return Ok(ahead);
                 }
                 Ok(_) => {
                     last = Some(Error::Unrecoverable(format!(
@@ -720,7 +779,7 @@ impl Store {
         };
         let len: usize = bufs.iter().map(|b| b.len()).sum();
         self.red.check_record(&[addr], len)?;
-        let b = self.remote_read(&**remote, addr, len)?;
+        let (b, read_ahead) = self.remote_read(&**remote, addr, len)?;
         if b.len() != len {
             return Err(Error::Corrupt(format!(
                 "the object store gave {} bytes for a run of {len}",
@@ -728,8 +787,9 @@ impl Store {
             )));
         }
         self.remote_reads[0].fetch_add(1, Ordering::Relaxed);
-        self.remote_reads[1].fetch_add(len as u64, Ordering::Relaxed);
-        self.note_cold(crate::log::segment_of(addr));
+        if !read_ahead {
+            self.note_cold(crate::log::segment_of(addr));
+        }
         let mut at = 0;
         for buf in bufs.iter_mut() {
             buf.copy_from_slice(&b[at..at + buf.len()]);
@@ -764,7 +824,7 @@ impl Store {
             unrecoverable: bad,
         };
         match self.read_remote(&**remote, addrs, len, sum, buf) {
-            Ok(()) => Some(outcome(false)),
+            Ok(_) => Some(outcome(false)),
             // Bytes that fail their checksum, a missing object, a short one.
             Err(Error::Unrecoverable(e) | Error::Corrupt(e)) => {
                 tracing::error!("scrub: {e}");
@@ -810,6 +870,12 @@ impl Store {
         }
     }
 
+    /// Whether some records may be read from the object store (a local cache gave
+    /// segments back): reads then follow streams to read ahead (`ahead`).
+    pub fn reads_from_store(&self) -> bool {
+        self.remote.get().is_some() && self.log.evicted_count() > 0
+    }
+
     /// Read records of given-back segments from `remote` (once).
     pub fn set_remote(&self, remote: Arc<dyn Remote>) {
         let _ = self.remote.set(remote);
@@ -820,6 +886,7 @@ impl Store {
             reads: self.remote_reads[0].load(Ordering::Relaxed),
             bytes: self.remote_reads[1].load(Ordering::Relaxed),
             healed: self.remote_reads[2].load(Ordering::Relaxed),
+            ahead_hits: self.remote_reads[3].load(Ordering::Relaxed),
         }
     }
 

@@ -167,6 +167,9 @@ pub struct VolumeState {
     pub snapshot_views: std::sync::atomic::AtomicUsize,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
+    /// Where its recent reads ended: a read continuing one reads ahead from the object
+    /// store (`store::ahead`; followed only in pools that read from one).
+    read_streams: crate::store::ahead::Streams,
 }
 
 impl VolumeState {
@@ -210,6 +213,7 @@ impl VolumeState {
             deferred: AtomicBool::new(false),
             snapshot_views: Default::default(),
             guess: Default::default(),
+            read_streams: Default::default(),
         }
     }
 
@@ -963,6 +967,12 @@ impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64)?;
         let bs = self.st.block_size as usize;
+        // Reads of given-back segments read ahead while the volume is read in order.
+        let _sequential = self.store.reads_from_store().then(|| {
+            crate::store::ahead::sequential(
+                self.st.read_streams.note(offset, offset + buf.len() as u64),
+            )
+        });
         SCRATCH.with(|s| {
             let (stored, block) = &mut *s.borrow_mut();
             let mut at = 0;
