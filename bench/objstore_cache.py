@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,10 +133,18 @@ def run_mode(work: Path, url: str | None, creds: Path | None, proxy: FaultProxy 
             if proxy:
                 proxy.reset_counts()
             t = time.monotonic()
-            sh([B, "pool", "import", "--object-store", url, "--object-store-credentials",
+            r = subprocess.run([str(c) for c in (
+                B, "pool", "import", "--object-store", url, "--object-store-credentials",
                 creds, "--pool-key", work / "pool.key.backup", "--dir", work / f"imp-{name}",
-                *extra, "--force"], env=env)
+                *extra, "--force")], capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                raise SystemExit(f"pool import failed: {r.stderr}")
             res[f"import_{name}_s"] = time.monotonic() - t
+            if os.environ.get("IMPORT_LOGS"):  # the import's own log, for its phases
+                Path(os.environ["IMPORT_LOGS"], f"import-{name}.log").write_text(r.stderr)
+            # Of which the walk of every block map (the import's own log line).
+            m = re.search(r'space accounting rebuilt.*seconds="?([0-9.]+)', r.stdout + r.stderr)
+            res[f"import_{name}_walk_s"] = float(m.group(1)) if m else None
             res[f"import_{name}_bytes"] = allocated(work / f"imp-{name}")
             if proxy:
                 res[f"import_{name}_gets"] = proxy.counts("GET")
@@ -170,7 +179,8 @@ def main():
         s = store.get("status", {})
         print(f"store reads this run: {s.get('remote_reads')} ({(s.get('remote_read_bytes') or 0) / mib:.0f} MiB)")
         for name in ("lazy", "full"):
-            print(f"import ({name}): {store[f'import_{name}_s']:.1f} s, "
+            print(f"import ({name}): {store[f'import_{name}_s']:.1f} s "
+                  f"(walking the maps: {store.get(f'import_{name}_walk_s')} s), "
                   f"{store.get(f'import_{name}_gets', '?')} GETs, "
                   f"{store[f'import_{name}_bytes'] / mib:.0f} MiB local")
     finally:

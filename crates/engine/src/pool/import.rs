@@ -725,6 +725,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         used: u64,
     }
     let mut families: Vec<Family> = Vec::with_capacity(table.volumes.len());
+    let walk_started = std::time::Instant::now();
     for rec in &table.volumes {
         let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
@@ -890,6 +891,11 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             complete = false;
         }
     }
+    tracing::info!(
+        volumes = families.len(),
+        seconds = format!("{:.2}", walk_started.elapsed().as_secs_f64()),
+        "space accounting rebuilt: every block map walked"
+    );
     // The separate log devices the superblock names, found among pool.json's by label.
     let logdev = if newest.log_devices.is_empty() {
         for p in conf.resolve_log(dir) {

@@ -632,8 +632,8 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
     };
     let head = Head::open(&bytes, key)?;
     let mut slots = BTreeMap::new();
-    for p in &head.pages {
-        let Some((b, _)) = store.get(&p.name, PAGE_BYTES_MAX)? else {
+    for (p, got) in head.pages.iter().zip(get_pages(store, &head.pages)) {
+        let Some(b) = got? else {
             return Err(Error::Corrupt(format!(
                 "the object store {} lacks segment table page {} ({})",
                 store.describe(),
@@ -668,6 +668,47 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
         slots,
         delta_segs,
     }))
+}
+
+/// The table pages `pages`, in their order (`None`: not in the store), fetched
+/// `UPLOADS_AT_ONCE` at a time: a table of many pages is a round trip each, and one
+/// after another they made most of an import's time (65 pages of a 4 GiB pool: 2.9 s
+/// of a 6.4 s import on loopback, twice).
+fn get_pages(store: &dyn ObjectStore, pages: &[PageRef]) -> Vec<Result<Option<Vec<u8>>>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = pages.len().min(UPLOADS_AT_ONCE);
+    let mut got: Vec<(usize, Result<Option<Vec<u8>>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(p) = pages.get(i) else {
+                            return mine;
+                        };
+                        let r = store
+                            .get(&p.name, PAGE_BYTES_MAX)
+                            .map(|o| o.map(|(b, _)| b));
+                        let failed = r.is_err();
+                        mine.push((i, r));
+                        if failed {
+                            // The caller stops at the first error; the others need not wait.
+                            next.store(pages.len(), std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a page download does not panic"))
+            .collect()
+    });
+    got.sort_by_key(|(i, _)| *i);
+    // Pages after a failure may be missing: they end the list (the caller stops at the
+    // failure first, since every page before it is there).
+    got.into_iter().map(|(_, r)| r).collect()
 }
 
 /// A segment's bytes from the store, part by part: (offset in the segment, bytes).
@@ -1505,6 +1546,85 @@ fn parse_object_name(name: &str) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Objects by name; GETs of names in `fail` are I/O errors; GETs counted.
+    struct Pages {
+        objects: BTreeMap<String, Vec<u8>>,
+        fail: Vec<String>,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ObjectStore for Pages {
+        fn put(&self, _: &str, _: Vec<u8>) -> Result<()> {
+            unreachable!()
+        }
+        fn put_if(&self, _: &str, _: Vec<u8>, _: &crate::tier::Cond) -> Result<PutIf> {
+            unreachable!()
+        }
+        fn get(&self, name: &str, _: u64) -> Result<Option<(Vec<u8>, Version)>> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.fail.iter().any(|f| f == name) {
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    format!("GET {name}"),
+                )));
+            }
+            Ok(self
+                .objects
+                .get(name)
+                .map(|b| (b.clone(), Version::default())))
+        }
+        fn get_range(&self, _: &str, _: u64, _: u64) -> Result<Vec<u8>> {
+            unreachable!()
+        }
+        fn delete(&self, _: &str) -> Result<()> {
+            unreachable!()
+        }
+        fn list(&self, _: &str) -> Result<Vec<crate::tier::Listed>> {
+            unreachable!()
+        }
+        fn describe(&self) -> String {
+            "pages".into()
+        }
+    }
+
+    #[test]
+    fn table_pages_come_back_in_order_and_a_failure_is_the_first_error() {
+        let refs: Vec<PageRef> = (0..100)
+            .map(|i| PageRef {
+                index: i,
+                name: format!("table/00000001/{i:012x}"),
+                blake3: String::new(),
+            })
+            .collect();
+        let mut store = Pages {
+            objects: refs
+                .iter()
+                .filter(|p| p.index != 41)
+                .map(|p| (p.name.clone(), p.index.to_le_bytes().to_vec()))
+                .collect(),
+            fail: Vec::new(),
+            gets: Default::default(),
+        };
+        let got = get_pages(&store, &refs);
+        assert_eq!(got.len(), 100);
+        for (i, g) in got.iter().enumerate() {
+            match g {
+                Ok(Some(b)) => assert_eq!(b, &(i as u32).to_le_bytes()),
+                Ok(None) => assert_eq!(i, 41, "only page 41 is missing"),
+                Err(e) => panic!("page {i}: {e}"),
+            }
+        }
+        // A failed GET: every page before it is there, in order, and it comes next.
+        store.fail = vec![refs[57].name.clone(), refs[90].name.clone()];
+        let got = get_pages(&store, &refs);
+        assert!(got.len() >= 58);
+        for (i, g) in got.iter().enumerate().take(57) {
+            assert!(g.is_ok(), "page {i} before the failure");
+        }
+        assert!(matches!(got[57], Err(Error::Io(_))), "{:?}", got[57]);
+        assert!(get_pages(&store, &[]).is_empty());
+    }
 
     fn slots() -> BTreeMap<u32, Slot> {
         let mut m = BTreeMap::new();
