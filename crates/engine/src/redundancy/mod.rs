@@ -584,14 +584,32 @@ impl Redundancy {
         })
     }
 
-    /// Make all completed writes durable on every available device.
+    /// Make all completed writes durable on every available device. The devices sync at
+    /// once (a thread each past the first): a FLUSH of a mirror waits for the slowest
+    /// device, not for the sum of them.
     pub fn flush(&self) -> Result<()> {
+        let devs: Vec<(&Member, Arc<dyn Device>)> = self
+            .members
+            .iter()
+            .filter_map(|m| m.writable().map(|d| (m, d)))
+            .collect();
+        let results: Vec<std::io::Result<()>> = match devs.as_slice() {
+            [] => Vec::new(),
+            [(_, only)] => vec![only.flush()],
+            [(_, first), rest @ ..] => std::thread::scope(|s| {
+                let others: Vec<_> = rest.iter().map(|(_, d)| s.spawn(|| d.flush())).collect();
+                let mut out = vec![first.flush()];
+                out.extend(
+                    others
+                        .into_iter()
+                        .map(|h| h.join().expect("a device flush does not panic")),
+                );
+                out
+            }),
+        };
         let mut ok = 0;
-        for member in &self.members {
-            let Some(dev) = member.writable() else {
-                continue;
-            };
-            match dev.flush() {
+        for ((member, _), result) in devs.iter().zip(results) {
+            match result {
                 Ok(()) => ok += 1,
                 Err(e) => {
                     member.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -608,5 +626,113 @@ impl Redundancy {
 
     pub fn member_paths(&self) -> Vec<PathBuf> {
         self.members.iter().map(|m| m.path()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// Flushes that meet: each waits (up to 10 s) until all have begun.
+    struct Meet {
+        arrived: parking_lot::Mutex<usize>,
+        all: parking_lot::Condvar,
+        of: usize,
+    }
+
+    impl Meet {
+        fn wait(&self) -> bool {
+            let mut n = self.arrived.lock();
+            *n += 1;
+            self.all.notify_all();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while *n < self.of {
+                if self.all.wait_until(&mut n, deadline).timed_out() {
+                    return false;
+                }
+            }
+            true
+        }
+    }
+
+    /// A device whose flush meets the others' (flushes run one after another would all
+    /// time out) and then fails or succeeds.
+    struct Syncing {
+        path: PathBuf,
+        fail: bool,
+        together: Arc<Meet>,
+    }
+
+    impl Device for Syncing {
+        fn path(&self) -> &Path {
+            &self.path
+        }
+        fn size(&self) -> u64 {
+            64 << 20
+        }
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            if !self.together.wait() {
+                return Err(std::io::Error::other(
+                    "the other devices did not sync meanwhile",
+                ));
+            }
+            if self.fail {
+                return Err(std::io::Error::other("flush failed"));
+            }
+            Ok(())
+        }
+    }
+
+    fn mirror(fails: &[bool]) -> Redundancy {
+        let together = Arc::new(Meet {
+            arrived: parking_lot::Mutex::new(0),
+            all: parking_lot::Condvar::new(),
+            of: fails.len(),
+        });
+        let members = fails
+            .iter()
+            .enumerate()
+            .map(|(i, &fail)| {
+                let path = PathBuf::from(format!("/dev/test{i}"));
+                let dev = Syncing {
+                    path: path.clone(),
+                    fail,
+                    together: together.clone(),
+                };
+                Member::new(path, Some(Arc::new(dev) as Arc<dyn Device>))
+            })
+            .collect();
+        Redundancy::new(Layout::Mirror(fails.len() as u8), members, 8)
+    }
+
+    #[test]
+    fn a_mirror_syncs_its_devices_at_once_and_a_failed_one_is_faulted() {
+        // Each device's flush waits for all the others': this returns only if they run at
+        // the same time.
+        let r = mirror(&[false, false, false]);
+        r.flush().unwrap();
+        assert!(r.members.iter().all(|m| !m.faulted.load(Ordering::Relaxed)));
+
+        let r = mirror(&[false, true, false]);
+        r.flush().unwrap();
+        let faulted: Vec<bool> = r
+            .members
+            .iter()
+            .map(|m| m.faulted.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(faulted, [false, true, false]);
+        assert_eq!(r.members[1].write_errors.load(Ordering::Relaxed), 1);
+
+        // Every copy failed: nothing is durable.
+        let r = mirror(&[true, true]);
+        assert!(matches!(r.flush(), Err(Error::Poisoned)));
     }
 }
