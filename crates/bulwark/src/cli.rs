@@ -765,12 +765,18 @@ pub struct ScrubArgs {
     /// Start a scrub (or join the running one) and show its progress until it finishes.
     #[arg(long)]
     pub wait: bool,
+
+    /// Also check the object store's copies of the records the local devices hold (one
+    /// ranged GET per run of them; no key needed). A bad copy is replaced: the record is
+    /// written again from its verified local copy and uploaded by the next commit.
+    #[arg(long)]
+    pub verify_store: bool,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ScrubCommand {
     /// Start a scrub (the same as 'bulwark scrub').
-    Start(WaitArgs),
+    Start(ScrubStartArgs),
     /// Pause the running scrub; 'bulwark scrub resume' continues where it stopped.
     Pause,
     /// Continue a paused scrub.
@@ -779,6 +785,18 @@ pub enum ScrubCommand {
     Cancel,
     /// Show the scrub's progress and the unrecoverable ranges found.
     Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScrubStartArgs {
+    /// Show progress until it finishes; exit 1 if a block had no good copy.
+    #[arg(long)]
+    pub wait: bool,
+
+    /// Also check the object store's copies of the records the local devices hold (see
+    /// 'bulwark scrub --help').
+    #[arg(long)]
+    pub verify_store: bool,
 }
 
 #[derive(Debug, Args)]
@@ -1922,7 +1940,21 @@ mod tests {
         };
         assert!(matches!(
             a.command,
-            Some(ScrubCommand::Start(WaitArgs { wait: true }))
+            Some(ScrubCommand::Start(ScrubStartArgs {
+                wait: true,
+                verify_store: false
+            }))
+        ));
+        let cli = parse(&["scrub", "start", "--verify-store"]).unwrap();
+        let Command::Scrub(a) = cli.command else {
+            panic!()
+        };
+        assert!(matches!(
+            a.command,
+            Some(ScrubCommand::Start(ScrubStartArgs {
+                verify_store: true,
+                ..
+            }))
         ));
         for ok in [
             &["scrub"][..],

@@ -198,8 +198,12 @@ pub enum Request {
     KeyErase {
         name: String,
     },
-    /// Start a scrub; resumes a paused one (`Busy` if one is running).
-    ScrubStart,
+    /// Start a scrub; resumes a paused one (`Busy` if one is running). `verify_store`:
+    /// check the object store's copies of locally held records too.
+    ScrubStart {
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        verify_store: bool,
+    },
     /// Resume a paused scrub; refused when none is paused.
     ScrubResume,
     ScrubPause,
@@ -564,6 +568,7 @@ mod tests {
         assert_eq!((fault.mode, fault.probability), (FaultMode::ReadFlip, 1.0));
         for line in [
             r#"{"op":"scrub_start"}"#,
+            r#"{"op":"scrub_start","verify_store":true}"#,
             r#"{"op":"scrub_resume"}"#,
             r#"{"op":"scrub_status"}"#,
             r#"{"op":"device_replace","old":"/abs/dev1","new":"/abs/dev9"}"#,

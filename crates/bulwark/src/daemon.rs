@@ -703,7 +703,7 @@ impl Daemon {
                 blocking(move || Ok(pool.unload_key(&name)?)).await?;
                 Ok(Value::Null)
             }
-            request @ (Request::ScrubStart
+            request @ (Request::ScrubStart { .. }
             | Request::ScrubResume
             | Request::ScrubPause
             | Request::ScrubCancel

@@ -499,6 +499,18 @@ fn device_advice(report: &StatusReport) -> String {
 
 /// The `scan:` line of `status` (continuation lines start with a tab), as zpool words it.
 pub fn scan_line(s: &ScrubStatus) -> String {
+    let line = scan_line_local(s);
+    match (&s.store, s.state.as_str()) {
+        (Some(c), "scanning" | "paused" | "finished" | "canceled") => format!(
+            "{line}\n\tobject store copies: {} verified, {} bad, {} written again from the \
+             local copy",
+            c.verified, c.bad, c.rewritten
+        ),
+        _ => line,
+    }
+}
+
+fn scan_line_local(s: &ScrubStatus) -> String {
     let kind = s.kind.as_str();
     match s.state.as_str() {
         "none" | "" => "none requested".into(),
@@ -993,6 +1005,7 @@ mod tests {
             unrecoverable: 0,
             started_unix: 0,
             finished_unix: 0,
+            store: None,
         }
     }
 

@@ -360,7 +360,14 @@ impl Audited {
                 ("fault_set", json!({ "device": device, "fault": fault }))
             }
             Request::FaultClear { device } => ("fault_clear", json!({ "device": device })),
-            Request::ScrubStart => ("scrub_start", Value::Null),
+            Request::ScrubStart { verify_store } => (
+                "scrub_start",
+                if *verify_store {
+                    json!({ "verify_store": true })
+                } else {
+                    Value::Null
+                },
+            ),
             Request::ScrubResume => ("scrub_resume", Value::Null),
             Request::ScrubPause => ("scrub_pause", Value::Null),
             Request::ScrubCancel => ("scrub_cancel", Value::Null),

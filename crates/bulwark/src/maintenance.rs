@@ -40,8 +40,8 @@ static FAULTS_LOCK: Mutex<()> = Mutex::new(());
 /// Answer one scrub, device or fault request (blocking: run it off the async threads).
 pub fn handle(pool: &Pool, request: Request) -> std::result::Result<Value, ControlError> {
     match request {
-        Request::ScrubStart => {
-            pool.scrub_start()?;
+        Request::ScrubStart { verify_store } => {
+            pool.scrub_start_with(verify_store)?;
             to_value(&report(pool))
         }
         Request::ScrubResume => {
@@ -148,8 +148,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 pub fn scrub(dir: &Path, args: &ScrubArgs) -> Result<()> {
     let mut client = Client::connect(dir)?;
     match &args.command {
-        None => scrub_start(&mut client, args.wait),
-        Some(ScrubCommand::Start(w)) => scrub_start(&mut client, w.wait),
+        None => scrub_start(&mut client, args.wait, args.verify_store),
+        Some(ScrubCommand::Start(w)) => scrub_start(&mut client, w.wait, w.verify_store),
         Some(ScrubCommand::Resume(w)) => {
             let r: ScrubReport = client.call_typed(&Request::ScrubResume)?;
             if w.wait {
@@ -188,9 +188,9 @@ pub fn scrub(dir: &Path, args: &ScrubArgs) -> Result<()> {
     }
 }
 
-fn scrub_start(client: &mut Client, wait: bool) -> Result<()> {
+fn scrub_start(client: &mut Client, wait: bool, verify_store: bool) -> Result<()> {
     loop {
-        match client.call_typed::<ScrubReport>(&Request::ScrubStart) {
+        match client.call_typed::<ScrubReport>(&Request::ScrubStart { verify_store }) {
             Ok(r) if !wait => {
                 return print(&format!(
                     "scrub {} ({} to verify); 'bulwark scrub status' shows its progress, \

@@ -485,6 +485,40 @@ impl Core {
         Ok(())
     }
 
+    /// Write record `old` (block `lba` of `v`, which `v`'s own map holds) again at a new
+    /// place, for every tree that holds it: `scrub --verify-store` found its copy in the
+    /// object store bad, and the new place is uploaded by the next commit. `Ok(false)`: no
+    /// longer held, no local copy verifies, or no room now (a later scrub tries again).
+    pub(super) fn move_for_store(
+        &self,
+        v: &VolumeState,
+        lba: u64,
+        old: Blkptr,
+        stored: &mut Vec<u8>,
+    ) -> Result<bool> {
+        // The oldest tree of the run of trees holding it that ends at `v`'s own.
+        let k = {
+            let head = v.tree.lock();
+            let snaps = v.snaps.read();
+            if !head.holds(&*self.store, &self.store.cache, At::Data(lba), &old)? {
+                return Ok(false);
+            }
+            let mut k = snaps.len();
+            while k > 0
+                && snaps[k - 1]
+                    .tree
+                    .holds(&*self.store, &self.store.cache, At::Data(lba), &old)?
+            {
+                k -= 1;
+            }
+            k
+        };
+        match self.move_shared(v, k, lba, old, stored) {
+            Err(Error::NoSpace) => Ok(false),
+            other => other,
+        }
+    }
+
     /// Move one data record of `v` (block `lba`, pointer `old`) to the cleaner's head.
     /// `Ok(false)`: a client replaced it meanwhile, or no copy verifies (left where it is);
     /// `NoSpace`: the cleaner's room ran out.

@@ -568,10 +568,16 @@ impl Core {
             if let Err(e) = self.bring_back() {
                 tracing::warn!("local cache: bringing back segments failed: {e}");
             }
-            if let Err(e) = self.evict() {
+            let evicted = self.evict();
+            if let Err(e) = &evicted {
                 tracing::warn!("local cache: giving back room failed: {e}");
             }
-            self.cache_pass_done(false);
+            // Writers paced by the cache wait only while a pass can give room back.
+            let cannot = match evicted {
+                Err(_) => true,
+                Ok(done) => done.free + done.data == 0,
+            };
+            self.cache_pass_done(cannot);
             if self.low_on_space() && self.accounting_complete {
                 self.store.take_space_wanted();
                 match self.clean() {
@@ -594,11 +600,18 @@ impl Core {
 
 impl Core {
     /// The end of a pass of the local cache: writers it paces look at the room again
-    /// (`store::pace`); `stalled`: the pass's commit failed.
+    /// (`store::pace`). `stalled`: the pass could not give room back (its commit failed,
+    /// or it gave back nothing); the writers then go on while the devices are still past
+    /// the cap. Devices that cannot punch holes never pace writers.
     fn cache_pass_done(&self, stalled: bool) {
         let pace = &self.store.pace;
         if pace.cap() > 0 {
-            pace.pass_done(self.store.red.allocated_bytes(), stalled);
+            let unsupported = self
+                .tier
+                .as_ref()
+                .is_some_and(|t| t.cache_unsupported.load(Ordering::Relaxed));
+            let now = self.store.red.allocated_bytes();
+            pace.pass_done(now, unsupported || (stalled && now > pace.cap()));
         }
     }
 
@@ -760,7 +773,7 @@ impl Core {
         m.faulted.store(false, Ordering::Release);
         m.offline.store(false, Ordering::Release);
         tracing::info!(device = %path.display(), "device online: resilvering");
-        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(m.path()))
+        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(m.path()), false)
     }
 
     /// Open the device at `path` again for member `i`: its label must name this pool and
@@ -913,7 +926,7 @@ impl Core {
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
         tracing::info!(old = %old.display(), new = %new_abs.display(), "device replaced: resilvering");
-        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(new_abs))
+        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(new_abs), false)
     }
 }
 

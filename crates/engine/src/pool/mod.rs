@@ -492,6 +492,12 @@ impl Pool {
     pub fn scrub_start(&self) -> Result<()> {
         self.core.scrub_start()
     }
+
+    /// `scrub_start`, checking the object store's copies of local records too
+    /// (`scrub start --verify-store`).
+    pub fn scrub_start_with(&self, verify_store: bool) -> Result<()> {
+        self.core.scrub_start_with(verify_store)
+    }
     pub fn scrub_pause(&self) -> Result<()> {
         self.core.scrub_pause()
     }

@@ -117,6 +117,25 @@ pub struct ScrubState {
     /// The device being resilvered.
     #[serde(default)]
     pub device: Option<std::path::PathBuf>,
+    /// `scrub start --verify-store`: the object store's copies of records still held
+    /// locally are checked too (`StoreCheck`).
+    #[serde(default)]
+    pub verify_store: bool,
+    #[serde(default)]
+    pub store: StoreCheck,
+}
+
+/// What a scrub with `--verify-store` found of the object store's copies of records the
+/// local devices hold (those only the store holds are checked by every scrub).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoreCheck {
+    /// Records whose copy in the store verified.
+    pub verified: u64,
+    /// Records whose copy in the store did not verify, or whose object was gone.
+    pub bad: u64,
+    /// Of those, records written again from their verified local copy (moved to a new
+    /// place, which the next commit uploads): the bad copy is referenced no more.
+    pub rewritten: u64,
 }
 
 /// A byte range of a volume that no copy could supply.
@@ -145,6 +164,9 @@ pub struct ScrubStatus {
     pub unrecoverable: u64,
     pub started_unix: u64,
     pub finished_unix: u64,
+    /// The object store's copies checked (`scrub start --verify-store`); `None`: not asked.
+    #[serde(default)]
+    pub store: Option<StoreCheck>,
 }
 
 fn now_unix() -> u64 {
@@ -229,6 +251,7 @@ impl Core {
             unrecoverable: s.unrecoverable,
             started_unix: s.started_unix,
             finished_unix: s.finished_unix,
+            store: s.verify_store.then_some(s.store),
         }
     }
 
@@ -238,7 +261,20 @@ impl Core {
 
     /// Begin a scrub (or resume a paused one).
     pub fn scrub_start(self: &Arc<Self>) -> Result<()> {
-        self.scrub_begin(ScanKind::Scrub, None)
+        self.scrub_begin(ScanKind::Scrub, None, false)
+    }
+
+    /// `scrub_start`; with `verify_store`, the object store's copies of the records the
+    /// local devices hold are checked too (one ranged GET per run of them), and a bad one
+    /// is replaced by writing the record again from its verified local copy. A paused
+    /// scrub resumed this way checks the store from where it stands.
+    pub fn scrub_start_with(self: &Arc<Self>, verify_store: bool) -> Result<()> {
+        if verify_store && self.tier.is_none() {
+            return Err(Error::Invalid(
+                "--verify-store: this pool has no object store".into(),
+            ));
+        }
+        self.scrub_begin(ScanKind::Scrub, None, verify_store)
     }
 
     /// Start a scrub of `kind`; a resilver restarts any scrub from the beginning.
@@ -246,6 +282,7 @@ impl Core {
         self: &Arc<Self>,
         kind: ScanKind,
         device: Option<std::path::PathBuf>,
+        verify_store: bool,
     ) -> Result<()> {
         if kind == ScanKind::Resilver {
             // Let a running pass stop at its next batch; the new one starts from the top.
@@ -277,11 +314,13 @@ impl Core {
                         epoch: s.epoch + 1,
                         kind,
                         device: device.clone(),
+                        verify_store,
                         ..Default::default()
                     };
                 }
             }
             s.state = ScrubPhase::Scanning;
+            s.verify_store |= verify_store;
         }
         // Durable before the command returns: a crash in the scan's first seconds
         // resumes it on restart instead of forgetting it was asked for.
@@ -429,6 +468,10 @@ impl Core {
                         Ok(())
                     })?;
                 }
+                let verify_store = self.scrub.lock().verify_store;
+                // Records held locally whose copy in the store is to be checked after the
+                // loop: (block, pointer, whether the local copy verified).
+                let mut in_store: Vec<(u64, Blkptr, bool)> = Vec::new();
                 for (l, ptr) in data {
                     let _gate = self.store.reuse_gate.read();
                     // The client may have replaced the block since the walk; scrub only what is live.
@@ -460,6 +503,12 @@ impl Core {
                         self.clear_error(&v.name, l * bs, bs);
                     }
                     self.count_outcome(o.repaired, o.unrecoverable, ptr.len as u64);
+                    if verify_store && !self.store.given_back_record(&ptr) {
+                        in_store.push((l, ptr, !o.unrecoverable));
+                    }
+                }
+                if !in_store.is_empty() && unchecked.load(Ordering::Relaxed) == 0 {
+                    batch_bytes += self.check_store_copies(&v, &in_store, &unchecked)?;
                 }
                 lba = hi;
                 {
@@ -607,6 +656,74 @@ impl Core {
             );
         }
         Ok(())
+    }
+
+    /// `scrub --verify-store`: check the store's copies of `recs` (blocks of `v`'s own
+    /// map, held locally; whether each local copy verified), count what was found, and
+    /// write again, from the local copy, each record whose store copy is bad (the
+    /// cleaner's move: same stored bytes at a new place, uploaded by the next commit; the
+    /// bad copy is then referenced by nothing). Returns the bytes read from the store.
+    fn check_store_copies(
+        &self,
+        v: &Arc<VolumeState>,
+        recs: &[(u64, Blkptr, bool)],
+        unchecked: &AtomicU64,
+    ) -> Result<u64> {
+        let Some(tier) = &self.tier else {
+            return Ok(0);
+        };
+        // Every copy of a mirrored record is uploaded on its own: check each.
+        let mut copies = Vec::new();
+        let mut owner = Vec::new();
+        for (k, (_, ptr, _)) in recs.iter().enumerate() {
+            for &a in ptr.addrs() {
+                copies.push((a, ptr.len as usize, ptr.checksum));
+                owner.push(k);
+            }
+        }
+        let (found, unavailable) = tier.check_records(&self.store, &copies);
+        if unavailable {
+            tracing::warn!(
+                "scrub: the object store did not answer; its copies are not checked for the \
+                 rest of this run"
+            );
+            unchecked.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut bad = vec![false; recs.len()];
+        let (mut verified, mut bytes) = (0u64, 0u64);
+        for ((k, f), (_, len, _)) in owner.iter().zip(&found).zip(&copies) {
+            match f {
+                Some(true) => {
+                    verified += 1;
+                    bytes += *len as u64;
+                }
+                Some(false) => bad[*k] = true,
+                None => {}
+            }
+        }
+        let mut stored = Vec::new();
+        let (mut n_bad, mut rewritten) = (0u64, 0u64);
+        for ((lba, ptr, local_ok), bad) in recs.iter().zip(bad) {
+            if !bad {
+                continue;
+            }
+            n_bad += 1;
+            let bs = v.block_size as u64;
+            tracing::error!(
+                volume = %v.name,
+                offset = lba * bs,
+                "scrub: the object store's copy of this block does not verify{}",
+                if *local_ok { "; writing it again from the local copy" } else { "" }
+            );
+            if *local_ok && self.move_for_store(v, *lba, *ptr, &mut stored)? {
+                rewritten += 1;
+            }
+        }
+        let mut s = self.scrub.lock();
+        s.store.verified += verified;
+        s.store.bad += n_bad;
+        s.store.rewritten += rewritten;
+        Ok(bytes)
     }
 
     fn count_outcome(&self, repaired: usize, unrecoverable: bool, bytes: u64) {

@@ -1465,6 +1465,93 @@ impl Tier {
         Ok(Some(out))
     }
 
+    /// Check the store's copies of records still held locally (`scrub --verify-store`):
+    /// for each `(address, stored length, checksum)`, `Some(true)` when the bytes the
+    /// store holds there verify, `Some(false)` when they do not or their object is gone,
+    /// `None` when not checked: not uploaded yet (written since the last commit), of a
+    /// segment reopened since, or the store did not answer (then the second value is true
+    /// and nothing more is asked of it). Records of one object are read together: one
+    /// ranged GET per run of them less than `CHECK_GAP` apart, at most `CHECK_RANGE_MAX`.
+    /// No key is needed: the checksums are of the stored bytes.
+    pub fn check_records(
+        &self,
+        store: &Store,
+        recs: &[(u64, usize, crate::checksum::Checksum)],
+    ) -> (Vec<Option<bool>>, bool) {
+        const CHECK_GAP: u64 = 64 << 10;
+        const CHECK_RANGE_MAX: u64 = 4 << 20;
+        let mut out = vec![None; recs.len()];
+        // Object name -> (offset in it, record index, segment, its opening then).
+        let mut by_object: BTreeMap<String, Vec<(u64, usize, u32, u64)>> = BTreeMap::new();
+        {
+            let st = self.st.lock();
+            for (i, &(addr, len, _)) in recs.iter().enumerate() {
+                let seg = (addr / SEGMENT_BYTES) as u32;
+                let off = addr % SEGMENT_BYTES;
+                let inc = store.log.incarnation(seg);
+                let Some(slot) = st.slots.get(&seg).filter(|s| same_opening(s.inc, inc)) else {
+                    continue;
+                };
+                let Some(p) = slot.parts.iter().rev().find(|p| {
+                    p.off as u64 <= off && off + len as u64 <= p.off as u64 + p.len as u64
+                }) else {
+                    continue;
+                };
+                by_object.entry(p.name()).or_default().push((
+                    p.at as u64 + (off - p.off as u64),
+                    i,
+                    seg,
+                    inc,
+                ));
+            }
+        }
+        // A record whose segment was reopened meanwhile is another record's place now.
+        let unchanged = |seg: u32, inc: u64| store.log.incarnation(seg) == inc;
+        for (name, mut at) in by_object {
+            at.sort_unstable();
+            let mut k = 0;
+            while k < at.len() {
+                let start = at[k].0;
+                let mut end = start + recs[at[k].1].1 as u64;
+                let mut j = k + 1;
+                while j < at.len() {
+                    let (a, i, ..) = at[j];
+                    let e = a + recs[i].1 as u64;
+                    if a > end + CHECK_GAP || e - start > CHECK_RANGE_MAX {
+                        break;
+                    }
+                    end = end.max(e);
+                    j += 1;
+                }
+                match self.store.get_range(&name, start, end - start) {
+                    Ok(b) => {
+                        for &(a, i, seg, inc) in &at[k..j] {
+                            let (_, len, sum) = &recs[i];
+                            let from = (a - start) as usize;
+                            let good = b
+                                .get(from..from + len)
+                                .is_some_and(|r| crate::checksum::verify(sum, r));
+                            out[i] = if good {
+                                Some(true)
+                            } else {
+                                unchanged(seg, inc).then_some(false)
+                            };
+                        }
+                    }
+                    // Gone, or shorter than the table says.
+                    Err(Error::NotFound(_) | Error::Corrupt(_)) => {
+                        for &(_, i, seg, inc) in &at[k..j] {
+                            out[i] = unchanged(seg, inc).then_some(false);
+                        }
+                    }
+                    Err(_) => return (out, true),
+                }
+                k = j;
+            }
+        }
+        (out, false)
+    }
+
     /// The segments the store's table lists.
     pub fn slot_segments(&self) -> Vec<u32> {
         self.st.lock().slots.keys().copied().collect()

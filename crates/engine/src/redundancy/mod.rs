@@ -597,13 +597,22 @@ impl Redundancy {
             [] => Vec::new(),
             [(_, only)] => vec![only.flush()],
             [(_, first), rest @ ..] => std::thread::scope(|s| {
-                let others: Vec<_> = rest.iter().map(|(_, d)| s.spawn(|| d.flush())).collect();
+                // A thread that cannot be made (a thread limit) is no reason to fail:
+                // that device is synced here, after the first.
+                let others: Vec<_> = rest
+                    .iter()
+                    .map(|(_, d)| {
+                        std::thread::Builder::new()
+                            .name("bulwark-sync".into())
+                            .spawn_scoped(s, || d.flush())
+                            .map_err(|_| d)
+                    })
+                    .collect();
                 let mut out = vec![first.flush()];
-                out.extend(
-                    others
-                        .into_iter()
-                        .map(|h| h.join().expect("a device flush does not panic")),
-                );
+                out.extend(others.into_iter().map(|h| match h {
+                    Ok(h) => h.join().expect("a device flush does not panic"),
+                    Err(d) => d.flush(),
+                }));
                 out
             }),
         };

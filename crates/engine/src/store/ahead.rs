@@ -55,12 +55,14 @@ impl Drop for Sequential {
     }
 }
 
-/// How many bytes a read of `len` at `addr` fetches: more while this thread's read is
-/// sequential, never past the segment's end.
-pub fn fetch_len(addr: u64, len: usize) -> usize {
-    if !SEQUENTIAL.with(Cell::get) {
-        return len;
-    }
+/// Whether this thread's read continues a stream (`sequential`).
+pub fn reading_sequentially() -> bool {
+    SEQUENTIAL.with(Cell::get)
+}
+
+/// How many bytes a read of `len` at `addr` would fetch to read ahead: the rest of its
+/// segment, up to `WINDOW_BYTES`.
+fn window_len(addr: u64, len: usize) -> usize {
     let seg_end = (segment(addr) as u64 + 1) * SEGMENT_BYTES;
     len.max(WINDOW_BYTES.min((seg_end - addr) as usize))
 }
@@ -95,10 +97,13 @@ struct Window {
     bytes: Vec<u8>,
 }
 
-/// Windows of bytes read ahead.
+/// Windows of bytes read ahead, and those being fetched.
 #[derive(Default)]
 pub struct Ahead {
     windows: VecDeque<Window>,
+    /// (segment, opening, first byte, end) of windows being fetched: reads inside one do
+    /// not read ahead again (reads in flight at once would each fetch the same rest).
+    pending: VecDeque<(u32, u64, u64, u64)>,
 }
 
 fn segment(addr: u64) -> u32 {
@@ -124,8 +129,46 @@ impl Ahead {
         Some(out)
     }
 
+    /// How many bytes a read of `len` at `addr` fetches: `len`, or with `sequential` the
+    /// rest of its segment, unless a window of it already holds or is fetching that place
+    /// (then that one serves what follows). A read ahead is noted as being fetched until
+    /// `keep` or `abandon`.
+    pub fn plan(&mut self, addr: u64, len: usize, opening: u64, sequential: bool) -> usize {
+        if !sequential {
+            return len;
+        }
+        let seg = segment(addr);
+        let end = addr + len as u64;
+        let covered = self.windows.iter().any(|w| {
+            w.seg == seg
+                && w.opening == opening
+                && w.addr <= end
+                && addr < w.addr + w.bytes.len() as u64
+        }) || self
+            .pending
+            .iter()
+            .any(|&(s, o, from, to)| s == seg && o == opening && from <= end && addr < to);
+        let want = window_len(addr, len);
+        if covered || want == len {
+            return len;
+        }
+        if self.pending.len() >= WINDOWS {
+            self.pending.pop_front();
+        }
+        self.pending
+            .push_back((seg, opening, end, addr + want as u64));
+        want
+    }
+
+    /// The fetch that `plan` noted from `addr` (the byte after the read) in the segment's
+    /// opening `opening` failed.
+    pub fn abandon(&mut self, addr: u64, opening: u64) {
+        self.pending.retain(|p| (p.2, p.1) != (addr, opening));
+    }
+
     /// Keep what was fetched past the read (`bytes`, from `addr`) as a window.
     pub fn keep(&mut self, addr: u64, opening: u64, bytes: Vec<u8>) {
+        self.abandon(addr, opening);
         if bytes.is_empty() {
             return;
         }
@@ -175,17 +218,50 @@ mod tests {
         }
         assert_eq!(streams.0.lock().len(), STREAMS);
 
+        assert!(!reading_sequentially());
+        {
+            let _s = sequential(true);
+            assert!(reading_sequentially());
+        }
+        assert!(!reading_sequentially(), "the guard dropped");
+    }
+
+    #[test]
+    fn reads_in_flight_at_once_read_ahead_once() {
+        let mut a = Ahead::default();
+        let base = 3 * SEG;
         assert_eq!(
-            fetch_len(3 * SEG + 8192, 4112),
+            a.plan(base + 8192, 4112, 1, false),
             4112,
             "not sequential: exact"
         );
-        {
-            let _s = sequential(true);
-            assert_eq!(fetch_len(3 * SEG + 8192, 4112) as u64, SEG - 8192);
-            assert_eq!(fetch_len(3 * SEG, 4112), WINDOW_BYTES);
+        // The first of eight 128 KiB reads reads the rest of the segment ahead ...
+        let first = a.plan(base, 131072, 1, true);
+        assert_eq!(first as u64, SEG);
+        // ... and the seven sent with it, inside what it fetches, fetch only themselves.
+        for k in 1..8u64 {
+            assert_eq!(a.plan(base + k * 131072, 131072, 1, true), 131072);
         }
-        assert_eq!(fetch_len(3 * SEG, 4112), 4112, "the guard dropped");
+        // Another opening of the segment is another key; the last bytes of a segment
+        // have nothing to read ahead.
+        assert_eq!(a.plan(base + 131072, 4096, 2, true) as u64, SEG - 131072);
+        assert_eq!(a.plan(5 * SEG - 4096, 4096, 1, true), 4096);
+        // A fetch that failed no longer stands in the way; one kept becomes a window.
+        a.abandon(base + 131072, 1);
+        let again = a.plan(base + 131072, 4096, 1, true);
+        assert_eq!(
+            again as u64,
+            SEG - 131072,
+            "the failed fetch no longer covers it"
+        );
+        let from = base + 131072 + 4096;
+        a.keep(from, 1, vec![7; again - 4096]);
+        assert_eq!(a.pending.len(), 1, "opening 2's fetch is still under way");
+        assert_eq!(
+            a.plan(base + 262144, 4096, 1, true),
+            4096,
+            "the window serves it"
+        );
     }
 
     #[test]

@@ -657,7 +657,7 @@ impl Store {
         };
         self.red.check_record(addrs, len)?;
         if self.given_back(addrs) {
-            let read_ahead = self.read_remote(&**remote, addrs, len, sum, out)?;
+            let read_ahead = self.read_remote(&**remote, addrs, len, sum, out, false)?;
             if note && !read_ahead {
                 self.note_cold(crate::log::segment_of(addrs[0]));
             }
@@ -665,7 +665,7 @@ impl Store {
         }
         match self.red.read_verified(addrs, len, sum, out) {
             Err(Error::Unrecoverable(local)) => {
-                self.read_remote(&**remote, addrs, len, sum, out)
+                self.read_remote(&**remote, addrs, len, sum, out, false)
                     .map_err(|e| Error::Unrecoverable(format!("{local}; {e}")))?;
                 self.remote_reads[2].fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
@@ -677,6 +677,12 @@ impl Store {
             }
             other => other,
         }
+    }
+
+    /// Whether record `p` is read from the object store (a copy of it lies in a segment
+    /// the local cache gave back).
+    pub fn given_back_record(&self, p: &Blkptr) -> bool {
+        self.remote.get().is_some() && self.given_back(p.addrs())
     }
 
     /// Whether a copy of the record at `addrs` lies in a segment given back to the store.
@@ -697,14 +703,29 @@ impl Store {
                 self.remote_reads[3].fetch_add(1, Ordering::Relaxed);
                 return Ok((b, true));
             }
-            ahead::fetch_len(addr, len)
+            a.plan(addr, len, opening, ahead::reading_sequentially())
         };
-        let mut b = self.remote_fetch(remote, addr, len, want)?;
-        if b.len() > len {
-            let rest = b.split_off(len);
-            self.ahead.lock().keep(addr + len as u64, opening, rest);
+        if want == len {
+            return Ok((self.remote_fetch(remote, addr, len, len)?, false));
         }
-        Ok((b, false))
+        let after = addr + len as u64;
+        match self.remote_fetch(remote, addr, len, want) {
+            Ok(mut b) if b.len() >= len && b.len() <= want => {
+                let rest = b.split_off(len);
+                self.ahead.lock().keep(after, opening, rest);
+                Ok((b, false))
+            }
+            // A read ahead that failed, or came back longer than asked, costs the read
+            // nothing: the record alone is asked for (a store out of reach fails both).
+            Ok(_) | Err(Error::Unrecoverable(_) | Error::Corrupt(_) | Error::NotFound(_)) => {
+                self.ahead.lock().abandon(after, opening);
+                Ok((self.remote_fetch(remote, addr, len, len)?, false))
+            }
+            Err(e) => {
+                self.ahead.lock().abandon(after, opening);
+                Err(e)
+            }
+        }
     }
 
     /// One request to the store (`want` > `len`: reading ahead), counted as under way
@@ -730,7 +751,8 @@ impl Store {
     }
 
     /// The record from the object store, verified by `sum`; `true` when it came from
-    /// bytes read ahead.
+    /// bytes read ahead. `fresh`: asked of the store itself, never of bytes read ahead
+    /// (the scrub checks what the store holds now).
     fn read_remote(
         &self,
         remote: &dyn Remote,
@@ -738,10 +760,15 @@ impl Store {
         len: usize,
         sum: &crate::checksum::Checksum,
         out: &mut Vec<u8>,
+        fresh: bool,
     ) -> Result<bool> {
         let mut last = None;
         for &a in addrs {
-            let mut got = self.remote_read(remote, a, len);
+            let mut got = if fresh {
+                self.remote_fetch(remote, a, len, len).map(|b| (b, false))
+            } else {
+                self.remote_read(remote, a, len)
+            };
             if let Ok((b, true)) = &got {
                 if b.len() != len || !crate::checksum::verify(sum, b) {
                     // Never expected (windows are keyed by the segment's opening): ask
@@ -823,7 +850,7 @@ impl Store {
             repaired: 0,
             unrecoverable: bad,
         };
-        match self.read_remote(&**remote, addrs, len, sum, buf) {
+        match self.read_remote(&**remote, addrs, len, sum, buf, true) {
             Ok(_) => Some(outcome(false)),
             // Bytes that fail their checksum, a missing object, a short one.
             Err(Error::Unrecoverable(e) | Error::Corrupt(e)) => {

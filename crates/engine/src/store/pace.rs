@@ -8,10 +8,13 @@
 //! client write waits for the maintenance thread's next pass, as a ZFS writer waits for
 //! its transaction group: the writers go at the store's pace.
 //!
-//! A write never waits for nothing: not while the last commit failed (a store outage
-//! stalls uploads, and the devices are the durable copy until it ends), not while the
-//! pool closes, and never past `WRITE_WAIT_MAX` in all. Then it goes on, and the devices
-//! pass the cap for a while (they hold the pool anyway).
+//! A write never waits for nothing: not while the last pass could not give room back
+//! (its commit failed: a store outage stalls uploads, and the devices are the durable
+//! copy until it ends; or nothing more can be given back: devices that cannot punch
+//! holes, or a cache smaller than the metadata), not while the pool closes, and never
+//! past `WRITE_WAIT_MAX` in all (a store that hangs: the writers after it go on at once
+//! until a pass ends). Then the devices pass the cap for a while (they hold the pool
+//! anyway).
 //!
 //! Cheap when under the cap: the local size is the devices' allocated bytes as of the
 //! last pass plus the bytes noted written since (an upper bound: a reused segment does
@@ -140,6 +143,9 @@ impl Pace {
                      going on past the cache's size",
                     WRITE_WAIT_MAX.as_secs()
                 );
+                // A pass that takes this long (a store that hangs rather than fails) makes
+                // the writers after this one go on at once, until a pass ends.
+                self.stalled.store(true, Ordering::Relaxed);
                 break;
             }
             room.wake();
