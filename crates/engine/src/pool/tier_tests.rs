@@ -454,6 +454,56 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
     );
 }
 
+/// Devices that cannot punch holes give no room back: writes past the cache's cap wait
+/// for the first pass only, never the full `WRITE_WAIT_MAX` each (a review found every
+/// write waiting 10 s on block devices).
+#[test]
+fn writes_go_on_when_the_cache_cannot_give_room_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    drop(new_pool(dir.path(), &store));
+    let pool = open_cached(dir.path(), &store, 1 << 20);
+    let key = Secret::KeyFile(Zeroizing::new([3u8; 32]));
+    pool.load_key("v", &key).unwrap();
+    pool.core
+        .tier
+        .as_ref()
+        .unwrap()
+        .cache_unsupported
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    pool.create_volume(
+        "big",
+        VolumeOptions {
+            size_bytes: 24 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        },
+        None,
+    )
+    .unwrap();
+    // 16 MiB: past the cap (1 MiB and an 8 MiB wake interval).
+    let v = pool.volume("big").unwrap();
+    for i in 0..4096u64 {
+        v.write(i * 4096, &block_of(i), false).unwrap();
+    }
+    let pace = pool.core.store.pace.counts();
+    assert!(
+        pool.core.store.red.allocated_bytes() > pool.core.store.pace.cap(),
+        "the test never passed the cap"
+    );
+    assert_eq!(
+        pace.gave_up, 0,
+        "a write waited for room that never came: {pace:?}"
+    );
+    assert!(pace.waited_writes <= 1, "{pace:?}");
+    let mut b = vec![0u8; 4096];
+    for i in 0..4096u64 {
+        v.read(i * 4096, &mut b).unwrap();
+        assert!(b == block_of(i), "block {i} differs");
+    }
+}
+
 /// A segment freed by a commit leaves the store's table at the next one, also when the
 /// process stopped in between; a free segment's runs are never uploaded.
 #[test]

@@ -47,6 +47,8 @@ pub struct Pace {
     /// Client writes that waited for room, and how long in all (nanoseconds).
     waited_writes: AtomicU64,
     waited_ns: AtomicU64,
+    /// Writes that waited `WRITE_WAIT_MAX` and went on.
+    gave_up: AtomicU64,
     /// Bumped and notified at the end of each maintenance pass.
     passes: Mutex<u64>,
     pass_done: Condvar,
@@ -67,6 +69,8 @@ pub trait Room {
 pub struct PaceCounts {
     pub waited_writes: u64,
     pub waited_seconds: f64,
+    /// Of those, writes that waited `WRITE_WAIT_MAX` and went on.
+    pub gave_up: u64,
 }
 
 impl Pace {
@@ -146,6 +150,7 @@ impl Pace {
                 // A pass that takes this long (a store that hangs rather than fails) makes
                 // the writers after this one go on at once, until a pass ends.
                 self.stalled.store(true, Ordering::Relaxed);
+                self.gave_up.fetch_add(1, Ordering::Relaxed);
                 break;
             }
             room.wake();
@@ -167,6 +172,7 @@ impl Pace {
         PaceCounts {
             waited_writes: self.waited_writes.load(Ordering::Relaxed),
             waited_seconds: self.waited_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            gave_up: self.gave_up.load(Ordering::Relaxed),
         }
     }
 }
