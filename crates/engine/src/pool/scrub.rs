@@ -689,18 +689,20 @@ impl Core {
             );
             unchecked.fetch_add(1, Ordering::Relaxed);
         }
-        let mut bad = vec![false; recs.len()];
-        let (mut verified, mut bytes) = (0u64, 0u64);
+        // A record is bad if a copy of it is; verified if every copy checked verified.
+        let (mut bad, mut good) = (vec![false; recs.len()], vec![false; recs.len()]);
+        let mut bytes = 0u64;
         for ((k, f), (_, len, _)) in owner.iter().zip(&found).zip(&copies) {
             match f {
                 Some(true) => {
-                    verified += 1;
+                    good[*k] = true;
                     bytes += *len as u64;
                 }
                 Some(false) => bad[*k] = true,
                 None => {}
             }
         }
+        let verified = good.iter().zip(&bad).filter(|(g, b)| **g && !**b).count() as u64;
         let mut stored = Vec::new();
         let (mut n_bad, mut rewritten) = (0u64, 0u64);
         for ((lba, ptr, local_ok), bad) in recs.iter().zip(bad) {
