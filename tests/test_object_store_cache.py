@@ -69,6 +69,16 @@ def ranged_gets(proxy: FaultProxy, prefix: str) -> list:
             and any(k.lower() == "range" for k, _ in s.headers)]
 
 
+def assert_one_record_fetched(proxy: FaultProxy, prefix: str, what: str) -> None:
+    """Since the proxy's counts were reset: one ranged GET, of one 4 KiB record and its
+    tag at most."""
+    gets = ranged_gets(proxy, prefix)
+    assert len(gets) == 1, f"{what} made {len(gets)} ranged GETs: {gets}"
+    rng = dict((k.lower(), v) for k, v in gets[0].headers)["range"]
+    lo, hi = (int(x) for x in rng.split("=")[1].split("-"))
+    assert hi - lo + 1 <= 4096 + 16, f"{what} fetched {rng}"
+
+
 def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path):
     """A 24 MiB volume in a pool whose cache is 16 MiB: the device files shrink to fit,
     every byte reads back exact (from the store where it must), a cold 4 KiB read is one
@@ -104,11 +114,7 @@ def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path)
             proxy.reset_counts()
             r = qemu_io(p.uri("v"), "read -v 0 4k")
             assert r.returncode == 0, r.stderr
-            gets = ranged_gets(proxy, p.prefix)
-            assert len(gets) == 1, f"a cold 4 KiB read made {len(gets)} ranged GETs: {gets}"
-            rng = dict((k.lower(), v) for k, v in gets[0].headers)["range"]
-            lo, hi = (int(x) for x in rng.split("=")[1].split("-"))
-            assert hi - lo + 1 <= 4096 + 16, f"a cold 4 KiB read fetched {rng}"
+            assert_one_record_fetched(proxy, p.prefix, "a cold 4 KiB read")
 
             # Read often, the segment is brought back whole: its reads stay local.
             nbd_script(p, "for _ in range(16):\n    h.pread(65536, 0)\n")
@@ -153,11 +159,7 @@ def test_sequential_reads_from_the_store_are_read_ahead(versitygw, tmp_path):
             proxy.reset_counts()
             r = qemu_io(p.uri("v"), "read -v 3m 4k")
             assert r.returncode == 0, r.stderr
-            gets = ranged_gets(proxy, p.prefix)
-            assert len(gets) == 1, gets
-            rng = dict((k.lower(), v) for k, v in gets[0].headers)["range"]
-            lo, hi = (int(x) for x in rng.split("=")[1].split("-"))
-            assert hi - lo + 1 <= 4096 + 16, f"a random 4 KiB read fetched {rng}"
+            assert_one_record_fetched(proxy, p.prefix, "a 4 KiB read continuing nothing")
 
             before = p.status()["object_store"]
             proxy.reset_counts()
