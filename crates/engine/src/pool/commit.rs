@@ -252,7 +252,7 @@ impl Core {
         // The chain this commit starts is this commit's alone (`Superblock::chain_id`).
         next_sb.chain_id = crate::keys::wrap::random_bytes::<16>();
         next_sb.log_dev_head = dev_head;
-        next_sb.log_devices = logdev.as_ref().map(|l| l.ids()).unwrap_or_default();
+        next_sb.log_devices = logdev.as_ref().map(|l| l.named_ids()).unwrap_or_default();
         next_sb.high_water = self.store.log.high_water();
         let nonce_next = self.store.nonce_next();
         if nonce_next.saturating_add(NONCE_RESERVE_STEP / 2) > next_sb.nonce_reserved {

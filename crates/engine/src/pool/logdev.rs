@@ -430,6 +430,11 @@ pub(crate) enum Appended {
     Full,
     /// Every log device failed: the log fell back; the caller commits.
     Failed,
+    /// Durable on the log devices still working, but one failed during it: the caller
+    /// commits, so the next superblock names only those (`named_ids`). Otherwise, after a
+    /// crash, the failed one (stale: it missed this flush and every later one), found
+    /// alone at import, would be replayed as if whole, losing them without a word.
+    Degraded,
 }
 
 /// The pool's log devices.
@@ -464,6 +469,23 @@ impl LogDevices {
 
     pub(crate) fn ids(&self) -> Vec<[u8; 16]> {
         self.devices.iter().map(|d| d.id).collect()
+    }
+
+    /// The devices a commit's superblock names: those still working (a device taken out
+    /// holds a stale chain), or all of them once none is (the log fell back: flushes
+    /// commit, and no chain is trusted to any device).
+    pub(crate) fn named_ids(&self) -> Vec<[u8; 16]> {
+        let online: Vec<[u8; 16]> = self
+            .devices
+            .iter()
+            .filter(|d| d.online())
+            .map(|d| d.id)
+            .collect();
+        if online.is_empty() {
+            self.ids()
+        } else {
+            online
+        }
     }
 
     /// The head slot the next commit's chain starts at, if the log is usable.
@@ -555,6 +577,7 @@ impl LogDevices {
         let first = slot(chain.seq);
         let before_end = ((self.slots - first) as usize * LOG_BLOCK_BYTES).min(bytes.len());
         let (a, b) = bytes.split_at(before_end);
+        let online_before = self.devices.iter().filter(|d| d.online()).count();
         let mut wrote = 0;
         for d in self.devices.iter().filter(|d| d.online()) {
             let dev = d.dev.as_ref().expect("an online log device is open");
@@ -591,6 +614,9 @@ impl LogDevices {
         chain.seq = at;
         st.chain = Some(chain);
         st.next_head = slot(chain.seq);
+        if synced < online_before {
+            return Appended::Degraded;
+        }
         Appended::Done
     }
 
@@ -1022,6 +1048,96 @@ mod tests {
         v.write(4096, &vec![0xC3; 4096], false).unwrap();
         v.flush().unwrap();
         pool.close().unwrap();
+    }
+
+    /// A mirrored log device whose half fails while flushes go on: the flush that found
+    /// it failed commits, so the next superblock names only the working half. After a
+    /// crash with only the failed (stale) half left, the import does not replay its
+    /// chain as if whole: it says the flushes on the log are lost, and reads the last
+    /// commit (before, it replayed the stale chain and lost the later flushes silently).
+    #[test]
+    fn a_stale_half_of_a_mirrored_log_is_not_replayed_as_whole() {
+        use crate::device::fault::{Fault, FaultMode};
+        use crate::pool::{Layout, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<PathBuf> = ["loga.img", "logb.img"]
+            .iter()
+            .map(|n| {
+                let p = dir.path().join(n);
+                std::fs::File::create(&p)
+                    .unwrap()
+                    .set_len(LOG_DEVICE_BYTES_MIN)
+                    .unwrap();
+                p
+            })
+            .collect();
+        let pdir = dir.path().join("p");
+        Pool::create_with_log(
+            &pdir,
+            Layout::Single,
+            super::super::DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+            "p",
+            &logs,
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            allow_fault_injection: true,
+            ..OpenOptions::default()
+        };
+        let vopts = crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        };
+        let fill = |pool: &Pool, b: u8| {
+            let v = pool.volume("v").unwrap();
+            for lba in 0..8u64 {
+                v.write(lba * 4096, &vec![b; 4096], false).unwrap();
+            }
+            v.flush().unwrap();
+        };
+        {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            pool.create_volume("v", vopts, None).unwrap();
+            pool.core.commit().unwrap();
+            fill(&pool, 0x11); // on both halves
+            let generation = pool.status().generation;
+            pool.core
+                .set_faults(
+                    &logs[0],
+                    vec![Fault {
+                        mode: FaultMode::WriteError,
+                        probability: 1.0,
+                        seed: 1,
+                        include_labels: false,
+                    }],
+                )
+                .unwrap();
+            fill(&pool, 0x22); // half A fails here
+            assert!(
+                pool.status().generation > generation,
+                "the flush that lost a half did not commit"
+            );
+            fill(&pool, 0x33); // on half B only
+            drop(pool); // a crash
+        }
+        std::fs::remove_file(&logs[1]).unwrap();
+        let pool = Pool::open(&pdir, opts).unwrap();
+        let mut buf = vec![0u8; 4096];
+        pool.volume("v").unwrap().read(0, &mut buf).unwrap();
+        assert_eq!(buf[0], 0x22, "not the last commit's data");
+        let l = pool.status().log.unwrap();
+        assert!(
+            l.note
+                .as_deref()
+                .is_some_and(|n| n.contains("cannot be replayed")),
+            "the lost flushes are not reported: {l:?}"
+        );
     }
 
     /// A small flush carries its records into the log device: with the records lost from
