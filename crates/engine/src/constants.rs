@@ -130,6 +130,11 @@ pub const CACHEDEV_SCAN_CHUNK_BYTES: usize = 4 << 20;
 pub const CACHEDEV_LOG_POSITION_MAX: u64 = 1 << 62;
 /// Smallest cache device: its label and a ring of a few batches.
 pub const CACHEDEV_BYTES_MIN: u64 = 4 << 20;
+/// Entries the cache device's in-memory index holds at most (about 80 bytes each: some
+/// 640 MiB), at start and while it runs: a ring of more small records than that serves
+/// the newest this many. A device's size is not a memory budget (nor is what its bytes
+/// claim: a scan of garbage finds many entries).
+pub const CACHEDEV_INDEX_ENTRIES_MAX: usize = 8 << 20;
 
 const _: () = assert!(CACHEDEV_LABEL_BYTES as u64 % CACHEDEV_ENTRY_ALIGN == 0);
 const _: () = assert!(CACHEDEV_HEADER_BYTES as u64 % CACHEDEV_ENTRY_ALIGN == 0);

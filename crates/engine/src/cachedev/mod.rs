@@ -144,6 +144,8 @@ pub(crate) fn entry_bytes(len: usize) -> u64 {
 /// of the ring (the lap's tail is skipped).
 pub(crate) struct Index {
     ring: u64,
+    /// Entries kept at most (`CACHEDEV_INDEX_ENTRIES_MAX`): the oldest go first.
+    max: usize,
     map: HashMap<u64, Slot, AddrHash>,
     /// (log position, entry bytes, pool address), oldest first.
     fifo: VecDeque<(u64, u32, u64)>,
@@ -154,9 +156,14 @@ pub(crate) struct Index {
 
 impl Index {
     pub fn new(ring: u64) -> Index {
-        assert!(ring >= 2 * CACHEDEV_FILL_BATCH_BYTES as u64);
+        Index::with_max(ring, CACHEDEV_INDEX_ENTRIES_MAX)
+    }
+
+    pub fn with_max(ring: u64, max: usize) -> Index {
+        assert!(ring >= 2 * CACHEDEV_FILL_BATCH_BYTES as u64 && max > 0);
         Index {
             ring,
+            max,
             map: HashMap::with_hasher(AddrHash),
             fifo: VecDeque::new(),
             head: 0,
@@ -193,6 +200,15 @@ impl Index {
         }
         self.fifo.push_back((lp, bytes as u32, addr));
         self.used += bytes;
+        // Past the memory budget the oldest entries leave the index (their bytes stay
+        // until the ring comes round: they are only not found).
+        while self.fifo.len() > self.max {
+            let Some((q, b, a)) = self.fifo.pop_front() else {
+                break;
+            };
+            self.used -= b as u64;
+            self.remove_if(a, q);
+        }
         lp
     }
 
@@ -223,17 +239,27 @@ impl Index {
 
     /// Rebuild from the entries a scan found (log position, entry bytes, address, stored
     /// length, checksum fingerprint), in any order: the newest lap's worth is kept.
-    pub fn rebuild(ring: u64, mut found: Vec<(u64, u32, u64, u32, u64)>) -> Index {
-        let mut idx = Index::new(ring);
+    pub fn rebuild(ring: u64, found: Vec<(u64, u32, u64, u32, u64)>) -> Index {
+        Index::rebuild_max(ring, found, CACHEDEV_INDEX_ENTRIES_MAX)
+    }
+
+    /// `rebuild`, keeping the newest `max` entries at most.
+    pub fn rebuild_max(ring: u64, mut found: Vec<(u64, u32, u64, u32, u64)>, max: usize) -> Index {
+        let mut idx = Index::with_max(ring, max);
         found.sort_unstable_by_key(|e| e.0);
         let head = found.iter().map(|e| e.0 + e.1 as u64).max().unwrap_or(0);
         let mut end = 0;
+        let mut kept = Vec::new();
         for (lp, bytes, addr, len, fp) in found {
             // Older than a lap (overwritten since), or overlapping an entry kept: not ours.
             if lp + ring < head || lp < end {
                 continue;
             }
             end = lp + bytes as u64;
+            kept.push((lp, bytes, addr, len, fp));
+        }
+        let skip = kept.len().saturating_sub(max);
+        for (lp, bytes, addr, len, fp) in kept.into_iter().skip(skip) {
             idx.fifo.push_back((lp, bytes, addr));
             idx.used += bytes as u64;
             idx.map.insert(addr, Slot { lp, len, fp });
@@ -690,6 +716,11 @@ impl CacheDevice {
                     let bytes = entry_bytes(len as usize);
                     found.push((lp, bytes as u32, addr, len, fp));
                     pos += bytes;
+                    // Bounded while scanning too: only the newest entries can be kept.
+                    if found.len() >= 2 * CACHEDEV_INDEX_ENTRIES_MAX {
+                        found.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
+                        found.truncate(CACHEDEV_INDEX_ENTRIES_MAX);
+                    }
                 }
                 _ => pos += CACHEDEV_ENTRY_ALIGN,
             }

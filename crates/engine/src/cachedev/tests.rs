@@ -236,3 +236,39 @@ fn header_and_label_decoders_never_panic_and_keep_their_bounds() {
         let _ = decode_label(b);
     });
 }
+
+/// The index never holds more entries than its memory budget: while filling (the oldest
+/// leave first) and when rebuilt at start from a ring of more (the newest are kept).
+#[test]
+fn index_stays_within_its_entry_budget() {
+    let bytes = entry_bytes(4112);
+    let mut idx = Index::with_max(RING, 5);
+    for i in 0..12u64 {
+        idx.place(bytes, i * 16);
+        idx.insert(i * 16, &[7u8; 32], 4112, idx.head - bytes);
+        assert!(
+            idx.entries() <= 5 && idx.fifo.len() <= 5,
+            "{} entries",
+            idx.entries()
+        );
+    }
+    // The newest five are found; the older ones are not (their bytes are not trusted to
+    // the index any more).
+    for i in 0..12u64 {
+        let found = idx.get(i * 16, &[7u8; 32], 4112).is_some();
+        assert_eq!(found, i >= 7, "entry {i}");
+    }
+    assert_eq!(idx.used, 5 * bytes);
+
+    let found: Vec<_> = (0..40u64)
+        .map(|i| (i * bytes, bytes as u32, i * 16, 4112u32, 7u64))
+        .rev()
+        .collect();
+    let idx = Index::rebuild_max(RING, found, 8);
+    assert_eq!(idx.entries(), 8);
+    assert!(
+        (32..40u64).all(|i| idx.map.contains_key(&(i * 16))),
+        "the newest are kept"
+    );
+    assert_eq!(idx.head, 40 * bytes);
+}
