@@ -959,8 +959,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
         (None, _) => None,
     };
-    // On the log devices: the slot of the next block, from the head.
+    // On the log devices: the next block, in slots from the head, and the slot it lies at
+    // (from the signed links: the superblock's head, then each block's `next`).
     let mut dev_at = 0u64;
+    let mut dev_slot = dev_chain.as_ref().map_or(0, |(head, _)| *head);
     let main_head = newest
         .log_head
         .or(dev_chain.as_ref().map(|_| [crate::map::ADDR_NONE; 2]));
@@ -970,9 +972,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let why = 'replay: loop {
             // The records a block on a log device carries (`logdev`), verified.
             let mut inline = Vec::new();
-            let block = if let Some((dev_head, l)) = &dev_chain {
+            let block = if let Some((_, l)) = &dev_chain {
                 match l.read_block(
-                    *dev_head,
+                    dev_slot,
                     dev_at,
                     &newest.pool_id,
                     &newest.chain_id,
@@ -985,6 +987,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                             .map(|r| r.map(<[u8]>::to_vec))
                             .collect();
                         dev_at += 1 + b.data_slots as u64;
+                        dev_slot = b.next[0];
                         b
                     }
                     Ok(None) => break "the end of the log".to_string(),
@@ -1295,8 +1298,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         cachedev_unavailable: Mutex::new(None),
     };
     // The next chain on the log devices starts after the replayed one.
-    if let (Some((head, _)), Some(l)) = (&dev_chain, &logdev) {
-        l.state.lock().next_head = (head + dev_at) % l.slots.max(1);
+    if let (Some(_), Some(l)) = (&dev_chain, &logdev) {
+        l.state.lock().next_head = dev_slot % l.slots.max(1);
     }
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {

@@ -640,14 +640,21 @@ impl LogDevices {
         self.state.lock().chain = None;
     }
 
-    /// The block at slot `at` of the chain of `generation` starting at `head`, and the
+    /// The block `at` slots into the chain of `generation`, lying at slot `slot`, and the
     /// records stored after it (`Block::data_slots`), from the first log device whose
     /// block and records all verify (else the first that holds the block: the replay stops
     /// at the record that does not verify); `Ok(None)`: none holds it (the end of the
     /// chain).
+    ///
+    /// Where things lie is taken from what a key signs, never from the label's ring size
+    /// (which no key signs): the first block's slot from the superblock (`log_dev_head`),
+    /// each next one's from the block before (`Block::next`), and whether a block's
+    /// records wrap round the ring, and where, from its own `next`. A label altered to
+    /// another ring size therefore cannot make the replay read the wrong slots and stop
+    /// early, silently dropping flushed writes.
     pub(crate) fn read_block(
         &self,
-        head: u64,
+        slot: u64,
         at: u64,
         pool_id: &[u8; 16],
         chain: &[u8; 16],
@@ -662,11 +669,14 @@ impl LogDevices {
         let mut partial = None;
         for d in &self.devices {
             let Some(dev) = &d.dev else { continue };
-            if dev
-                .read_at(&mut buf, slot_offset((head + at) % self.slots))
-                .is_err()
-                || !verify(&SELF_CHECKED, &buf)
-            {
+            let held = slots_of(dev.size());
+            if slot >= held {
+                damaged = Some(Error::Corrupt(format!(
+                    "intent log block at slot {slot} lies past the log device's {held} slots"
+                )));
+                continue;
+            }
+            if dev.read_at(&mut buf, slot_offset(slot)).is_err() || !verify(&SELF_CHECKED, &buf) {
                 continue;
             }
             let b = match Block::decode(&buf, key, pool_id, chain, generation, at) {
@@ -677,9 +687,22 @@ impl LogDevices {
                     continue;
                 }
             };
-            if b.data_slots as u64 + 1 >= self.slots {
+            // The ring the writer used, from the block's signed link: `next` is `slot +
+            // span` unless the span wrapped, and then the ring was `slot + span - next`.
+            let span = b.data_slots as u64 + 1;
+            let next = b.next[0];
+            let ring = if next == slot + span {
+                u64::MAX
+            } else {
+                (slot + span).wrapping_sub(next)
+            };
+            if ring != u64::MAX
+                && (next >= slot + span || ring <= slot || ring > held || span >= ring)
+                || next >= held
+            {
                 damaged = Some(Error::Corrupt(format!(
-                    "intent log block at slot {at} claims {} slots of records, more than the ring holds",
+                    "intent log block {at} at slot {slot}: its link to slot {next} does not fit \
+                     a ring of at most {held} slots with its {} slots of records",
                     b.data_slots
                 )));
                 continue;
@@ -687,8 +710,8 @@ impl LogDevices {
             let mut data = vec![0u8; b.data_slots as usize * LOG_BLOCK_BYTES];
             let mut ok = true;
             for (i, chunk) in data.chunks_mut(LOG_BLOCK_BYTES).enumerate() {
-                let slot = (head + at + 1 + i as u64) % self.slots;
-                ok &= dev.read_at(chunk, slot_offset(slot)).is_ok();
+                let s = (slot + 1 + i as u64) % ring;
+                ok &= dev.read_at(chunk, slot_offset(s)).is_ok();
             }
             if ok && inline_records(&b, &data).iter().all(|r| r.is_some()) {
                 return Ok(Some((b, data)));
@@ -1048,6 +1071,71 @@ mod tests {
         v.write(4096, &vec![0xC3; 4096], false).unwrap();
         v.flush().unwrap();
         pool.close().unwrap();
+    }
+
+    /// The label's ring size is signed by no key: altered (here to a ring that ends just
+    /// past the chain's head), the replay still finds every block and its records, from
+    /// the superblock's head and the blocks' own signed links. Before, it computed the
+    /// slots from the label's ring, read the wrong ones after the first block, and
+    /// stopped there: three flushes lost without a word.
+    #[test]
+    fn a_label_altered_to_another_ring_size_does_not_shorten_the_replay() {
+        use crate::pool::{Layout, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        let (pdir, log) = test_pool_with_log(dir.path(), Layout::Single, 1, LOG_DEVICE_BYTES_MIN);
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            ..OpenOptions::default()
+        };
+        let head = {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            pool.create_volume(
+                "v",
+                crate::volume::VolumeOptions {
+                    size_bytes: 4 << 20,
+                    block_size: 4096,
+                    compression: crate::codec::Compression::Off,
+                    encryption: false,
+                },
+                None,
+            )
+            .unwrap();
+            pool.core.commit().unwrap();
+            let head = pool
+                .core
+                .logdev
+                .read()
+                .as_ref()
+                .unwrap()
+                .state
+                .lock()
+                .chain
+                .unwrap()
+                .head;
+            let v = pool.volume("v").unwrap();
+            for round in 1..=4u8 {
+                for lba in 0..4u64 {
+                    v.write(lba * 4096, &vec![round; 4096], false).unwrap();
+                }
+                v.flush().unwrap();
+            }
+            drop(v);
+            drop(pool); // a crash: the four flushes are on the log device only
+            head
+        };
+        let dev = FileDevice::open(&log).unwrap();
+        let mut label = read_label(&dev).unwrap();
+        assert!(label.slots > head + 2);
+        label.slots = head + 2;
+        write_label(&dev, &label).unwrap();
+        drop(dev);
+        let pool = Pool::open(&pdir, opts).unwrap();
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..4u64 {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert_eq!(buf[0], 4, "block {lba}: a flush was not replayed");
+        }
     }
 
     /// A mirrored log device whose half fails while flushes go on: the flush that found
