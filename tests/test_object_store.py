@@ -714,3 +714,19 @@ def test_scrub_verify_store_needs_a_store(make_pool):
     p = make_pool().create().start()
     r = p.cli("scrub", "start", "--verify-store", check=False)
     assert r.returncode != 0 and "no object store" in r.stderr, r.stderr
+
+
+def test_a_pool_with_a_store_takes_no_log_device(versitygw, tmp_path):
+    """`pool log add` on a pool with an object store is refused, naming why, and the
+    pool still opens (the import refuses log devices beside a store: before, the add
+    went through and the pool could not be opened again)."""
+    p = StorePool(tmp_path, versitygw, "nolog").create().start()
+    p.stop()
+    log = tmp_path / "log.img"
+    with open(log, "wb") as f:
+        f.truncate(64 << 20)
+    r = p.cli("pool", "log", "add", log, check=False)
+    assert r.returncode != 0 and "takes no separate log device" in r.stderr, r.stderr
+    p.start()
+    assert p.status()["state"] == "ONLINE"
+    p.kill()

@@ -496,6 +496,10 @@ impl Core {
         old: Blkptr,
         stored: &mut Vec<u8>,
     ) -> Result<bool> {
+        // As the cleaner: no commit, snapshot destroy or other move meanwhile (a destroy
+        // counts on snapshot trees staying clean under this lock, and the index `k` below
+        // must still name the same tree when the move installs it).
+        let _c = self.commit_lock.lock();
         // The oldest tree of the run of trees holding it that ends at `v`'s own.
         let k = {
             let head = v.tree.lock();
@@ -510,6 +514,12 @@ impl Core {
                     .holds(&*self.store, &self.store.cache, At::Data(lba), &old)?
             {
                 k -= 1;
+            }
+            // Held by a clone's base: the origin's snapshot (and its other clones) hold
+            // it too, which a move from here would not reach. Left where it is (reported;
+            // the origin's own scrub finds it if its map still holds it).
+            if k == 0 && snaps.first().is_some_and(|s| s.base) {
+                return Ok(false);
             }
             k
         };

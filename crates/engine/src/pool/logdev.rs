@@ -687,6 +687,15 @@ impl LogDevices {
                     continue;
                 }
             };
+            // A writer puts at most a flush's inline bytes after a block: a claim of more
+            // (a forged block where no key signs it) is not read.
+            if b.data_slots as usize > INLINE_BYTES_MAX.div_ceil(LOG_BLOCK_BYTES) {
+                damaged = Some(Error::Corrupt(format!(
+                    "intent log block {at} claims {} slots of records, more than a flush puts",
+                    b.data_slots
+                )));
+                continue;
+            }
             // The ring the writer used, from the block's signed link: `next` is `slot +
             // span` unless the span wrapped, and then the ring was `slot + span - next`.
             let span = b.data_slots as u64 + 1;
@@ -771,6 +780,17 @@ impl super::core::Core {
             )));
         }
         self.store.check_poisoned()?;
+        if !paths.is_empty() && self.tier.is_some() {
+            // The import refuses log devices beside a store (a flush is a commit there,
+            // or local through the intent log on the main devices): the pool would not
+            // open again.
+            return Err(Error::Invalid(
+                "this pool has an object store: its flushes go to the store (or with \
+                 --object-store-flush local, to the main devices' log), and it takes no \
+                 separate log device"
+                    .into(),
+            ));
+        }
         let _d = self.device_lock.lock();
         let _c = self.commit_lock.lock();
         let pool_id = self.sb.lock().sb.pool_id;

@@ -709,6 +709,18 @@ impl Core {
             if !bad {
                 continue;
             }
+            // Only a record still live is judged: one replaced since the walk may lie in
+            // a segment reopened and published since, whose bytes are another record's.
+            let live = {
+                let _gate = self.store.reuse_gate.read();
+                v.tree
+                    .lock()
+                    .lookup(&*self.store, &self.store.cache, *lba)?
+                    == *ptr
+            };
+            if !live {
+                continue;
+            }
             n_bad += 1;
             let bs = v.block_size as u64;
             tracing::error!(
