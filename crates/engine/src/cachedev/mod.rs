@@ -249,17 +249,17 @@ impl Index {
         found.sort_unstable_by_key(|e| e.0);
         let head = found.iter().map(|e| e.0 + e.1 as u64).max().unwrap_or(0);
         let mut end = 0;
-        let mut kept = Vec::new();
-        for (lp, bytes, addr, len, fp) in found {
-            // Older than a lap (overwritten since), or overlapping an entry kept: not ours.
+        // In place (the list may be large): older than a lap (overwritten since), or
+        // overlapping an entry kept, is not ours.
+        found.retain(|&(lp, bytes, ..)| {
             if lp + ring < head || lp < end {
-                continue;
+                return false;
             }
             end = lp + bytes as u64;
-            kept.push((lp, bytes, addr, len, fp));
-        }
-        let skip = kept.len().saturating_sub(max);
-        for (lp, bytes, addr, len, fp) in kept.into_iter().skip(skip) {
+            true
+        });
+        let skip = found.len().saturating_sub(max);
+        for (lp, bytes, addr, len, fp) in found.into_iter().skip(skip) {
             idx.fifo.push_back((lp, bytes, addr));
             idx.used += bytes as u64;
             idx.map.insert(addr, Slot { lp, len, fp });
@@ -717,7 +717,7 @@ impl CacheDevice {
                     found.push((lp, bytes as u32, addr, len, fp));
                     pos += bytes;
                     // Bounded while scanning too: only the newest entries can be kept.
-                    if found.len() >= 2 * CACHEDEV_INDEX_ENTRIES_MAX {
+                    if found.len() >= CACHEDEV_INDEX_ENTRIES_MAX + CACHEDEV_INDEX_ENTRIES_MAX / 4 {
                         found.sort_unstable_by_key(|e| std::cmp::Reverse(e.0));
                         found.truncate(CACHEDEV_INDEX_ENTRIES_MAX);
                     }
