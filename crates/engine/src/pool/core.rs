@@ -601,17 +601,13 @@ impl Core {
 impl Core {
     /// The end of a pass of the local cache: writers it paces look at the room again
     /// (`store::pace`). `stalled`: the pass could not give room back (its commit failed,
-    /// or it gave back nothing); the writers then go on while the devices are still past
-    /// the cap. Devices that cannot punch holes never pace writers.
+    /// or it gave back nothing: also always on devices that cannot punch holes); the
+    /// writers then go on while the devices are still past the cap.
     fn cache_pass_done(&self, stalled: bool) {
         let pace = &self.store.pace;
         if pace.cap() > 0 {
-            let unsupported = self
-                .tier
-                .as_ref()
-                .is_some_and(|t| t.cache_unsupported.load(Ordering::Relaxed));
             let now = self.store.red.allocated_bytes();
-            pace.pass_done(now, unsupported || (stalled && now > pace.cap()));
+            pace.pass_done(now, stalled && now > pace.cap());
         }
     }
 

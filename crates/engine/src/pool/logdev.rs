@@ -994,6 +994,16 @@ mod tests {
         assert_eq!(Label::decode(&[0u8; SUPERBLOCK_BYTES]).unwrap(), None);
     }
 
+    /// Volume v of the log tests: 4 MiB of 4 KiB blocks, stored as written.
+    fn plain_volume() -> crate::volume::VolumeOptions {
+        crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        }
+    }
+
     /// Flushes go to the log device (the main devices hold no chain), a crash replays them
     /// from it; with the log device gone, the import goes on at the last commit, says what
     /// was lost, and the log has fallen back.
@@ -1006,12 +1016,7 @@ mod tests {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()
         };
-        let vopts = crate::volume::VolumeOptions {
-            size_bytes: 4 << 20,
-            block_size: 4096,
-            compression: crate::codec::Compression::Off,
-            encryption: false,
-        };
+        let vopts = plain_volume();
         let read = |pool: &Pool, lba: u64| {
             let mut buf = vec![0u8; 4096];
             pool.volume("v")
@@ -1109,17 +1114,7 @@ mod tests {
         };
         let head = {
             let pool = Pool::open(&pdir, opts.clone()).unwrap();
-            pool.create_volume(
-                "v",
-                crate::volume::VolumeOptions {
-                    size_bytes: 4 << 20,
-                    block_size: 4096,
-                    compression: crate::codec::Compression::Off,
-                    encryption: false,
-                },
-                None,
-            )
-            .unwrap();
+            pool.create_volume("v", plain_volume(), None).unwrap();
             pool.core.commit().unwrap();
             let head = pool
                 .core
@@ -1196,12 +1191,7 @@ mod tests {
             allow_fault_injection: true,
             ..OpenOptions::default()
         };
-        let vopts = crate::volume::VolumeOptions {
-            size_bytes: 4 << 20,
-            block_size: 4096,
-            compression: crate::codec::Compression::Off,
-            encryption: false,
-        };
+        let vopts = plain_volume();
         let fill = |pool: &Pool, b: u8| {
             let v = pool.volume("v").unwrap();
             for lba in 0..8u64 {
@@ -1271,12 +1261,7 @@ mod tests {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()
         };
-        let vopts = crate::volume::VolumeOptions {
-            size_bytes: 4 << 20,
-            block_size: 4096,
-            compression: crate::codec::Compression::Off,
-            encryption: false,
-        };
+        let vopts = plain_volume();
         let (records, footprint) = {
             let pool = Pool::open(&pdir, opts.clone()).unwrap();
             pool.create_volume("v", vopts, None).unwrap();

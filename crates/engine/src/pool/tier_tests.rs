@@ -394,6 +394,22 @@ fn open_cached(dir: &std::path::Path, store: &Arc<Mem>, cache: u64) -> Arc<Pool>
     .unwrap()
 }
 
+/// A new pool on the in-memory store, opened again with a local cache of `cache` bytes,
+/// volume v's key loaded: (its directory, the store, the pool).
+fn cached_pool(cache: u64) -> (tempfile::TempDir, Arc<Mem>, Arc<Pool>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    drop(new_pool(dir.path(), &store));
+    let pool = open_cached(dir.path(), &store, cache);
+    pool.load_key("v", &volume_key()).unwrap();
+    (dir, store, pool)
+}
+
+/// Volume v's key in the cache tests.
+fn volume_key() -> Secret {
+    Secret::KeyFile(Zeroizing::new([3u8; 32]))
+}
+
 /// Block `i` of the cache tests: its index in every byte pair.
 fn block_of(i: u64) -> Vec<u8> {
     (0..4096u64).map(|k| (i * 7 + k / 512) as u8).collect()
@@ -419,12 +435,8 @@ fn check_blocks(pool: &Pool, blocks: std::ops::Range<u64>, salt: u64) {
 /// and after a restart still knows which segments are holes; new writes stay local.
 #[test]
 fn the_local_cache_gives_back_and_reads_from_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Mem::default());
-    drop(new_pool(dir.path(), &store));
-    let pool = open_cached(dir.path(), &store, 1 << 20);
-    let key = Secret::KeyFile(Zeroizing::new([3u8; 32]));
-    pool.load_key("v", &key).unwrap();
+    let (dir, store, pool) = cached_pool(1 << 20);
+    let key = volume_key();
     write_blocks(&pool, 0..1024, 0);
     pool.core.flush().unwrap();
     let before = pool.core.store.red.allocated_bytes();
@@ -459,12 +471,7 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
 /// write waiting 10 s on block devices).
 #[test]
 fn writes_go_on_when_the_cache_cannot_give_room_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Mem::default());
-    drop(new_pool(dir.path(), &store));
-    let pool = open_cached(dir.path(), &store, 1 << 20);
-    let key = Secret::KeyFile(Zeroizing::new([3u8; 32]));
-    pool.load_key("v", &key).unwrap();
+    let (_dir, _store, pool) = cached_pool(1 << 20);
     pool.core
         .tier
         .as_ref()
@@ -553,12 +560,7 @@ fn freed_segments_leave_the_stores_table() {
 /// queued behind the commit.
 #[test]
 fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Mem::default());
-    drop(new_pool(dir.path(), &store));
-    let pool = open_cached(dir.path(), &store, 1 << 20);
-    let key = Secret::KeyFile(Zeroizing::new([3u8; 32]));
-    pool.load_key("v", &key).unwrap();
+    let (_dir, store, pool) = cached_pool(1 << 20);
     write_blocks(&pool, 0..1024, 0);
     pool.core.flush().unwrap();
     pool.core.evict().unwrap();
@@ -593,12 +595,7 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
 /// gives back on its own too: the checks below hold whichever thread did it.)
 #[test]
 fn a_segment_read_often_is_brought_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Mem::default());
-    drop(new_pool(dir.path(), &store));
-    let pool = open_cached(dir.path(), &store, 3 << 20);
-    pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
-        .unwrap();
+    let (dir, store, pool) = cached_pool(3 << 20);
     write_blocks(&pool, 0..1024, 0);
     pool.core.flush().unwrap();
     pool.core.evict().unwrap();

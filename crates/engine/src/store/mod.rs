@@ -65,10 +65,7 @@ pub trait Remote: Send + Sync {
 
     /// `read`, and up to `want` bytes from `addr` in the same request where the store
     /// holds them in one piece (read-ahead: `store::ahead`). At least `len` bytes.
-    fn read_ahead(&self, addr: u64, len: usize, want: usize) -> Result<Vec<u8>> {
-        let _ = want;
-        self.read(addr, len)
-    }
+    fn read_ahead(&self, addr: u64, len: usize, want: usize) -> Result<Vec<u8>>;
 }
 
 /// Reads served by the object store (`Store::remote_reads`).

@@ -205,6 +205,22 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A 16 MiB cache (a 24 MiB cap) whose devices take 40 MiB.
+    fn over_the_cap() -> (Arc<Pace>, Arc<Fake>) {
+        let pace = Arc::new(Pace::default());
+        let fake = Arc::new(Fake::default());
+        pace.set_limit(16 * MIB, 0);
+        fake.allocated.store(40 * MIB, Ordering::SeqCst);
+        pace.note_written(40 * MIB);
+        (pace, fake)
+    }
+
+    /// A client write on a thread of its own.
+    fn spawn_writer(pace: &Arc<Pace>, fake: &Arc<Fake>) -> std::thread::JoinHandle<()> {
+        let (pace, fake) = (pace.clone(), fake.clone());
+        std::thread::spawn(move || pace.wait_for_room(&*fake))
+    }
+
     #[test]
     fn no_cache_never_waits_and_under_the_cap_measures_nothing() {
         let pace = Pace::default();
@@ -228,15 +244,8 @@ mod tests {
 
     #[test]
     fn past_the_cap_a_write_waits_until_a_pass_gives_room_back() {
-        let pace = Arc::new(Pace::default());
-        let fake = Arc::new(Fake::default());
-        pace.set_limit(16 * MIB, 0);
-        fake.allocated.store(40 * MIB, Ordering::SeqCst);
-        pace.note_written(40 * MIB);
-        let writer = {
-            let (pace, fake) = (pace.clone(), fake.clone());
-            std::thread::spawn(move || pace.wait_for_room(&*fake))
-        };
+        let (pace, fake) = over_the_cap();
+        let writer = spawn_writer(&pace, &fake);
         // The writer wakes the maintenance thread and keeps waiting while passes leave
         // the devices over the cap.
         while fake.wakes.load(Ordering::SeqCst) < 3 {
@@ -257,15 +266,8 @@ mod tests {
 
     #[test]
     fn a_stalled_store_or_a_closing_pool_lets_writes_go_on() {
-        let pace = Arc::new(Pace::default());
-        let fake = Arc::new(Fake::default());
-        pace.set_limit(16 * MIB, 0);
-        fake.allocated.store(40 * MIB, Ordering::SeqCst);
-        pace.note_written(40 * MIB);
-        let writer = {
-            let (pace, fake) = (pace.clone(), fake.clone());
-            std::thread::spawn(move || pace.wait_for_room(&*fake))
-        };
+        let (pace, fake) = over_the_cap();
+        let writer = spawn_writer(&pace, &fake);
         while fake.wakes.load(Ordering::SeqCst) < 2 {
             std::thread::yield_now();
         }
@@ -281,10 +283,7 @@ mod tests {
 
         // The store answers again; the pool closes while a writer waits.
         pace.pass_done(40 * MIB, false);
-        let writer = {
-            let (pace, fake) = (pace.clone(), fake.clone());
-            std::thread::spawn(move || pace.wait_for_room(&*fake))
-        };
+        let writer = spawn_writer(&pace, &fake);
         while fake.wakes.load(Ordering::SeqCst) < 4 {
             std::thread::yield_now();
         }
