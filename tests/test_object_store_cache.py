@@ -13,6 +13,7 @@ the objects it read from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -69,6 +70,19 @@ def ranged_gets(proxy: FaultProxy, prefix: str) -> list:
             and any(k.lower() == "range" for k, _ in s.headers)]
 
 
+@contextlib.contextmanager
+def cache_pool(srv, tmp_path: Path, prefix: str):
+    """A served pool with a `CACHE` local cache, its store behind a counting fault proxy:
+    (proxy, pool); the daemon is killed at the end."""
+    with FaultProxy.for_server(srv) as proxy:
+        p = StorePool(tmp_path, srv, prefix, endpoint=proxy.endpoint).create(
+            "--object-store-cache-size", CACHE).start()
+        try:
+            yield proxy, p
+        finally:
+            p.kill()
+
+
 def assert_one_record_fetched(proxy: FaultProxy, prefix: str, what: str) -> None:
     """Since the proxy's counts were reset: one ranged GET, of one 4 KiB record and its
     tag at most."""
@@ -85,58 +99,52 @@ def test_cache_keeps_its_size_and_reads_come_from_the_store(versitygw, tmp_path)
     GET of one record, and after a restart the given-back segments are still read from
     the store."""
     srv = versitygw
-    proxy = FaultProxy.for_server(srv)
-    with proxy:
-        p = StorePool(tmp_path, srv, "cache", endpoint=proxy.endpoint).create(
-            "--object-store-cache-size", CACHE).start()
-        try:
-            key = p.create_volume("v", size=f"{VOLUME_MIB}M")
-            data = volume_data(tmp_path / "data.img", 11)
-            write_and_flush(p, tmp_path / "data.img")
-            st = wait_for("the local cache to give back room",
-                          lambda: (s := cache_of(p))["cache"]["local_bytes"] <= CACHE_BYTES and s)
-            c = st["cache"]
-            assert c["limit_bytes"] == CACHE_BYTES, c
-            assert c["evicted_segments"] > 0 and c["evicted_total"] > 0, c
-            assert allocated(p) <= CACHE_BYTES, \
-                f"device files take {allocated(p)} bytes, more than the {CACHE} cache"
-            assert allocated(p) < len(data), "the device files still hold the whole volume"
+    with cache_pool(srv, tmp_path, "cache") as (proxy, p):
+        key = p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 11)
+        write_and_flush(p, tmp_path / "data.img")
+        st = wait_for("the local cache to give back room",
+                      lambda: (s := cache_of(p))["cache"]["local_bytes"] <= CACHE_BYTES and s)
+        c = st["cache"]
+        assert c["limit_bytes"] == CACHE_BYTES, c
+        assert c["evicted_segments"] > 0 and c["evicted_total"] > 0, c
+        assert allocated(p) <= CACHE_BYTES, \
+            f"device files take {allocated(p)} bytes, more than the {CACHE} cache"
+        assert allocated(p) < len(data), "the device files still hold the whole volume"
 
-            proxy.reset_counts()
-            assert read_back(p, tmp_path / "out.img") == data, \
-                "bytes differ reading a volume partly given back to the store"
-            st = p.status()["object_store"]
-            assert st["remote_reads"] > 0, f"nothing was read from the store: {st}"
-            assert ranged_gets(proxy, p.prefix), "no ranged GET reached the store"
-            assert st["healed_from_store"] == 0, st
+        proxy.reset_counts()
+        assert read_back(p, tmp_path / "out.img") == data, \
+            "bytes differ reading a volume partly given back to the store"
+        st = p.status()["object_store"]
+        assert st["remote_reads"] > 0, f"nothing was read from the store: {st}"
+        assert ranged_gets(proxy, p.prefix), "no ranged GET reached the store"
+        assert st["healed_from_store"] == 0, st
 
-            # A cold 4 KiB read: one GET, of one record (4 KiB and its tag), no more.
-            proxy.reset_counts()
-            r = qemu_io(p.uri("v"), "read -v 0 4k")
-            assert r.returncode == 0, r.stderr
-            assert_one_record_fetched(proxy, p.prefix, "a cold 4 KiB read")
+        # A cold 4 KiB read: one GET, of one record (4 KiB and its tag), no more.
+        proxy.reset_counts()
+        r = qemu_io(p.uri("v"), "read -v 0 4k")
+        assert r.returncode == 0, r.stderr
+        assert_one_record_fetched(proxy, p.prefix, "a cold 4 KiB read")
 
-            # Read often, the segment is brought back whole: its reads stay local.
-            nbd_script(p, "for _ in range(16):\n    h.pread(65536, 0)\n")
-            wait_for("a segment read often to be brought back",
-                     lambda: cache_of(p)["cache"]["refilled_total"] >= 1)
-            proxy.reset_counts()
-            r = qemu_io(p.uri("v"), "read -v 0 4k")
-            assert r.returncode == 0, r.stderr
-            gets = ranged_gets(proxy, p.prefix)
-            assert not gets, f"a segment brought back is still read from the store: {gets}"
+        # Read often, the segment is brought back whole: its reads stay local.
+        nbd_script(p, "for _ in range(16):\n    h.pread(65536, 0)\n")
+        wait_for("a segment read often to be brought back",
+                 lambda: cache_of(p)["cache"]["refilled_total"] >= 1)
+        proxy.reset_counts()
+        r = qemu_io(p.uri("v"), "read -v 0 4k")
+        assert r.returncode == 0, r.stderr
+        gets = ranged_gets(proxy, p.prefix)
+        assert not gets, f"a segment brought back is still read from the store: {gets}"
 
-            # After a restart the holes are found again: still read from the store.
-            p.stop()
-            p.start()
-            p.load_key("v", key)
-            st = cache_of(p)
-            assert st["cache"]["evicted_segments"] > 0, st
-            assert read_back(p, tmp_path / "out2.img") == data
-            assert p.status()["object_store"]["remote_reads"] > 0
-            assert p.status()["state"] == "ONLINE"
-        finally:
-            p.kill()
+        # After a restart the holes are found again: still read from the store.
+        p.stop()
+        p.start()
+        p.load_key("v", key)
+        st = cache_of(p)
+        assert st["cache"]["evicted_segments"] > 0, st
+        assert read_back(p, tmp_path / "out2.img") == data
+        assert p.status()["object_store"]["remote_reads"] > 0
+        assert p.status()["state"] == "ONLINE"
 
 
 def test_sequential_reads_from_the_store_are_read_ahead(versitygw, tmp_path):
@@ -145,47 +153,41 @@ def test_sequential_reads_from_the_store_are_read_ahead(versitygw, tmp_path):
     so far fewer GETs than reads reach the store, and every byte is exact; a 4 KiB read
     that continues nothing fetches only its record."""
     srv = versitygw
-    proxy = FaultProxy.for_server(srv)
-    with proxy:
-        p = StorePool(tmp_path, srv, "ahead", endpoint=proxy.endpoint).create(
-            "--object-store-cache-size", CACHE).start()
-        try:
-            p.create_volume("v", size=f"{VOLUME_MIB}M")
-            data = volume_data(tmp_path / "data.img", 13)
-            write_and_flush(p, tmp_path / "data.img")
-            wait_for("the local cache to give back room",
-                     lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
-            # A read nothing came before (no stream to continue): only its record.
-            proxy.reset_counts()
-            r = qemu_io(p.uri("v"), "read -v 0 4k")  # written first: given back
-            assert r.returncode == 0, r.stderr
-            assert_one_record_fetched(proxy, p.prefix, "a 4 KiB read continuing nothing")
+    with cache_pool(srv, tmp_path, "ahead") as (proxy, p):
+        p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 13)
+        write_and_flush(p, tmp_path / "data.img")
+        wait_for("the local cache to give back room",
+                 lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        # A read nothing came before (no stream to continue): only its record.
+        proxy.reset_counts()
+        r = qemu_io(p.uri("v"), "read -v 0 4k")  # written first: given back
+        assert r.returncode == 0, r.stderr
+        assert_one_record_fetched(proxy, p.prefix, "a 4 KiB read continuing nothing")
 
-            before = p.status()["object_store"]
-            proxy.reset_counts()
-            span = 6 << 20  # the oldest segments: given back first
-            out = nbd_script(p, (
-                "import hashlib\n"
-                "d = hashlib.sha256()\n"
-                f"for off in range(0, {span}, 65536):\n"
-                "    d.update(h.pread(65536, off))\n"
-                "print(d.hexdigest())\n"
-            ))
-            assert out.stdout.strip() == hashlib.sha256(data[:span]).hexdigest(), \
-                "bytes differ in reads served by read-ahead"
-            after = p.status()["object_store"]
-            reads = after["remote_reads"] - before["remote_reads"]
-            hits = after["read_ahead_hits"] - before["read_ahead_hits"]
-            gets = ranged_gets(proxy, p.prefix)
-            assert reads >= 32, f"only {reads} reads went to the store: was the data given back?"
-            assert hits > 0, f"no read was served by read-ahead: {after}"
-            assert len(gets) * 4 <= reads, \
-                f"{len(gets)} GETs for {reads} sequential reads from the store: no read-ahead"
-            got = read_back(p, tmp_path / "out.img")
-            assert got == data, "bytes differ after reads served by read-ahead"
+        before = p.status()["object_store"]
+        proxy.reset_counts()
+        span = 6 << 20  # the oldest segments: given back first
+        out = nbd_script(p, (
+            "import hashlib\n"
+            "d = hashlib.sha256()\n"
+            f"for off in range(0, {span}, 65536):\n"
+            "    d.update(h.pread(65536, off))\n"
+            "print(d.hexdigest())\n"
+        ))
+        assert out.stdout.strip() == hashlib.sha256(data[:span]).hexdigest(), \
+            "bytes differ in reads served by read-ahead"
+        after = p.status()["object_store"]
+        reads = after["remote_reads"] - before["remote_reads"]
+        hits = after["read_ahead_hits"] - before["read_ahead_hits"]
+        gets = ranged_gets(proxy, p.prefix)
+        assert reads >= 32, f"only {reads} reads went to the store: was the data given back?"
+        assert hits > 0, f"no read was served by read-ahead: {after}"
+        assert len(gets) * 4 <= reads, \
+            f"{len(gets)} GETs for {reads} sequential reads from the store: no read-ahead"
+        got = read_back(p, tmp_path / "out.img")
+        assert got == data, "bytes differ after reads served by read-ahead"
 
-        finally:
-            p.kill()
 
 
 def test_writers_wait_for_the_store_past_the_cache_size(versitygw, tmp_path):
@@ -194,45 +196,39 @@ def test_writers_wait_for_the_store_past_the_cache_size(versitygw, tmp_path):
     writes in flight, because writes past it wait for the store to take room back; the
     waits are counted, and every byte reads back exact."""
     srv = versitygw
-    proxy = FaultProxy.for_server(srv)
-    with proxy:
-        p = StorePool(tmp_path, srv, "pace", endpoint=proxy.endpoint).create(
-            "--object-store-cache-size", CACHE).start()
+    with cache_pool(srv, tmp_path, "pace") as (proxy, p):
+        p.create_volume("v", size="64M")
+        src = tmp_path / "data.img"
+        src.write_bytes(os.urandom(64 << 20))
+        slow = proxy.slow_body(rate=8 << 20, prefix=f"{p.prefix}/seg/")
+        peak, done = [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], allocated(p))
+                time.sleep(0.01)
+
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
         try:
-            p.create_volume("v", size="64M")
-            src = tmp_path / "data.img"
-            src.write_bytes(os.urandom(64 << 20))
-            slow = proxy.slow_body(rate=8 << 20, prefix=f"{p.prefix}/seg/")
-            peak, done = [0], threading.Event()
-
-            def sample():
-                while not done.is_set():
-                    peak[0] = max(peak[0], allocated(p))
-                    time.sleep(0.01)
-
-            t = threading.Thread(target=sample, daemon=True)
-            t.start()
-            try:
-                # Four 256 KiB requests in flight at most: 1 MiB past a check at once.
-                run(["nbdcopy", "--connections=1", "--requests=4", "--request-size=262144",
-                     str(src), p.uri("v")])
-            finally:
-                done.set()
-                t.join()
-            assert slow.hits > 0, "no segment upload went through the slowed rule"
-            cap = CACHE_BYTES + (8 << 20)
-            slack = 4 << 20  # the requests in flight, map nodes, the open segments' rest
-            assert peak[0] <= cap + slack, \
-                f"the device files reached {peak[0] >> 20} MiB while the store took 8 MiB/s: " \
-                f"writes were not paced at {cap >> 20} MiB"
-            c = cache_of(p)["cache"]
-            assert c["paced_writes"] > 0 and c["paced_seconds"] > 0, c
-            slow.off()
-            run(["qemu-io", "-f", "raw", "-c", "flush", p.uri("v")])
-            out = tmp_path / "out.img"
-            assert read_back(p, out) == src.read_bytes(), "a byte differs after paced writes"
+            # Four 256 KiB requests in flight at most: 1 MiB past a check at once.
+            run(["nbdcopy", "--connections=1", "--requests=4", "--request-size=262144",
+                 str(src), p.uri("v")])
         finally:
-            p.kill()
+            done.set()
+            t.join()
+        assert slow.hits > 0, "no segment upload went through the slowed rule"
+        cap = CACHE_BYTES + (8 << 20)
+        slack = 4 << 20  # the requests in flight, map nodes, the open segments' rest
+        assert peak[0] <= cap + slack, \
+            f"the device files reached {peak[0] >> 20} MiB while the store took 8 MiB/s: " \
+            f"writes were not paced at {cap >> 20} MiB"
+        c = cache_of(p)["cache"]
+        assert c["paced_writes"] > 0 and c["paced_seconds"] > 0, c
+        slow.off()
+        run(["qemu-io", "-f", "raw", "-c", "flush", p.uri("v")])
+        out = tmp_path / "out.img"
+        assert read_back(p, out) == src.read_bytes(), "a byte differs after paced writes"
 
 
 def test_import_on_a_new_host_downloads_only_the_metadata(versitygw, tmp_path):
@@ -277,37 +273,31 @@ def test_store_outage_fails_cold_reads_and_serves_the_rest(versitygw, tmp_path):
     deadline, never hang or return zeros; records still local are served; once the store
     answers again every byte reads back."""
     srv = versitygw
-    proxy = FaultProxy.for_server(srv)
-    with proxy:
-        p = StorePool(tmp_path, srv, "cacheout", endpoint=proxy.endpoint).create(
-            "--object-store-cache-size", CACHE).start()
-        try:
-            p.create_volume("v", size=f"{VOLUME_MIB}M")
-            data = volume_data(tmp_path / "data.img", 13)
-            write_and_flush(p, tmp_path / "data.img")
-            wait_for("the local cache to give back room",
-                     lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
-            rule = proxy.fail_503()
-            # The oldest writes were given back first; the newest are still local.
-            last = (VOLUME_MIB - 1) << 20
-            out = nbd_script(p, (
-                "import errno\n"
-                "try:\n"
-                "    b = h.pread(4096, 0); print('READ', b == " + repr(data[:4096]) + ")\n"
-                "except nbd.Error as e:\n"
-                "    print('READ-ERR', e.errno)\n"
-                f"print('LOCAL', h.pread(65536, {last}) == open({str(tmp_path / 'data.img')!r}, 'rb').read()[{last}:{last + 65536}])\n"
-            ), check=False)
-            assert "READ-ERR EIO" in out.stdout, \
-                f"a cold read during an outage must fail with EIO:\n{out.stdout}\n{out.stderr}"
-            assert "LOCAL True" in out.stdout, out.stdout
-            assert rule.fired
-            rule.off()
-            assert read_back(p, tmp_path / "out.img") == data
-            st = p.status()
-            assert st["state"] == "ONLINE", st["state"]
-        finally:
-            p.kill()
+    with cache_pool(srv, tmp_path, "cacheout") as (proxy, p):
+        p.create_volume("v", size=f"{VOLUME_MIB}M")
+        data = volume_data(tmp_path / "data.img", 13)
+        write_and_flush(p, tmp_path / "data.img")
+        wait_for("the local cache to give back room",
+                 lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        rule = proxy.fail_503()
+        # The oldest writes were given back first; the newest are still local.
+        last = (VOLUME_MIB - 1) << 20
+        out = nbd_script(p, (
+            "import errno\n"
+            "try:\n"
+            "    b = h.pread(4096, 0); print('READ', b == " + repr(data[:4096]) + ")\n"
+            "except nbd.Error as e:\n"
+            "    print('READ-ERR', e.errno)\n"
+            f"print('LOCAL', h.pread(65536, {last}) == open({str(tmp_path / 'data.img')!r}, 'rb').read()[{last}:{last + 65536}])\n"
+        ), check=False)
+        assert "READ-ERR EIO" in out.stdout, \
+            f"a cold read during an outage must fail with EIO:\n{out.stdout}\n{out.stderr}"
+        assert "LOCAL True" in out.stdout, out.stdout
+        assert rule.fired
+        rule.off()
+        assert read_back(p, tmp_path / "out.img") == data
+        st = p.status()
+        assert st["state"] == "ONLINE", st["state"]
 
 
 def test_a_record_no_local_copy_verifies_is_read_from_the_store(versitygw, tmp_path):
