@@ -106,9 +106,7 @@ pub struct Ahead {
     pending: VecDeque<(u32, u64, u64, u64)>,
 }
 
-fn segment(addr: u64) -> u32 {
-    (addr / SEGMENT_BYTES) as u32
-}
+use crate::log::segment_of as segment;
 
 impl Ahead {
     /// `len` bytes at `addr` from a window of `opening`, if one holds them all.
@@ -188,6 +186,7 @@ impl Ahead {
         self.windows.retain(|w| w.seg != seg);
     }
 
+    #[cfg(test)]
     pub fn held_bytes(&self) -> usize {
         self.windows.iter().map(|w| w.bytes.len()).sum()
     }
