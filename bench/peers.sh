@@ -69,6 +69,10 @@
 #                                            rand4k,seq,qd1,twoconn,overwrite,durable;
 #                                            with --full: full,twoconn,overwrite,durable)
 #                       [--fill PCT]         bulwark pools PCT% full (see Fill above)
+#                       [--preallocate]      bulwark pools made with `pool create --preallocate`
+#                                            (device and log files written with zeros first,
+#                                            as the peers' images are filled before their
+#                                            cells; default device factor 4 then)
 #
 # Other work on the machine: around every `bulwark bench` call the script
 # accounts the CPU time of the whole machine (/proc/stat) against the
@@ -100,7 +104,8 @@ SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwa
 OUT=
 WORKDIR=
 KEEP=0
-DEVICE_FACTOR=16
+DEVICE_FACTOR=
+PREALLOCATE=0
 MAX_FOREIGN=15
 RETRIES=2
 ONLY_GROUPS=
@@ -125,6 +130,7 @@ while [ $# -gt 0 ]; do
         --retries) RETRIES=$2; shift ;;
         --groups) ONLY_GROUPS=$2; shift ;;
         --fill) FILL=$2; shift ;;
+        --preallocate) PREALLOCATE=1 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "peers.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -187,6 +193,12 @@ print(int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s))' "$SIZE")
 # engine poisoned a pool that ran down to its reserve under these overwrites;
 # with --device-factor 2 the rand4k and seq groups now run without an error,
 # 2026-11-25.)
+# Preallocated devices are written whole with zeros first (disk space and time):
+# a smaller default factor then.
+if [ -z "$DEVICE_FACTOR" ]; then
+    DEVICE_FACTOR=16
+    [ "$PREALLOCATE" = 1 ] && DEVICE_FACTOR=4
+fi
 DEVICE_BYTES=$((SIZE_BYTES * DEVICE_FACTOR))
 
 # --- the matrix: one `bulwark bench` invocation per group --------------------
@@ -328,7 +340,8 @@ start_nbdkit_file() {
 }
 
 start_bulwark() { # DIR LAYOUT COMPRESSION [log]
-    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=()
+    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=()
+    [ "$PREALLOCATE" = 1 ] && prealloc=(--preallocate)
     if [ "${4:-}" = log ]; then
         truncate -s 64M "$d/log.img"
         log=(--log-device "$d/log.img")
@@ -340,7 +353,7 @@ start_bulwark() { # DIR LAYOUT COMPRESSION [log]
     fi
     # A registry of pools of its own (not the host's): every run's pool is named "pool".
     BULWARK_REGISTRY="$d/registry.json" "$BULWARK" pool create "$d/pool" --layout "$layout" --devices "$devices" \
-        --device-size "$device_bytes" "${log[@]}" >/dev/null
+        --device-size "$device_bytes" "${log[@]}" "${prealloc[@]}" >/dev/null
     head -c 32 /dev/urandom >"$d/volume.key"
     chmod 600 "$d/volume.key"
     local tcp=()
@@ -585,6 +598,7 @@ meta = {
         # --fill: bulwark's device sizes are per layout, in raw/<server>/rep<N>-fill.json
         "bulwark_device_bytes": None if "$FILL" else $DEVICE_BYTES,
         "fill_pct": int("$FILL") if "$FILL" else None,
+        "preallocate": $PREALLOCATE == 1,
         "servers": "$SERVERS".split(","),
         "groups": [g.split("|", 1)[1] for g in """$(printf '%s\n' "${GROUPS_[@]}")""".splitlines()],
         "common": "$(echo "${COMMON[@]}")",

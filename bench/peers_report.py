@@ -272,8 +272,10 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict,
     fill_pct = st.get("fill_pct")
     filled = (f"filled first with incompressible data (nbdcopy from nbdkit random); bulwark pools "
               f"sized for {fill_pct}% fill" if fill_pct else "filled first")
+    prealloc = (", bulwark devices preallocated (pool create --preallocate)"
+                if st.get("preallocate") else ", bulwark devices sparse")
     out.append(f"Settings: {st.get('transport')} sockets, {size_label(st.get('size_bytes', 0))} region "
-               f"{filled}, {st.get('runtime_s')} s per cell, "
+               f"{filled}{prealloc}, {st.get('runtime_s')} s per cell, "
                + (f"median of {reps} runs" if reps > 1 else "one run") + ".")
     if fill_pct and st.get("runtime_s", 0) < 60:
         out.append(f"WARNING: cells of {st.get('runtime_s')} s with --fill: shorter than the 60 s a "

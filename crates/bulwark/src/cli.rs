@@ -647,6 +647,14 @@ pub struct PoolCreateArgs {
     pub object_store: Option<String>,
     #[command(flatten)]
     pub store: ObjectStoreArgs,
+    /// Write zeros into the device files (and log device files) wherever they are sparse,
+    /// as qemu-img's preallocation=full: every block is allocated on the host's file
+    /// system at once, so a FLUSH later syncs only the data (no block allocation in the
+    /// host's journal; sync writes run about a third faster on ext4) and no write can fail
+    /// for want of space there. Takes as long as writing the devices once. Block devices
+    /// are left as they are.
+    #[arg(long)]
+    pub preallocate: bool,
 }
 
 #[derive(Debug, Args)]

@@ -373,6 +373,21 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     if let Some(c) = &cache {
         set_cache_device(&dir, Some(c))?;
     }
+    let mut preallocated = String::new();
+    if args.preallocate {
+        match preallocate(&dir) {
+            Ok(bytes) => {
+                preallocated = format!(", {} preallocated", format_size(bytes));
+            }
+            Err(e) => {
+                // A pool half preallocated works, but is not what was asked: nothing stays.
+                let _ = lifecycle::destroy(&dir, true);
+                return Err(Error::msg(format!(
+                    "preallocating the devices failed: {e}; the pool was removed again"
+                )));
+            }
+        }
+    }
     if let Ok(conf) = PoolConfig::read(&dir) {
         register(&name, &dir, &conf.pool_id);
     }
@@ -390,7 +405,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
     };
     let key = dir.join("pool.key");
     let mut out = format!(
-        "created pool {name} in {}: layout {}, {what}{logs}\n",
+        "created pool {name} in {}: layout {}, {what}{logs}{preallocated}\n",
         args.dir.display(),
         args.layout
     );
@@ -415,6 +430,24 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         }
     }
     print(&out)
+}
+
+/// `pool create --preallocate`: zeros into the holes of the new pool's device files, with
+/// a progress bar.
+fn preallocate(dir: &Path) -> Result<u64> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "preallocating {bar:30} {binary_bytes}/{binary_total_bytes} ({eta})",
+        )
+        .expect("a valid template"),
+    );
+    let r = bulwark_engine::pool::create::preallocate(dir, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    Ok(r?)
 }
 
 /// The pool a command on a stopped pool works on: `--pool DIR` ($BULWARK_POOL), or the

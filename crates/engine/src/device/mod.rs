@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
 pub mod fault;
+pub mod sync;
 
 use crate::{Error, Result};
 
@@ -209,6 +210,76 @@ impl FileDevice {
             unkicked: Default::default(),
             claim: None,
         })
+    }
+
+    /// The holes of a regular file (ranges no block backs, as `SEEK_HOLE` finds them),
+    /// in order; none for a block device, or where the file system cannot tell (it then
+    /// reports the whole file as data).
+    pub fn holes(&self) -> Result<Vec<(u64, u64)>> {
+        use std::os::unix::io::AsRawFd;
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::device(&self.path, e))?;
+        if !meta.is_file() {
+            return Ok(Vec::new());
+        }
+        let fd = self.file.as_raw_fd();
+        let seek = |at: u64, whence: libc::c_int| -> Result<Option<u64>> {
+            // SAFETY: plain syscall on a descriptor we own; `at` is below the file size.
+            let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
+            if r >= 0 {
+                return Ok(Some(r as u64));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                // No data (or no hole) at or after `at`.
+                Some(libc::ENXIO) => Ok(None),
+                _ => Err(Error::device(&self.path, e)),
+            }
+        };
+        let mut holes = Vec::new();
+        let mut at = 0;
+        while at < self.size {
+            let Some(start) = seek(at, libc::SEEK_HOLE)?.filter(|&h| h < self.size) else {
+                break;
+            };
+            let end = seek(start, libc::SEEK_DATA)?
+                .unwrap_or(self.size)
+                .min(self.size);
+            if end <= start {
+                break;
+            }
+            holes.push((start, end));
+            at = end;
+        }
+        Ok(holes)
+    }
+
+    /// Writes zeros into `holes` (as `holes` found them), so that every block of the file
+    /// is allocated and written, then syncs the file: a later write is then an overwrite,
+    /// whose sync costs no block allocation in the host's file system (its journal), and
+    /// cannot fail for want of space there. `progress` gets the bytes written after each
+    /// chunk. Only while nothing else writes the file: the zeros go where the holes were
+    /// when they were listed.
+    pub fn fill_holes(&self, holes: &[(u64, u64)], progress: &mut dyn FnMut(u64)) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        const CHUNK: u64 = 8 << 20;
+        let zeros = vec![0u8; CHUNK as usize];
+        for &(start, end) in holes {
+            let mut at = start;
+            while at < end {
+                let n = (end - at).min(CHUNK);
+                self.file
+                    .write_all_at(&zeros[..n as usize], at)
+                    .map_err(|e| Error::device(&self.path, e))?;
+                at += n;
+                progress(n);
+            }
+        }
+        self.file
+            .sync_all()
+            .map_err(|e| Error::device(&self.path, e))
     }
 
     /// Takes this process's exclusive claim on the device (`DeviceClaim`):
@@ -413,5 +484,48 @@ mod tests {
         // Past the end is an error, as for `read_at`, never zeros.
         let e = scattered(&dev, &[4096, 16], (64 << 10) - 100).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    /// Blocks the file system has allocated for a file, in bytes.
+    fn allocated(path: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().blocks() * 512
+    }
+
+    #[test]
+    fn filling_the_holes_allocates_every_block_and_keeps_the_data() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("d");
+        let size = 16u64 << 20;
+        let dev = FileDevice::create_sparse(&path, size).unwrap();
+        let holes = dev.holes().unwrap();
+        if holes != vec![(0, size)] {
+            // A file system without SEEK_HOLE reports no holes: nothing to test here.
+            assert!(holes.is_empty(), "{holes:?}");
+            return;
+        }
+        // Data in the middle and at the very end, as labels lie.
+        let label = vec![0x5Au8; 64 << 10];
+        dev.write_at(&label, 4 << 20).unwrap();
+        dev.write_at(&label, size - (64 << 10)).unwrap();
+        let holes = dev.holes().unwrap();
+        assert_eq!(holes.first().map(|h| h.0), Some(0));
+        let hole_bytes: u64 = holes.iter().map(|(a, b)| b - a).sum();
+        assert!(hole_bytes >= size - (4 << 20), "{holes:?}");
+        assert!(holes
+            .iter()
+            .all(|&(a, b)| b <= 4 << 20 || a >= (4 << 20) + (64 << 10)));
+        let mut written = 0;
+        dev.fill_holes(&holes, &mut |n| written += n).unwrap();
+        assert_eq!(written, hole_bytes);
+        assert!(dev.holes().unwrap().is_empty());
+        assert!(allocated(&path) >= size, "{} of {size}", allocated(&path));
+        let mut back = vec![0u8; 64 << 10];
+        dev.read_at(&mut back, 4 << 20).unwrap();
+        assert_eq!(back, label);
+        dev.read_at(&mut back, size - (64 << 10)).unwrap();
+        assert_eq!(back, label);
+        dev.read_at(&mut back, 8 << 20).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
     }
 }

@@ -151,6 +151,8 @@ pub struct Redundancy {
     pub segments_per_device: u64,
     pub repaired_blocks: AtomicU64,
     pub unrecoverable_blocks: AtomicU64,
+    /// The threads that sync members beside the flushing one.
+    syncers: crate::device::sync::Syncers,
 }
 
 /// Up to this many places per record (mirror:8).
@@ -178,6 +180,7 @@ impl Redundancy {
             segments_per_device,
             repaired_blocks: AtomicU64::new(0),
             unrecoverable_blocks: AtomicU64::new(0),
+            syncers: Default::default(),
         }
     }
 
@@ -593,29 +596,8 @@ impl Redundancy {
             .iter()
             .filter_map(|m| m.writable().map(|d| (m, d)))
             .collect();
-        let results: Vec<std::io::Result<()>> = match devs.as_slice() {
-            [] => Vec::new(),
-            [(_, only)] => vec![only.flush()],
-            [(_, first), rest @ ..] => std::thread::scope(|s| {
-                // A thread that cannot be made (a thread limit) is no reason to fail:
-                // that device is synced here, after the first.
-                let others: Vec<_> = rest
-                    .iter()
-                    .map(|(_, d)| {
-                        std::thread::Builder::new()
-                            .name("bulwark-sync".into())
-                            .spawn_scoped(s, || d.flush())
-                            .map_err(|_| d)
-                    })
-                    .collect();
-                let mut out = vec![first.flush()];
-                out.extend(others.into_iter().map(|h| match h {
-                    Ok(h) => h.join().expect("a device flush does not panic"),
-                    Err(d) => d.flush(),
-                }));
-                out
-            }),
-        };
+        let only: Vec<Arc<dyn Device>> = devs.iter().map(|(_, d)| d.clone()).collect();
+        let results = self.syncers.flush_all(&only);
         let mut ok = 0;
         for ((member, _), result) in devs.iter().zip(results) {
             match result {
