@@ -567,6 +567,21 @@ finish_server() { # NAME DIR REP
     cp "$2/server.log" "$WORKDIR/raw/$1/server-rep$3.log" 2>/dev/null || true
     [ "$KEEP" = 1 ] || rm -rf "$2"
 }
+# The physical limit of a durable write at QD1 (issue 24): the disk's own rate of 4 KiB
+# random writes each followed by an fdatasync, on a file in WORKDIR written whole first
+# (fio lays it out), no server in between. Only with a durable group.
+DISK_FDATASYNC_IOPS=None
+case " ${GROUPS_[*]} " in *" durable-"*)
+    log "the disk's own fdatasync rate (fio psync, 4K randwrite, fdatasync after each, $RUNTIME s)"
+    fio --name=disk-fdatasync --filename="$WORKDIR/fdatasync.img" --size=1G --rw=randwrite \
+        --bs=4k --ioengine=psync --fdatasync=1 --runtime="$RUNTIME" --time_based \
+        --randrepeat=0 --output-format=json --output="$WORKDIR/fdatasync.json" >/dev/null \
+        && DISK_FDATASYNC_IOPS=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["write"]["iops"]))' "$WORKDIR/fdatasync.json") \
+        || log "warning: the disk's fdatasync rate could not be measured"
+    rm -f "$WORKDIR/fdatasync.img"
+    ;;
+esac
+
 python3 - "$WORKDIR/meta.json" <<EOF
 import json, os, platform, subprocess, sys
 def out(*cmd):
@@ -599,6 +614,7 @@ meta = {
         "bulwark_device_bytes": None if "$FILL" else $DEVICE_BYTES,
         "fill_pct": int("$FILL") if "$FILL" else None,
         "preallocate": $PREALLOCATE == 1,
+        "disk_fdatasync_iops": $DISK_FDATASYNC_IOPS,
         "servers": "$SERVERS".split(","),
         "groups": [g.split("|", 1)[1] for g in """$(printf '%s\n' "${GROUPS_[@]}")""".splitlines()],
         "common": "$(echo "${COMMON[@]}")",

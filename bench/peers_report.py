@@ -342,6 +342,16 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict,
         out.append("")
 
     grid("IOPS", fmt_iops, "iops")
+    disk = meta.get("settings", {}).get("disk_fdatasync_iops")
+    qd1 = [k for k in keys if k[2] == 1 and k[4] == 1]  # QD1, a flush after each write
+    if disk and qd1:
+        k = qd1[0]
+        shares = ", ".join(f"{s} {med[s][k]['iops'] / disk:.2f}" for s in names if k in med[s])
+        out.append(f"**Flushes per second at QD1 against the physical limit**: the disk's own "
+                   f"rate of 4K random writes each followed by an fdatasync (fio psync on a file "
+                   f"in the workdir, no server) is {fmt_iops(disk)}/s; each server's "
+                   f"{cell_label(k)} IOPS (one FLUSH per write) as a share of it: {shares}.")
+        out.append("")
     grid("MB/s (10^6 bytes)", lambda v: f"{v:.0f}", "mb_per_s")
     out.append("**Latency p50 / p99**")
     out.append("")

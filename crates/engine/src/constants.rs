@@ -96,7 +96,11 @@ pub const RELEASE_COMMIT_SEGMENTS_MAX: u32 = 256;
 /// each batch waits out the reads in flight once.
 pub const RECYCLE_BATCH_SEGMENTS: usize = 32;
 /// Start device writeback after this many bytes written (bounds the work left for fsync).
-pub const WRITEBACK_KICK_BYTES: u64 = 16 << 20;
+/// 1 MiB: a client flushing every 2 MiB (64 KiB writes, a FLUSH every 32) then finds most
+/// of them on their way to the disk already. Measured against 16 MiB (2026-11-26, A/B
+/// alternated, preallocated `single` pool): 64K write QD32 fsync=32 17.6k → 20.4k IOPS
+/// (mean of 4), random overwrite at 50% fill unchanged or better (64K, 4K).
+pub const WRITEBACK_KICK_BYTES: u64 = 1 << 20;
 /// Whole blocks of one request handled as a batch (one device I/O per run of records).
 pub const BATCH_BYTES_MAX: usize = 1 << 20;
 /// Stripe locks serialise read-modify-write of one block.

@@ -32,6 +32,9 @@ impl Syncers {
         let Some((first, rest)) = devs.split_first() else {
             return Vec::new();
         };
+        if rest.is_empty() {
+            return vec![first.flush()];
+        }
         let senders = self.senders(rest.len());
         let (reply, results) = mpsc::channel();
         let mut inline = Vec::new();

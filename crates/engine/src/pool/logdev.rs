@@ -447,6 +447,8 @@ pub(crate) struct LogDevices {
     pub fell_back: AtomicBool,
     /// Why it fell back, or what the import could not replay: for `status`.
     pub note: Mutex<Option<String>>,
+    /// Threads that sync the second log device while the first is synced.
+    syncers: crate::device::sync::Syncers,
 }
 
 impl LogDevices {
@@ -464,6 +466,7 @@ impl LogDevices {
             state: Mutex::new(LogState::default()),
             fell_back: AtomicBool::new(!usable),
             note: Mutex::new(None),
+            syncers: Default::default(),
         }
     }
 
@@ -596,10 +599,18 @@ impl LogDevices {
         if wrote > 0 {
             written();
         }
+        // Every online log device synced at once (a mirrored log waits for the slower).
+        let online: Vec<&LogDevice> = self.devices.iter().filter(|d| d.online()).collect();
+        let devs: Vec<Arc<dyn crate::device::Device>> = online
+            .iter()
+            .map(|d| {
+                d.dev.clone().expect("an online log device is open")
+                    as Arc<dyn crate::device::Device>
+            })
+            .collect();
         let mut synced = 0;
-        for d in self.devices.iter().filter(|d| d.online()) {
-            let dev = d.dev.as_ref().expect("an online log device is open");
-            match dev.flush() {
+        for (d, r) in online.into_iter().zip(self.syncers.flush_all(&devs)) {
+            match r {
                 Ok(()) if d.still_there() => synced += 1,
                 Ok(()) => d.fail("its path no longer names the device (deleted or replaced)"),
                 Err(e) => d.fail(&format!("sync: {e}")),
