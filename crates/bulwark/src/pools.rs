@@ -383,7 +383,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                 // A pool half preallocated works, but is not what was asked: nothing stays.
                 let _ = lifecycle::destroy(&dir, true);
                 return Err(Error::msg(format!(
-                    "preallocating the devices failed: {e}; the pool was removed again"
+                    "preallocating failed: {e}; the pool was removed again"
                 )));
             }
         }

@@ -346,8 +346,8 @@ pub fn preallocate(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64
             .expect("just put");
         if *wanted > free {
             return Err(Error::Invalid(format!(
-                "preallocating the device files needs {} on the file system holding {}, \
-                 which has {} free",
+                "the device files need {} more on the file system holding {}, which has {} \
+                 free (free some, make the devices smaller, or leave out --preallocate)",
                 crate::size::format_size(*wanted),
                 path.display(),
                 crate::size::format_size(free)
