@@ -462,6 +462,10 @@ fn device_advice(report: &StatusReport) -> String {
     let mut out = String::new();
     for dev in &report.pool.devices {
         let path = dev.path.display();
+        let faulted = dev
+            .fault
+            .as_ref()
+            .map(|why| format!("is no longer used: {why}"));
         let (status, action) = match dev.state.as_str() {
             "UNAVAIL" => (
                 "is missing, cannot be opened or missed writes while it was away; \
@@ -472,7 +476,9 @@ fn device_advice(report: &StatusReport) -> String {
                 ),
             ),
             "FAULTED" => (
-                "failed I/O and is no longer used",
+                faulted
+                    .as_deref()
+                    .unwrap_or("failed I/O and is no longer used"),
                 format!(
                     "'bulwark device online {path}' tries it again, \
                      'bulwark device replace {path} NEW' replaces it"

@@ -363,6 +363,7 @@ impl Core {
                 write_errors: m.write_errors.load(Ordering::Relaxed),
                 cksum_errors: m.cksum_errors.load(Ordering::Relaxed),
                 size_bytes: sb.sb.device_bytes,
+                fault: m.fault.lock().clone(),
             })
             .collect();
         let usable = states
@@ -768,6 +769,7 @@ impl Core {
         m.resilvering.store(true, Ordering::Release);
         m.faulted.store(false, Ordering::Release);
         m.offline.store(false, Ordering::Release);
+        *m.fault.lock() = None;
         tracing::info!(device = %path.display(), "device online: resilvering");
         self.scrub_begin(super::scrub::ScanKind::Resilver, Some(m.path()), false)
     }

@@ -371,7 +371,9 @@ pub fn preallocate(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64
 fn fs_free(path: &Path) -> Result<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
-    let fs_id = fs::metadata(path).map_err(|e| Error::device(path, e))?.dev();
+    let fs_id = fs::metadata(path)
+        .map_err(|e| Error::device(path, e))?
+        .dev();
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Error::Invalid(format!("{} holds a NUL byte", path.display())))?;
     // SAFETY: statvfs writes into the zeroed struct we pass; `c` is a valid C string.
@@ -379,7 +381,10 @@ fn fs_free(path: &Path) -> Result<(u64, u64)> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return Err(Error::device(path, std::io::Error::last_os_error()));
     }
-    Ok((fs_id, (st.f_bavail as u64).saturating_mul(st.f_frsize as u64)))
+    Ok((
+        fs_id,
+        (st.f_bavail as u64).saturating_mul(st.f_frsize as u64),
+    ))
 }
 
 pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Result<()> {

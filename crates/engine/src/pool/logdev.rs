@@ -757,6 +757,7 @@ impl LogDevices {
                 write_errors: d.write_errors.load(Ordering::Relaxed),
                 cksum_errors: 0,
                 size_bytes: d.size_bytes,
+                fault: None,
             })
             .collect::<Vec<_>>();
         let state = if self.fell_back.load(Ordering::Acquire) {

@@ -112,6 +112,9 @@ pub struct DeviceStatus {
     pub write_errors: u64,
     pub cksum_errors: u64,
     pub size_bytes: u64,
+    /// Why a FAULTED device was faulted (its first failed write or sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -42,6 +42,8 @@ pub struct Member {
     pub offline: AtomicBool,
     /// Being resilvered: its copies are known stale, so mismatches are not counted as errors.
     pub resilvering: AtomicBool,
+    /// Why it was faulted, for `status` (the first failure since it was last brought online).
+    pub fault: parking_lot::Mutex<Option<String>>,
 }
 
 impl Member {
@@ -54,6 +56,7 @@ impl Member {
             faulted: AtomicBool::new(false),
             offline: AtomicBool::new(false),
             resilvering: AtomicBool::new(false),
+            fault: parking_lot::Mutex::new(None),
         }
     }
     pub fn path(&self) -> PathBuf {
@@ -84,6 +87,17 @@ impl Member {
         }
         self.faulted.store(false, Ordering::Relaxed);
         self.offline.store(false, Ordering::Relaxed);
+        *self.fault.lock() = None;
+    }
+    /// A write or flush to this device failed: count it, fault the device (no more writes
+    /// go to it) and keep why, in words an administrator can act on.
+    pub(crate) fn fail_write(&self, what: &str, e: &std::io::Error) {
+        self.write_errors.fetch_add(1, Ordering::Relaxed);
+        self.faulted.store(true, Ordering::Relaxed);
+        let mut fault = self.fault.lock();
+        if fault.is_none() {
+            *fault = Some(fault_reason(what, e));
+        }
     }
     fn count_cksum(&self) {
         if !self.resilvering.load(Ordering::Relaxed) {
@@ -153,6 +167,20 @@ pub struct Redundancy {
     pub unrecoverable_blocks: AtomicU64,
     /// The threads that sync members beside the flushing one.
     syncers: crate::device::sync::Syncers,
+}
+
+/// Why a device was faulted, for `status`: a full host file system (a sparse device
+/// file's holes take its space as the pool writes) said so, with what to do; anything else
+/// as the system said it.
+fn fault_reason(what: &str, e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
+            "{what} found the file system holding it full ({e}): a sparse device file takes \
+             host space as the pool writes; free space there, then bring it online; pools \
+             made with 'pool create --preallocate' cannot run into this"
+        ),
+        _ => format!("{what} failed: {e}"),
+    }
 }
 
 /// Up to this many places per record (mirror:8).
@@ -308,8 +336,7 @@ impl Redundancy {
             match dev.write_at(data, off) {
                 Ok(()) => written += 1,
                 Err(e) => {
-                    member.write_errors.fetch_add(1, Ordering::Relaxed);
-                    member.faulted.store(true, Ordering::Relaxed);
+                    member.fail_write("a write", &e);
                     tracing::error!(device = %member.path().display(), offset = off, "write failed: {e}");
                     last_err = Some(Error::device(&member.path(), e));
                 }
@@ -603,8 +630,7 @@ impl Redundancy {
             match result {
                 Ok(()) => ok += 1,
                 Err(e) => {
-                    member.write_errors.fetch_add(1, Ordering::Relaxed);
-                    member.faulted.store(true, Ordering::Relaxed);
+                    member.fail_write("a sync", &e);
                     tracing::error!(device = %member.path().display(), "flush failed: {e}");
                 }
             }
@@ -725,5 +751,62 @@ mod tests {
         // Every copy failed: nothing is durable.
         let r = mirror(&[true, true]);
         assert!(matches!(r.flush(), Err(Error::Poisoned)));
+    }
+
+    /// A device file whose host file system is full.
+    struct Full(PathBuf);
+    impl Device for Full {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+        fn size(&self) -> u64 {
+            64 << 20
+        }
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_device_whose_file_system_is_full_says_so() {
+        let t = tempfile::tempdir().unwrap();
+        let good =
+            crate::device::FileDevice::create_sparse(&t.path().join("good"), 64 << 20).unwrap();
+        let members = vec![
+            Member::new(
+                t.path().join("good"),
+                Some(Arc::new(good) as Arc<dyn Device>),
+            ),
+            Member::new(
+                PathBuf::from("/srv/full/dev1.img"),
+                Some(Arc::new(Full(PathBuf::from("/srv/full/dev1.img"))) as Arc<dyn Device>),
+            ),
+        ];
+        let r = Redundancy::new(Layout::Mirror(2), members, 8);
+        r.write(0, &[7u8; 4096]).unwrap();
+        assert_eq!(r.members[0].fault.lock().clone(), None);
+        let why = r.members[1].fault.lock().clone().expect("a reason");
+        assert!(why.contains("file system holding it full"), "{why}");
+        assert!(why.contains("--preallocate"), "{why}");
+        assert!(r.members[1].faulted.load(Ordering::Relaxed));
+        // The first reason stays; bringing the device back clears it.
+        r.members[1].fail_write("a sync", &std::io::Error::other("later"));
+        assert!(r.members[1]
+            .fault
+            .lock()
+            .as_deref()
+            .unwrap()
+            .contains("full"));
+        r.members[1].replace(
+            PathBuf::from("/srv/new.img"),
+            Arc::new(Full(PathBuf::from("/srv/new.img"))),
+        );
+        assert_eq!(r.members[1].fault.lock().clone(), None);
     }
 }

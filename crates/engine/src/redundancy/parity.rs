@@ -75,8 +75,7 @@ impl Redundancy {
             match dev.write_at(shard, off) {
                 Ok(()) => written += 1,
                 Err(e) => {
-                    member.write_errors.fetch_add(1, Ordering::Relaxed);
-                    member.faulted.store(true, Ordering::Relaxed);
+                    member.fail_write("a write", &e);
                     tracing::error!(device = %member.path().display(), offset = off, "shard write failed: {e}");
                     last_err = Some(Error::device(&member.path(), e));
                 }
