@@ -923,6 +923,7 @@ mod tests {
                         write_errors: 0,
                         cksum_errors: 12,
                         size_bytes: 1 << 28,
+                        fault: None,
                     },
                     DeviceStatus {
                         path: "/p/dev1".into(),
@@ -931,6 +932,7 @@ mod tests {
                         write_errors: 0,
                         cksum_errors: 0,
                         size_bytes: 1 << 28,
+                        fault: None,
                     },
                 ],
                 repaired_blocks: 12,
