@@ -9,6 +9,8 @@ leaves nothing behind.
 import os
 import shutil
 
+import pytest
+
 from conftest import Pool, qemu_io_ok, stderr_lines
 
 
@@ -47,6 +49,9 @@ def test_preallocate_without_room_is_refused_and_leaves_nothing(tmp_path):
     p = Pool(tmp_path, dir_name="big")
     free = shutil.disk_usage(tmp_path).free
     size = free + (1 << 30)
+    if size > 15 << 40:
+        # Past ext4's largest file: the sparse create itself would fail first.
+        pytest.skip(f"{free} bytes free: too much room to ask for more in one file")
     r = p.bulwark("pool", "create", p.dir, "--devices", "1", "--device-size", str(size),
                   "--preallocate", check=False)
     lines = stderr_lines(r)
