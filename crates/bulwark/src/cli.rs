@@ -650,10 +650,12 @@ pub struct PoolCreateArgs {
     /// Write zeros into the device files (and log device files) wherever they are sparse,
     /// as qemu-img's preallocation=full: every block is allocated on the host's file
     /// system at once, so a FLUSH later syncs only the data (no block allocation in the
-    /// host's journal; sync writes run about a third faster on ext4) and no write can fail
-    /// for want of space there. Takes as long as writing the devices once. Block devices
-    /// are left as they are.
-    #[arg(long)]
+    /// host's journal; sync writes run about a third faster on ext4) and, on file systems
+    /// that overwrite in place (ext4, XFS; not btrfs, ZFS or compressing ones), no write
+    /// can fail for want of space there. Takes as long as writing the devices once. Block
+    /// devices are left as they are. Not with --object-store (its local cache gives space
+    /// back by punching holes).
+    #[arg(long, conflicts_with = "object_store")]
     pub preallocate: bool,
 }
 

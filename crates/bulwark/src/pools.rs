@@ -381,10 +381,13 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
             }
             Err(e) => {
                 // A pool half preallocated works, but is not what was asked: nothing stays.
-                let _ = lifecycle::destroy(&dir, true);
-                return Err(Error::msg(format!(
-                    "preallocating failed: {e}; the pool was removed again"
-                )));
+                return Err(Error::msg(match lifecycle::destroy(&dir, true) {
+                    Ok(_) => format!("preallocating failed: {e}; the pool was removed again"),
+                    Err(d) => format!(
+                        "preallocating failed: {e}; removing the pool again failed too ({d}): \
+                         'bulwark pool destroy' it by hand"
+                    ),
+                }));
             }
         }
     }

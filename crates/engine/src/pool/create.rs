@@ -329,16 +329,25 @@ pub fn preallocate(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64
         let holes = dev.holes()?;
         let bytes: u64 = holes.iter().map(|(a, b)| b - a).sum();
         if bytes > 0 {
-            work.push((path, dev, holes, bytes));
+            // What the file system must still find: `fallocate`d ranges read as holes (they
+            // still need their zeros) but hold their space already.
+            use std::os::unix::fs::MetadataExt;
+            let meta = fs::metadata(&path).map_err(|e| Error::device(&path, e))?;
+            let new = meta.len().saturating_sub(meta.blocks().saturating_mul(512));
+            work.push((path, dev, holes, bytes, new));
         }
     }
-    // Room in each file system first: a fill that runs out of space half way helps no one.
+    // Room in each file system first (and a margin left for pool.json, the audit log and
+    // the file system's own extent records): a fill that runs out of space half way helps
+    // no one.
+    const MARGIN: u64 = 64 << 20;
     let mut need: Vec<(u64, u64, PathBuf)> = Vec::new();
-    for (path, _, _, bytes) in &work {
+    for (path, _, _, _, new) in &work {
         let (fs_id, free) = fs_free(path)?;
+        let free = free.saturating_sub(MARGIN);
         match need.iter_mut().find(|(id, _, _)| *id == fs_id) {
-            Some(n) => n.1 += bytes,
-            None => need.push((fs_id, *bytes, path.clone())),
+            Some(n) => n.1 += new,
+            None => need.push((fs_id, *new, path.clone())),
         }
         let (_, wanted, _) = need
             .iter()
@@ -347,7 +356,8 @@ pub fn preallocate(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64
         if *wanted > free {
             return Err(Error::Invalid(format!(
                 "the device files need {} more on the file system holding {}, which has {} \
-                 free (free some, make the devices smaller, or leave out --preallocate)",
+                 to spare (64M is kept free there; free some, make the devices smaller, or \
+                 leave out --preallocate)",
                 crate::size::format_size(*wanted),
                 path.display(),
                 crate::size::format_size(free)
@@ -357,7 +367,7 @@ pub fn preallocate(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<u64
     let total: u64 = work.iter().map(|w| w.3).sum();
     let mut done = 0;
     progress(0, total);
-    for (_, dev, holes, _) in &work {
+    for (_, dev, holes, _, _) in &work {
         dev.fill_holes(holes, &mut |n| {
             done += n;
             progress(done, total);

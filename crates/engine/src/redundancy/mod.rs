@@ -176,8 +176,9 @@ fn fault_reason(what: &str, e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => format!(
             "{what} found the file system holding it full ({e}): a sparse device file takes \
-             host space as the pool writes; free space there, then bring it online; pools \
-             made with 'pool create --preallocate' cannot run into this"
+             host space as the pool writes; free space there, then bring it online; on a \
+             file system that overwrites in place (ext4, XFS), pools made with 'pool create \
+             --preallocate' do not run into this"
         ),
         _ => format!("{what} failed: {e}"),
     }
