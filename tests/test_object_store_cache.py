@@ -83,6 +83,17 @@ def cache_pool(srv, tmp_path: Path, prefix: str):
             p.kill()
 
 
+def fill_past_cache(p: StorePool, tmp_path: Path, seed: int) -> bytes:
+    """Volume `v` written whole with incompressible data (larger than the cache) and
+    flushed; returns once the device files fit the cache again (segments given back)."""
+    p.create_volume("v", size=f"{VOLUME_MIB}M")
+    data = volume_data(tmp_path / "data.img", seed)
+    write_and_flush(p, tmp_path / "data.img")
+    wait_for("the local cache to give back room",
+             lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+    return data
+
+
 def assert_one_record_fetched(proxy: FaultProxy, prefix: str, what: str) -> None:
     """Since the proxy's counts were reset: one ranged GET, of one 4 KiB record and its
     tag at most."""
@@ -154,11 +165,7 @@ def test_sequential_reads_from_the_store_are_read_ahead(versitygw, tmp_path):
     that continues nothing fetches only its record."""
     srv = versitygw
     with cache_pool(srv, tmp_path, "ahead") as (proxy, p):
-        p.create_volume("v", size=f"{VOLUME_MIB}M")
-        data = volume_data(tmp_path / "data.img", 13)
-        write_and_flush(p, tmp_path / "data.img")
-        wait_for("the local cache to give back room",
-                 lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        data = fill_past_cache(p, tmp_path, 13)
         # A read nothing came before (no stream to continue): only its record.
         proxy.reset_counts()
         r = qemu_io(p.uri("v"), "read -v 0 4k")  # written first: given back
@@ -274,11 +281,7 @@ def test_store_outage_fails_cold_reads_and_serves_the_rest(versitygw, tmp_path):
     answers again every byte reads back."""
     srv = versitygw
     with cache_pool(srv, tmp_path, "cacheout") as (proxy, p):
-        p.create_volume("v", size=f"{VOLUME_MIB}M")
-        data = volume_data(tmp_path / "data.img", 13)
-        write_and_flush(p, tmp_path / "data.img")
-        wait_for("the local cache to give back room",
-                 lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        data = fill_past_cache(p, tmp_path, 13)
         rule = proxy.fail_503()
         # The oldest writes were given back first; the newest are still local.
         last = (VOLUME_MIB - 1) << 20
@@ -391,11 +394,7 @@ def test_scrub_checks_the_stores_copy_of_what_was_given_back(versitygw, tmp_path
     srv = versitygw
     p = StorePool(tmp_path, srv, "cachescrub").create("--object-store-cache-size", CACHE).start()
     try:
-        p.create_volume("v", size=f"{VOLUME_MIB}M")
-        volume_data(tmp_path / "data.img", 16)
-        write_and_flush(p, tmp_path / "data.img")
-        wait_for("the local cache to give back room",
-                 lambda: cache_of(p)["cache"]["local_bytes"] <= CACHE_BYTES)
+        fill_past_cache(p, tmp_path, 16)
         p.bulwark("key", "unload", "v")  # the scrub needs no key
         before = p.status()["object_store"]["remote_reads"]
         r, s = scrub_wait(p)
