@@ -600,14 +600,15 @@ impl LogDevices {
             written();
         }
         // Every online log device synced at once (a mirrored log waits for the slower).
-        let online: Vec<&LogDevice> = self.devices.iter().filter(|d| d.online()).collect();
-        let devs: Vec<Arc<dyn crate::device::Device>> = online
+        let (online, devs): (Vec<&LogDevice>, Vec<Arc<dyn crate::device::Device>>) = self
+            .devices
             .iter()
+            .filter(|d| d.online())
             .map(|d| {
-                d.dev.clone().expect("an online log device is open")
-                    as Arc<dyn crate::device::Device>
+                let dev = d.dev.clone().expect("an online log device is open");
+                (d, dev as Arc<dyn crate::device::Device>)
             })
-            .collect();
+            .unzip();
         let mut synced = 0;
         for (d, r) in online.into_iter().zip(self.syncers.flush_all(&devs)) {
             match r {

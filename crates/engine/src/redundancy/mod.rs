@@ -619,15 +619,14 @@ impl Redundancy {
     /// once (a thread each past the first): a FLUSH of a mirror waits for the slowest
     /// device, not for the sum of them.
     pub fn flush(&self) -> Result<()> {
-        let devs: Vec<(&Member, Arc<dyn Device>)> = self
+        let (members, devs): (Vec<&Member>, Vec<Arc<dyn Device>>) = self
             .members
             .iter()
             .filter_map(|m| m.writable().map(|d| (m, d)))
-            .collect();
-        let only: Vec<Arc<dyn Device>> = devs.iter().map(|(_, d)| d.clone()).collect();
-        let results = self.syncers.flush_all(&only);
+            .unzip();
+        let results = self.syncers.flush_all(&devs);
         let mut ok = 0;
-        for ((member, _), result) in devs.iter().zip(results) {
+        for (member, result) in members.into_iter().zip(results) {
             match result {
                 Ok(()) => ok += 1,
                 Err(e) => {
