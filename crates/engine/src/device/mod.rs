@@ -264,7 +264,12 @@ impl FileDevice {
     /// when they were listed.
     pub fn fill_holes(&self, holes: &[(u64, u64)], progress: &mut dyn FnMut(u64)) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        const CHUNK: u64 = 8 << 20;
+        // Small writes on purpose: the host's page cache keeps these zeros in folios as
+        // large as the writes that made them, and ext4 walks every 4 KiB buffer of a
+        // folio on each later write into it. Zeros written 8 MiB at a time left 2 MiB
+        // folios, and 64K random overwrites at 50% fill ran 15% slower than on a sparse
+        // file (ext4_block_write_begin 15% of the daemon's CPU, 3.7% with 64 KiB).
+        const CHUNK: u64 = 64 << 10;
         let zeros = vec![0u8; CHUNK as usize];
         for &(start, end) in holes {
             let mut at = start;
