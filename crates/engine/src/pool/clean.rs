@@ -19,14 +19,18 @@
 //!   for space, and so never poisons the pool.
 //! - No map lock is held across a disk read: the walk runs a chunk of the map at a time
 //!   from cached nodes only, loads what was missing with the lock released, and tries the
-//!   chunk again; a block is read from disk between two short lookups.
+//!   chunk again; data records move in batches (`move_records`: up to 64 records of one
+//!   victim and volume), read from disk between two short passes under the map lock.
+//! - A record moves only as bytes that matched its checksum: records close together are
+//!   read in one device read, and one that does not match is read alone (every copy,
+//!   repaired) or, when no copy matches, left where it is.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::Core;
-use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, SEGMENT_BYTES};
+use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN, SEGMENT_BYTES};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
 use crate::store::Put;
@@ -38,6 +42,12 @@ const WALK_CHUNK_BLOCKS: u64 = 1 << (2 * MAP_FANOUT_SHIFT);
 /// Tries of a chunk from the cache before it is walked with disk reads under the lock (a
 /// cache too small for one chunk's path must not stop the cleaner).
 const WALK_CACHED_TRIES: usize = 4;
+/// Data records moved under one map lock and written in one run, at most (`move_records`).
+const MOVE_BATCH_RECORDS: usize = 64;
+/// Stored bytes of one batch, at most (a batch stops at the record that reaches it).
+const MOVE_BATCH_BYTES: usize = 256 << 10;
+/// Dead bytes between two records to move, at most, for them to be read in one read.
+const MOVE_READ_GAP: u64 = 16 << 10;
 
 /// A data record to move: its victim's rank in the pass (best first), its volume, its block.
 struct Move {
@@ -129,14 +139,35 @@ impl Core {
         }
         moves.sort_unstable_by_key(|m| (m.rank, m.volume, m.lba));
         let mut stored = Vec::new();
-        for m in moves {
+        let mut batch: Vec<(u64, Blkptr)> = Vec::new();
+        let mut i = 0;
+        while i < moves.len() {
+            let m = &moves[i];
             let moved = match m.tree {
-                None => self.move_record(&volumes[m.volume], m.lba, m.ptr, &mut stored),
-                Some(k) => self.move_shared(&volumes[m.volume], k, m.lba, m.ptr, &mut stored),
+                // Records of one victim and one volume without snapshots move in batches.
+                None => {
+                    batch.clear();
+                    let mut bytes = 0;
+                    while let Some(n) = moves.get(i + batch.len()).filter(|n| {
+                        n.tree.is_none()
+                            && (n.rank, n.volume) == (m.rank, m.volume)
+                            && batch.len() < MOVE_BATCH_RECORDS
+                            && bytes < MOVE_BATCH_BYTES
+                    }) {
+                        bytes += n.ptr.len as usize;
+                        batch.push((n.lba, n.ptr));
+                    }
+                    i += batch.len();
+                    self.move_records(&volumes[m.volume], &batch, &mut stored)
+                }
+                Some(k) => {
+                    i += 1;
+                    self.move_shared(&volumes[m.volume], k, m.lba, m.ptr, &mut stored)
+                        .map(usize::from)
+                }
             };
             match moved {
-                Ok(true) => done += 1,
-                Ok(false) => {}
+                Ok(n) => done += n,
                 Err(Error::NoSpace) => break,
                 Err(e) => return Err(e),
             }
@@ -529,30 +560,139 @@ impl Core {
         }
     }
 
-    /// Move one data record of `v` (block `lba`, pointer `old`) to the cleaner's head.
-    /// `Ok(false)`: a client replaced it meanwhile, or no copy verifies (left where it is);
-    /// `NoSpace`: the cleaner's room ran out.
-    fn move_record(
+    /// Move a batch of data records of `v` (block, pointer), which `v`'s own map holds (no
+    /// snapshots), to the cleaner's head: which are still held is looked up under one map
+    /// lock, they are read (verified by checksum) with it released, written end to end in
+    /// one run (one device write per copy where the layout allows), and swapped in under
+    /// one more map lock where the map still points at the old copy (a client write in
+    /// between wins). Returns how many moved; `NoSpace`: the cleaner's room ran out (none
+    /// of this batch moved). One record at a time, the cleaner spent two map locks, one
+    /// read and one device write per 4 KiB block.
+    fn move_records(
         &self,
         v: &VolumeState,
-        lba: u64,
-        old: Blkptr,
+        batch: &[(u64, Blkptr)],
         stored: &mut Vec<u8>,
-    ) -> Result<bool> {
-        let held = || Ok(v.tree.lock().lookup(&*self.store, &self.store.cache, lba)? == old);
-        let Some((new, _pending)) = self.copy_if(v, lba, &old, stored, held)? else {
-            return Ok(false);
-        };
-        let mut tree = v.tree.lock();
-        if tree.lookup(&*self.store, &self.store.cache, lba)? == old {
-            tree.set(&*self.store, &self.store.cache, lba, new)?;
-            note_move(v, lba, &new);
-            self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
-            self.store.release(&old);
-            Ok(true)
-        } else {
-            self.store.release(&new);
-            Ok(false)
+    ) -> Result<usize> {
+        stored.clear();
+        let mut one = Vec::new();
+        let mut recs: Vec<(u64, Blkptr)> = Vec::with_capacity(batch.len());
+        let mut puts: Vec<Put> = Vec::with_capacity(batch.len());
+        {
+            // Like a client read: a block replaced since the walk may lie in a segment a
+            // writer has recycled (`Store::recycle_if_due`) and rewritten; so what is
+            // still held is read before the gate is let go.
+            let _gate = self.store.reuse_gate.read();
+            let held: Vec<bool> = {
+                let tree = v.tree.lock();
+                batch
+                    .iter()
+                    .map(|(lba, old)| {
+                        Ok(tree.lookup(&*self.store, &self.store.cache, *lba)? == *old)
+                    })
+                    .collect::<Result<_>>()?
+            };
+            // In device order: records that lie close together are read in one read.
+            let mut live: Vec<(u64, Blkptr)> = batch
+                .iter()
+                .zip(held)
+                .filter(|(_, h)| *h)
+                .map(|(r, _)| *r)
+                .collect();
+            live.sort_unstable_by_key(|(_, p)| p.addr[0]);
+            let mut span = Vec::new();
+            let mut g = 0;
+            while g < live.len() {
+                // A group: records of one segment with at most MOVE_READ_GAP bytes between.
+                let start = live[g].1.addr[0];
+                let mut end = start + live[g].1.len as u64;
+                let mut n = 1;
+                while let Some((_, p)) = live.get(g + n) {
+                    let at = p.addr[0];
+                    if segment_of(at) != segment_of(start) || at < end || at - end > MOVE_READ_GAP {
+                        break;
+                    }
+                    end = at + p.len as u64;
+                    n += 1;
+                }
+                let group = &live[g..g + n];
+                g += n;
+                span.resize((end - start) as usize, 0);
+                // A span not read (or whose read failed): each record is read alone, which
+                // tries every copy, repairs, and reports what it cannot.
+                let spanned =
+                    n > 1 && matches!(self.store.read_span_to_move(start, &mut span), Ok(true));
+                for &(lba, old) in group {
+                    let off = (old.addr[0] - start) as usize;
+                    let bytes = spanned
+                        .then(|| &span[off..off + old.len as usize])
+                        .filter(|b| crate::checksum::verify(&old.checksum, b));
+                    let bytes = match bytes {
+                        Some(b) => b,
+                        None => match self.store.read_record_to_move(
+                            old.addrs(),
+                            old.len as usize,
+                            &old.checksum,
+                            &mut one,
+                        ) {
+                            Ok(()) => &one[..],
+                            Err(Error::Unrecoverable(e)) => {
+                                tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        },
+                    };
+                    // Records of a run start at the end of the one before, rounded up to
+                    // RECORD_ALIGN (as `Log::alloc_run` lays them out).
+                    let at = stored.len().div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize;
+                    stored.resize(at, 0);
+                    stored.extend_from_slice(bytes);
+                    puts.push(Put { at, ptr: old });
+                    recs.push((lba, old));
+                }
+            }
         }
+        if recs.is_empty() {
+            return Ok(0);
+        }
+        let mut pending = self.store.log.pending();
+        self.store
+            .put(Stream::Clean, 0, stored, &mut puts, Some(&mut pending))?;
+        let mut tree = v.tree.lock();
+        let mut moved = 0;
+        for (k, (&(lba, old), put)) in recs.iter().zip(&puts).enumerate() {
+            let new = put.ptr;
+            let swapped = tree
+                .lookup(&*self.store, &self.store.cache, lba)
+                .and_then(|now| {
+                    if now != old {
+                        return Ok(false);
+                    }
+                    tree.set(&*self.store, &self.store.cache, lba, new)?;
+                    Ok(true)
+                });
+            match swapped {
+                Ok(true) => {
+                    note_move(v, lba, &new);
+                    self.store.release(&old);
+                    moved += 1;
+                }
+                Ok(false) => self.store.release(&new),
+                Err(e) => {
+                    // What was swapped in stays (counted dirty below); the copies not
+                    // swapped in are given back.
+                    for p in &puts[k..] {
+                        self.store.release(&p.ptr);
+                    }
+                    self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+                    return Err(e);
+                }
+            }
+        }
+        self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+        drop(tree);
+        drop(pending);
+        Ok(moved)
     }
 }

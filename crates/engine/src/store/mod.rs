@@ -641,6 +641,20 @@ impl Store {
         self.read_record_noting(addrs, len, sum, out, false)
     }
 
+    /// Read the bytes at `addr..addr + buf.len()` (one segment), unverified, in one device
+    /// read, for the cleaner to take several records out of (each then verified against its
+    /// checksum; one that fails is read alone, `read_record_to_move`, which repairs).
+    /// `Ok(false)`: not read, because the layout does not lay records end to end (parity)
+    /// or the segment was given back to the object store: read the records one by one.
+    pub fn read_span_to_move(&self, addr: u64, buf: &mut [u8]) -> Result<bool> {
+        if !self.red.runs_end_to_end() || self.given_back(&[addr]) {
+            return Ok(false);
+        }
+        self.red.check_record(&[addr], buf.len())?;
+        self.red.read_run_scattered(addr, &mut [buf])?;
+        Ok(true)
+    }
+
     fn read_record_noting(
         &self,
         addrs: &[u64],
