@@ -255,6 +255,9 @@ impl Device for FaultyDevice {
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
     }
+    fn will_write(&self, offset: u64, len: u64) {
+        self.inner.will_write(offset, len)
+    }
 }
 
 #[cfg(test)]

@@ -148,10 +148,18 @@ impl Core {
                 None => {
                     batch.clear();
                     let mut bytes = 0;
+                    // A victim given back to the object store: one record at a time, as
+                    // each read is a GET made under the reuse gate, which writers that
+                    // recycle (and so every client read behind them) may wait for.
+                    let most = if self.store.given_back_record(&m.ptr) {
+                        1
+                    } else {
+                        MOVE_BATCH_RECORDS
+                    };
                     while let Some(n) = moves.get(i + batch.len()).filter(|n| {
                         n.tree.is_none()
                             && (n.rank, n.volume) == (m.rank, m.volume)
-                            && batch.len() < MOVE_BATCH_RECORDS
+                            && batch.len() < most
                             && bytes < MOVE_BATCH_BYTES
                     }) {
                         bytes += n.ptr.len as usize;
@@ -617,11 +625,12 @@ impl Core {
                 }
                 let group = &live[g..g + n];
                 g += n;
-                span.resize((end - start) as usize, 0);
                 // A span not read (or whose read failed): each record is read alone, which
                 // tries every copy, repairs, and reports what it cannot.
-                let spanned =
-                    n > 1 && matches!(self.store.read_span_to_move(start, &mut span), Ok(true));
+                let spanned = n > 1 && {
+                    span.resize((end - start) as usize, 0);
+                    matches!(self.store.read_span_to_move(start, &mut span), Ok(true))
+                };
                 for &(lba, old) in group {
                     let off = (old.addr[0] - start) as usize;
                     let bytes = spanned
@@ -657,8 +666,25 @@ impl Core {
             return Ok(0);
         }
         let mut pending = self.store.log.pending();
-        self.store
-            .put(Stream::Clean, 0, stored, &mut puts, Some(&mut pending))?;
+        // Near the end of the cleaner's room a whole batch may not fit where part of it
+        // does (`Log::alloc_run` counts every record of a run against the reserve): halve
+        // it until it fits, so a pass moves as much as the room allows. The records and
+        // their bytes lie in order, so the first half is a prefix of both.
+        loop {
+            match self
+                .store
+                .put(Stream::Clean, 0, stored, &mut puts, Some(&mut pending))
+            {
+                Ok(()) => break,
+                Err(Error::NoSpace) if puts.len() > 1 => {
+                    let keep = puts.len() / 2;
+                    puts.truncate(keep);
+                    recs.truncate(keep);
+                    stored.truncate(puts[keep - 1].at + puts[keep - 1].ptr.len as usize);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let mut tree = v.tree.lock();
         let mut moved = 0;
         for (k, (&(lba, old), put)) in recs.iter().zip(&puts).enumerate() {

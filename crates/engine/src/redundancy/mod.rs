@@ -259,6 +259,20 @@ impl Redundancy {
         Ok(())
     }
 
+    /// Segment `seg` has just opened for writing: each member holding it may read it into
+    /// the page cache in the background (`Device::will_write`), so that the runs written
+    /// into it do not each wait for a read of the 4 KiB block their end falls in.
+    pub fn will_write_segment(&self, seg: u32) {
+        let Ok(places) = self.copies(seg as u64 * SEGMENT_BYTES) else {
+            return;
+        };
+        for (m, off) in places.iter() {
+            if let Some(dev) = self.members[m].writable() {
+                dev.will_write(off, SEGMENT_BYTES);
+            }
+        }
+    }
+
     /// Give back the local space of segment `seg` on every member holding it (its bytes
     /// are in the object store: `pool::tier`). `Ok(false)`: no device could, and nothing
     /// was given back; `Ok(true)` once any did (the segment's records must then be read

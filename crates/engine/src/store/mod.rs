@@ -400,6 +400,11 @@ impl Store {
                 if let Some(p) = pending.as_deref_mut() {
                     p.add(count);
                 }
+                // The first run of a segment just opened (`Log::alloc_run` opens one only
+                // for a run that starts it).
+                if addr % SEGMENT_BYTES == 0 {
+                    self.red.will_write_segment(crate::log::segment_of(addr));
+                }
                 let base = rest[0].at;
                 let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
                 for r in &mut recs[placed..placed + count] {
