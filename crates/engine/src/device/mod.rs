@@ -412,15 +412,54 @@ impl Device for FileDevice {
         // one such read: 4K writes with a FLUSH after each ran 20% slower with the device
         // file out of the page cache, reading 4 KiB per write. One read of the segment in
         // the background when it opens takes their place.
-        // SAFETY: plain syscall on a descriptor we own; failure only loses the hint.
-        unsafe {
-            libc::posix_fadvise(
-                self.file.as_raw_fd(),
-                offset as libc::off_t,
-                len as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            )
+        //
+        // Only where blocks are stored: a hole needs no read, and read ahead it would fill
+        // the cache with 4 KiB pages of zeros that every later write into them pays for
+        // (64K random writes on a sparse pool: 21k -> 17k IOPS). Pages already cached are
+        // left as they are.
+        let fd = self.file.as_raw_fd();
+        let end = offset.saturating_add(len).min(self.size);
+        let advise = |from: u64, to: u64| {
+            // SAFETY: plain syscall on a descriptor we own; failure only loses the hint.
+            unsafe {
+                libc::posix_fadvise(
+                    fd,
+                    from as libc::off_t,
+                    (to - from) as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
         };
+        let mut at = offset;
+        while at < end {
+            // SAFETY: plain syscalls on a descriptor we own; every read and write here is
+            // positional, so moving the file offset disturbs nothing.
+            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                // ENXIO: no data past `at`. Anything else (a block device, a file system
+                // without SEEK_DATA): no map of holes, so all of it.
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                    advise(at, end);
+                }
+                return;
+            }
+            let from = data as u64;
+            if from >= end {
+                return;
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+            let to = if hole < 0 {
+                end
+            } else {
+                (hole as u64).min(end)
+            };
+            if to <= from {
+                return;
+            }
+            advise(from, to);
+            at = to;
+        }
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
         use std::os::unix::io::AsRawFd;
@@ -565,6 +604,25 @@ mod tests {
             if resident(&probe, 0, LEN) == LEN / 4096 {
                 // Only the range asked for.
                 assert_eq!(resident(&probe, LEN as u64, LEN), 0);
+                // A hole is not read in (a write into it reads nothing): a file whose
+                // second half was never written keeps that half out of the cache.
+                let holed = t.path().join("h");
+                let h = FileDevice::create_sparse(&holed, 2 * LEN as u64).unwrap();
+                h.write_at(&vec![0x5A; LEN], 0).unwrap();
+                h.flush().unwrap();
+                // SAFETY: plain syscall on a descriptor we own.
+                unsafe { libc::posix_fadvise(h.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                let h: Arc<dyn Device> = Arc::new(h);
+                h.will_write(0, 2 * LEN as u64);
+                let hp = File::open(&holed).unwrap();
+                for _ in 0..1000 {
+                    if resident(&hp, 0, LEN) == LEN / 4096 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                assert_eq!(resident(&hp, 0, LEN), LEN / 4096, "the data half");
+                assert_eq!(resident(&hp, LEN as u64, LEN), 0, "the hole was read in");
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
