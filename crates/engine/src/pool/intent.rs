@@ -246,12 +246,16 @@ impl Core {
     pub(crate) fn alloc_log_slot(&self) -> Result<[u64; 2]> {
         let fp = self.store.red.footprint(LOG_BLOCK_BYTES);
         let a = self.store.log.alloc(Stream::Meta, fp)?;
+        self.store.placed_at(a);
         let redundant = !matches!(self.store.red.layout, crate::redundancy::Layout::Single);
         if METADATA_COPIES < 2 || redundant {
             return Ok([a, ADDR_NONE]);
         }
         match self.store.log.alloc(Stream::Meta2, fp) {
-            Ok(b) => Ok([a, b]),
+            Ok(b) => {
+                self.store.placed_at(b);
+                Ok([a, b])
+            }
             Err(e) => {
                 self.store.release(&slot_ptr([a, ADDR_NONE]));
                 Err(e)

@@ -26,7 +26,7 @@ pub use parity::shard_bytes;
 use placement::Placement;
 
 use crate::checksum::{verify, Checksum};
-use crate::constants::SEGMENT_BYTES;
+use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use crate::device::Device;
 use crate::{Error, Result};
 
@@ -263,12 +263,23 @@ impl Redundancy {
     /// the page cache in the background (`Device::will_write`), so that the runs written
     /// into it do not each wait for a read of the 4 KiB block their end falls in.
     pub fn will_write_segment(&self, seg: u32) {
-        let Ok(places) = self.copies(seg as u64 * SEGMENT_BYTES) else {
-            return;
-        };
-        for (m, off) in places.iter() {
-            if let Some(dev) = self.members[m].writable() {
-                dev.will_write(off, SEGMENT_BYTES);
+        let addr = seg as u64 * SEGMENT_BYTES;
+        match self.copies(addr) {
+            Ok(places) => {
+                for (m, off) in places.iter() {
+                    if let Some(dev) = self.members[m].writable() {
+                        dev.will_write(off, SEGMENT_BYTES);
+                    }
+                }
+            }
+            // Parity: every member holds a shard of each record of the segment, at the
+            // segment's own place on it (`parity::shard_place`).
+            Err(_) => {
+                for member in &self.members {
+                    if let Some(dev) = member.writable() {
+                        dev.will_write(DEVICE_RESERVED_FRONT + addr, SEGMENT_BYTES);
+                    }
+                }
             }
         }
     }
@@ -765,6 +776,59 @@ mod tests {
         // Every copy failed: nothing is durable.
         let r = mirror(&[true, true]);
         assert!(matches!(r.flush(), Err(Error::Poisoned)));
+    }
+
+    /// A device that notes the ranges it is told will be written.
+    struct Noting(PathBuf, parking_lot::Mutex<Vec<(u64, u64)>>);
+    impl Device for Noting {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+        fn size(&self) -> u64 {
+            64 << 20
+        }
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn will_write(&self, offset: u64, len: u64) {
+            self.1.lock().push((offset, len));
+        }
+    }
+
+    /// A segment that opens is announced to every member that holds part of it, at the
+    /// segment's place there: each copy of a mirror, each shard of parity (parity's
+    /// records have no whole copy, and its members were once left out).
+    #[test]
+    fn an_opened_segment_is_announced_to_every_member_holding_it() {
+        for (layout, n) in [(Layout::Mirror(2), 2), (Layout::Parity { k: 2, m: 1 }, 3)] {
+            let devs: Vec<Arc<Noting>> = (0..n)
+                .map(|i| {
+                    Arc::new(Noting(
+                        PathBuf::from(format!("/dev/test{i}")),
+                        Default::default(),
+                    ))
+                })
+                .collect();
+            let members = devs
+                .iter()
+                .map(|d| Member::new(d.0.clone(), Some(d.clone() as Arc<dyn Device>)))
+                .collect();
+            let r = Redundancy::new(layout, members, 8);
+            r.will_write_segment(3);
+            for d in &devs {
+                assert_eq!(
+                    *d.1.lock(),
+                    [(DEVICE_RESERVED_FRONT + 3 * SEGMENT_BYTES, SEGMENT_BYTES)],
+                    "{layout:?}"
+                );
+            }
+        }
     }
 
     /// A device file whose host file system is full.

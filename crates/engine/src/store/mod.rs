@@ -400,11 +400,7 @@ impl Store {
                 if let Some(p) = pending.as_deref_mut() {
                     p.add(count);
                 }
-                // The first run of a segment just opened (`Log::alloc_run` opens one only
-                // for a run that starts it).
-                if addr % SEGMENT_BYTES == 0 {
-                    self.red.will_write_segment(crate::log::segment_of(addr));
-                }
+                self.placed_at(addr);
                 let base = rest[0].at;
                 let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
                 for r in &mut recs[placed..placed + count] {
@@ -437,6 +433,16 @@ impl Store {
             }
         }
         result
+    }
+
+    /// Bytes were just placed at `addr` by the log: at a segment's first byte, the segment
+    /// has just opened (`Log::alloc_run` opens one only for a run that starts it), and its
+    /// devices may read it in before the writes into it (`Redundancy::will_write_segment`).
+    /// For every placement that does not go through `put` (intent log slots) too.
+    pub fn placed_at(&self, addr: u64) {
+        if addr % SEGMENT_BYTES == 0 {
+            self.red.will_write_segment(crate::log::segment_of(addr));
+        }
     }
 
     /// Store metadata records (map nodes, the volume table): lz4-compressed, checksummed,
