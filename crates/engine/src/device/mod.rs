@@ -246,8 +246,24 @@ impl FileDevice {
     /// The holes of a regular file (ranges no block backs, as `SEEK_HOLE` finds them),
     /// in order; none for a block device, or where the file system cannot tell (it then
     /// reports the whole file as data).
-    pub fn holes(&self) -> Result<Vec<(u64, u64)>> {
+    /// `lseek` to the first data (`SEEK_DATA`) or hole (`SEEK_HOLE`) at or after `at`;
+    /// `None` when there is none (ENXIO). It moves no position anything relies on: every
+    /// read and write here is positioned.
+    fn seek(&self, at: u64, whence: libc::c_int) -> std::io::Result<Option<u64>> {
         use std::os::unix::io::AsRawFd;
+        // SAFETY: plain syscall on a descriptor we own.
+        let r = unsafe { libc::lseek(self.file.as_raw_fd(), at as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    pub fn holes(&self) -> Result<Vec<(u64, u64)>> {
         let meta = self
             .file
             .metadata()
@@ -255,19 +271,9 @@ impl FileDevice {
         if !meta.is_file() {
             return Ok(Vec::new());
         }
-        let fd = self.file.as_raw_fd();
         let seek = |at: u64, whence: libc::c_int| -> Result<Option<u64>> {
-            // SAFETY: plain syscall on a descriptor we own; `at` is below the file size.
-            let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
-            if r >= 0 {
-                return Ok(Some(r as u64));
-            }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                // No data (or no hole) at or after `at`.
-                Some(libc::ENXIO) => Ok(None),
-                _ => Err(Error::device(&self.path, e)),
-            }
+            self.seek(at, whence)
+                .map_err(|e| Error::device(&self.path, e))
         };
         let mut holes = Vec::new();
         let mut at = 0;
@@ -470,28 +476,18 @@ impl Device for FileDevice {
         }
         let mut at = offset;
         while at < end {
-            // SAFETY: plain syscalls on a descriptor we own; every read and write here is
-            // positional, so moving the file offset disturbs nothing.
-            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
-            if data < 0 {
-                // ENXIO: no data past `at`. Anything else: no map of holes, so all of it.
-                if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
-                    advise(at, end);
-                }
-                return;
-            }
-            let from = data as u64;
-            if from >= end {
-                return;
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-            let to = if hole < 0 {
-                end
-            } else {
-                (hole as u64).min(end)
+            let from = match self.seek(at, libc::SEEK_DATA) {
+                Ok(Some(from)) if from < end => from,
+                // No data past `at` in the range.
+                Ok(_) => return,
+                // No map of holes after all: all of it.
+                Err(_) => return advise(at, end),
             };
-            if to <= from || to <= at {
+            let to = match self.seek(from, libc::SEEK_HOLE) {
+                Ok(Some(hole)) => hole.min(end),
+                _ => end,
+            };
+            if to <= from {
                 return;
             }
             advise(from, to);
@@ -523,24 +519,15 @@ impl Device for FileDevice {
         }
     }
     fn is_hole(&self, offset: u64, len: u64) -> bool {
-        use std::os::unix::io::AsRawFd;
         if len == 0 || offset.saturating_add(len) > self.size {
             return false;
         }
-        // SAFETY: plain syscall on a descriptor we own; it moves no position we rely on
-        // (every read and write here is positioned).
-        let next = unsafe {
-            libc::lseek(
-                self.file.as_raw_fd(),
-                offset as libc::off_t,
-                libc::SEEK_DATA,
-            )
-        };
-        if next < 0 {
-            // ENXIO: no data at or after `offset` (a hole to the end).
-            return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
+        match self.seek(offset, libc::SEEK_DATA) {
+            // No data at or after `offset`: a hole to the end.
+            Ok(None) => true,
+            Ok(Some(next)) => next >= offset + len,
+            Err(_) => false,
         }
-        next as u64 >= offset + len
     }
     fn allocated_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;

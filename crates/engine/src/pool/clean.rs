@@ -395,6 +395,28 @@ impl Core {
     /// Returns the new copy and its hold on the next commit's room, which the caller keeps
     /// until its leaves are counted dirty; `None` when no tree holds it any more or no
     /// copy verifies (it stays where it is).
+    /// Read record `old` (block `lba` of `v`) to move it: verified, from any copy (a bad
+    /// one repaired). `Ok(false)`: no copy verifies; it is logged and stays where it is.
+    fn read_to_move(
+        &self,
+        v: &VolumeState,
+        lba: u64,
+        old: &Blkptr,
+        out: &mut Vec<u8>,
+    ) -> Result<bool> {
+        match self
+            .store
+            .read_record_to_move(old.addrs(), old.len as usize, &old.checksum, out)
+        {
+            Ok(()) => Ok(true),
+            Err(Error::Unrecoverable(e)) => {
+                tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn copy_if(
         &self,
         v: &VolumeState,
@@ -407,21 +429,8 @@ impl Core {
             // Like a client read: a block replaced since the walk may lie in a segment a
             // writer has recycled (`Store::recycle_if_due`) and rewritten.
             let _gate = self.store.reuse_gate.read();
-            if !held()? {
+            if !held()? || !self.read_to_move(v, lba, old, stored)? {
                 return Ok(None);
-            }
-            match self.store.read_record_to_move(
-                old.addrs(),
-                old.len as usize,
-                &old.checksum,
-                stored,
-            ) {
-                Ok(()) => {}
-                Err(Error::Unrecoverable(e)) => {
-                    tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
             }
         }
         let mut pending = self.store.log.pending();
@@ -638,19 +647,8 @@ impl Core {
                         .filter(|b| crate::checksum::verify(&old.checksum, b));
                     let bytes = match bytes {
                         Some(b) => b,
-                        None => match self.store.read_record_to_move(
-                            old.addrs(),
-                            old.len as usize,
-                            &old.checksum,
-                            &mut one,
-                        ) {
-                            Ok(()) => &one[..],
-                            Err(Error::Unrecoverable(e)) => {
-                                tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
-                                continue;
-                            }
-                            Err(e) => return Err(e),
-                        },
+                        None if self.read_to_move(v, lba, &old, &mut one)? => &one[..],
+                        None => continue,
                     };
                     // Records of a run start at the end of the one before, rounded up to
                     // RECORD_ALIGN (as `Log::alloc_run` lays them out).
@@ -668,8 +666,8 @@ impl Core {
         let mut pending = self.store.log.pending();
         // Near the end of the cleaner's room a whole batch may not fit where part of it
         // does (`Log::alloc_run` counts every record of a run against the reserve): halve
-        // it until it fits, so a pass moves as much as the room allows. The records and
-        // their bytes lie in order, so the first half is a prefix of both.
+        // it until it fits, so a pass moves as much as the room allows (the records kept
+        // keep their bytes where they lie in `stored`).
         loop {
             match self
                 .store
@@ -680,7 +678,6 @@ impl Core {
                     let keep = puts.len() / 2;
                     puts.truncate(keep);
                     recs.truncate(keep);
-                    stored.truncate(puts[keep - 1].at + puts[keep - 1].ptr.len as usize);
                 }
                 Err(e) => return Err(e),
             }

@@ -778,11 +778,32 @@ mod tests {
         assert!(matches!(r.flush(), Err(Error::Poisoned)));
     }
 
-    /// A device that notes the ranges it is told will be written.
-    struct Noting(PathBuf, parking_lot::Mutex<Vec<(u64, u64)>>);
-    impl Device for Noting {
+    /// A device that writes nothing: each write fails as on a full host file system when
+    /// `full`, and the ranges it is told will be written are noted.
+    #[derive(Default)]
+    struct Stub {
+        path: PathBuf,
+        full: bool,
+        noted: parking_lot::Mutex<Vec<(u64, u64)>>,
+    }
+    impl Stub {
+        fn new(path: &str) -> Stub {
+            Stub {
+                path: PathBuf::from(path),
+                ..Stub::default()
+            }
+        }
+        /// A device file whose host file system is full.
+        fn full(path: &str) -> Stub {
+            Stub {
+                full: true,
+                ..Stub::new(path)
+            }
+        }
+    }
+    impl Device for Stub {
         fn path(&self) -> &Path {
-            &self.0
+            &self.path
         }
         fn size(&self) -> u64 {
             64 << 20
@@ -791,13 +812,16 @@ mod tests {
             Ok(())
         }
         fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            if self.full {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
             Ok(())
         }
         fn flush(&self) -> std::io::Result<()> {
             Ok(())
         }
         fn will_write(&self, offset: u64, len: u64) {
-            self.1.lock().push((offset, len));
+            self.noted.lock().push((offset, len));
         }
     }
 
@@ -807,47 +831,22 @@ mod tests {
     #[test]
     fn an_opened_segment_is_announced_to_every_member_holding_it() {
         for (layout, n) in [(Layout::Mirror(2), 2), (Layout::Parity { k: 2, m: 1 }, 3)] {
-            let devs: Vec<Arc<Noting>> = (0..n)
-                .map(|i| {
-                    Arc::new(Noting(
-                        PathBuf::from(format!("/dev/test{i}")),
-                        Default::default(),
-                    ))
-                })
+            let devs: Vec<Arc<Stub>> = (0..n)
+                .map(|i| Arc::new(Stub::new(&format!("/dev/test{i}"))))
                 .collect();
             let members = devs
                 .iter()
-                .map(|d| Member::new(d.0.clone(), Some(d.clone() as Arc<dyn Device>)))
+                .map(|d| Member::new(d.path.clone(), Some(d.clone() as Arc<dyn Device>)))
                 .collect();
             let r = Redundancy::new(layout, members, 8);
             r.will_write_segment(3);
             for d in &devs {
                 assert_eq!(
-                    *d.1.lock(),
+                    *d.noted.lock(),
                     [(DEVICE_RESERVED_FRONT + 3 * SEGMENT_BYTES, SEGMENT_BYTES)],
                     "{layout:?}"
                 );
             }
-        }
-    }
-
-    /// A device file whose host file system is full.
-    struct Full(PathBuf);
-    impl Device for Full {
-        fn path(&self) -> &Path {
-            &self.0
-        }
-        fn size(&self) -> u64 {
-            64 << 20
-        }
-        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
-            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            Ok(())
         }
     }
 
@@ -863,7 +862,7 @@ mod tests {
             ),
             Member::new(
                 PathBuf::from("/srv/full/dev1.img"),
-                Some(Arc::new(Full(PathBuf::from("/srv/full/dev1.img"))) as Arc<dyn Device>),
+                Some(Arc::new(Stub::full("/srv/full/dev1.img")) as Arc<dyn Device>),
             ),
         ];
         let r = Redundancy::new(Layout::Mirror(2), members, 8);
@@ -883,7 +882,7 @@ mod tests {
             .contains("full"));
         r.members[1].replace(
             PathBuf::from("/srv/new.img"),
-            Arc::new(Full(PathBuf::from("/srv/new.img"))),
+            Arc::new(Stub::full("/srv/new.img")),
         );
         assert_eq!(r.members[1].fault.lock().clone(), None);
     }
