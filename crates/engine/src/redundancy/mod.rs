@@ -699,40 +699,6 @@ mod tests {
         }
     }
 
-    /// A device whose flush meets the others' (flushes run one after another would all
-    /// time out) and then fails or succeeds.
-    struct Syncing {
-        path: PathBuf,
-        fail: bool,
-        together: Arc<Meet>,
-    }
-
-    impl Device for Syncing {
-        fn path(&self) -> &Path {
-            &self.path
-        }
-        fn size(&self) -> u64 {
-            64 << 20
-        }
-        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn flush(&self) -> std::io::Result<()> {
-            if !self.together.wait() {
-                return Err(std::io::Error::other(
-                    "the other devices did not sync meanwhile",
-                ));
-            }
-            if self.fail {
-                return Err(std::io::Error::other("flush failed"));
-            }
-            Ok(())
-        }
-    }
-
     fn mirror(fails: &[bool]) -> Redundancy {
         let together = Arc::new(Meet {
             arrived: parking_lot::Mutex::new(0),
@@ -743,13 +709,12 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &fail)| {
-                let path = PathBuf::from(format!("/dev/test{i}"));
-                let dev = Syncing {
-                    path: path.clone(),
-                    fail,
-                    together: together.clone(),
+                let dev = Stub {
+                    fail_flush: fail,
+                    together: Some(together.clone()),
+                    ..Stub::new(&format!("/dev/test{i}"))
                 };
-                Member::new(path, Some(Arc::new(dev) as Arc<dyn Device>))
+                Member::new(dev.path.clone(), Some(Arc::new(dev) as Arc<dyn Device>))
             })
             .collect();
         Redundancy::new(Layout::Mirror(fails.len() as u8), members, 8)
@@ -779,11 +744,15 @@ mod tests {
     }
 
     /// A device that writes nothing: each write fails as on a full host file system when
-    /// `full`, and the ranges it is told will be written are noted.
+    /// `full`; a flush meets the others' of `together` (flushes run one after another
+    /// would all time out), then fails when `fail_flush`; the ranges it is told will be
+    /// written are noted.
     #[derive(Default)]
     struct Stub {
         path: PathBuf,
         full: bool,
+        fail_flush: bool,
+        together: Option<Arc<Meet>>,
         noted: parking_lot::Mutex<Vec<(u64, u64)>>,
     }
     impl Stub {
@@ -818,6 +787,14 @@ mod tests {
             Ok(())
         }
         fn flush(&self) -> std::io::Result<()> {
+            if self.together.as_ref().is_some_and(|t| !t.wait()) {
+                return Err(std::io::Error::other(
+                    "the other devices did not sync meanwhile",
+                ));
+            }
+            if self.fail_flush {
+                return Err(std::io::Error::other("flush failed"));
+            }
             Ok(())
         }
         fn will_write(&self, offset: u64, len: u64) {
