@@ -876,10 +876,10 @@ impl Tree {
         hi: u64,
         f: &mut dyn FnMut(Visit) -> Result<()>,
     ) -> Result<()> {
-        let node: Arc<Node> = match self.dirty.get(&(level, index)) {
-            Some(n) => Arc::new(Node::clone(n)),
+        let node = match self.dirty.get(&(level, index)) {
+            Some(n) => NodeRef::Dirty(n),
             None => match self.get(store, cache, level, index, ptr) {
-                Ok(Some(n)) => n,
+                Ok(Some(n)) => NodeRef::Clean(n),
                 Ok(None) => return Ok(()),
                 Err(error) => {
                     return f(Visit::Unreadable {

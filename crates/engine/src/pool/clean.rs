@@ -84,17 +84,45 @@ fn note_move(v: &VolumeState, lba: u64, new: &Blkptr) {
     }
 }
 
-/// The rank in this pass of the best victim holding a copy of `p`; `None`: no victim does.
-fn victim_rank(rank: &[(u32, usize)], p: &Blkptr) -> Option<usize> {
-    p.addrs()
-        .iter()
-        .filter_map(|&a| {
-            let seg = segment_of(a);
-            rank.binary_search_by_key(&seg, |&(s, _)| s)
-                .ok()
-                .map(|i| rank[i].1)
-        })
-        .min()
+/// The victims of one pass, looked up for every pointer of every map: a bit per segment
+/// first (most pointers are in no victim), then a short sorted list for the rank.
+struct Victims {
+    /// (segment, rank), by segment.
+    rank: Vec<(u32, usize)>,
+    bits: Vec<u64>,
+}
+
+impl Victims {
+    /// `victims` best first.
+    fn new(victims: &[u32]) -> Victims {
+        let mut rank: Vec<(u32, usize)> =
+            victims.iter().enumerate().map(|(i, &s)| (s, i)).collect();
+        rank.sort_unstable();
+        let words = rank.last().map_or(0, |&(s, _)| s as usize / 64 + 1);
+        let mut bits = vec![0u64; words];
+        for &(s, _) in &rank {
+            bits[s as usize / 64] |= 1 << (s % 64);
+        }
+        Victims { rank, bits }
+    }
+
+    /// The rank of the best victim holding a copy of `p`; `None`: no victim does.
+    fn rank_of(&self, p: &Blkptr) -> Option<usize> {
+        p.addrs()
+            .iter()
+            .filter_map(|&a| {
+                let seg = segment_of(a);
+                let word = self.bits.get(seg as usize / 64)?;
+                if word & (1 << (seg % 64)) == 0 {
+                    return None;
+                }
+                self.rank
+                    .binary_search_by_key(&seg, |&(s, _)| s)
+                    .ok()
+                    .map(|i| self.rank[i].1)
+            })
+            .min()
+    }
 }
 
 impl Core {
@@ -118,10 +146,7 @@ impl Core {
         if victims.is_empty() {
             return Ok(0);
         }
-        // Looked up for every pointer of every map: a short sorted list, not a hash.
-        let mut rank: Vec<(u32, usize)> =
-            victims.iter().enumerate().map(|(i, &s)| (s, i)).collect();
-        rank.sort_unstable();
+        let rank = Victims::new(&victims);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
@@ -195,11 +220,11 @@ impl Core {
         &self,
         v: &Arc<VolumeState>,
         vi: usize,
-        rank: &[(u32, usize)],
+        rank: &Victims,
         moves: &mut Vec<Move>,
         done: &mut usize,
     ) -> Result<()> {
-        let rank_of = |p: &Blkptr| victim_rank(rank, p);
+        let rank_of = |p: &Blkptr| rank.rank_of(p);
         let mut head = v.tree.lock();
         let mut snaps = v.snaps.write();
         let n = snaps.len();
@@ -447,11 +472,11 @@ impl Core {
         &self,
         v: &Arc<VolumeState>,
         vi: usize,
-        rank: &[(u32, usize)],
+        rank: &Victims,
         moves: &mut Vec<Move>,
         done: &mut usize,
     ) -> Result<()> {
-        let rank_of = |p: &Blkptr| victim_rank(rank, p);
+        let rank_of = |p: &Blkptr| rank.rank_of(p);
         let blocks = v.size() / v.block_size as u64;
         let tree_id = v.tree.lock().id;
         let mut lo = 0;
@@ -717,5 +742,37 @@ impl Core {
         drop(tree);
         drop(pending);
         Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::ADDR_NONE;
+
+    fn at(segs: &[u64]) -> Blkptr {
+        let mut p = Blkptr::default();
+        p.addr = [ADDR_NONE, ADDR_NONE];
+        for (i, &s) in segs.iter().enumerate() {
+            p.addr[i] = s * SEGMENT_BYTES + 4096;
+        }
+        p
+    }
+
+    /// A pointer's rank is its best victim's (either copy), and a pointer in no victim
+    /// has none, also past the last victim's segment and in a victim's neighbours.
+    #[test]
+    fn a_pointer_is_ranked_by_the_best_victim_holding_a_copy() {
+        // Best first: segment 70, then 3, then 64.
+        let v = Victims::new(&[70, 3, 64]);
+        assert_eq!(v.rank_of(&at(&[70])), Some(0));
+        assert_eq!(v.rank_of(&at(&[3])), Some(1));
+        assert_eq!(v.rank_of(&at(&[64])), Some(2));
+        assert_eq!(v.rank_of(&at(&[64, 70])), Some(0));
+        assert_eq!(v.rank_of(&at(&[5, 3])), Some(1));
+        for seg in [0, 2, 4, 63, 65, 69, 71, 127, 128, 1 << 30] {
+            assert_eq!(v.rank_of(&at(&[seg])), None, "segment {seg}");
+        }
+        assert_eq!(Victims::new(&[]).rank_of(&at(&[0])), None);
     }
 }
