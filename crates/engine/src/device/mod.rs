@@ -130,24 +130,18 @@ fn seek_holes_cheap(file: &File) -> bool {
 /// `cachestat`'s number: the generic syscall table's, which these architectures share
 /// (mips and alpha number it otherwise, and the `libc` crate names it for neither x86-64
 /// nor aarch64 with glibc).
-#[cfg(any(
+const SYS_CACHESTAT: Option<libc::c_long> = if cfg!(any(
     target_arch = "x86_64",
     target_arch = "x86",
     target_arch = "aarch64",
     target_arch = "arm",
     target_arch = "riscv64",
     target_arch = "loongarch64"
-))]
-const SYS_CACHESTAT: Option<libc::c_long> = Some(451);
-#[cfg(not(any(
-    target_arch = "x86_64",
-    target_arch = "x86",
-    target_arch = "aarch64",
-    target_arch = "arm",
-    target_arch = "riscv64",
-    target_arch = "loongarch64"
-)))]
-const SYS_CACHESTAT: Option<libc::c_long> = None;
+)) {
+    Some(451)
+} else {
+    None
+};
 
 /// Pages of `offset..offset + len` (`len` > 0) of `fd` in the page cache, and how many
 /// pages the range touches: `cachestat(2)`, Linux 6.5+ (`ENOSYS` before).
@@ -691,6 +685,19 @@ mod tests {
         }
     }
 
+    /// A device file of two halves of `len` bytes, written and synced half by half: the
+    /// page cache's folios then lie within a half (a folio is never larger than the write
+    /// that made it), and one half can be evicted alone.
+    fn written_halves(len: usize) -> (tempfile::TempDir, PathBuf, FileDevice) {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("d");
+        let dev = FileDevice::create_sparse(&path, 2 * len as u64).unwrap();
+        dev.write_at(&vec![0x5A; len], 0).unwrap();
+        dev.write_at(&vec![0x5A; len], len as u64).unwrap();
+        dev.flush().unwrap();
+        (t, path, dev)
+    }
+
     /// `will_write` reaches the file through the `Arc` the pool holds its devices in (a
     /// default method the `Arc` forwarding missed once did nothing), and reads the range
     /// into the page cache, so that runs written into it later need no read each.
@@ -698,11 +705,7 @@ mod tests {
     fn will_write_reads_the_range_into_the_page_cache() {
         use std::os::unix::io::AsRawFd;
         const LEN: usize = 1 << 20;
-        let t = tempfile::tempdir().unwrap();
-        let path = t.path().join("d");
-        let dev = FileDevice::create_sparse(&path, 2 * LEN as u64).unwrap();
-        dev.write_at(&vec![0x5A; 2 * LEN], 0).unwrap();
-        dev.flush().unwrap();
+        let (t, path, dev) = written_halves(LEN);
         // Written and synced, the pages are clean: DONTNEED takes them out of the cache.
         // SAFETY: plain syscall on a descriptor we own.
         unsafe { libc::posix_fadvise(dev.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -758,14 +761,7 @@ mod tests {
     fn fully_cached_tells_a_cached_range_from_one_partly_evicted() {
         use std::os::unix::io::AsRawFd;
         const LEN: usize = 1 << 20;
-        let t = tempfile::tempdir().unwrap();
-        let path = t.path().join("d");
-        let dev = FileDevice::create_sparse(&path, 2 * LEN as u64).unwrap();
-        // Half by half: the page cache's folios then lie within a half (a folio is never
-        // larger than the write that made it), and one half can be evicted alone.
-        dev.write_at(&vec![0x5A; LEN], 0).unwrap();
-        dev.write_at(&vec![0x5A; LEN], LEN as u64).unwrap();
-        dev.flush().unwrap();
+        let (_t, path, dev) = written_halves(LEN);
         let fd = dev.file.as_raw_fd();
         match cachestat(fd, 0, 4096) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
