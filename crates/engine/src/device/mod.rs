@@ -791,7 +791,10 @@ mod tests {
             return;
         }
         assert_eq!(fully_cached(fd, 0, 2 * LEN as u64), Some(false));
-        assert_eq!(fully_cached(fd, LEN as u64 + 1, LEN as u64 - 1), Some(false));
+        assert_eq!(
+            fully_cached(fd, LEN as u64 + 1, LEN as u64 - 1),
+            Some(false)
+        );
         assert_eq!(fully_cached(fd, 0, LEN as u64), Some(true));
         // A range ending one byte into the evicted half reaches its first page.
         assert_eq!(fully_cached(fd, 0, LEN as u64 + 1), Some(false));
