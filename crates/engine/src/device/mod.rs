@@ -321,9 +321,6 @@ impl FileDevice {
         })
     }
 
-    /// The holes of a regular file (ranges no block backs, as `SEEK_HOLE` finds them),
-    /// in order; none for a block device, or where the file system cannot tell (it then
-    /// reports the whole file as data).
     /// `lseek` to the first data (`SEEK_DATA`) or hole (`SEEK_HOLE`) at or after `at`;
     /// `None` when there is none (ENXIO). It moves no position anything relies on: every
     /// read and write here is positioned.
@@ -341,6 +338,9 @@ impl FileDevice {
         }
     }
 
+    /// The holes of a regular file (ranges no block backs, as `SEEK_HOLE` finds them),
+    /// in order; none for a block device, or where the file system cannot tell (it then
+    /// reports the whole file as data).
     pub fn holes(&self) -> Result<Vec<(u64, u64)>> {
         let meta = self
             .file

@@ -414,12 +414,6 @@ impl Core {
         Ok(changed + holders.len())
     }
 
-    /// Copy the record `old` (block `lba` of `v`) to the cleaner's head if `held` still
-    /// says a tree points at it: read verified (by checksum: no key needed) and written
-    /// again as it is (same stored bytes, nonce and checksum; only its address changes).
-    /// Returns the new copy and its hold on the next commit's room, which the caller keeps
-    /// until its leaves are counted dirty; `None` when no tree holds it any more or no
-    /// copy verifies (it stays where it is).
     /// Read record `old` (block `lba` of `v`) to move it: verified, from any copy (a bad
     /// one repaired). `Ok(false)`: no copy verifies; it is logged and stays where it is.
     fn read_to_move(
@@ -442,6 +436,12 @@ impl Core {
         }
     }
 
+    /// Copy the record `old` (block `lba` of `v`) to the cleaner's head if `held` still
+    /// says a tree points at it: read verified (by checksum: no key needed) and written
+    /// again as it is (same stored bytes, nonce and checksum; only its address changes).
+    /// Returns the new copy and its hold on the next commit's room, which the caller keeps
+    /// until its leaves are counted dirty; `None` when no tree holds it any more or no
+    /// copy verifies (it stays where it is).
     fn copy_if(
         &self,
         v: &VolumeState,
