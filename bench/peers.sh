@@ -139,6 +139,10 @@ done
 
 log() { echo "peers.sh: $*" >&2; }
 die() { echo "peers.sh: error: $*" >&2; exit 1; }
+# The report is written by a script beside this one: a copy of peers.sh alone, run from
+# elsewhere, would measure for an hour and then fail to write it.
+[ -f "$REPO/bench/peers_report.py" ] \
+    || die "$REPO/bench/peers_report.py not found: run peers.sh from the repository (bench/peers.sh), not from a copy of the script alone"
 
 case "$REPEAT" in ''|*[!0-9]*|0) die "--repeat needs a positive integer" ;; esac
 if [ -n "$FILL" ]; then

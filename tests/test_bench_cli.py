@@ -129,3 +129,34 @@ def test_bench_write_amplification_and_fsync(pool):
                      timeout=BENCH_TIMEOUT_S)
     cell = json.loads(r.stdout)["cells"][0]
     assert cell["write_amplification"] is None and cell["pool_written"] is None, cell
+
+
+def test_peers_script_copied_alone_says_where_its_report_script_is(tmp_path):
+    """bench/peers.sh writes its report with bench/peers_report.py beside it: a copy of
+    the script alone must say so before it measures anything (it used to measure for an
+    hour and then fail on the missing report script)."""
+    import os
+    import pathlib
+    import shutil
+    import signal
+    import subprocess
+
+    from conftest import BULWARK_BIN
+
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    copy = tmp_path / "sub" / "peers.sh"
+    copy.parent.mkdir()
+    shutil.copy(repo / "bench" / "peers.sh", copy)
+    # The binary named, as one does when running a copy: the script finds everything else.
+    env = dict(os.environ, BULWARK_BIN=str(BULWARK_BIN))
+    p = subprocess.Popen(["bash", str(copy), "--servers", "qemu-raw", "--runtime", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise AssertionError(f"peers.sh copied alone ran on (it measures):\n{err[-2000:]}")
+    assert p.returncode == 1, (p.returncode, out, err)
+    assert "peers_report.py not found" in err and "run peers.sh from the repository" in err, err
