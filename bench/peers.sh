@@ -26,7 +26,8 @@
 # randwrite, read, write x QD1, QD32, plus the two-connection cells.
 #
 # Durable writes (--groups durable; not in the default set): 4K randwrite QD1
-# with a flush after every write (fio --fsync=1), and 64K and 1M sequential
+# with a flush after every write (fio --fsync=1), 4K randwrite QD32 with a flush
+# after every 32 (issue 24's group-commit cell), and 64K and 1M sequential
 # writes at QD32 with a flush after every 32 (--fsync=32), closer to a VM with
 # cache=none or a database. Every server honours flushes: qemu-storage-daemon's
 # file node runs with cache.direct=off,cache.no-flush=off (writes go through
@@ -224,6 +225,7 @@ fi
 GROUPS_+=(
     "overwrite|--block-sizes 4k,64k --patterns randwrite --iodepths 32"
     "durable-qd1|--block-sizes 4k --patterns randwrite --iodepths 1 --fsync 1"
+    "durable-qd32|--block-sizes 4k --patterns randwrite --iodepths 32 --fsync 32"
     "durable-seq|--block-sizes 64k,1m --patterns write --iodepths 32 --fsync 32"
 )
 KEPT=()
