@@ -3,11 +3,17 @@ matrix on a fresh volume prints that cell with nonzero IOPS, in the table
 and in --json; a volume (or --uri export) holding data is refused without
 --force and left untouched; write cells of a volume show write amplification,
 of an --uri export n/a; --fsync N flushes in write cells. No timing
-thresholds: only that numbers exist."""
+thresholds: only that numbers exist. bench/peers.sh, copied alone, stops
+at once naming the report script it needs."""
 
 import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
 
-from conftest import qemu_io_ok, require_tools
+from conftest import BULWARK_BIN, qemu_io_ok, require_tools
 
 # One cell, one second: 4 KiB random reads at queue depth 4.
 CELL = ["--block-sizes", "4k", "--patterns", "randread", "--iodepths", "4", "--runtime", "1"]
@@ -135,14 +141,6 @@ def test_peers_script_copied_alone_says_where_its_report_script_is(tmp_path):
     """bench/peers.sh writes its report with bench/peers_report.py beside it: a copy of
     the script alone must say so before it measures anything (it used to measure for an
     hour and then fail on the missing report script)."""
-    import os
-    import pathlib
-    import shutil
-    import signal
-    import subprocess
-
-    from conftest import BULWARK_BIN
-
     repo = pathlib.Path(__file__).resolve().parent.parent
     copy = tmp_path / "sub" / "peers.sh"
     copy.parent.mkdir()
