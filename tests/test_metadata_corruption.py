@@ -9,6 +9,10 @@
 2. Every label (all four superblock slots) of one device is overwritten: the
    device is no longer recognised, the pool imports DEGRADED without it and
    serves every byte.
+3. The first MiB of every device is zeroed (both front label slots: the
+   accident of a `dd` to the wrong disk): the back copies, whose place the
+   front slots used to tell, are found from the device's size, and the pool
+   imports ONLINE, serves every byte and writes its front slots again.
 """
 
 import os
@@ -105,3 +109,33 @@ def test_all_labels_of_a_device_damaged(make_pool, tmp_path, seed, layout):
     assert states.get(victim) == "UNAVAIL", states
     assert all(s == "ONLINE" for d, s in states.items() if d != victim), states
     check(pool, key, enc, plain, "with one device's labels destroyed")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_front_labels_of_every_device_zeroed(make_pool, tmp_path, seed, layout):
+    rng = random.Random(seed)
+    pool, key, enc, plain = setup(make_pool, tmp_path, rng, layout)
+    devices = pool.device_paths()
+    pool.stop()
+
+    for d in devices:
+        with open(d, "r+b") as f:
+            f.write(bytes(1 * MiB))
+            os.fsync(f.fileno())
+
+    pool.start()
+    st = pool.status()
+    assert st["state"] == "ONLINE", st["devices"]
+    assert "read from the back copies" in pool.log_path.read_text(), pool.log_tail()
+    check(pool, key, enc, plain, "with the front MiB of every device zeroed")
+    # Two commits write both front slots again: after them, the back copies are not needed.
+    for n in range(2):
+        pool.restart()
+        assert pool.status()["state"] == "ONLINE"
+        check(pool, key, enc, plain, f"after restart {n + 1}")
+    pool.stop()
+    for d in devices:
+        with open(d, "rb") as f:
+            for off in SLOT_OFFSETS:
+                f.seek(off)
+                assert any(f.read(SLOT)), f"{d}: front label slot at {off} still zero"

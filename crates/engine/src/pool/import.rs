@@ -100,6 +100,51 @@ pub(crate) fn best_superblock(
     best
 }
 
+/// Where the back copies of `dev`'s labels lie when no front slot says (both damaged, or
+/// the device's first MiB zeroed by accident): the back region ends the last whole
+/// segment of the device as `pool create` laid it out (a device grown since lays it
+/// lower), so it is looked for there and then a segment lower at a time, at most
+/// `BACK_SEARCH_SEGMENTS` times. A place counts only where a label that `check` accepts
+/// lies and itself puts its back region there. `deep`: look lower than the device's end
+/// (import of a pool's own device); else only there (`pool scan` of any disk, where each
+/// place looked at is two reads).
+pub(crate) fn find_back_region(dev: &dyn Device, check: Check, deep: bool) -> Option<u64> {
+    let top = (dev.size() / SEGMENT_BYTES * SEGMENT_BYTES).checked_sub(DEVICE_RESERVED_BACK)?;
+    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
+    (0..if deep { BACK_SEARCH_SEGMENTS } else { 1 })
+        .map_while(|i| {
+            top.checked_sub(i * SEGMENT_BYTES)
+                .filter(|&b| b > DEVICE_RESERVED_FRONT)
+        })
+        .find(|&b| {
+            SUPERBLOCK_SLOT_OFFSETS.iter().any(|o| {
+                dev.read_at(&mut buf, b + o).is_ok()
+                    && matches!(Superblock::decode(&buf, check), Ok(Some(sb)) if back_region_of(&sb) == b)
+            })
+        })
+}
+
+/// The newest label of `dev`, where the back region is known (`back`, from the front
+/// slots of the pool's devices) or, when it is not, looked for (`find_back_region`).
+pub(crate) fn label_front_or_back(
+    dev: &dyn Device,
+    back: Option<u64>,
+    check: Check,
+    deep: bool,
+) -> Option<Superblock> {
+    let back = back.or_else(|| find_back_region(dev, check, deep));
+    let sb = best_superblock(dev, back, check)?;
+    if best_superblock(dev, None, check).is_none() {
+        tracing::warn!(
+            device = %dev.path().display(),
+            generation = sb.generation,
+            "no front label slot of this device is readable: its label was read from the \
+             back copies (the next two commits write the front slots again)"
+        );
+    }
+    Some(sb)
+}
+
 /// Whether the devices' newest superblock is one this host committed or was committing
 /// (`anchor`); returns the anchor the next commit starts from. Devices older than the
 /// host's last commit were rolled back (restored from an older copy): refused unless
@@ -383,8 +428,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let listed_here = listed.contains(&path);
         // A device none of whose labels verify: another pool's (say so), or this pool's
         // with labels altered or damaged (not used: it may say anything).
-        let label = best_superblock(&dev, back, check).or_else(|| {
-            let sb = best_superblock(&dev, back, Check::Unkeyed)?;
+        let label = label_front_or_back(&dev, back, check, true).or_else(|| {
+            let sb = label_front_or_back(&dev, back, Check::Unkeyed, true)?;
             if to_hex(&sb.pool_id) == conf.pool_id && sb.format == super::superblock::VERSION_1 {
                 // Perhaps a member an upgrade had not reached when it stopped: taken below
                 // only if it is exactly one generation behind a label that verifies.

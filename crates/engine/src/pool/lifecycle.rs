@@ -162,11 +162,11 @@ fn read_labels(paths: &[PathBuf], check: Check) -> Vec<Labelled> {
             tracing::debug!(device = %p.display(), "cannot be opened: skipped");
             continue;
         };
-        let Some(front) = super::import::best_superblock(&dev, None, check) else {
+        let back = super::import::best_superblock(&dev, None, check)
+            .map(|front| DEVICE_RESERVED_FRONT + front.segments_per_device * SEGMENT_BYTES);
+        let Some(sb) = super::import::label_front_or_back(&dev, back, check, false) else {
             continue;
         };
-        let back = DEVICE_RESERVED_FRONT + front.segments_per_device * SEGMENT_BYTES;
-        let sb = super::import::best_superblock(&dev, Some(back), check).unwrap_or(front);
         out.push(Labelled {
             path: p.clone(),
             size: dev.size(),
