@@ -360,6 +360,8 @@ def _table_edit(kind):
                 vols["pl"]["size_bytes"] *= 2
             elif kind == "names-swapped":
                 vols["enc"]["name"], vols["pl"]["name"] = "pl", "enc"
+            elif kind == "name-repeated":
+                vols["pl"]["name"] = "enc"
             else:
                 raise AssertionError(kind)
         f.edit_table(t)
@@ -383,8 +385,8 @@ def test_table_and_label_edits_without_the_key(make_pool, tmp_path):
     the labels edited in place (layout mirror -> single, member count), every checksum
     an attacker can compute right: refused, naming the labels that fail. An encrypted
     volume is never served without its key: not after a restart (it is not listed until
-    its key is loaded), not after even a key-holding forger turned its encryption off
-    (reads fail, never bytes)."""
+    its key is loaded), and a key-holding forger's table that turns its encryption off
+    or gives a plaintext volume its name is refused too."""
     p, key = new_pool(make_pool, "mirror:2", True, name="enc")
     p.create_volume("pl", size="16M", encryption=False)
     qemu_io_ok(p.uri("enc"), "write -P 0xe 0 64k", "flush")
@@ -410,12 +412,16 @@ def test_table_and_label_edits_without_the_key(make_pool, tmp_path):
     qemu_io_ok(p.uri("enc"), "read -P 0xe 0 64k")
     p.stop()
 
-    # Even the key-holding forger who turns encryption off gets no bytes out.
-    saved.restore()
-    forge_with_key(p, _table_edit("encryption-off"))
-    p.start()
-    read_fails_eio(p, 0, "encrypted blocks of a volume forged unencrypted", name="enc")
-    qemu_io_ok(p.uri("pl"), "read -P 0xf 0 64k")
+    # Even the key-holding forger cannot turn an encryption off (the volume's later
+    # writes would reach the disk as plaintext) or hide the encrypted volume behind a
+    # plaintext one of the same name: no command writes such a table, and import
+    # refuses it, naming the volume.
+    for kind, why in (("encryption-off", "encryption is off but holds key slots"),
+                      ("name-repeated", "repeats the name of another volume")):
+        saved.restore()
+        forge_with_key(p, _table_edit(kind))
+        serve_refused(p, rf"volume table: the record of volume 'enc' .*{why}",
+                      f"table edit {kind} with the key")
 
 
 def test_labels_downgraded_to_format_1(make_pool, tmp_path):

@@ -193,7 +193,48 @@ impl TableRecord {
                     "volume table failed authentication under the superblock's table key".into(),
                 )
             })?;
-        serde_json::from_slice(json).map_err(|e| Error::Corrupt(format!("volume table: {e}")))
+        let t: TableRecord = serde_json::from_slice(json)
+            .map_err(|e| Error::Corrupt(format!("volume table: {e}")))?;
+        t.check()?;
+        Ok(t)
+    }
+
+    /// What no sequence of commands could have written, refused as `Corrupt` (the table
+    /// authenticates under the pool key, which a forger may hold: it must not turn an
+    /// encrypted volume's later writes into plaintext or hide one volume behind another):
+    /// - two volumes with one name, id or uuid (the volumes are kept by name, so one would
+    ///   silently replace the other; a uuid is in the AAD of every block);
+    /// - a volume with encryption off that holds key slots or data keys (every volume is
+    ///   created encrypted or not for its whole life; a crypto-erase empties the slots of
+    ///   an encrypted volume, it never turns encryption off).
+    pub fn check(&self) -> Result<()> {
+        let mut names = std::collections::HashSet::new();
+        let mut ids = std::collections::HashSet::new();
+        let mut uuids = std::collections::HashSet::new();
+        for v in &self.volumes {
+            let damaged = |what: &str| {
+                Error::Corrupt(format!(
+                    "volume table: the record of volume '{}' (id {}) {what}: no command writes \
+                     that; the table was altered by someone holding the pool key, or damaged",
+                    v.name, v.id
+                ))
+            };
+            if !names.insert(v.name.as_str()) {
+                return Err(damaged("repeats the name of another volume"));
+            }
+            if !ids.insert(v.id) {
+                return Err(damaged("repeats the id of another volume"));
+            }
+            if !uuids.insert(v.uuid) {
+                return Err(damaged("repeats the uuid of another volume"));
+            }
+            if !v.encryption && (!v.slots.is_empty() || !v.data_keys.is_empty()) {
+                return Err(damaged(
+                    "says encryption is off but holds key slots or data keys",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -208,6 +249,80 @@ mod tests {
     /// or `Corrupt` for mutated JSON sealed under the right key (half the cases) or
     /// mutated ciphertext (the rest). Passphrase slots are only cost-checked here: a
     /// mutant inside the bounds would run Argon2 for real.
+    /// A table no command writes is refused at open, even sealed under the right key:
+    /// encryption off beside key slots or data keys, a name, id or uuid given twice.
+    #[test]
+    fn open_refuses_what_no_command_writes() {
+        let table_key = [7u8; 32];
+        let kf = Secret::KeyFile(Zeroizing::new([2; 32]));
+        let vol = |id: u64, name: &str, encryption: bool| {
+            let uuid = [id as u8; 16];
+            let vmk = wrap::new_data_key();
+            VolumeRecord {
+                id,
+                uuid,
+                name: name.into(),
+                size_bytes: 1 << 20,
+                block_size: 4096,
+                compression: Compression::Lz4,
+                encryption,
+                root: ptr_to_hex(&Blkptr::HOLE),
+                slots: if encryption {
+                    vec![wrap::wrap(&vmk, &kf, &uuid).unwrap()]
+                } else {
+                    vec![]
+                },
+                data_keys: if encryption {
+                    vec![crate::keys::ring::new_data_key(&vmk, &uuid, 1)]
+                } else {
+                    vec![]
+                },
+                rotation: None,
+                snapshots: vec![],
+                origin: None,
+                deferred: false,
+                description: String::new(),
+                readonly: false,
+                created: 0,
+                thick: false,
+            }
+        };
+        let open = |vols: Vec<VolumeRecord>| {
+            let mut t = TableRecord::empty();
+            t.volumes = vols;
+            TableRecord::open(&t.seal(&table_key), &table_key)
+        };
+        assert!(open(vec![vol(1, "enc", true), vol(2, "pl", false)]).is_ok());
+        // A crypto-erased volume: encrypted, no slots left.
+        let mut erased = vol(1, "enc", true);
+        erased.slots.clear();
+        assert!(open(vec![erased]).is_ok());
+
+        let refused = |vols: Vec<VolumeRecord>, why: &str| match open(vols) {
+            Err(Error::Corrupt(m)) => assert!(m.contains(why), "{m}"),
+            other => panic!("{why}: {:?}", other.map(|_| ())),
+        };
+        let mut off = vol(1, "enc", true);
+        off.encryption = false;
+        refused(vec![off.clone()], "encryption is off but holds key slots");
+        off.slots.clear();
+        refused(
+            vec![off],
+            "encryption is off but holds key slots or data keys",
+        );
+        refused(
+            vec![vol(1, "enc", true), vol(2, "enc", false)],
+            "repeats the name",
+        );
+        refused(
+            vec![vol(1, "a", true), vol(1, "b", false)],
+            "repeats the id",
+        );
+        let mut twin = vol(2, "b", false);
+        twin.uuid = [1; 16];
+        refused(vec![vol(1, "a", true), twin], "repeats the uuid");
+    }
+
     #[test]
     fn open_and_every_record_check_never_panic() {
         let table_key = [5u8; 32];
@@ -220,38 +335,42 @@ mod tests {
             t: 3,
             p: 1,
         };
-        let rec = |id: u64, size_bytes: u64, block_size: u32, encryption: bool| VolumeRecord {
-            id,
-            uuid,
-            name: format!("v{id}"),
-            size_bytes,
-            block_size,
-            compression: Compression::Lz4,
-            encryption,
-            root: ptr_to_hex(&Blkptr {
-                addr: [1 << 20, 2 << 20],
-                len: 900,
-                flags: 1,
-                ..Blkptr::HOLE
-            }),
-            slots: if encryption {
-                vec![wrap::wrap(&vmk, &kf, &uuid).unwrap(), slot_pp.clone()]
-            } else {
-                vec![]
-            },
-            data_keys: if encryption {
-                vec![crate::keys::ring::new_data_key(&vmk, &uuid, 1)]
-            } else {
-                vec![]
-            },
-            rotation: None,
-            snapshots: vec![],
-            origin: None,
-            deferred: false,
-            description: String::new(),
-            readonly: false,
-            created: 0,
-            thick: false,
+        // Every volume its own uuid, as `TableRecord::check` asks.
+        let rec = |id: u64, size_bytes: u64, block_size: u32, encryption: bool| {
+            let uuid = [id as u8; 16];
+            VolumeRecord {
+                id,
+                uuid,
+                name: format!("v{id}"),
+                size_bytes,
+                block_size,
+                compression: Compression::Lz4,
+                encryption,
+                root: ptr_to_hex(&Blkptr {
+                    addr: [1 << 20, 2 << 20],
+                    len: 900,
+                    flags: 1,
+                    ..Blkptr::HOLE
+                }),
+                slots: if encryption {
+                    vec![wrap::wrap(&vmk, &kf, &uuid).unwrap(), slot_pp.clone()]
+                } else {
+                    vec![]
+                },
+                data_keys: if encryption {
+                    vec![crate::keys::ring::new_data_key(&vmk, &uuid, 1)]
+                } else {
+                    vec![]
+                },
+                rotation: None,
+                snapshots: vec![],
+                origin: None,
+                deferred: false,
+                description: String::new(),
+                readonly: false,
+                created: 0,
+                thick: false,
+            }
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];
