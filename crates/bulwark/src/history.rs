@@ -143,15 +143,40 @@ fn history_table(records: &[&Entry]) -> String {
     ]);
     for r in records {
         t.row(vec![
-            r.field("time").to_string(),
-            r.field("event").to_string(),
-            r.field("client").to_string(),
-            r.field("volume").to_string(),
-            r.field("result").to_string(),
+            cell(r.field("time"), FIELD_CHARS),
+            cell(r.field("event"), FIELD_CHARS),
+            cell(r.field("client"), FIELD_CHARS),
+            cell(r.field("volume"), FIELD_CHARS),
+            cell(r.field("result"), FIELD_CHARS),
             short_detail(r.record.get("detail").unwrap_or(&Value::Null)),
         ]);
     }
     t.render("")
+}
+
+/// Widest field of a row but the detail, in characters: a volume or client name (at
+/// most 64 when made by a command; an NBD client may ask for any export name, and a
+/// refused one is logged as asked).
+const FIELD_CHARS: usize = 64;
+
+/// A field as one line of plain text for a terminal: control characters shown escaped
+/// (`\n`, `\u{1b}`: a name an NBD client sent must not start a forged line or move the
+/// cursor), cut to `max` characters with `...`.
+fn cell(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if out.chars().count() > max {
+        let cut: String = out.chars().take(max - 3).collect();
+        format!("{cut}...")
+    } else {
+        out
+    }
 }
 
 /// `key=value` pairs (strings unquoted, nested values as compact JSON); an
@@ -179,13 +204,7 @@ fn short_detail(detail: &Value) -> String {
         }
         v => v.to_string(),
     };
-    let text = text.replace(['\n', '\t'], " ");
-    if text.chars().count() > DETAIL_CHARS {
-        let cut: String = text.chars().take(DETAIL_CHARS - 3).collect();
-        format!("{cut}...")
-    } else {
-        text
-    }
+    cell(&text.replace(['\n', '\t'], " "), DETAIL_CHARS)
 }
 
 /// `--since`/`--until`: RFC 3339 (`2024-05-01T12:00:00Z`, `...+02:00`, a space
@@ -336,6 +355,30 @@ mod tests {
             "TIME                      EVENT          CLIENT  VOLUME  RESULT  DETAIL\n\
              2024-05-01T00:00:00.000Z  volume_create  owner   v       ok      size_bytes=16\n"
         );
+    }
+
+    /// An export name an NBD client sent is logged as sent (the JSON escapes it); the
+    /// table shows it escaped and cut, so it cannot add a forged line or colour the
+    /// terminal.
+    #[test]
+    fn names_from_clients_cannot_forge_lines_or_move_the_cursor() {
+        let forged = "zz\n2099-01-01T00:00:00.000Z  volume_destroy  owner  vm1  ok\u{1b}[31mRED";
+        let rec = serde_json::json!({"time": "2024-05-01T00:00:00.000Z", "event": "attach",
+            "client": "owner", "volume": forged, "result": "denied",
+            "detail": {"error": "no such export\u{1b}[0m"}});
+        let long = serde_json::json!({"time": "2024-05-01T00:00:01.000Z", "event": "attach",
+            "client": "owner", "volume": "n".repeat(300), "result": "denied"});
+        let log = format!("{rec}\n{long}\n");
+        let (records, warnings) = parse_log(&log);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let text = history_table(&records.iter().collect::<Vec<_>>());
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.contains(r"zz\n2099-01-01"), "{text}");
+        assert!(text.contains(r"export\u{1b}[0m"), "{text}");
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
+        assert!(widest < 250, "a 300-character name was not cut: {widest}");
+        assert!(text.contains(&format!("{}...", "n".repeat(FIELD_CHARS - 3))), "{text}");
     }
 
     #[test]
