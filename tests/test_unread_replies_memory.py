@@ -9,12 +9,18 @@ threads × 1 MiB): 8 MiB, as ARCHITECTURE.md documents. The daemon's RSS
 close it returns to near where it started. Before the bound was lowered
 from 128 MiB (and memory trimmed at close), every one of the 64 reads ran
 and its reply was held: ~1 GiB for these 16 connections, much of which
-stayed after they closed."""
+stayed after they closed.
+
+A second test: 16 connections each announce a WRITE of 32 MiB (the largest
+request the server advertises) and send 4 KiB of it. Each may hold what it
+sent plus 1 MiB that its buffer grows ahead of the bytes; before, each
+connection's buffer was zero-filled to the announced length at once, and
+the daemon grew by 33 MiB per connection (6.6 GB for 200 of them)."""
 
 import time
 
 from conftest import WAIT_TIMEOUT_S, qemu_io_ok, require_tools
-from rawunix import CMD_READ, attach, header
+from rawunix import CMD_READ, CMD_WRITE, attach, header
 
 MIB = 1 << 20
 CONNECTIONS = 16
@@ -86,4 +92,34 @@ def test_clients_that_never_read_replies_cost_bounded_memory(make_pool):
         f"RSS stayed at {after / MIB:.0f} MiB after the connections closed "
         f"(started at {before / MIB:.0f} MiB)")
     # And the daemon still serves.
+    qemu_io_ok(pool.uri("v"), "read -P 0x5c 0 1M", what="after")
+
+
+def test_clients_that_announce_large_writes_and_send_little_cost_little(make_pool):
+    require_tools("qemu-io")
+    pool = make_pool()
+    pool.create().start()
+    pool.create_volume("v", size="128M", encryption=False)
+    qemu_io_ok(pool.uri("v"), "write -P 0x5c 0 64M", "read -P 0x5c 0 64M", what="warm-up")
+    pid = pool.proc.pid
+    before = rss(pid)
+
+    announced = 32 * MIB
+    conns = []
+    for i in range(CONNECTIONS):
+        s, _ = attach(pool.nbd_socket, "v")
+        s.sendall(header(CMD_WRITE, 1, 0, announced) + bytes([0x77]) * 4096)
+        conns.append(s)
+    peak = settled_peak(pid)
+    grown = peak - before
+    # What each sent, the 1 MiB its buffer grows ahead, its read-ahead buffer.
+    bound = CONNECTIONS * 2 * MIB + OVERHEAD
+    print(f"RSS before {before / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB "
+          f"(+{grown / MIB:.0f} MiB for {CONNECTIONS} connections; bound {bound / MIB:.0f} MiB)")
+    assert grown <= bound, (f"RSS grew by {grown / MIB:.0f} MiB for {CONNECTIONS} connections "
+                            f"that each sent 4 KiB of a {announced // MIB} MiB write "
+                            f"(bound {bound / MIB:.0f} MiB)")
+    for s in conns:
+        s.close()
+    # Nothing of the unfinished writes was written, and the daemon still serves.
     qemu_io_ok(pool.uri("v"), "read -P 0x5c 0 1M", what="after")

@@ -842,6 +842,8 @@ fn data_bytes(req: &Request) -> usize {
 /// the next request's header read ahead; shorter ones come through the read-ahead
 /// buffer, several requests per system call.
 const PAYLOAD_DIRECT_BYTES: usize = 16 << 10;
+/// How far a fresh payload buffer grows ahead of the bytes that arrived (`payload`).
+const PAYLOAD_GROW_BYTES: usize = 1 << 20;
 
 /// The read side of a connection. Request headers (and short payloads) come through
 /// a read-ahead buffer, so a burst of small requests costs one system call. A long
@@ -956,10 +958,17 @@ impl<S: Read + Pending> RequestReader<S> {
     }
 
     /// Reads a payload of exactly `len` bytes into `data` (resized to `len`; a pooled
-    /// buffer of that size is not zero-filled again).
+    /// buffer of that size is not zero-filled again). A fresh buffer grows as the bytes
+    /// arrive, `PAYLOAD_GROW_BYTES` ahead of them at most: a client that sends a large
+    /// WRITE's header and then little of its payload makes the daemon hold (touch) only
+    /// what it sent, not the whole length it announced, on each of its connections.
     fn payload(&mut self, data: &mut Vec<u8>, len: usize) -> io::Result<()> {
-        data.resize(len, 0);
         let buffered = len.min(self.end - self.pos);
+        data.truncate(len);
+        let first = buffered.max(len.min(PAYLOAD_GROW_BYTES));
+        if data.len() < first {
+            data.resize(first, 0);
+        }
         data[..buffered].copy_from_slice(&self.buf[self.pos..self.pos + buffered]);
         self.pos += buffered;
         self.long = len >= PAYLOAD_DIRECT_BYTES;
@@ -978,14 +987,21 @@ impl<S: Read + Pending> RequestReader<S> {
         };
         let deadline = Some(self.deadline());
         while at < len {
-            let mut parts = [
-                IoSliceMut::new(&mut data[at..]),
-                IoSliceMut::new(&mut self.buf[..ahead]),
-            ];
+            if data.len() < len && data.len() < at + PAYLOAD_GROW_BYTES {
+                data.resize(len.min(at + PAYLOAD_GROW_BYTES), 0);
+            }
+            // What follows the payload goes to `buf`, once `data` reaches its end.
+            let last = data.len() == len;
+            let room = data.len() - at;
+            let (head, tail) = (
+                &mut data[at..],
+                &mut self.buf[..if last { ahead } else { 0 }],
+            );
+            let mut parts = [IoSliceMut::new(head), IoSliceMut::new(tail)];
             match read_by(&mut self.sock, &mut parts, deadline, self.timeout) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
-                    let into_data = n.min(len - at);
+                    let into_data = n.min(room);
                     at += into_data;
                     self.end = n - into_data;
                 }
