@@ -64,6 +64,12 @@ def test_key_erase(pool, tmp_path):
     for opt, f in (("--key-file", key), ("--passphrase-file", pw)):
         assert_one_line_error(pool.cli("key", "load", "e", opt, f, check=False), ERASED,
                               f"key load {opt} after erase")
+    # Every command that needs the key says the keys were erased, not "load its key"
+    # (which `key load` then refuses).
+    for cmd in (["key", "add", "e", "--passphrase-file", pw], ["key", "rotate", "e"],
+                ["image", "export", "e", str(tmp_path / "e.raw")]):
+        r = pool.cli(*cmd, check=False)
+        assert_one_line_error(r, ERASED + r".*destroy it", " ".join(cmd[:2]) + " after erase")
     # One vocabulary in both tables: KEY says erased.
     for table in (pool.cli("status").stdout, pool.cli("volume", "list").stdout):
         row = next(l.split() for l in table.splitlines() if l.split()[:1] == ["e"])

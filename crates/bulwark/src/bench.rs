@@ -226,9 +226,7 @@ fn volume_target(dir: &Path, name: &str, force: bool) -> Result<Target> {
             ))
         })?;
     if v.locked {
-        return Err(Error::msg(format!(
-            "volume '{name}' is locked: load its key first ('bulwark key load {name} --key-file PATH')"
-        )));
+        return Err(Error::msg(crate::control::locked_message(v)));
     }
     let mut reasons = Vec::new();
     if v.used_bytes > 0 {

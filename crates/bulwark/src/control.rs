@@ -517,6 +517,23 @@ impl KeyStatus {
     }
 }
 
+/// What a command that needs an encrypted volume's key says when it is not loaded: load
+/// it, or, once its keys were erased (no slot left), that nothing opens it.
+pub fn locked_message(v: &VolumeStatus) -> String {
+    let name = &v.name;
+    if v.key_slots == 0 {
+        format!(
+            "the keys of volume '{name}' were erased: its data is unrecoverable with any \
+             secret; destroy it ('bulwark volume destroy {name}')"
+        )
+    } else {
+        format!(
+            "volume '{name}' is locked: load its key first ('bulwark key load {name} \
+             --key-file PATH' or '--passphrase-file PATH')"
+        )
+    }
+}
+
 /// One row of `volume_list` (and `volume_create`'s result): the engine's fields plus key status.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VolumeEntry {

@@ -478,10 +478,7 @@ fn export(dir: &Path, args: &ImageExportArgs) -> Result<()> {
         .find(|v| v.volume.name == volume)
         .ok_or_else(|| Error::msg(format!("no volume named {volume}")))?;
     if entry.key_status == KeyStatus::Unavailable {
-        return Err(Error::msg(format!(
-            "volume {volume} is locked: load its key first (bulwark key load {volume} \
-             --key-file PATH or --passphrase-file PATH)"
-        )));
+        return Err(Error::msg(crate::control::locked_message(&entry.volume)));
     }
     if let Some(s) = &snap {
         let snaps: Vec<SnapshotStatus> = client.call_typed(&Request::SnapshotList {

@@ -333,7 +333,7 @@ impl Core {
         self.store.check_poisoned()?;
         let st = self.find(name)?;
         if st.encryption && st.ring.read().is_none() {
-            return Err(Error::Locked(name.to_string()));
+            return Err(st.locked());
         }
         Ok(Arc::new(Volume::new(self.store.clone(), self.clone(), st)))
     }

@@ -229,7 +229,7 @@ impl Core {
             .vmk
             .lock()
             .clone()
-            .ok_or_else(|| Error::Locked(name.to_string()))?;
+            .ok_or_else(|| st.locked())?;
         let seen = self.live_slots(&st)?;
         if !Self::slots_opened_by(&st, &seen, secret)?.is_empty() {
             return Err(Self::already_opens(name));

@@ -55,7 +55,7 @@ impl Core {
             .vmk
             .lock()
             .clone()
-            .ok_or_else(|| Error::Locked(name.to_string()))?;
+            .ok_or_else(|| st.locked())?;
         let current = st.rotation.lock().clone();
         if let Some(r) = current {
             if r.error.is_none() && st.rotation_worker.running() {
@@ -300,7 +300,7 @@ impl Core {
                 .vmk
                 .lock()
                 .clone()
-                .ok_or_else(|| Error::Locked(st.name.clone()))?;
+                .ok_or_else(|| st.locked())?;
             // Snapshots still hold blocks under the older keys: those stay until a rotation
             // finishes with no snapshot left.
             let snapshots = st.snaps.read().iter().filter(|s| !s.base).count();

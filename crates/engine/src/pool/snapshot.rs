@@ -525,7 +525,7 @@ impl Core {
                     .vmk
                     .lock()
                     .clone()
-                    .ok_or_else(|| Error::Locked(volume.to_string()))?;
+                    .ok_or_else(|| st.locked())?;
                 let origin_keys = st.data_keys.lock().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
                 let mut k = super::keys::new_volume_keys(secret, &uuid, self.store.run_salt)?;
@@ -720,7 +720,7 @@ impl Core {
         self.store.check_poisoned()?;
         let st = self.find(volume)?;
         if st.encryption && st.ring.read().is_none() {
-            return Err(Error::Locked(volume.to_string()));
+            return Err(st.locked());
         }
         position(&st.snaps.read(), volume, name)?;
         Ok(Arc::new(Volume::snapshot_view(

@@ -173,6 +173,20 @@ pub struct VolumeState {
 }
 
 impl VolumeState {
+    /// Why this encrypted volume cannot be used without its key: locked (`key load`
+    /// opens it), or its keys were erased (nothing opens it: `key load` would only say so).
+    pub fn locked(&self) -> Error {
+        if self.slots.lock().is_empty() {
+            Error::Invalid(format!(
+                "the keys of volume '{}' were erased: its data is unrecoverable with any \
+                 secret; destroy it ('bulwark volume destroy {}')",
+                self.name, self.name
+            ))
+        } else {
+            Error::Locked(self.name.clone())
+        }
+    }
+
     pub fn new(
         id: u64,
         uuid: [u8; 16],
@@ -414,7 +428,7 @@ impl Volume {
     fn ring(&self) -> Result<Option<Arc<KeyRing>>> {
         let ring = self.st.ring.read().clone();
         if self.st.encryption && ring.is_none() {
-            return Err(Error::Locked(self.st.name.clone()));
+            return Err(self.st.locked());
         }
         Ok(ring)
     }
