@@ -720,6 +720,8 @@ def test_rollback(make_pool, tmp_path, seed):
         cli_refused(pool, "volume", "rollback", "--destroy-newer", "rb@r1", mentions=("in use",))
         assert snap_names(pool, "rb") == ["rb@r1", "rb@r2"], "a refused rollback destroyed a snapshot"
         assert sh.read(0, 512 * KiB) == img.freeze()[:512 * KiB], "a refused rollback changed the volume"
+        # A snapshot that does not exist is named as such, not as a volume in use.
+        cli_refused(pool, "volume", "rollback", "rb@nosuch", mentions=("rb@nosuch", "does not exist"))
     pool.wait_detached("rb")
 
     # Clients reading snapshots are not clients of the volume: a rollback to the

@@ -618,9 +618,17 @@ impl Daemon {
                 snapshot,
                 destroy_newer,
             } => {
+                // A snapshot that does not exist is said at once, not after waiting for the
+                // volume's clients to go.
+                let all = pool.snapshot_list(Some(&volume))?;
+                if !all.iter().any(|s| s.snapshot == snapshot) {
+                    return Err(bulwark_engine::Error::NotFound(format!(
+                        "snapshot '{volume}@{snapshot}' does not exist"
+                    ))
+                    .into());
+                }
                 self.refuse_if_attached(&volume).await?;
                 if destroy_newer {
-                    let all = pool.snapshot_list(Some(&volume)).unwrap_or_default();
                     let newer = all.iter().skip_while(|s| s.snapshot != snapshot).skip(1);
                     for s in newer {
                         self.refuse_if_attached(&s.name).await?;
