@@ -771,7 +771,9 @@ def test_holds_and_recursive_destroy(make_pool, tmp_path):
     assert snap_names(pool, "h") == ["h@a", "h@b"], snapshots(pool, "h")
 
     pool.cli("snapshot", "hold", "h@a", "backup")
-    pool.cli("snapshot", "hold", "h@a", "legal")
+    # zfs's order (`zfs hold TAG SNAP`) is taken too.
+    r = pool.cli("snapshot", "hold", "legal", "h@a")
+    assert r.stdout == "held h@a (legal)\n", r.stdout
     assert snapshots(pool, "h")[0]["holds"] == ["backup", "legal"], snapshots(pool, "h")
     cli_refused(pool, "snapshot", "hold", "h@a", "backup", mentions=("backup",))
     cli_refused(pool, "snapshot", "destroy", "h@a", mentions=("held", "backup"))

@@ -1030,9 +1030,10 @@ pub enum SnapshotCommand {
     List(SnapshotListArgs),
     /// Destroy a snapshot and free what only it holds (refused while held or attached).
     Destroy(SnapshotNameArgs),
-    /// Keep a snapshot from being destroyed until the hold TAG is released.
+    /// Keep a snapshot from being destroyed until the hold TAG is released
+    /// (`zfs hold`'s order, TAG VOL@SNAP, is taken too).
     Hold(SnapshotTagArgs),
-    /// Release the hold TAG on a snapshot.
+    /// Release the hold TAG on a snapshot (TAG VOL@SNAP is taken too).
     Release(SnapshotTagArgs),
 }
 

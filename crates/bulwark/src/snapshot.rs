@@ -68,8 +68,15 @@ fn destroy(dir: &Path, args: &SnapshotNameArgs) -> Result<()> {
 }
 
 fn hold(dir: &Path, args: &SnapshotTagArgs, hold: bool) -> Result<()> {
-    let (volume, snapshot) = split(&args.snapshot)?;
-    let tag = args.tag.clone();
+    // `zfs hold TAG SNAP` puts the tag first: taken too, as a tag never holds '@'.
+    let (name, tag) = if !args.snapshot.contains('@') && args.tag.contains('@') {
+        (&args.tag, &args.snapshot)
+    } else {
+        (&args.snapshot, &args.tag)
+    };
+    let (volume, snapshot) = split(name)?;
+    let shown = format!("held {name} ({tag})\n");
+    let tag = tag.clone();
     let request = if hold {
         Request::SnapshotHold {
             volume,
@@ -84,8 +91,11 @@ fn hold(dir: &Path, args: &SnapshotTagArgs, hold: bool) -> Result<()> {
         }
     };
     Client::connect(dir)?.call(&request)?;
-    let verb = if hold { "held" } else { "released" };
-    print(&format!("{verb} {} ({})\n", args.snapshot, args.tag))
+    print(&if hold {
+        shown
+    } else {
+        shown.replacen("held", "released", 1)
+    })
 }
 
 /// `volume rollback VOL@SNAP [--destroy-newer]`.
