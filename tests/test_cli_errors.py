@@ -61,6 +61,13 @@ def test_volume_and_key_errors(pool, tmp_path):
     key = make_key_file(tmp_path / "k")
     cases = [
         ("bad size", ["volume", "create", "v1", "--size", "12Q", "--key-file", key], r"size|12Q"),
+        # The number the user typed is named, never one cut from it.
+        ("fraction of a byte", ["volume", "create", "v1", "--size", "1.5", "--key-file", key],
+         r"'1\.5': not a whole number of bytes"),
+        ("negative size", ["volume", "create", "v1", "--size", "-1", "--key-file", key],
+         r"invalid size '-1'"),
+        ("size past 1E", ["volume", "create", "v1", "--size", "2E", "--key-file", key],
+         r"volume size 2E .*use 1 block to 1E"),
         ("bad block size", ["volume", "create", "v1", "--size", "64M", "--block-size", "3000",
                             "--key-file", key], r"block"),
         ("encrypted without a key", ["volume", "create", "v1", "--size", "64M"], r"key|passphrase"),

@@ -456,7 +456,7 @@ pub struct ObjectStoreArgs {
     /// segments of client data the store holds are given back locally and read from the
     /// store (ranged GETs) from then on; map nodes always stay. With 'pool import
     /// --object-store', only the metadata is downloaded. [default: keep everything]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub object_store_cache_size: Option<u64>,
 }
 
@@ -623,7 +623,7 @@ pub struct PoolCreateArgs {
     pub devices: Option<usize>,
 
     /// Size of each device file to create in DIR (e.g. 256M, 10G).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, conflicts_with = "device")]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true, conflicts_with = "device")]
     pub device_size: Option<u64>,
 
     /// Use an existing file or block device (repeat for several).
@@ -689,7 +689,7 @@ pub struct ServeArgs {
     pub nbd_plaintext: bool,
 
     /// Bound on the block-map cache (e.g. 256M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub cache_size: Option<u64>,
 
     /// Use this cache device (copies of hot records) for this run, in place of the one
@@ -954,7 +954,7 @@ pub struct VolumeResizeArgs {
     /// Volume name.
     pub name: String,
     /// The new size (e.g. 20G), a whole number of the volume's blocks.
-    #[arg(value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub size: u64,
     /// Allow the new size to be smaller (only when nothing is stored past it).
     #[arg(long)]
@@ -1148,7 +1148,7 @@ pub struct VolumeCreateArgs {
     pub name: String,
 
     /// Size of the virtual disk (e.g. 10G).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub size: u64,
 
     /// Reserve the volume's full size in the pool now (refused when the pool cannot hold
@@ -1501,7 +1501,7 @@ pub struct BenchArgs {
     pub runtime: u64,
 
     /// Size of the region measured, from offset 0 [default: the whole export, at most 2G].
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, allow_hyphen_values = true)]
     pub size: Option<u64>,
 
     /// Skip the sequential fill pass (only when the region is already written).

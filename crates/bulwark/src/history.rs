@@ -378,7 +378,10 @@ mod tests {
         assert!(text.contains(r"export\u{1b}[0m"), "{text}");
         let widest = text.lines().map(|l| l.chars().count()).max().unwrap();
         assert!(widest < 250, "a 300-character name was not cut: {widest}");
-        assert!(text.contains(&format!("{}...", "n".repeat(FIELD_CHARS - 3))), "{text}");
+        assert!(
+            text.contains(&format!("{}...", "n".repeat(FIELD_CHARS - 3))),
+            "{text}"
+        );
     }
 
     #[test]

@@ -7,13 +7,12 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let bad = || {
         Error::Invalid(format!(
-            "invalid size '{text}': expected a number with an optional K, M, G or T suffix"
+            "invalid size '{text}': expected a whole number of bytes with an optional K, M, G, T, P or E suffix"
         ))
     };
     let too_large = || {
         Error::Invalid(format!(
-            "invalid size '{text}': too large (the largest is {})",
-            format_size(u64::MAX)
+            "invalid size '{text}': too large (sizes stop below 16E, 2^64 bytes)"
         ))
     };
     let t = t
@@ -44,6 +43,11 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let v = f * (1u64 << shift) as f64;
     if v >= u64::MAX as f64 {
         return Err(too_large());
+    }
+    if v.fract() != 0.0 {
+        return Err(Error::Invalid(format!(
+            "invalid size '{text}': not a whole number of bytes ({v} bytes)"
+        )));
     }
     Ok(v as u64)
 }
@@ -80,6 +84,13 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("-1").is_err());
+        // A fraction of a byte is not cut off to a number the user never typed.
+        let e = parse_size("1.5").unwrap_err().to_string();
+        assert!(
+            e.contains("'1.5'") && e.contains("whole number of bytes"),
+            "{e}"
+        );
+        assert_eq!(parse_size("0.5K").unwrap(), 512);
         assert_eq!(format_size(1536 << 20), "1.50G");
         assert_eq!(format_size(0), "0");
         assert_eq!(parse_size("1E").unwrap(), 1 << 60);

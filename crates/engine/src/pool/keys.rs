@@ -225,11 +225,7 @@ impl Core {
     /// every place a secret opens the volume.
     pub fn key_add(&self, name: &str, secret: &Secret) -> Result<usize> {
         let st = self.encrypted(name)?;
-        let vmk = st
-            .vmk
-            .lock()
-            .clone()
-            .ok_or_else(|| st.locked())?;
+        let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
         let seen = self.live_slots(&st)?;
         if !Self::slots_opened_by(&st, &seen, secret)?.is_empty() {
             return Err(Self::already_opens(name));

@@ -51,11 +51,7 @@ impl Core {
                 "volume '{name}' is not encrypted; it has no keys"
             )));
         }
-        let vmk = st
-            .vmk
-            .lock()
-            .clone()
-            .ok_or_else(|| st.locked())?;
+        let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
         let current = st.rotation.lock().clone();
         if let Some(r) = current {
             if r.error.is_none() && st.rotation_worker.running() {
@@ -296,11 +292,7 @@ impl Core {
             .map(|r| r.to_generation)
             .unwrap_or(0);
         {
-            let vmk = st
-                .vmk
-                .lock()
-                .clone()
-                .ok_or_else(|| st.locked())?;
+            let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
             // Snapshots still hold blocks under the older keys: those stay until a rotation
             // finishes with no snapshot left.
             let snapshots = st.snaps.read().iter().filter(|s| !s.base).count();

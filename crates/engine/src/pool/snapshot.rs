@@ -521,11 +521,7 @@ impl Core {
         let keys = match secret {
             None => None,
             Some(secret) => {
-                let from_vmk = st
-                    .vmk
-                    .lock()
-                    .clone()
-                    .ok_or_else(|| st.locked())?;
+                let from_vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
                 let origin_keys = st.data_keys.lock().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
                 let mut k = super::keys::new_volume_keys(secret, &uuid, self.store.run_salt)?;

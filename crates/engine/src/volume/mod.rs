@@ -62,8 +62,10 @@ impl VolumeOptions {
         }
         if self.size_bytes == 0 || self.size_bytes > VOLUME_BYTES_MAX {
             return Err(Error::Invalid(format!(
-                "invalid volume size {}: use 1 block to 1 EiB",
-                self.size_bytes
+                "invalid volume size {} ({} bytes): use 1 block to {}",
+                crate::size::format_size(self.size_bytes),
+                self.size_bytes,
+                crate::size::format_size(VOLUME_BYTES_MAX)
             )));
         }
         if self.size_bytes % bs as u64 != 0 {
