@@ -742,6 +742,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut live = vec![0u32; segments];
     let footprint = |len: usize| store.red.footprint(len);
     let mut complete = true;
+    // Ranges of volumes (or `VOL@SNAP`) under a map node no copy of which verifies: listed
+    // in `status` at once, as a scrub would list them, not only after one.
+    let mut map_errors: Vec<super::scrub::DataError> = Vec::new();
     let count = |p: &Blkptr, live: &mut Vec<u32>| {
         for &a in p.addrs() {
             if let Some(l) = live.get_mut(segment_of(a) as usize) {
@@ -870,10 +873,31 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     .collect(),
             };
             let mut added = 0u64;
+            let tree_name = match f.snaps.get(k) {
+                Some(s) if !s.base => Some(format!("{}@{}", rec.name, s.name)),
+                Some(_) => None,
+                None => Some(rec.name.clone()),
+            };
             walked = t.walk_unique(&store, &store.cache, &prev, &mut |v| {
                 match v {
-                    Visit::Unreadable { error, .. } => {
-                        return Err(Error::Corrupt(error.to_string()))
+                    Visit::Unreadable {
+                        error,
+                        level,
+                        index,
+                    } => {
+                        if let Some(name) = &tree_name {
+                            let bs = rec.block_size as u64;
+                            let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                            let offset = (index * span * bs).min(rec.size_bytes);
+                            map_errors.push(super::scrub::DataError {
+                                volume: name.clone(),
+                                offset,
+                                length: (span * bs).min(rec.size_bytes - offset),
+                                kind: super::scrub::DataErrorKind::Map,
+                                seen_epoch: 0,
+                            });
+                        }
+                        return Err(Error::Corrupt(error.to_string()));
                     }
                     Visit::Node { ptr, .. } => {
                         store.red.check_record(ptr.addrs(), ptr.len as usize)?;
@@ -941,6 +965,16 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         seconds = format!("{:.2}", walk_started.elapsed().as_secs_f64()),
         "space accounting rebuilt: every block map walked"
     );
+    let mut errors = table.errors.clone();
+    for mut e in map_errors {
+        if !errors
+            .iter()
+            .any(|x| (&x.volume, x.offset, x.length) == (&e.volume, e.offset, e.length))
+        {
+            e.seen_epoch = table.scrub.epoch;
+            errors.push(e);
+        }
+    }
     // The separate log devices the superblock names, found among pool.json's by label.
     let logdev = if newest.log_devices.is_empty() {
         for p in conf.resolve_log(dir) {
@@ -1334,8 +1368,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         allow_faults: opts.allow_fault_injection,
         table_key_next: Mutex::new(None),
         scrub: Mutex::new(table.scrub.clone()),
-        errors: Mutex::new(table.errors.clone()),
-        errors_listed: AtomicBool::new(!table.errors.is_empty()),
+        errors: Mutex::new(errors.clone()),
+        errors_listed: AtomicBool::new(!errors.is_empty()),
         scrub_running: AtomicBool::new(false),
         scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
         commit_interval: opts.commit_interval,
