@@ -139,3 +139,21 @@ def test_front_labels_of_every_device_zeroed(make_pool, tmp_path, seed, layout):
             for off in SLOT_OFFSETS:
                 f.seek(off)
                 assert any(f.read(SLOT)), f"{d}: front label slot at {off} still zero"
+
+
+def test_every_label_slot_wiped_is_said_so(make_pool):
+    """With all four label slots of a pool's only device zeroed, `serve` says every slot
+    is damaged or wiped (it counted "0 slots altered or damaged", which reads as no
+    damage at all)."""
+    pool = make_pool(layout="single", devices=1, device_size="64M").create().start()
+    (victim,) = pool.device_paths()
+    pool.stop()
+    with open(victim, "r+b") as f:
+        for off in label_slots(victim):
+            f.seek(off)
+            f.write(bytes(SLOT))
+    r = pool.bulwark("serve", pool.dir, check=False, timeout=60)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "every label slot (two at each device's start, two at its end) is damaged or wiped" \
+        in r.stderr, r.stderr
+    assert "panicked" not in r.stderr, r.stderr

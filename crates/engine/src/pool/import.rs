@@ -277,7 +277,12 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
     let mut buf = vec![0u8; SUPERBLOCK_BYTES];
     for p in listed {
         let Ok(d) = FileDevice::open(p) else { continue };
-        for off in SUPERBLOCK_SLOT_OFFSETS {
+        let back = best_superblock(&d, None, Check::Unkeyed)
+            .map(|sb| back_region_of(&sb))
+            .or_else(|| find_back_region(&d, Check::Unkeyed, true));
+        let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
+        offsets.extend(back.iter().flat_map(|b| SUPERBLOCK_SLOT_OFFSETS.map(|o| b + o)));
+        for off in offsets {
             if d.read_at(&mut buf, off).is_err() {
                 continue;
             }
@@ -292,7 +297,12 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
             }
         }
     }
-    if wrong_key > 0 && altered == 0 {
+    if wrong_key == 0 && altered == 0 {
+        Error::Corrupt(format!(
+            "no label of pool {pool_id} on {listed:?} can be read: every label slot (two at \
+             each device's start, two at its end) is damaged or wiped"
+        ))
+    } else if wrong_key > 0 && altered == 0 {
         Error::Invalid(format!(
             "no label of pool {pool_id} matches pool.key: it is another pool's key (restore \
              this pool's from your backup)"
