@@ -157,3 +157,18 @@ def test_every_label_slot_wiped_is_said_so(make_pool):
     assert "every label slot (two at each device's start, two at its end) is damaged or wiped" \
         in r.stderr, r.stderr
     assert "panicked" not in r.stderr, r.stderr
+
+
+def test_a_device_copied_over_another_is_named(make_pool):
+    """mirror:2 with dev1 overwritten by a copy of dev0 (both carry member 0's label): the
+    pool runs DEGRADED on one, and the log says why member 1 is missing (it said only
+    that it was missing, naming a file that is there)."""
+    import shutil
+    pool = make_pool(layout="mirror:2", devices=2, device_size="64M").create().start()
+    d0, d1 = pool.device_paths()
+    pool.stop()
+    shutil.copyfile(d0, d1)
+    pool.start()
+    assert pool.status()["state"] == "DEGRADED"
+    log = pool.log_path.read_text()
+    assert "carry the same member's label (one is a copy of the other)" in log, pool.log_tail()

@@ -281,7 +281,10 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
             .map(|sb| back_region_of(&sb))
             .or_else(|| find_back_region(&d, Check::Unkeyed, true));
         let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
-        offsets.extend(back.iter().flat_map(|b| SUPERBLOCK_SLOT_OFFSETS.map(|o| b + o)));
+        offsets.extend(
+            back.iter()
+                .flat_map(|b| SUPERBLOCK_SLOT_OFFSETS.map(|o| b + o)),
+        );
         for off in offsets {
             if d.read_at(&mut buf, off).is_err() {
                 continue;
@@ -549,6 +552,23 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut faults: Vec<Option<Arc<FaultyDevice>>> = Vec::new();
     let mut stale: Vec<String> = Vec::new();
     let mut paths_changed = false;
+    // Two devices with one member's label: a `cp` or `dd` of one over the other. One is
+    // used as that member; the other member is then missing, and the copy is why.
+    let copies: String = found
+        .iter()
+        .enumerate()
+        .filter_map(|(k, f)| {
+            let first = found[..k]
+                .iter()
+                .find(|g| g.sb.device_id == f.sb.device_id)?;
+            Some(format!(
+                "; {} and {} carry the same member's label (one is a copy of the other), and \
+                 only one of them is used",
+                first.path.display(),
+                f.path.display()
+            ))
+        })
+        .collect();
     for (i, id) in newest.member_ids.iter().enumerate() {
         let pos = found.iter().position(|f| &f.sb.device_id == id);
         match pos {
@@ -602,13 +622,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     .unwrap_or_else(|| PathBuf::from(format!("<member {i}>")));
                 if newest.layout == crate::redundancy::Layout::Single {
                     return Err(Error::NotFound(format!(
-                        "device {} (member {i} of {}) is missing; a single-layout pool cannot run without it",
+                        "device {} (member {i} of {}) is missing; a single-layout pool cannot run without it{copies}",
                         guess.display(),
                         newest.member_count
                     )));
                 }
                 tracing::warn!(
-                    "device {} (member {i}) is missing: the pool is DEGRADED",
+                    "device {} (member {i}) is missing: the pool is DEGRADED{copies}",
                     guess.display()
                 );
                 faults.push(None);
