@@ -55,6 +55,9 @@ def test_daemon_not_running(make_pool):
     assert_one_line_error(r, "status on a directory that is no pool", r"no pool directory|no bulwark pool")
     r = p.bulwark("--pool", p.tmp / "empty", "status", check=False)
     assert_one_line_error(r, "status on an empty directory", r"no bulwark pool in .*empty")
+    (p.tmp / "empty" / "dev0.img").write_bytes(b"")
+    r = p.bulwark("--pool", p.tmp / "empty" / "dev0.img", "volume", "list", check=False)
+    assert_one_line_error(r, "--pool naming a file", r"dev0\.img is not a pool directory but a file")
 
 
 def test_volume_and_key_errors(pool, tmp_path):

@@ -66,6 +66,13 @@ impl Client {
     pub fn connect(dir: &Path) -> Result<Client> {
         let path = control::control_socket_path(dir);
         let stream = UnixStream::connect(&path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound | ErrorKind::NotADirectory if dir.exists() && !dir.is_dir() => {
+                Error::msg(format!(
+                    "{} is not a pool directory but a file (give the directory the pool was \
+                     created in, with --pool DIR or BULWARK_POOL, not one of its devices)",
+                    dir.display()
+                ))
+            }
             ErrorKind::NotFound if !dir.is_dir() => Error::msg(format!(
                 "no pool directory {} (give the directory the pool was created in, with \
                  --pool DIR or BULWARK_POOL)",

@@ -449,11 +449,17 @@ pub fn overcommit_line(space: &SpaceStatus) -> Option<String> {
     if space.usable_bytes == 0 || space.provisioned_bytes <= space.usable_bytes {
         return None;
     }
+    let ratio = space.provisioned_bytes as f64 / space.usable_bytes as f64;
+    // Past 1000x the exact ratio says nothing more (a 10T thin volume on a small pool).
+    let ratio = if ratio >= 1000.0 {
+        "over 1000x".to_string()
+    } else {
+        format!("{ratio:.1}x")
+    };
     Some(format!(
-        "provisioned {} on {} usable: {:.1}x overcommitted",
+        "provisioned {} on {} usable: {ratio} overcommitted",
         format_size(space.provisioned_bytes),
         format_size(space.usable_bytes),
-        space.provisioned_bytes as f64 / space.usable_bytes as f64
     ))
 }
 
@@ -993,6 +999,15 @@ mod tests {
         assert!(
             text.contains("provisioned 600M on 200M usable: 3.0x overcommitted\n"),
             "{text}"
+        );
+        let huge = SpaceStatus {
+            provisioned_bytes: 10 << 40,
+            usable_bytes: 200 << 20,
+            ..SpaceStatus::default()
+        };
+        assert_eq!(
+            overcommit_line(&huge).unwrap(),
+            "provisioned 10T on 200M usable: over 1000x overcommitted"
         );
         assert!(text.contains(" unavailable "), "{text}");
         assert!(text.ends_with("errors: No known data errors\n"));
