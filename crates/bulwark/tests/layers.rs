@@ -219,7 +219,8 @@ const ENGINE: Table = Table {
                 "redundancy",
             ],
         ),
-        // Byte-addressed reads and writes of one volume, through the store only.
+        // Byte-addressed reads and writes of one volume, through the store only (`size`:
+        // sizes in its messages).
         (
             "volume",
             &[
@@ -229,6 +230,7 @@ const ENGINE: Table = Table {
                 "keys",
                 "log",
                 "map",
+                "size",
                 "store",
             ],
         ),
