@@ -481,6 +481,24 @@ impl Core {
         let tree_id = v.tree.lock().id;
         let mut lo = 0;
         while lo < blocks {
+            // Chunks wholly in holes are stepped over, not walked one by one (a thin
+            // volume of 1E would hold the commit lock for 2^36 of them). From cached nodes
+            // only: on a miss the chunk is walked, which loads what it lacks.
+            let skip_to = {
+                let cached = CachedOnly {
+                    misses: RefCell::new(Vec::new()),
+                };
+                v.tree
+                    .lock()
+                    .next_mapped(&cached, &self.store.cache, lo, blocks)
+                    .unwrap_or(lo)
+            };
+            // Chunks start at multiples of the chunk (upper nodes are touched once, by
+            // the chunk that starts where they do).
+            lo = lo.max(skip_to / WALK_CHUNK_BLOCKS * WALK_CHUNK_BLOCKS);
+            if lo >= blocks {
+                break;
+            }
             let hi = (lo + WALK_CHUNK_BLOCKS).min(blocks);
             let found = moves.len();
             let mut tries = 0;

@@ -289,8 +289,14 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
             if d.read_at(&mut buf, off).is_err() {
                 continue;
             }
-            let Ok(Some(sb)) = Superblock::decode(&buf, Check::Unkeyed) else {
-                continue;
+            let sb = match Superblock::decode(&buf, Check::Unkeyed) {
+                Ok(Some(sb)) => sb,
+                // A label's magic, but fields no bulwark writes: altered or damaged.
+                Err(_) => {
+                    altered += 1;
+                    continue;
+                }
+                Ok(None) => continue,
             };
             // A format 1 label in a pool that has a key was written without it.
             if sb.format == super::superblock::VERSION_1 || Superblock::key_matches(&buf, key) {

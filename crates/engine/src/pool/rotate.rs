@@ -236,25 +236,26 @@ impl Core {
             if rot.lba >= blocks {
                 break;
             }
-            let hi = (rot.lba + ROTATE_BATCH_BLOCKS).min(blocks);
+            // Holes are stepped over, not walked a batch at a time (a thin volume of 1E).
             let mut old: Vec<u64> = Vec::new();
-            st.tree
-                .lock()
-                .walk(&*self.store, &self.store.cache, rot.lba, hi, &mut |v| {
-                    match v {
-                        Visit::Data { lba, ptr }
-                            if ptr.flags & FLAG_ENCRYPTED != 0
-                                && ptr.key_gen != rot.to_generation =>
-                        {
-                            old.push(lba)
-                        }
-                        Visit::Unreadable { error, .. } => {
-                            return Err(Error::Corrupt(format!("key rotation: {error}")))
-                        }
-                        _ => {}
+            let tree = st.tree.lock();
+            let start = tree.next_mapped(&*self.store, &self.store.cache, rot.lba, blocks)?;
+            let hi = (start + ROTATE_BATCH_BLOCKS).min(blocks);
+            tree.walk(&*self.store, &self.store.cache, start, hi, &mut |v| {
+                match v {
+                    Visit::Data { lba, ptr }
+                        if ptr.flags & FLAG_ENCRYPTED != 0 && ptr.key_gen != rot.to_generation =>
+                    {
+                        old.push(lba)
                     }
-                    Ok(())
-                })?;
+                    Visit::Unreadable { error, .. } => {
+                        return Err(Error::Corrupt(format!("key rotation: {error}")))
+                    }
+                    _ => {}
+                }
+                Ok(())
+            })?;
+            drop(tree);
             // A batch that fails leaves the cursor before it: the blocks it rewrote are
             // under the new generation and are skipped when it is tried again.
             let mut done = 0u64;

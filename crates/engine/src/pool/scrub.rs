@@ -424,6 +424,16 @@ impl Core {
                     break;
                 }
                 let batch_start = Instant::now();
+                // Batches wholly in holes are stepped over (a thin volume of 1E is 2^36
+                // batches), batches starting at multiples of the batch as before.
+                let next =
+                    v.tree
+                        .lock()
+                        .next_mapped(&*self.store, &self.store.cache, lba, blocks)?;
+                lba = lba.max(next / SCRUB_BATCH_BLOCKS * SCRUB_BATCH_BLOCKS);
+                if lba >= blocks {
+                    break;
+                }
                 let hi = (lba + SCRUB_BATCH_BLOCKS).min(blocks);
                 let mut data: Vec<(u64, Blkptr)> = Vec::new();
                 let mut batch_bytes = 0u64;
