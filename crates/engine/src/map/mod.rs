@@ -391,13 +391,9 @@ impl Tree {
     ) -> Result<Option<NodeRef<'_>>> {
         let mut ptr = self.root;
         for level in (0..self.depth).rev() {
-            let index = node_index(lba, level);
-            let node = match self.dirty.get(&(level, index)) {
-                Some(n) => NodeRef::Dirty(n),
-                None => match self.get(store, cache, level, index, &ptr)? {
-                    Some(n) => NodeRef::Clean(n),
-                    None => return Ok(None),
-                },
+            let Some(node) = self.node_at(store, cache, level, node_index(lba, level), &ptr)?
+            else {
+                return Ok(None);
             };
             if level == 0 {
                 return Ok(Some(node));
@@ -424,18 +420,12 @@ impl Tree {
         'next: while lba < end {
             let mut ptr = self.root;
             for level in (0..self.depth).rev() {
-                let index = node_index(lba, level);
-                let node = match self.dirty.get(&(level, index)) {
-                    Some(n) => NodeRef::Dirty(n),
-                    None => match self.get(store, cache, level, index, &ptr)? {
-                        Some(n) => NodeRef::Clean(n),
-                        None => {
-                            // No node here: a hole over all the blocks it would span.
-                            let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
-                            lba = (lba / span).saturating_add(1).saturating_mul(span);
-                            continue 'next;
-                        }
-                    },
+                let Some(node) = self.node_at(store, cache, level, node_index(lba, level), &ptr)?
+                else {
+                    // No node here: a hole over all the blocks it would span.
+                    let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
+                    lba = (lba / span).saturating_add(1).saturating_mul(span);
+                    continue 'next;
                 };
                 if level == 0 {
                     break;
