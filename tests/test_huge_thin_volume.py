@@ -19,7 +19,7 @@ EXA = 1 << 60
 
 
 def test_a_1e_thin_volume_does_not_stall_the_pool(make_pool, tmp_path, seed):
-    require_tools("nbdcopy", "qemu-io")
+    require_tools("nbdcopy", "qemu-io", "fio")
     rng = random.Random(seed)
     pool = make_pool(layout="single", devices=1, device_size="96M").create().start()
     pool.create_volume("huge", size="1E", encryption=False)
@@ -30,11 +30,15 @@ def test_a_1e_thin_volume_does_not_stall_the_pool(make_pool, tmp_path, seed):
     for name in ("huge", "huge-enc"):
         qemu_io_ok(pool.uri(name), "write -P 0x11 0 64k", f"write -P 0x22 {EXA - 65536} 64k",
                    "flush")
-    # The small volume written three times over: its pool is then past half full of
-    # dead records, and the cleaner runs.
-    for n in range(3):
-        img = write_file(tmp_path / f"small{n}.img", rng.randbytes(48 * MiB))
-        run(["nbdcopy", "--flush", img, pool.uri("small")], timeout=300)
+    # The small volume filled, then overwritten at random, 4 times its size: segments
+    # are left partly dead, and the cleaner runs (it moves their live records).
+    img = write_file(tmp_path / "small.img", rng.randbytes(48 * MiB))
+    run(["nbdcopy", "--flush", img, pool.uri("small")], timeout=300)
+    run(["fio", "--name=over", "--ioengine=nbd", f"--uri={pool.uri('small')}",
+         "--rw=randwrite", "--bs=16k", "--iodepth=8", "--size=48M", "--io_size=192M",
+         "--norandommap", "--randrepeat=0", "--refill_buffers", "--fsync=64"], timeout=600)
+    assert pool.status()["space"]["clean_written_bytes"] > 0, "the cleaner did not run"
+    run(["nbdcopy", "--flush", img, pool.uri("small")], timeout=300)
     assert_export_equals(pool, "small", img, "after the overwrites")
 
     # The pool answers commands that take the commit lock.
