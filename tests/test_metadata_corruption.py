@@ -172,3 +172,20 @@ def test_a_device_copied_over_another_is_named(make_pool):
     assert pool.status()["state"] == "DEGRADED"
     log = pool.log_path.read_text()
     assert "carry the same member's label (one is a copy of the other)" in log, pool.log_tail()
+
+
+def test_front_labels_zeroed_on_a_single_device_pool(make_pool):
+    """The tester's case: a `single` pool (one device, no other copy anywhere) whose
+    device's first MiB was zeroed imports from the back copies and serves its data."""
+    from conftest import qemu_io_ok
+    pool = make_pool(layout="single", devices=1, device_size="64M").create().start()
+    pool.create_volume("p", size="16M", encryption=False)
+    qemu_io_ok(pool.uri("p"), "write -P 0x5a 0 4M", "flush")
+    (dev,) = pool.device_paths()
+    pool.stop()
+    with open(dev, "r+b") as f:
+        f.write(bytes(1 * MiB))
+        os.fsync(f.fileno())
+    pool.start()
+    assert pool.status()["state"] == "ONLINE"
+    qemu_io_ok(pool.uri("p"), "read -P 0x5a 0 4M", "read -P 0 4M 12M")
