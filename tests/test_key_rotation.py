@@ -83,9 +83,20 @@ def test_rotation_resumes_after_kill(make_pool):
     # Another rotation, watched to the end with --wait.
     r = pool.cli("key", "rotate", "r", "--wait", timeout=ROTATION_TIMEOUT_S)
     assert "finished" in r.stdout and "generation 2" in r.stdout, r.stdout
+    assert "older data keys are destroyed" in r.stdout, r.stdout
     v = pool.volume_status("r")
     assert v["rotation"] is None and v["key_generation"] == 2, v
     verify(pool)
+
+    # With a snapshot, the old keys stay (the snapshot's blocks are under them), and the
+    # end of --wait says so (it said they were destroyed).
+    pool.cli("snapshot", "create", "r@keep")
+    r = pool.cli("key", "rotate", "r", "--wait", timeout=ROTATION_TIMEOUT_S)
+    assert "generation 3" in r.stdout and "old data keys are KEPT: 1 snapshot(s)" in r.stdout, \
+        r.stdout
+    assert "destroyed" not in r.stdout, r.stdout
+    verify(pool)
+    pool.cli("snapshot", "destroy", "r@keep")
 
     assert audited(pool, "key_rotate", volume="r", generation=1)
     assert audited(pool, "key_rotate", volume="r", generation=2)

@@ -237,21 +237,9 @@ fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
     });
     match (started, &paused) {
         (Ok(generation), None) if !args.wait => {
-            // Snapshots keep blocks under the old keys, which then stay.
-            let snapshots = client
-                .call_typed::<Vec<bulwark_engine::pool::SnapshotStatus>>(&Request::SnapshotList {
-                    volume: Some(args.name.clone()),
-                })
-                .map(|s| s.len())
-                .unwrap_or(0);
-            let end = if snapshots == 0 {
-                "the old data key is destroyed at the end".to_string()
-            } else {
-                format!(
-                    "the old data keys are KEPT: {snapshots} snapshot(s) still hold blocks \
-                     encrypted under them; destroy the snapshots and rotate again to destroy \
-                     those keys"
-                )
+            let end = match snapshots_of(&mut client, &args.name) {
+                0 => "the old data key is destroyed at the end".to_string(),
+                n => kept_keys(n),
             };
             return print(&format!(
                 "key rotation of volume {} started: new writes use data key generation \
@@ -285,11 +273,32 @@ fn rotate(dir: &Path, args: &KeyRotateArgs) -> Result<()> {
         }
     }
     let v = watch_rotation(&mut client, &args.name)?;
+    let keys = match snapshots_of(&mut client, &args.name) {
+        0 => "the older data keys are destroyed".to_string(),
+        n => kept_keys(n),
+    };
     print(&format!(
-        "key rotation of volume {} finished: every block is under data key generation {}, \
-         the older data keys are destroyed\n",
+        "key rotation of volume {} finished: every block of the volume is under data key \
+         generation {}; {keys}\n",
         args.name, v.key_generation
     ))
+}
+
+/// Snapshots of volume `name`: they keep blocks under the old data keys, which then stay.
+fn snapshots_of(client: &mut Client, name: &str) -> usize {
+    client
+        .call_typed::<Vec<bulwark_engine::pool::SnapshotStatus>>(&Request::SnapshotList {
+            volume: Some(name.to_string()),
+        })
+        .map(|s| s.len())
+        .unwrap_or(0)
+}
+
+fn kept_keys(snapshots: usize) -> String {
+    format!(
+        "the old data keys are KEPT: {snapshots} snapshot(s) still hold blocks encrypted \
+         under them; destroy the snapshots and rotate again to destroy those keys"
+    )
 }
 
 /// Poll the volume with a progress bar until its rotation ends; an error when it pauses
