@@ -19,8 +19,9 @@ pub const DEVICES_MAX: usize = 16;
 pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// Segments below a device's last whole one that import looks through for the back copies
 /// of its labels when no front slot is readable (a device grown since `pool create` keeps
-/// them lower; each place costs two label reads).
-pub const BACK_SEARCH_SEGMENTS: u64 = 4096;
+/// them lower; each place costs two label reads, so a blank disk listed as a member costs
+/// at most 512 small reads, a few seconds on a spinning disk).
+pub const BACK_SEARCH_SEGMENTS: u64 = 256;
 /// How long a commit, a recycle or the local cache waits for reads to finish before freeing
 /// or giving back segments (`Store::drain_reads`): longer only when reads wait for the
 /// object store, and then the freeing waits for a later commit instead.
