@@ -426,10 +426,13 @@ impl Core {
                 let batch_start = Instant::now();
                 // Batches wholly in holes are stepped over (a thin volume of 1E is 2^36
                 // batches), batches starting at multiples of the batch as before.
-                let next =
-                    v.tree
-                        .lock()
-                        .next_mapped(&*self.store, &self.store.cache, lba, blocks)?;
+                let next = v
+                    .tree
+                    .lock()
+                    .next_mapped(&*self.store, &self.store.cache, lba, blocks)
+                    // A node on the way that no copy verifies: the batch is walked,
+                    // which lists the range it covers.
+                    .unwrap_or(lba);
                 lba = lba.max(next / SCRUB_BATCH_BLOCKS * SCRUB_BATCH_BLOCKS);
                 if lba >= blocks {
                     break;
