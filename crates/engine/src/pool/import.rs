@@ -280,11 +280,10 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
         let back = best_superblock(&d, None, Check::Unkeyed)
             .map(|sb| back_region_of(&sb))
             .or_else(|| find_back_region(&d, Check::Unkeyed, true));
-        let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
-        offsets.extend(
-            back.iter()
-                .flat_map(|b| SUPERBLOCK_SLOT_OFFSETS.map(|o| b + o)),
-        );
+        let offsets = match back {
+            Some(b) => Superblock::all_slot_offsets(b).to_vec(),
+            None => SUPERBLOCK_SLOT_OFFSETS.to_vec(),
+        };
         for off in offsets {
             if d.read_at(&mut buf, off).is_err() {
                 continue;
