@@ -244,48 +244,49 @@ mod tests {
     use crate::keys::{wrap, Secret, SlotKind};
     use zeroize::Zeroizing;
 
-    /// Every part of the table that import and key load decode from its JSON (the
-    /// record, each volume's geometry and root pointer, key slots, data keys) gives `Ok`
-    /// or `Corrupt` for mutated JSON sealed under the right key (half the cases) or
-    /// mutated ciphertext (the rest). Passphrase slots are only cost-checked here: a
-    /// mutant inside the bounds would run Argon2 for real.
+    /// Volume `id` (uuid `[id; 16]`, 1 MiB of 4 KiB blocks, no data) as `volume create`
+    /// records it: encrypted with one key-file slot for `kf` and one data key, or not.
+    fn record(id: u64, encryption: bool, vmk: &Zeroizing<[u8; 32]>, kf: &Secret) -> VolumeRecord {
+        let uuid = [id as u8; 16];
+        VolumeRecord {
+            id,
+            uuid,
+            name: format!("v{id}"),
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Lz4,
+            encryption,
+            root: ptr_to_hex(&Blkptr::HOLE),
+            slots: if encryption {
+                vec![wrap::wrap(vmk, kf, &uuid).unwrap()]
+            } else {
+                vec![]
+            },
+            data_keys: if encryption {
+                vec![crate::keys::ring::new_data_key(vmk, &uuid, 1)]
+            } else {
+                vec![]
+            },
+            rotation: None,
+            snapshots: vec![],
+            origin: None,
+            deferred: false,
+            description: String::new(),
+            readonly: false,
+            created: 0,
+            thick: false,
+        }
+    }
+
     /// A table no command writes is refused at open, even sealed under the right key:
     /// encryption off beside key slots or data keys, a name, id or uuid given twice.
     #[test]
     fn open_refuses_what_no_command_writes() {
         let table_key = [7u8; 32];
         let kf = Secret::KeyFile(Zeroizing::new([2; 32]));
-        let vol = |id: u64, name: &str, encryption: bool| {
-            let uuid = [id as u8; 16];
-            let vmk = wrap::new_data_key();
-            VolumeRecord {
-                id,
-                uuid,
-                name: name.into(),
-                size_bytes: 1 << 20,
-                block_size: 4096,
-                compression: Compression::Lz4,
-                encryption,
-                root: ptr_to_hex(&Blkptr::HOLE),
-                slots: if encryption {
-                    vec![wrap::wrap(&vmk, &kf, &uuid).unwrap()]
-                } else {
-                    vec![]
-                },
-                data_keys: if encryption {
-                    vec![crate::keys::ring::new_data_key(&vmk, &uuid, 1)]
-                } else {
-                    vec![]
-                },
-                rotation: None,
-                snapshots: vec![],
-                origin: None,
-                deferred: false,
-                description: String::new(),
-                readonly: false,
-                created: 0,
-                thick: false,
-            }
+        let vol = |id: u64, name: &str, encryption: bool| VolumeRecord {
+            name: name.into(),
+            ..record(id, encryption, &wrap::new_data_key(), &kf)
         };
         let open = |vols: Vec<VolumeRecord>| {
             let mut t = TableRecord::empty();
@@ -323,6 +324,11 @@ mod tests {
         refused(vec![vol(1, "a", true), twin], "repeats the uuid");
     }
 
+    /// Every part of the table that import and key load decode from its JSON (the
+    /// record, each volume's geometry and root pointer, key slots, data keys) gives `Ok`
+    /// or `Corrupt` for mutated JSON sealed under the right key (half the cases) or
+    /// mutated ciphertext (the rest). Passphrase slots are only cost-checked here: a
+    /// mutant inside the bounds would run Argon2 for real.
     #[test]
     fn open_and_every_record_check_never_panic() {
         let table_key = [5u8; 32];
@@ -337,40 +343,19 @@ mod tests {
         };
         // Every volume its own uuid, as `TableRecord::check` asks.
         let rec = |id: u64, size_bytes: u64, block_size: u32, encryption: bool| {
-            let uuid = [id as u8; 16];
-            VolumeRecord {
-                id,
-                uuid,
-                name: format!("v{id}"),
-                size_bytes,
-                block_size,
-                compression: Compression::Lz4,
-                encryption,
-                root: ptr_to_hex(&Blkptr {
-                    addr: [1 << 20, 2 << 20],
-                    len: 900,
-                    flags: 1,
-                    ..Blkptr::HOLE
-                }),
-                slots: if encryption {
-                    vec![wrap::wrap(&vmk, &kf, &uuid).unwrap(), slot_pp.clone()]
-                } else {
-                    vec![]
-                },
-                data_keys: if encryption {
-                    vec![crate::keys::ring::new_data_key(&vmk, &uuid, 1)]
-                } else {
-                    vec![]
-                },
-                rotation: None,
-                snapshots: vec![],
-                origin: None,
-                deferred: false,
-                description: String::new(),
-                readonly: false,
-                created: 0,
-                thick: false,
+            let mut r = record(id, encryption, &vmk, &kf);
+            r.size_bytes = size_bytes;
+            r.block_size = block_size;
+            r.root = ptr_to_hex(&Blkptr {
+                addr: [1 << 20, 2 << 20],
+                len: 900,
+                flags: 1,
+                ..Blkptr::HOLE
+            });
+            if encryption {
+                r.slots.push(slot_pp.clone());
             }
+            r
         };
         let mut t = TableRecord::empty();
         t.volumes = vec![rec(1, 1 << 30, 4096, true), rec(2, 8 << 20, 65536, false)];
