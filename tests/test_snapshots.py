@@ -751,6 +751,53 @@ def test_rollback(make_pool, tmp_path, seed):
     assert_image(copy_out(pool, "rb@r1", tmp_path / "s.img"), at_r1, "rb@r1 after a restart")
 
 
+def test_refused_rollback_destroys_nothing(make_pool, tmp_path, seed):
+    """A rollback with --destroy-newer past a snapshot that has a clone is refused, and the
+    refusal changes nothing: every snapshot stays, the volume reads as before (the tester's
+    case: h@s1, h@s2 with clone c, h@s3; 'rollback h@s1 --destroy-newer' destroyed h@s3
+    and then refused)."""
+    require_tools("qemu-io", "nbdcopy")
+    pool = started_pool(make_pool, "single")
+    size = 8 * MiB
+    key = pool.create_volume("h", size="8M")
+    rng = random.Random(seed)
+    img = Image(size)
+    frozen = {}
+    for i, snap in enumerate(("s1", "s2", "s3")):
+        with NbdShell(pool.uri("h")) as sh:
+            write_random(sh, img, rng, i * MiB, 2 * MiB)
+        frozen[snap] = img.freeze()
+        pool.wait_detached("h")
+        pool.cli("snapshot", "create", f"h@{snap}")
+    with NbdShell(pool.uri("h")) as sh:
+        write_random(sh, img, rng, 5 * MiB, MiB)
+    current = img.freeze()
+    pool.wait_detached("h")
+    pool.cli("volume", "clone", "h@s2", "c", "--key-file", key)
+
+    cli_refused(pool, "volume", "rollback", "--destroy-newer", "h@s1", mentions=("h@s2", "clones", "c"))
+    assert snap_names(pool, "h") == ["h@s1", "h@s2", "h@s3"], \
+        f"a refused rollback changed the snapshots: {snap_names(pool, 'h')}"
+    assert_image(copy_out(pool, "h", tmp_path / "v.img"), current, "h after a refused rollback")
+    for snap in ("s1", "s2", "s3"):
+        assert_image(copy_out(pool, f"h@{snap}", tmp_path / f"{snap}.img"), frozen[snap],
+                     f"h@{snap} after a refused rollback")
+    assert_image(copy_out(pool, "c", tmp_path / "c.img"), frozen["s2"], "the clone after a refused rollback")
+    for name in ("h", "h@s1", "h@s2", "h@s3", "c"):
+        pool.wait_detached(name)
+
+    # Once the clone is gone the same command goes ahead and says what it destroyed.
+    pool.cli("volume", "destroy", "c")
+    r = pool.cli("volume", "rollback", "--destroy-newer", "h@s1")
+    assert "h@s2" in r.stdout and "h@s3" in r.stdout, r.stdout
+    assert snap_names(pool, "h") == ["h@s1"]
+    assert_image(copy_out(pool, "h", tmp_path / "v.img"), frozen["s1"], "h rolled back to h@s1")
+    assert_space_sane(pool, "h", "after rollback --destroy-newer past two snapshots")
+    pool.restart()
+    pool.load_key("h", key)
+    assert_image(copy_out(pool, "h", tmp_path / "v.img"), frozen["s1"], "h rolled back, after a restart")
+
+
 # --------------------------------------------------------------------------
 # 5. holds, busy snapshots, destroy -r
 

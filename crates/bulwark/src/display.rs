@@ -372,6 +372,9 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(line) = overcommit_line(&p.space) {
         let _ = writeln!(out, "{line}");
     }
+    if let Some(why) = &p.space.cleaning {
+        let _ = writeln!(out, "cleaning: {why}");
+    }
     out.push('\n');
 
     if p.volumes.is_empty() {

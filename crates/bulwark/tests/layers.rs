@@ -187,6 +187,8 @@ const ENGINE: Table = Table {
         ("fuzz", &[]),
         // Named crash points for tests (`BULWARK_CRASH_AT`).
         ("crashpoint", &[]),
+        // Named pause points for tests (a thread stopped at one step).
+        ("pause", &[]),
         // What the pool needs from an object store (the client is `bulwark-objstore`).
         ("tier", &[]),
         // Devices by byte offset (files, block devices, fault injection).
@@ -244,6 +246,7 @@ const ENGINE: Table = Table {
                 "constants",
                 "crashpoint",
                 "device",
+                "pause",
                 "fuzz",
                 "hex",
                 "keys",

@@ -49,6 +49,16 @@ pub const CLEAN_RESERVE_MIN: u32 = 4;
 /// or after this long without a segment freed (`Store::wait_for`).
 pub const SPACE_WAIT_FUTILE: u32 = 8;
 pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+/// The longest a writer waits for space in all, from its first try, however the free
+/// space moves meanwhile (`Store::wait_until`).
+pub const SPACE_WAIT_HARD: std::time::Duration = std::time::Duration::from_secs(90);
+/// Cleaning passes in a row that gained no free space while writers waited, after which
+/// cleaning is declared stuck (`Core::maintenance_loop`): writers get ENOSPC at once.
+pub const CLEAN_FUTILE_PASSES: u32 = 4;
+/// How long a command that changes what a volume is (destroy, rollback, key unload or
+/// erase) waits for a background batch over it (a scrub batch, a key rotation batch) to
+/// end before it answers busy (`Core::quiesce_for_change`).
+pub const QUIESCE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).
 pub const SEGMENTS_FREE_LOW: u32 = 8;
 pub const FREE_PERCENT_LOW: u32 = 10;

@@ -20,6 +20,7 @@ pub mod checksum;
 pub mod codec;
 pub mod constants;
 pub mod crashpoint;
+pub mod pause;
 pub mod device;
 pub mod error;
 #[cfg(test)]

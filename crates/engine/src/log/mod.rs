@@ -114,6 +114,9 @@ pub struct Log {
     /// Segments freed since start (by commits and recycling): writers waiting for space
     /// see progress here.
     freed_total: AtomicU64,
+    /// The most live bytes a victim may hold for cleaning it to gain space, the metadata
+    /// its moves cost counted (`set_clean_cost`); `victims::LIVE_MAX` until measured.
+    victim_live_max: AtomicU32,
     /// Bytes placed in the whole log when each segment was last opened (0: before this
     /// process): the cleaner's measure of a segment's age.
     stamp: Vec<AtomicU64>,
@@ -229,6 +232,7 @@ impl Log {
             map_reserve: AtomicU32::new(0),
             written: Default::default(),
             freed_total: AtomicU64::new(0),
+            victim_live_max: AtomicU32::new(victims::LIVE_MAX),
             stamp: (0..segments).map(|_| AtomicU64::new(0)).collect(),
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
             epoch: AtomicU64::new(0),
@@ -912,11 +916,30 @@ impl Log {
         let (local, remote): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .partition(|c| !self.evicted[c.seg as usize].load(Ordering::Relaxed));
-        let picked = victims::pick(local, max, budget_bytes);
+        let live_max = self.victim_live_max.load(Ordering::Relaxed);
+        let picked = victims::pick(local, max, budget_bytes, live_max);
         if !picked.is_empty() {
             return picked;
         }
-        victims::pick(remote, max, budget_bytes)
+        victims::pick(remote, max, budget_bytes, live_max)
+    }
+
+    /// What moving a victim's records costs besides the records: `meta_per_moved` bytes of
+    /// map nodes (every copy) written per byte moved, as the cleaner measured it. Cleaning
+    /// a segment holding `u` live bytes frees a segment and writes `u * (1 + m)`: from
+    /// here on only segments where that gains at least an eighth of a segment are picked
+    /// (a pass whose moves and rewritten nodes use what it frees gains nothing, and ran
+    /// forever near full: issue 36).
+    pub fn set_clean_cost(&self, meta_per_moved: f64) {
+        let m = meta_per_moved.clamp(0.0, 16.0);
+        let seg = SEGMENT_BYTES as f64;
+        let max = (seg * 7.0 / 8.0 / (1.0 + m)).min(victims::LIVE_MAX as f64);
+        self.victim_live_max.store(max as u32, Ordering::Relaxed);
+    }
+
+    /// The most live bytes a victim may hold now (`set_clean_cost`).
+    pub fn victim_live_max(&self) -> u32 {
+        self.victim_live_max.load(Ordering::Relaxed)
     }
 
     /// Whether any sealed segment holds dead bytes worth cleaning.

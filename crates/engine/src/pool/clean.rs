@@ -135,6 +135,24 @@ impl Core {
     /// next commit frees, instead of leaving every victim partly full.
     pub fn clean(&self) -> Result<usize> {
         let _c = self.commit_lock.lock();
+        let n = self.clean_held()?;
+        crate::pause::point_at(&self.dir, "clean.end");
+        Ok(n)
+    }
+
+    /// A flush waits for the commit lock this pass holds: commit for it now (between two
+    /// batches, or two volumes' walks), which answers it (`Core::flush_since`). The moves
+    /// still to make stay right: each is made only if its map still points at the old copy,
+    /// looked up under the reuse gate, and no snapshot comes or goes while the pass holds
+    /// the lock.
+    fn commit_for_waiting_flushes(&self) -> Result<()> {
+        if self.flush_waiters.load(Ordering::Acquire) > 0 {
+            self.commit_held()?;
+        }
+        Ok(())
+    }
+
+    fn clean_held(&self) -> Result<usize> {
         let budget = self.store.log.clean_budget_for_records() as u64 * SEGMENT_BYTES;
         let victims = self.store.log.victims(CLEAN_BATCH_SEGMENTS, budget);
         tracing::debug!(
@@ -151,6 +169,7 @@ impl Core {
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
         for (vi, v) in volumes.iter().enumerate() {
+            self.commit_for_waiting_flushes()?;
             let found = if v.snaps.read().is_empty() {
                 self.find_moves(v, vi, &rank, &mut moves, &mut done)
             } else {
@@ -167,6 +186,8 @@ impl Core {
         let mut batch: Vec<(u64, Blkptr)> = Vec::new();
         let mut i = 0;
         while i < moves.len() {
+            crate::pause::point_at(&self.dir, "clean.batch");
+            self.commit_for_waiting_flushes()?;
             let m = &moves[i];
             let moved = match m.tree {
                 // Records of one victim and one volume without snapshots move in batches.
@@ -208,6 +229,7 @@ impl Core {
         if done > 0 {
             self.table_dirty.store(true, Ordering::Release);
         }
+        self.commit_for_waiting_flushes()?;
         Ok(done)
     }
 
@@ -792,5 +814,91 @@ mod tests {
             assert_eq!(v.rank_of(&at(&[seg])), None, "segment {seg}");
         }
         assert_eq!(Victims::new(&[]).rank_of(&at(&[0])), None);
+    }
+
+    /// A FLUSH never waits for a whole cleaning pass (issue 36, part 3): the cleaner is
+    /// stopped holding the commit lock between two batches of moves, a flush comes, the
+    /// cleaner goes on and stops again at the pass's end, the lock still held: the flush
+    /// has been answered by then (by the commit the pass made for it). Before, a flush
+    /// waited for the commit lock, so for the whole pass.
+    #[test]
+    fn a_flush_is_answered_while_a_cleaning_pass_holds_the_commit_lock() {
+        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        use crate::volume::{Compression, VolumeOptions};
+        use std::time::Duration;
+
+        let dir = tempfile::tempdir().unwrap();
+        Pool::create(
+            dir.path(),
+            Layout::Single,
+            DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+        )
+        .unwrap();
+        let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+        let size = 32u64 << 20;
+        let o = VolumeOptions {
+            size_bytes: size,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", o, None).unwrap();
+        let batch = crate::pause::arm_at(dir.path(), "clean.batch");
+        // Fill, then overwrite at random until the cleaner runs (it stops at its first batch).
+        let writer = {
+            let v = pool.volume("v").unwrap();
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                let mut data = vec![0u8; 64 << 10];
+                for (i, b) in data.iter_mut().enumerate() {
+                    *b = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes()[3];
+                }
+                for off in (0..size).step_by(64 << 10) {
+                    if v.write(off, &data, false).is_err() {
+                        return;
+                    }
+                }
+                for _ in 0..20_000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    data[..8].copy_from_slice(&x.to_le_bytes());
+                    let off = (x >> 20) % (size / 4096) * 4096;
+                    if v.write(off, &data[..4096], false).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        assert!(
+            batch.wait_reached(Duration::from_secs(300)),
+            "the cleaner never ran under random overwrites of a nearly full pool"
+        );
+        // The cleaner holds the commit lock, stopped. Its pass will stop again at its end.
+        let end = crate::pause::arm_at(dir.path(), "clean.end");
+        // A flush comes.
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            // A client's FLUSH (NBD FLUSH, or a FUA write): `Volume::flush`.
+            let v = pool.volume("v").unwrap();
+            std::thread::spawn(move || {
+                let _ = tx.send(v.flush());
+            });
+        }
+        while pool.core.flush_waiters.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        batch.release();
+        assert!(end.wait_reached(Duration::from_secs(300)), "the pass did not end");
+        // The pass is at its end and still holds the commit lock: the flush was answered.
+        let answered = rx.recv_timeout(Duration::from_secs(300));
+        end.release();
+        match answered {
+            Ok(r) => r.unwrap(),
+            Err(_) => panic!("a flush waited for the whole cleaning pass"),
+        }
+        writer.join().unwrap();
+        pool.close().unwrap();
     }
 }

@@ -50,6 +50,10 @@ pub struct Core {
     /// generation and the one the host had committed.
     pub rollback_accepted: Option<(u64, u64)>,
     pub commit_lock: Mutex<()>,
+    /// Flushes waiting for `commit_lock` (`flush_since`): a cleaning pass that holds it
+    /// commits between two batches of moves when any wait, which answers them, so a FLUSH
+    /// never waits for a whole pass (issue 36).
+    pub flush_waiters: std::sync::atomic::AtomicUsize,
     /// The intent log chain flushes append to (`intent`); `None` with the log off.
     pub(crate) intent: Mutex<Option<super::intent::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
@@ -249,15 +253,46 @@ impl Core {
     /// Why volume `name` cannot be destroyed or locked now: something holds it
     /// open. (The daemon has already checked for NBD connections; here the
     /// holder is most often a scrub or resilver walking the volume.)
-    pub(crate) fn volume_in_use(&self, name: &str) -> Error {
-        let by = if self.scrub_running.load(Ordering::Acquire) {
-            "a scrub or resilver is reading it; wait for it to finish, or run \
-             'bulwark scrub cancel' and try again in a few seconds"
-        } else {
-            "an NBD client or a key rotation still holds it; detach the clients or wait, \
-             and try again"
-        };
-        Error::Busy(format!("volume '{name}' is in use: {by}"))
+    pub(crate) fn volume_in_use(&self, name: &str, clients: usize) -> Error {
+        Error::Busy(format!(
+            "volume '{name}' is in use: {clients} open handle(s) (an NBD client, an image \
+             import or export, a bench); detach them first"
+        ))
+    }
+
+    /// Before a command changes what volume `st` is (destroy, rollback, key unload or
+    /// erase, shrink): refused while a client or a command holds it open; a background
+    /// batch over it (scrub, key rotation) is waited for, at most `QUIESCE_WAIT_MAX`, and
+    /// kept out while the guard lives. Take it before the commit lock.
+    pub(crate) fn quiesce_for_change<'a>(
+        &self,
+        st: &'a VolumeState,
+    ) -> Result<parking_lot::RwLockWriteGuard<'a, ()>> {
+        let clients = st.clients();
+        if clients > 0 {
+            return Err(self.volume_in_use(&st.name, clients));
+        }
+        let g = st.quiesce(crate::constants::QUIESCE_WAIT_MAX).ok_or_else(|| {
+            let by = if self.scrub_running.load(Ordering::Acquire) {
+                "a scrub or resilver batch"
+            } else {
+                "a key rotation batch"
+            };
+            Error::Busy(format!(
+                "volume '{}' is busy: {by} over it did not end within {} s; try again, \
+                 or pause it ('bulwark scrub pause')",
+                st.name,
+                crate::constants::QUIESCE_WAIT_MAX.as_secs()
+            ))
+        })?;
+        if st.destroyed.load(Ordering::Acquire) {
+            return Err(Error::NotFound(format!("volume '{}' does not exist", st.name)));
+        }
+        let clients = st.clients();
+        if clients > 0 {
+            return Err(self.volume_in_use(&st.name, clients));
+        }
+        Ok(g)
     }
 
     /// Destroy volume `name` and free its space; a volume with snapshots only with
@@ -268,12 +303,9 @@ impl Core {
     /// returns what stays that way, as (snapshot, referenced bytes, clones).
     pub fn destroy_volume(&self, name: &str, recursive: bool) -> Result<Vec<KeptSnapshot>> {
         self.store.check_poisoned()?;
-        let _c = self.commit_lock.lock();
         let st = self.find(name)?;
-        if Arc::strong_count(&st) > 2 {
-            // One reference in the table, one here: any other is an open handle.
-            return Err(self.volume_in_use(name));
-        }
+        let _w = self.quiesce_for_change(&st)?;
+        let _c = self.commit_lock.lock();
         let mut kept = Vec::new();
         {
             let snaps = st.snaps.read();
@@ -335,7 +367,7 @@ impl Core {
         if st.encryption && st.ring.read().is_none() {
             return Err(st.locked());
         }
-        Ok(Arc::new(Volume::new(self.store.clone(), self.clone(), st)))
+        Ok(Arc::new(Volume::for_client(self.store.clone(), self.clone(), st)))
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {
@@ -445,6 +477,7 @@ impl Core {
                 clean_written_bytes: written.clean * per,
                 meta_written_bytes: written.meta * per,
                 write_amplification: written.amplification(),
+                cleaning: self.store.clean_stuck().map(|s| s.why),
             },
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),
@@ -465,12 +498,28 @@ impl Core {
 
     /// `flush` by a caller that arrived when `arrived` commits had begun.
     pub(crate) fn flush_since(&self, arrived: u64) -> Result<()> {
-        let _g = self.commit_lock.lock();
         // A commit or log flush that began after we arrived has finished: it covered us,
         // unless one that began after we arrived failed (then it may not have).
-        if self.commits_done.load(Ordering::Acquire) > arrived
-            && self.commit_failed_at.load(Ordering::Acquire) <= arrived
-        {
+        let covered = || {
+            self.commits_done.load(Ordering::Acquire) > arrived
+                && self.commit_failed_at.load(Ordering::Acquire) <= arrived
+        };
+        // Waiting, a flush is counted so that a cleaning pass holding the lock commits for
+        // it between two batches (`clean`), and looks for that commit as it waits.
+        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
+        let got = loop {
+            if let Some(g) = self.commit_lock.try_lock_for(FLUSH_LOOK_EVERY) {
+                break Some(g);
+            }
+            if covered() {
+                break None;
+            }
+        };
+        self.flush_waiters.fetch_sub(1, Ordering::AcqRel);
+        let Some(_g) = got else {
+            return self.store.check_poisoned();
+        };
+        if covered() {
             return self.store.check_poisoned();
         }
         // Near full, a commit instead: it gives back the room the dirty map holds and frees
@@ -522,6 +571,7 @@ impl Core {
         // The object store's fencing check: when clients came since the last one, and at
         // most every `TIER_CHECK_INTERVAL` (an idle pool asks the store nothing).
         let mut tier_checked = (std::time::Instant::now(), 0u64);
+        let mut gains = CleanGains::default();
         loop {
             self.store.wait_for_work(self.commit_interval);
             if self.store.closing.load(Ordering::SeqCst) {
@@ -581,6 +631,13 @@ impl Core {
             self.cache_pass_done(cannot);
             if self.low_on_space() && self.accounting_complete {
                 let wanted = self.store.take_space_wanted();
+                if self.store.clean_unstuck_if_freed() {
+                    // Stuck: no pass until something frees space; writers that find no
+                    // room are answered at once meanwhile.
+                    self.store.note_clean_round();
+                    continue;
+                }
+                let before = SpaceMark::of(&self.store.log);
                 match self.clean() {
                     Ok(0) => {}
                     Ok(n) => {
@@ -596,6 +653,9 @@ impl Core {
                             if let Err(e) = self.commit() {
                                 tracing::error!("commit after cleaning failed: {e}");
                             }
+                            // Writers wait: the pass and its commit must gain them room.
+                            let after = SpaceMark::of(&self.store.log);
+                            gains.note(&self.store, &before, &after);
                         }
                         // More may be needed: go round again at once.
                         self.store.wake_maintenance();
@@ -980,5 +1040,81 @@ impl Control for Core {
     }
     fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
         Core::clear_rewritten(self, volume, offset, length)
+    }
+}
+
+/// How often a flush waiting for the commit lock looks whether a commit made for it by a
+/// cleaning pass has answered it.
+const FLUSH_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Free space as a cleaning pass changes it: segments free or emptied (the next commit
+/// frees those), and the bytes each stream has placed.
+struct SpaceMark {
+    free_or_empty: i64,
+    written: crate::log::Written,
+}
+
+impl SpaceMark {
+    fn of(log: &crate::log::Log) -> SpaceMark {
+        SpaceMark {
+            free_or_empty: (log.free_segments() as usize + log.zero_sealed().len()) as i64,
+            written: log.written(),
+        }
+    }
+}
+
+/// What the cleaner's passes gained while writers waited, and what their moves cost in
+/// map nodes: the cleaner picks only victims that gain (`Log::set_clean_cost`), and after
+/// `CLEAN_FUTILE_PASSES` passes in a row that gained nothing it stops and says so
+/// (`Store::set_clean_stuck`) instead of running forever near full (issue 36).
+#[derive(Default)]
+struct CleanGains {
+    /// Passes in a row that gained no free segment.
+    futile: u32,
+    /// Map-node bytes written per byte moved (every copy), averaged over passes.
+    meta_per_moved: f64,
+}
+
+impl CleanGains {
+    fn note(&mut self, store: &crate::store::Store, before: &SpaceMark, after: &SpaceMark) {
+        let moved = after.written.clean.saturating_sub(before.written.clean);
+        let meta = after.written.meta.saturating_sub(before.written.meta);
+        if moved > 0 {
+            let m = meta as f64 / moved as f64;
+            self.meta_per_moved = if self.meta_per_moved == 0.0 {
+                m
+            } else {
+                (self.meta_per_moved + m) / 2.0
+            };
+            store.log.set_clean_cost(self.meta_per_moved);
+        }
+        // Segments gained, with what client writes took meanwhile given back: room a
+        // writer used is room the pass made.
+        let data = after.written.data.saturating_sub(before.written.data);
+        let gained = after.free_or_empty - before.free_or_empty
+            + (data / crate::constants::SEGMENT_BYTES) as i64;
+        tracing::debug!(
+            gained,
+            moved,
+            meta,
+            cost = self.meta_per_moved,
+            "cleaning pass while writers wait"
+        );
+        if gained > 0 {
+            self.futile = 0;
+            return;
+        }
+        self.futile += 1;
+        if self.futile >= crate::constants::CLEAN_FUTILE_PASSES {
+            self.futile = 0;
+            store.set_clean_stuck(format!(
+                "cleaning is stuck: the last {} passes freed no more space than their moves \
+                 and rewritten map nodes used ({:.1} bytes of map nodes per byte moved); \
+                 writes that need new space get ENOSPC until space is freed (destroy \
+                 snapshots or volumes, or trim)",
+                crate::constants::CLEAN_FUTILE_PASSES,
+                self.meta_per_moved
+            ));
+        }
     }
 }

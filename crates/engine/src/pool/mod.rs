@@ -149,6 +149,10 @@ pub struct SpaceStatus {
     /// (data + clean + meta) / data written since start; 1.0 before any client write.
     #[serde(default)]
     pub write_amplification: f64,
+    /// Set when cleaning cannot gain space (the pool is full for writes that need new
+    /// space, whatever `free_bytes` says): why, and what frees space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaning: Option<String>,
 }
 
 pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};

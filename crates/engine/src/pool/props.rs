@@ -13,7 +13,6 @@
 //! commit and at each change of a size or provisioning (`count_reservations`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -236,9 +235,9 @@ impl Core {
                     format_size(old)
                 )));
             }
-            if Arc::strong_count(&st) > 2 {
-                // One reference in the table, one here: any other is an open handle.
-                return Err(self.volume_in_use(name));
+            let clients = st.clients();
+            if clients > 0 {
+                return Err(self.volume_in_use(name, clients));
             }
             if st.rotation.lock().is_some() {
                 return Err(Error::Busy(format!(
@@ -344,6 +343,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
     use rand::{Rng, SeedableRng};
 

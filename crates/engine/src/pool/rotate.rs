@@ -227,6 +227,9 @@ impl Core {
         let blocks = st.size() / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
+            // No command changes the volume under a batch (`quiesce_for_change`): a key
+            // unload or a destroy waits for it, and the next one sees it stopped.
+            let _batch = st.background_batch();
             let Some(rot) = st.rotation.lock().clone() else {
                 return Ok(());
             };

@@ -420,6 +420,8 @@ impl Core {
                     tracing::info!("scrub paused or stopped at volume {} block {lba}", v.name);
                     return Ok(());
                 }
+                // No command changes the volume under a batch (`quiesce_for_change`).
+                let _batch = v.background_batch();
                 if v.destroyed.load(Ordering::Acquire) {
                     break;
                 }
@@ -530,6 +532,7 @@ impl Core {
                     s.lba = lba;
                 }
                 self.table_dirty.store(true, Ordering::Release);
+                drop(_batch);
                 self.throttle(batch_start, batch_bytes);
                 let done = self.scrub.lock().bytes_done - done_at_start;
                 let secs = run_start.elapsed().as_secs_f64().max(0.001);

@@ -202,6 +202,36 @@ impl Core {
         Ok((gone, bytes))
     }
 
+    /// Why snapshot `volume@{s.name}` may not be destroyed now, if it may not: it has
+    /// clones, or holds. Changes nothing: callers that destroy several snapshots ask this
+    /// of every one before they destroy the first.
+    fn check_destroyable(&self, volume: &str, s: &snap::Snap) -> Result<()> {
+        let clones: Vec<String> = self
+            .clones_of(volume, &s.name)
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        if !clones.is_empty() {
+            return Err(Error::Busy(format!(
+                "snapshot '{volume}@{}' has clones ({}); destroy them first, or make them \
+                 independent ('bulwark key rotate CLONE' re-encrypts what they inherited)",
+                s.name,
+                clones.join(", ")
+            )));
+        }
+        if !s.holds.is_empty() {
+            let tags: Vec<&str> = s.holds.iter().map(String::as_str).collect();
+            return Err(Error::Busy(format!(
+                "snapshot '{volume}@{}' is held ({}); release the holds first \
+                 ('bulwark snapshot release {volume}@{} TAG')",
+                s.name,
+                tags.join(", "),
+                s.name
+            )));
+        }
+        Ok(())
+    }
+
     /// Destroy snapshot `k` of `snaps` (the caller holds the commit lock, the head's map
     /// lock and `snaps`, and the snapshot trees are clean): release what only it holds.
     /// Returns the data bytes freed.
@@ -212,29 +242,7 @@ impl Core {
         head: &Tree,
         k: usize,
     ) -> Result<u64> {
-        let clones: Vec<String> = self
-            .clones_of(volume, &snaps[k].name)
-            .iter()
-            .map(|c| c.name.clone())
-            .collect();
-        if !clones.is_empty() {
-            return Err(Error::Busy(format!(
-                "snapshot '{volume}@{}' has clones ({}); destroy them first, or make them \
-                 independent ('bulwark key rotate CLONE' re-encrypts what they inherited)",
-                snaps[k].name,
-                clones.join(", ")
-            )));
-        }
-        if !snaps[k].holds.is_empty() {
-            let tags: Vec<&str> = snaps[k].holds.iter().map(String::as_str).collect();
-            return Err(Error::Busy(format!(
-                "snapshot '{volume}@{}' is held ({}); release the holds first \
-                 ('bulwark snapshot release {volume}@{} TAG')",
-                snaps[k].name,
-                tags.join(", "),
-                snaps[k].name
-            )));
-        }
+        self.check_destroyable(volume, &snaps[k])?;
         let (gone, bytes) = {
             let prev = k.checked_sub(1).map(|j| &snaps[j].tree);
             let next = snap::next_of(snaps, head, k);
@@ -310,18 +318,10 @@ impl Core {
         destroy_newer: bool,
     ) -> Result<Vec<String>> {
         self.store.check_poisoned()?;
-        let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
-        // One reference in the table, one here, one per snapshot handle: any other holds
-        // the volume itself. Under `snaps`, a snapshot handle being opened or dropped counts
-        // as a reference and not a snapshot handle, never the other way round.
-        let in_use = {
-            let _snaps = st.snaps.write();
-            Arc::strong_count(&st).saturating_sub(st.snapshot_views.load(Ordering::Acquire)) > 2
-        };
-        if in_use {
-            return Err(self.volume_in_use(volume));
-        }
+        // Handles on its snapshots may stay open: the snapshots that stay do not change.
+        let _w = self.quiesce_for_change(&st)?;
+        let _c = self.commit_lock.lock();
         if st.rotation.lock().is_some() {
             return Err(Error::Busy(format!(
                 "volume '{volume}' is rotating its key; roll back after the rotation finishes"
@@ -348,6 +348,17 @@ impl Core {
                     s.name
                 )));
             }
+            // Every snapshot that would go is checked before the first goes: a refusal
+            // changes nothing (a newer snapshot with clones used to be found after the
+            // ones above it were already destroyed).
+            for s in &snaps[k + 1..] {
+                self.check_destroyable(volume, s).map_err(|e| match e {
+                    Error::Busy(m) => Error::Busy(format!(
+                        "{m}; nothing was rolled back or destroyed"
+                    )),
+                    e => e,
+                })?;
+            }
         }
         // The head is clean after this commit: nothing writes a volume with no handle,
         // and the cleaner waits for the commit lock.
@@ -357,20 +368,34 @@ impl Core {
             let mut head = st.tree.lock();
             let mut snaps = st.snaps.write();
             let k = position(&snaps, volume, name)?;
-            let mut destroyed = Vec::new();
-            while snaps.len() > k + 1 {
-                let j = snaps.len() - 1;
-                let n = snaps[j].name.clone();
-                self.destroy_at(volume, &mut snaps, &head, j)?;
-                destroyed.push(n);
+            for s in &snaps[k + 1..] {
+                self.check_destroyable(volume, s)?;
             }
-            let target = &snaps[k];
-            let (gone, _) = self
-                .unique_records(&head, &[&target.tree])
+            // Everything that goes is found before anything is released, so a map node
+            // that cannot be read stops the rollback with the volume as it was. What goes
+            // is what the newer snapshots and the head hold and the target does not; a
+            // record held by several of them (always by a run of neighbours) is counted
+            // at the newest tree of its run, where the next tree up no longer holds it.
+            let mut gone = Vec::new();
+            for j in k + 1..snaps.len() {
+                let next = snap::next_of(&snaps, &head, j);
+                let (g, _) = self
+                    .unique_records(&snaps[j].tree, &[&snaps[k].tree, next])
+                    .map_err(|e| {
+                        e.within(format!("destroying snapshot '{volume}@{}'", snaps[j].name))
+                    })?;
+                gone.extend(g);
+            }
+            let (g, _) = self
+                .unique_records(&head, &[&snaps[k].tree])
                 .map_err(|e| e.within(format!("rolling '{volume}' back")))?;
+            gone.extend(g);
+            // Newest first, as they used to go one by one.
+            let destroyed: Vec<String> = snaps.drain(k + 1..).rev().map(|s| s.name).collect();
             for p in &gone {
                 self.store.release(p);
             }
+            let target = &snaps[k];
             // A fresh id: the node cache keys nodes by tree and place, not by address.
             *head = Tree::new(new_id, head.depth, target.tree.root);
             st.used_bytes.store(target.referenced, Ordering::Relaxed);

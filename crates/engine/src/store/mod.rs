@@ -88,6 +88,16 @@ pub struct Put {
     pub ptr: Blkptr,
 }
 
+/// Cleaning cannot gain space (`Store::set_clean_stuck`).
+#[derive(Debug, Clone)]
+pub struct CleanStuck {
+    /// What the maintenance thread saw, for `status`.
+    pub why: String,
+    /// Live bytes when it was seen: a segment's worth less, and cleaning is tried again.
+    pub live_bytes: u64,
+    pub since_unix: u64,
+}
+
 pub struct Store {
     pub red: Redundancy,
     pub log: Log,
@@ -117,6 +127,10 @@ pub struct Store {
     /// Rounds of the maintenance thread that committed and cleaned for space: a writer that
     /// sees several pass with no segment freed stops waiting.
     clean_rounds: AtomicU64,
+    /// Why cleaning cannot gain space now (`CleanStuck`): set by the maintenance thread
+    /// after passes that freed no more than they wrote while writers waited; writers that
+    /// find no room are then answered ENOSPC at once, and `status` says why.
+    clean_stuck: Mutex<Option<CleanStuck>>,
     /// Client reads and writes (the scrub backs off while they come).
     pub client_ops: AtomicU64,
     /// Bytes thick volumes have reserved and not yet stored (their sizes less their used
@@ -205,6 +219,7 @@ impl Store {
             space_wait: Mutex::new(()),
             space_wanted: AtomicBool::new(false),
             clean_rounds: AtomicU64::new(0),
+            clean_stuck: Mutex::new(None),
             client_ops: AtomicU64::new(0),
             thick_unused: AtomicU64::new(0),
             cachedev: std::sync::OnceLock::new(),
@@ -290,6 +305,45 @@ impl Store {
     /// One round of committing and cleaning for space has finished (`wait_for` counts them).
     pub fn note_clean_round(&self) {
         self.clean_rounds.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Cleaning cannot gain space: say so (`status`), and answer writers that find no
+    /// room ENOSPC at once until something frees space (`clean_unstuck_if_freed`).
+    pub fn set_clean_stuck(&self, why: String) {
+        let mut g = self.clean_stuck.lock();
+        if g.is_none() {
+            tracing::warn!("{why}");
+        }
+        *g = Some(CleanStuck {
+            why,
+            live_bytes: self.log.live_bytes_total(),
+            since_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        });
+        drop(g);
+        // Writers waiting for space look again, and stop.
+        self.log.space.notify_all();
+    }
+
+    /// Why cleaning is stuck, if it is.
+    pub fn clean_stuck(&self) -> Option<CleanStuck> {
+        self.clean_stuck.lock().clone()
+    }
+
+    /// Whether cleaning is stuck; clears it (and returns false) once live bytes fell by a
+    /// segment's worth since (a trim, a destroy, a snapshot gone): cleaning may gain again.
+    pub fn clean_unstuck_if_freed(&self) -> bool {
+        let mut g = self.clean_stuck.lock();
+        let Some(s) = g.as_ref() else {
+            return false;
+        };
+        if self.log.live_bytes_total() + SEGMENT_BYTES <= s.live_bytes {
+            tracing::info!("space was freed: cleaning resumes");
+            *g = None;
+            return false;
+        }
+        true
     }
 
     // --- dirty map nodes ---
@@ -1037,14 +1091,24 @@ impl Store {
         self.wait_until(|| self.log.space_available(stream, records))
     }
 
-    /// `wait_for` until `ready`.
+    /// `wait_for` until `ready`. Progress is free space gained net: the deadline
+    /// (`SPACE_WAIT_MAX`) moves out only when free segments rise above the most seen
+    /// since the wait began, never past `SPACE_WAIT_HARD` from its start (a count of
+    /// segments freed, which a cleaner that writes what it frees keeps raising, kept a
+    /// writer waiting forever: issue 36). Stuck cleaning answers at once.
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
-        let mut deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
-        let mut freed = self.log.freed_total();
+        let start = std::time::Instant::now();
+        let hard = start + SPACE_WAIT_HARD;
+        let mut deadline = start + SPACE_WAIT_MAX;
+        let mut best_free = self.log.free_segments();
         let mut futile = 0;
         while !ready() {
             self.check_poisoned()?;
-            if std::time::Instant::now() >= deadline || self.closing.load(Ordering::Relaxed) {
+            let now = std::time::Instant::now();
+            if now >= deadline || now >= hard || self.closing.load(Ordering::Relaxed) {
+                return Err(Error::NoSpace);
+            }
+            if self.clean_unstuck_if_freed() {
                 return Err(Error::NoSpace);
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
@@ -1056,11 +1120,11 @@ impl Store {
             if ready() {
                 break;
             }
-            let now_freed = self.log.freed_total();
-            if now_freed > freed {
-                freed = now_freed;
+            let free = self.log.free_segments();
+            if free > best_free {
+                best_free = free;
                 futile = 0;
-                deadline = std::time::Instant::now() + SPACE_WAIT_MAX;
+                deadline = (std::time::Instant::now() + SPACE_WAIT_MAX).min(hard);
             } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
                 futile += 1;
                 if futile >= SPACE_WAIT_FUTILE {

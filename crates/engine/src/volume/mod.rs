@@ -167,6 +167,17 @@ pub struct VolumeState {
     /// It changes under `snaps` (read), inside the lifetime of the handle's reference, so
     /// that under `snaps` (write) `strong_count - snapshot_views` never undercounts.
     pub snapshot_views: std::sync::atomic::AtomicUsize,
+    /// Open handles on the volume itself that a client or a command took
+    /// (`Volume::for_client`): what "in use" means to `volume destroy`, `rollback`,
+    /// `key unload`, `key erase` and a shrink. The maintenance thread's references to the
+    /// state (commits, cleaning passes, intent-log flushes) are not counted: they used to
+    /// make a volume nobody had opened "in use" whenever the pool was busy.
+    clients: std::sync::atomic::AtomicUsize,
+    /// Background passes over this volume that a command changing what the volume is
+    /// (destroy, rollback, key unload or erase, shrink) must wait for: a scrub batch and a
+    /// key rotation batch hold it for read, the command takes it for write with a bounded
+    /// wait (`VolumeState::quiesce`). A waiting command keeps new batches out.
+    work: RwLock<()>,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
     /// Where its recent reads ended: a read continuing one reads ahead from the object
@@ -228,9 +239,28 @@ impl VolumeState {
             origin: Mutex::new(None),
             deferred: AtomicBool::new(false),
             snapshot_views: Default::default(),
+            clients: Default::default(),
+            work: RwLock::new(()),
             guess: Default::default(),
             read_streams: Default::default(),
         }
+    }
+
+    /// How many client or command handles hold the volume itself open.
+    pub fn clients(&self) -> usize {
+        self.clients.load(Ordering::Acquire)
+    }
+
+    /// A background batch over this volume (scrub, key rotation): held while it reads or
+    /// rewrites the volume's records, so that no command changes the volume under it.
+    pub fn background_batch(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.work.read()
+    }
+
+    /// Wait, at most `max`, for the background batch over this volume to end, and keep
+    /// new ones out while the guard lives. `None`: one was still running at `max`.
+    pub fn quiesce(&self, max: std::time::Duration) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
+        self.work.try_write_for(max)
     }
 
     /// The volume's size in bytes.
@@ -327,10 +357,15 @@ pub struct Volume {
     st: Arc<VolumeState>,
     /// The snapshot this handle reads (`VOL@SNAP`, read-only); `None`: the volume itself.
     view: Option<String>,
+    /// Counted in `VolumeState::clients` (a client's or a command's handle).
+    client: bool,
 }
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        if self.client {
+            self.st.clients.fetch_sub(1, Ordering::AcqRel);
+        }
         if self.view.is_some() {
             // Under the snapshot list's lock, before `st` is dropped (`snapshot_views`).
             let _snaps = self.st.snaps.read();
@@ -355,6 +390,24 @@ impl Volume {
             control,
             st,
             view: None,
+            client: false,
+        }
+    }
+
+    /// A handle for a client or a command: counted as a use of the volume
+    /// (`VolumeState::clients`) until it is dropped.
+    pub(crate) fn for_client(
+        store: Arc<Store>,
+        control: Arc<dyn Control>,
+        st: Arc<VolumeState>,
+    ) -> Volume {
+        st.clients.fetch_add(1, Ordering::AcqRel);
+        Volume {
+            store,
+            control,
+            st,
+            view: None,
+            client: true,
         }
     }
 
@@ -375,6 +428,7 @@ impl Volume {
             control,
             st,
             view: Some(snap.to_string()),
+            client: false,
         }
     }
 
