@@ -84,6 +84,12 @@ pub enum Command {
     /// holds data is refused unless --force is given.
     #[command(after_help = BENCH_AFTER_HELP)]
     Bench(BenchArgs),
+    /// Serve the CSI driver (Identity, Controller, Node) for Kubernetes on a unix socket.
+    ///
+    /// Talks to the pool's daemon ('bulwark serve') over its control socket, as the CLI
+    /// does; volumes are attached on this node through NBD. See docs/kubernetes.md.
+    #[command(after_help = CSI_AFTER_HELP)]
+    Csi(CsiArgs),
     /// Print a shell completion script (e.g. bulwark completions bash > /etc/bash_completion.d/bulwark).
     Completions(CompletionsArgs),
     /// Write man pages for bulwark and each of its commands into a directory (e.g. /usr/local/share/man/man1).
@@ -657,6 +663,38 @@ pub struct PoolCreateArgs {
     /// back by punching holes).
     #[arg(long, conflicts_with = "object_store")]
     pub preallocate: bool,
+}
+
+const CSI_AFTER_HELP: &str = "Example: bulwark csi --pool /srv/pool --endpoint unix:///csi/csi.sock \
+    --node-id \"$NODE_NAME\"\nSecrets (passphrase or key) come in the CSI requests; they reach the daemon \
+    as 0600 files under --secrets-dir, removed after use, never on a command line.";
+
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// Where to serve gRPC: unix:///PATH.
+    #[arg(long, value_name = "unix:///PATH", env = "CSI_ENDPOINT")]
+    pub endpoint: String,
+
+    /// This node's name (Kubernetes: the node name); volumes are accessible on it.
+    #[arg(long, value_name = "NAME")]
+    pub node_id: String,
+
+    /// Serve only the Controller service (with Identity): a Deployment's half.
+    #[arg(long, conflicts_with = "node")]
+    pub controller: bool,
+
+    /// Serve only the Node service (with Identity): a DaemonSet's half.
+    #[arg(long)]
+    pub node: bool,
+
+    /// The node's state: a file per staged volume and the nbdfuse mounts.
+    #[arg(long, value_name = "DIR", default_value = "/run/bulwark-csi")]
+    pub state_dir: PathBuf,
+
+    /// Where secret files are written for the daemon, briefly (a tmpfs is best)
+    /// [default: STATE_DIR/secrets].
+    #[arg(long, value_name = "DIR")]
+    pub secrets_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -109,6 +109,16 @@ impl Client {
 
     /// Send one request and return its result, or the daemon's error as ours.
     pub fn call(&mut self, request: &Request) -> Result<serde_json::Value> {
+        match self.call_response(request)? {
+            Response::Ok(v) => Ok(v),
+            // The kind is for scripts on the socket; a person reads the message.
+            Response::Err { message, .. } => Err(Error::msg(message)),
+        }
+    }
+
+    /// Send one request and return the daemon's answer as it came, its error kind kept
+    /// (for callers that act on it: the CSI driver).
+    pub fn call_response(&mut self, request: &Request) -> Result<Response> {
         let mut line = serde_json::to_string(request).expect("a request always serializes");
         line.push('\n');
         let lost =
@@ -121,11 +131,7 @@ impl Client {
                 "the daemon closed the connection without answering (is it shutting down?)",
             ));
         }
-        match Response::from_line(answer.trim_end()).map_err(Error::msg)? {
-            Response::Ok(v) => Ok(v),
-            // The kind is for scripts on the socket; a person reads the message.
-            Response::Err { message, .. } => Err(Error::msg(message)),
-        }
+        Response::from_line(answer.trim_end()).map_err(Error::msg)
     }
 
     pub fn call_typed<T: DeserializeOwned>(&mut self, request: &Request) -> Result<T> {

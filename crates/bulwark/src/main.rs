@@ -8,7 +8,7 @@
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control`, `metrics` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
-//! `snapshot`, `volume` → `image` → `pools` → `daemon`. A module uses only modules before it
+//! `snapshot`, `volume`, `csi` → `image` → `pools` → `daemon`. A module uses only modules before it
 //! (`tests/layers.rs`).
 
 mod access;
@@ -16,6 +16,7 @@ mod bench;
 mod cli;
 mod client;
 mod control;
+mod csi;
 mod daemon;
 mod display;
 mod error;
@@ -47,7 +48,7 @@ fn main() -> ExitCode {
     };
     // The daemon logs what it does; a command that runs the engine itself (the pool
     // commands) says what it did on stdout, and logs only warnings.
-    init_logging(if matches!(cli.command, Command::Serve(_)) {
+    init_logging(if matches!(cli.command, Command::Serve(_) | Command::Csi(_)) {
         "info"
     } else {
         "warn"
@@ -118,6 +119,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Fault(command) => maintenance::fault(client::pool_dir(pool)?, command),
         Command::History(args) => history::history(client::pool_dir(pool)?, args),
         Command::Bench(args) => bench::bench(pool, args),
+        Command::Csi(args) => csi::serve(client::pool_dir(pool)?, args),
         Command::Completions(args) => {
             use std::io::Write;
             // A closed pipe (`| head`) ends the output quietly, as for any filter.

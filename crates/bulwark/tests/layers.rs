@@ -133,6 +133,8 @@ const BULWARK: Table = Table {
         ),
         // Volume resize and properties (get, set): both sides.
         ("volume", &["cli", "client", "control", "display", "error"]),
+        // `bulwark csi`: the CSI driver's `Pool` answered over the control socket.
+        ("csi", &["cli", "client", "control", "error"]),
         // Disk images in and out of volumes (qemu-img, nbdcopy): the CLI side only.
         (
             "image",
@@ -164,6 +166,49 @@ const BULWARK: Table = Table {
                 "notify",
                 "objects",
                 "volume",
+            ],
+        ),
+    ],
+};
+
+/// `bulwark-csi`: the CSI driver; knows gRPC and the node's mounts, reaches the pool
+/// only through its `Pool` trait.
+const CSI: Table = Table {
+    src: "../csi/src",
+    root: "lib",
+    root_items: &[],
+    layers: &[
+        // The generated messages and services.
+        ("proto", &[]),
+        // What the driver needs from the daemon.
+        ("pool", &[]),
+        // CSI names and ids as bulwark names.
+        ("ids", &[]),
+        // StorageClass parameters.
+        ("params", &[]),
+        // File systems and mounts (system tools).
+        ("mount", &[]),
+        // CSI secrets as short-lived 0600 files.
+        ("secret", &["pool"]),
+        // NBD exports as block devices (kernel client, or nbdfuse and a loop device).
+        ("attach", &["mount"]),
+        ("caps", &["mount", "proto"]),
+        // Failures as gRPC status codes.
+        ("status", &["mount", "pool"]),
+        // What the services share: configuration, the pool, per-volume locks.
+        ("driver", &["pool", "proto"]),
+        // The three services.
+        ("identity", &["driver", "proto"]),
+        (
+            "controller",
+            &[
+                "caps", "driver", "ids", "params", "pool", "proto", "secret", "status",
+            ],
+        ),
+        (
+            "node",
+            &[
+                "attach", "caps", "driver", "mount", "pool", "proto", "secret", "status",
             ],
         ),
     ],
@@ -286,8 +331,13 @@ fn bulwark_modules_keep_their_layers() {
 }
 
 #[test]
+fn csi_modules_keep_their_layers() {
+    check(&CSI);
+}
+
+#[test]
 fn every_crate_has_a_table() {
-    let tabled = ["nbd", "bulwark", "engine"];
+    let tabled = ["nbd", "bulwark", "engine", "csi"];
     let crates = manifest_dir().join("..");
     let mut missing = Vec::new();
     for entry in fs::read_dir(&crates).expect("read crates/") {

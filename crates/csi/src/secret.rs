@@ -1,0 +1,185 @@
+//! CSI secrets → short-lived secret files for the daemon.
+//!
+//! A CSI request carries its Secret as a map of strings. The fields bulwark reads
+//! are `passphrase` (Argon2id, as `--passphrase-file`) or `key` (the bytes of a key
+//! file, as `--key-file`), and for a clone whose origin's key is not loaded,
+//! `originPassphrase` or `originKey`. The daemon takes secrets only as paths of files
+//! (they never cross the control socket, never reach argv or a log), so each secret is
+//! written to a 0600 file in a fresh 0700 directory under the secrets directory, handed
+//! over by path, and overwritten with zeros and removed when the [`SecretFile`] drops.
+//! The bytes in this process live in `Zeroizing` buffers; the request's own map is
+//! emptied into them, so no copy waits in it.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use zeroize::Zeroizing;
+
+use crate::pool::{SecretKind, SecretPath};
+
+/// Longest secret taken (the daemon's own bound on secret files).
+pub const SECRET_BYTES_MAX: usize = 64 << 10;
+
+/// The field names of a volume's own secret and of its origin's.
+const OWN: (&str, &str) = ("passphrase", "key");
+const ORIGIN: (&str, &str) = ("originPassphrase", "originKey");
+
+/// A secret taken out of a request.
+pub struct Secret {
+    pub kind: SecretKind,
+    bytes: Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({:?}, redacted)", self.kind)
+    }
+}
+
+/// The secrets of one request: the volume's own and, maybe, its origin's.
+#[derive(Debug, Default)]
+pub struct Secrets {
+    pub own: Option<Secret>,
+    pub origin: Option<Secret>,
+}
+
+impl Secrets {
+    /// Takes the fields bulwark knows out of `map` (the rest are left; every value is
+    /// zeroized when `map` drops). Errors name fields, never values.
+    pub fn take(map: &mut HashMap<String, String>) -> Result<Secrets, String> {
+        let own = take_one(map, OWN)?;
+        let origin = take_one(map, ORIGIN)?;
+        for (_, v) in map.drain() {
+            drop(Zeroizing::new(v.into_bytes()));
+        }
+        Ok(Secrets { own, origin })
+    }
+}
+
+fn take_one(
+    map: &mut HashMap<String, String>,
+    (passphrase, key): (&str, &str),
+) -> Result<Option<Secret>, String> {
+    let p = map.remove(passphrase).map(|v| Zeroizing::new(v.into_bytes()));
+    let k = map.remove(key).map(|v| Zeroizing::new(v.into_bytes()));
+    let (kind, bytes, field) = match (p, k) {
+        (None, None) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "the secret has both '{passphrase}' and '{key}': give one of them"
+            ))
+        }
+        (Some(b), None) => (SecretKind::Passphrase, b, passphrase),
+        (None, Some(b)) => (SecretKind::Key, b, key),
+    };
+    if bytes.is_empty() {
+        return Err(format!("the secret's '{field}' is empty"));
+    }
+    if bytes.len() > SECRET_BYTES_MAX {
+        return Err(format!(
+            "the secret's '{field}' is longer than {} KiB",
+            SECRET_BYTES_MAX >> 10
+        ));
+    }
+    Ok(Some(Secret { kind, bytes }))
+}
+
+/// A secret written for the daemon; zeroed and removed on drop.
+pub struct SecretFile {
+    kind: SecretKind,
+    path: PathBuf,
+    len: usize,
+    // Removed (with the file) after the file is zeroed in `drop`.
+    _dir: tempfile::TempDir,
+}
+
+impl SecretFile {
+    /// Writes `secret` to `DIR/bulwark-csi-XXXX/secret` (0700 directory, 0600 file).
+    pub fn write(dir: &Path, secret: &Secret) -> std::io::Result<SecretFile> {
+        std::fs::create_dir_all(dir)?;
+        let private = tempfile::Builder::new()
+            .prefix("bulwark-csi-")
+            .tempdir_in(dir)?;
+        let path = private.path().join("secret");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        f.write_all(&secret.bytes)?;
+        Ok(SecretFile {
+            kind: secret.kind,
+            path,
+            len: secret.bytes.len(),
+            _dir: private,
+        })
+    }
+
+    pub fn as_ref(&self) -> SecretPath<'_> {
+        SecretPath {
+            kind: self.kind,
+            path: &self.path,
+        }
+    }
+}
+
+impl Drop for SecretFile {
+    fn drop(&mut self) {
+        // Zeros over the secret before the name goes (a tmpfs frees the pages; a disk
+        // file system at least loses the bytes from the page cache and the file).
+        if let Ok(mut f) = OpenOptions::new().write(true).open(&self.path) {
+            let _ = f.write_all(&vec![0u8; self.len]);
+            let _ = f.sync_data();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn fields_are_read_and_the_map_emptied() {
+        let mut m = map(&[("key", "k1"), ("originPassphrase", "p0"), ("other", "x")]);
+        let s = Secrets::take(&mut m).unwrap();
+        assert_eq!(s.own.as_ref().unwrap().kind, SecretKind::Key);
+        assert_eq!(s.origin.as_ref().unwrap().kind, SecretKind::Passphrase);
+        assert!(m.is_empty());
+        assert!(!format!("{s:?}").contains("k1"));
+        let mut both = map(&[("key", "k"), ("passphrase", "p")]);
+        let e = Secrets::take(&mut both).unwrap_err();
+        assert!(e.contains("both") && !e.contains("'k'"), "{e}");
+        assert!(Secrets::take(&mut map(&[("key", "")])).is_err());
+        assert!(Secrets::take(&mut map(&[])).unwrap().own.is_none());
+    }
+
+    #[test]
+    fn the_file_is_private_and_gone_after() {
+        let base = tempfile::tempdir().unwrap();
+        let s = Secrets::take(&mut map(&[("passphrase", "correct horse")]))
+            .unwrap()
+            .own
+            .unwrap();
+        let f = SecretFile::write(base.path(), &s).unwrap();
+        let path = f.as_ref().path.to_path_buf();
+        assert_eq!(std::fs::read(&path).unwrap(), b"correct horse");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        drop(f);
+        assert!(!path.exists() && !path.parent().unwrap().exists());
+        assert_eq!(std::fs::read_dir(base.path()).unwrap().count(), 0);
+    }
+}
