@@ -104,7 +104,7 @@ fn attach_fuse(volume: &str, socket: &Path, fuse_root: &Path) -> SysResult<Attac
         .map_err(|e| SysError(format!("cannot make {}: {e}", fuse_dir.display())))?;
     let disk = fuse_dir.join("disk");
     let uri = format!("nbd+unix:///{volume}?socket={}", socket.display());
-    let log_path = fuse_root.join(format!("{volume}.log"));
+    let log_path = log_path_of(&fuse_dir);
     let log = std::fs::File::create(&log_path)
         .map_err(|e| SysError(format!("cannot make {}: {e}", log_path.display())))?;
     let mut cmd = Command::new("nbdfuse");
@@ -199,6 +199,12 @@ fn stop_fuse(fuse_dir: &Path, pid: u32) {
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = std::fs::remove_dir(fuse_dir);
+    let _ = std::fs::remove_file(log_path_of(fuse_dir));
+}
+
+/// nbdfuse's output, beside its directory (`fuse/VOLUME.log`).
+fn log_path_of(fuse_dir: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.log", fuse_dir.display()))
 }
 
 /// Whether `pid` is still an nbdfuse (a pid from a state file may have been reused).

@@ -84,7 +84,31 @@ fn take_one(
             SECRET_BYTES_MAX >> 10
         ));
     }
+    let bytes = match kind {
+        SecretKind::Passphrase => bytes,
+        SecretKind::Key => key_bytes(&bytes).ok_or_else(|| {
+            format!(
+                "the secret's '{field}' must be a key of 32 bytes written as 64 hex digits \
+                 (e.g. openssl rand -hex 32)"
+            )
+        })?,
+    };
     Ok(Some(Secret { kind, bytes }))
+}
+
+/// A key given as 64 hex digits (a newline after them allowed), as its 32 bytes.
+fn key_bytes(text: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+    let t = text.strip_suffix(b"\n").unwrap_or(text);
+    let t = t.strip_suffix(b"\r").unwrap_or(t);
+    if t.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Zeroizing::new(Vec::with_capacity(32));
+    for pair in t.chunks(2) {
+        out.push(digit(pair[0])? << 4 | digit(pair[1])?);
+    }
+    Some(out)
 }
 
 /// A secret written for the daemon; zeroed and removed on drop.
@@ -152,13 +176,19 @@ mod tests {
 
     #[test]
     fn fields_are_read_and_the_map_emptied() {
-        let mut m = map(&[("key", "k1"), ("originPassphrase", "p0"), ("other", "x")]);
+        let hex = "00ff".repeat(16);
+        let mut m = map(&[("key", &hex), ("originPassphrase", "p0"), ("other", "x")]);
         let s = Secrets::take(&mut m).unwrap();
         assert_eq!(s.own.as_ref().unwrap().kind, SecretKind::Key);
+        assert_eq!(*s.own.as_ref().unwrap().bytes, [0u8, 0xff].repeat(16));
+        assert!(!format!("{s:?}").contains("00ff"));
+        let newline = format!("{hex}\n");
+        assert!(Secrets::take(&mut map(&[("key", &newline)])).is_ok());
+        let e = Secrets::take(&mut map(&[("key", "k1")])).unwrap_err();
+        assert!(e.contains("64 hex digits") && !e.contains("k1"), "{e}");
         assert_eq!(s.origin.as_ref().unwrap().kind, SecretKind::Passphrase);
         assert!(m.is_empty());
-        assert!(!format!("{s:?}").contains("k1"));
-        let mut both = map(&[("key", "k"), ("passphrase", "p")]);
+        let mut both = map(&[("key", &hex), ("passphrase", "p")]);
         let e = Secrets::take(&mut both).unwrap_err();
         assert!(e.contains("both") && !e.contains("'k'"), "{e}");
         assert!(Secrets::take(&mut map(&[("key", "")])).is_err());
