@@ -67,6 +67,8 @@ class CsiDriver:
         assert self.proc is None
         self.starts += 1
         self.log_path = self.tmp / f"csi-{self.starts}.log"
+        # A socket a killed driver left: the new one replaces it, so wait for that.
+        self.socket.unlink(missing_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(self.pool.bin), "csi", "--pool", str(self.pool.dir),
