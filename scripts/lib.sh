@@ -24,6 +24,7 @@ have nbdkit         || need_pkgs+=(nbdkit)
 have fio            || need_pkgs+=(fio)
 have fusermount3    || need_pkgs+=(fuse3)
 have mkfs.ext4      || need_pkgs+=(e2fsprogs)
+have mkfs.xfs       || need_pkgs+=(xfsprogs)   # the CSI driver formats ext4 or xfs (tests/test_csi_*.py)
 have e2fsck         || need_pkgs+=(e2fsprogs)
 have pkg-config     || need_pkgs+=(pkg-config)
 have cc             || need_pkgs+=(build-essential)
@@ -131,4 +132,36 @@ install_object_store_test_deps() {  # $1: the Python that runs pytest
     log "go install github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION (into $gobin)"
     GOTOOLCHAIN=auto "$go" install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
         || log "warning: could not build versitygw $VERSITYGW_VERSION: the versitygw object-store tests will skip"
+}
+
+
+# --- CSI conformance (tests/test_csi_sanity.py, tests/test_csi_keys.py) ----------
+# csi-sanity from kubernetes-csi/csi-test v5, built with `go install` (about 2 min),
+# and grpcio + grpcio-tools for the Python that runs pytest (the tests' own gRPC
+# client, compiled from crates/csi/proto/csi.proto). Each is skipped when present;
+# without them the CSI tests skip, naming what is missing.
+CSI_SANITY_VERSION=v5.6.0
+install_csi_test_deps() {  # $1: the Python that runs pytest
+    local py=$1 go="" gobin
+    if ! "$py" -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
+        log "installing grpcio and grpcio-tools for $py"
+        "$py" -m pip install -q grpcio grpcio-tools 2>/dev/null \
+            || "$py" -m pip install -q --break-system-packages grpcio grpcio-tools \
+            || log "warning: could not install grpcio: tests/test_csi_keys.py will skip"
+    fi
+    if have go; then go=$(command -v go); elif [ -x /usr/local/go/bin/go ]; then go=/usr/local/go/bin/go; fi
+    if [ -z "$go" ]; then
+        log "warning: no Go: csi-sanity is not built and tests/test_csi_sanity.py will skip"
+        return 0
+    fi
+    gobin=$("$go" env GOBIN); [ -n "$gobin" ] || gobin="$("$go" env GOPATH | cut -d: -f1)/bin"
+    case ":$PATH:" in *":$gobin:"*) ;; *) export PATH="$PATH:$gobin" ;; esac
+    local cs
+    cs=$(command -v csi-sanity || true)
+    if [ -n "$cs" ] && grep -aq "mod	github.com/kubernetes-csi/csi-test/v5	$CSI_SANITY_VERSION	" "$cs"; then
+        return 0
+    fi
+    log "go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION (into $gobin)"
+    GOTOOLCHAIN=auto "$go" install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_SANITY_VERSION" \
+        || log "warning: could not build csi-sanity: tests/test_csi_sanity.py will skip"
 }

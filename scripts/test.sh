@@ -32,6 +32,8 @@ fi
 
 # the S3 servers of the object-store tests (scripts/lib.sh)
 install_object_store_test_deps "$PY"
+# csi-sanity and a gRPC client for the CSI driver's tests (scripts/lib.sh)
+install_csi_test_deps "$PY"
 
 # --- build and test ------------------------------------------------------------
 log "cargo build --release"

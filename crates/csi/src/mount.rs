@@ -134,7 +134,7 @@ pub fn mount_source(path: &Path) -> SysResult<Option<String>> {
         if fields.len() < 10 {
             continue;
         }
-        if PathBuf::from(unescape(fields[4])) != want {
+        if Path::new(&unescape(fields[4])) != want {
             continue;
         }
         // After the optional fields and "-": fs type, source. The last one listed is on top.
