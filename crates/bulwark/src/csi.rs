@@ -49,7 +49,8 @@ fn secret_ref(s: SecretPath<'_>) -> SecretRef {
 
 impl ControlPool {
     fn call(&self, request: &Request) -> PoolResult<serde_json::Value> {
-        let unavailable = |e: Error| PoolError::new(csi_pool::ErrorKind::Unavailable, e.to_string());
+        let unavailable =
+            |e: Error| PoolError::new(csi_pool::ErrorKind::Unavailable, e.to_string());
         let mut client = Client::connect(&self.dir).map_err(unavailable)?;
         match client.call_response(request).map_err(unavailable)? {
             Response::Ok(v) => Ok(v),

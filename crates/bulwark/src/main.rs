@@ -48,11 +48,13 @@ fn main() -> ExitCode {
     };
     // The daemon logs what it does; a command that runs the engine itself (the pool
     // commands) says what it did on stdout, and logs only warnings.
-    init_logging(if matches!(cli.command, Command::Serve(_) | Command::Csi(_)) {
-        "info"
-    } else {
-        "warn"
-    });
+    init_logging(
+        if matches!(cli.command, Command::Serve(_) | Command::Csi(_)) {
+            "info"
+        } else {
+            "warn"
+        },
+    );
     // Every engine path that opens a pool with an object store reaches it through this.
     bulwark_engine::pool::tier::set_opener(objects::opener);
     match run(cli) {

@@ -81,13 +81,20 @@ fn attach_kernel(volume: &str, socket: &Path) -> SysResult<Attachment> {
             break;
         }
         if sys.join("pid").exists()
-            || std::fs::read_to_string(sys.join("size")).map(|s| s.trim() != "0").unwrap_or(true)
+            || std::fs::read_to_string(sys.join("size"))
+                .map(|s| s.trim() != "0")
+                .unwrap_or(true)
         {
             continue;
         }
         let device = format!("/dev/nbd{n}");
         let sock = socket.to_string_lossy();
-        if run("nbd-client", &["-unix", &sock, &device, "-N", volume, "-b", "4096"]).is_ok() {
+        if run(
+            "nbd-client",
+            &["-unix", &sock, &device, "-N", volume, "-b", "4096"],
+        )
+        .is_ok()
+        {
             return Ok(Attachment::Kernel { device });
         }
     }
@@ -127,7 +134,10 @@ fn attach_fuse(volume: &str, socket: &Path, fuse_root: &Path) -> SysResult<Attac
     let pid = child.id();
     let started = Instant::now();
     loop {
-        if std::fs::metadata(&disk).map(|m| m.len() > 0).unwrap_or(false) {
+        if std::fs::metadata(&disk)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false)
+        {
             break;
         }
         if let Ok(Some(status)) = child.try_wait() {
@@ -216,7 +226,10 @@ fn is_nbdfuse(pid: u32) -> bool {
 
 /// The file behind loop device `device`, if it is one.
 fn backing_file(device: &str) -> Option<PathBuf> {
-    let name = Path::new(device).file_name()?.to_string_lossy().into_owned();
+    let name = Path::new(device)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
     let text = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()?;
     Some(PathBuf::from(text.trim_end_matches('\n')))
 }

@@ -11,7 +11,10 @@ use crate::proto::VolumeCapability;
 pub enum Access {
     Block,
     /// A file system of this type (`ext4` when the CO named none) with these mount flags.
-    Mount { fs: String, flags: Vec<String> },
+    Mount {
+        fs: String,
+        flags: Vec<String>,
+    },
 }
 
 /// The capability's access, or why bulwark cannot serve it.

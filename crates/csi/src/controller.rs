@@ -23,6 +23,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::caps::{self, Access};
+use crate::driver::{blocking, Driver, DEFAULT_VOLUME_BYTES};
 use crate::ids;
 use crate::params::Params;
 use crate::pool::{ErrorKind, NewVolume, SnapshotInfo, VolumeInfo};
@@ -31,7 +32,6 @@ use crate::proto::volume_content_source::{SnapshotSource, Type as SourceType, Vo
 use crate::proto::{self, controller_server};
 use crate::secret::{Secret, SecretFile, Secrets};
 use crate::status::{invalid, required};
-use crate::driver::{blocking, Driver, DEFAULT_VOLUME_BYTES};
 
 pub struct Controller(pub Arc<Driver>);
 
@@ -306,7 +306,10 @@ impl Driver {
                 Some(s) => Some(self.secret_file(s)?),
                 None => None,
             };
-            let try_with = origin_file.as_ref().or(own.as_ref()).expect("checked above");
+            let try_with = origin_file
+                .as_ref()
+                .or(own.as_ref())
+                .expect("checked above");
             match self.pool.key_load(&from, try_with.as_ref()) {
                 Ok(()) => loaded_here = true,
                 Err(e) if e.kind == ErrorKind::WrongKey => {
@@ -328,8 +331,12 @@ impl Driver {
             if is_implicit && !exists {
                 self.pool.create_snapshot(&from, &snapshot)?;
             }
-            self.pool
-                .clone_snapshot(&from, &snapshot, &name, own.as_ref().map(SecretFile::as_ref))?;
+            self.pool.clone_snapshot(
+                &from,
+                &snapshot,
+                &name,
+                own.as_ref().map(SecretFile::as_ref),
+            )?;
             Ok(())
         })();
         if loaded_here {
@@ -427,14 +434,12 @@ impl Driver {
             }
         }
         Ok(proto::ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(
-                proto::validate_volume_capabilities_response::Confirmed {
-                    volume_context: req.volume_context,
-                    volume_capabilities: req.volume_capabilities,
-                    parameters: req.parameters,
-                    mutable_parameters: HashMap::new(),
-                },
-            ),
+            confirmed: Some(proto::validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: HashMap::new(),
+            }),
             message: String::new(),
         })
     }
@@ -588,13 +593,19 @@ impl Driver {
         })
     }
 
-    fn capacity(&self, req: proto::GetCapacityRequest) -> Result<proto::GetCapacityResponse, Status> {
+    fn capacity(
+        &self,
+        req: proto::GetCapacityRequest,
+    ) -> Result<proto::GetCapacityResponse, Status> {
         let none = proto::GetCapacityResponse {
             available_capacity: 0,
             maximum_volume_size: None,
             minimum_volume_size: None,
         };
-        if req.volume_capabilities.iter().any(|c| caps::check(c).is_err())
+        if req
+            .volume_capabilities
+            .iter()
+            .any(|c| caps::check(c).is_err())
             || Params::parse(&req.parameters).is_err()
         {
             return Ok(none);
@@ -620,7 +631,9 @@ impl controller_server::Controller for Controller {
     ) -> Result<Response<proto::CreateVolumeResponse>, Status> {
         let d = self.0.clone();
         let r = request.into_inner();
-        blocking(move || d.create_volume(r)).await.map(Response::new)
+        blocking(move || d.create_volume(r))
+            .await
+            .map(Response::new)
     }
 
     async fn delete_volume(
@@ -680,7 +693,9 @@ impl controller_server::Controller for Controller {
     ) -> Result<Response<proto::CreateSnapshotResponse>, Status> {
         let d = self.0.clone();
         let r = request.into_inner();
-        blocking(move || d.create_snapshot(r)).await.map(Response::new)
+        blocking(move || d.create_snapshot(r))
+            .await
+            .map(Response::new)
     }
 
     async fn delete_snapshot(
@@ -699,7 +714,9 @@ impl controller_server::Controller for Controller {
     ) -> Result<Response<proto::ListSnapshotsResponse>, Status> {
         let d = self.0.clone();
         let r = request.into_inner();
-        blocking(move || d.list_snapshots(r)).await.map(Response::new)
+        blocking(move || d.list_snapshots(r))
+            .await
+            .map(Response::new)
     }
 
     async fn controller_expand_volume(
@@ -708,7 +725,9 @@ impl controller_server::Controller for Controller {
     ) -> Result<Response<proto::ControllerExpandVolumeResponse>, Status> {
         let d = self.0.clone();
         let r = request.into_inner();
-        blocking(move || d.controller_expand(r)).await.map(Response::new)
+        blocking(move || d.controller_expand(r))
+            .await
+            .map(Response::new)
     }
 }
 

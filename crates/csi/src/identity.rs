@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use crate::driver::{blocking, Driver, DRIVER_NAME};
 use crate::proto::plugin_capability::{service, volume_expansion, Service, Type, VolumeExpansion};
 use crate::proto::{self, identity_server};
-use crate::driver::{blocking, Driver, DRIVER_NAME};
 
 pub struct Identity(pub Arc<Driver>);
 

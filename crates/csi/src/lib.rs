@@ -85,4 +85,3 @@ pub async fn serve(driver: Arc<Driver>) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&path);
     result.map_err(std::io::Error::other)
 }
-

@@ -24,13 +24,13 @@ use tonic::{Request, Response, Status};
 
 use crate::attach::{self, Attachment};
 use crate::caps::{self, Access};
+use crate::driver::{blocking, Driver};
 use crate::mount;
 use crate::pool::ErrorKind;
 use crate::proto::node_service_capability::{rpc, Rpc, Type as CapType};
 use crate::proto::{self, node_server};
 use crate::secret::{SecretFile, Secrets};
 use crate::status::{invalid, required};
-use crate::driver::{blocking, Driver};
 
 pub struct Node(pub Arc<Driver>);
 
@@ -80,9 +80,8 @@ impl Driver {
     /// Written whole (temporary file, fsync, rename) so a crash leaves the old or the new.
     fn save_state(&self, s: &Staged) -> Result<(), Status> {
         let path = self.state_path(&s.volume);
-        let io = |e: std::io::Error| {
-            Status::internal(format!("cannot write {}: {e}", path.display()))
-        };
+        let io =
+            |e: std::io::Error| Status::internal(format!("cannot write {}: {e}", path.display()));
         std::fs::create_dir_all(path.parent().expect("state files have a parent")).map_err(io)?;
         let tmp = path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(s).expect("state serializes");
@@ -421,9 +420,7 @@ impl Driver {
                 unit: Unit::Bytes as i32,
             }]
         };
-        Ok(proto::NodeGetVolumeStatsResponse {
-            usage,
-        })
+        Ok(proto::NodeGetVolumeStatsResponse { usage })
     }
 
     fn node_expand(
@@ -446,7 +443,10 @@ impl Driver {
         })?;
         let device = s.attachment.device().to_string();
         let size = mount::device_bytes(&device)?;
-        let required = req.capacity_range.as_ref().map_or(0, |r| r.required_bytes.max(0) as u64);
+        let required = req
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| r.required_bytes.max(0) as u64);
         if required > size {
             return Err(Status::failed_precondition(format!(
                 "volume {name} is attached at {size} bytes, its size when it was staged; a \

@@ -32,7 +32,9 @@ fn flag(key: &str, v: &str) -> Result<bool, String> {
     match v.to_ascii_lowercase().as_str() {
         "on" | "true" | "yes" | "1" => Ok(true),
         "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(format!("parameter {key}: '{v}' is not on/off or true/false")),
+        _ => Err(format!(
+            "parameter {key}: '{v}' is not on/off or true/false"
+        )),
     }
 }
 
@@ -119,7 +121,9 @@ mod tests {
 
     #[test]
     fn mistakes_are_refused() {
-        assert!(parse(&[("encrypted", "true")]).unwrap_err().contains("unknown"));
+        assert!(parse(&[("encrypted", "true")])
+            .unwrap_err()
+            .contains("unknown"));
         assert!(parse(&[("encryption", "maybe")]).is_err());
         assert!(parse(&[("blockSize", "3K")]).is_err());
         assert!(parse(&[("blockSize", "256K")]).is_err());

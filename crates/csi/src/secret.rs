@@ -63,7 +63,9 @@ fn take_one(
     map: &mut HashMap<String, String>,
     (passphrase, key): (&str, &str),
 ) -> Result<Option<Secret>, String> {
-    let p = map.remove(passphrase).map(|v| Zeroizing::new(v.into_bytes()));
+    let p = map
+        .remove(passphrase)
+        .map(|v| Zeroizing::new(v.into_bytes()));
     let k = map.remove(key).map(|v| Zeroizing::new(v.into_bytes()));
     let (kind, bytes, field) = match (p, k) {
         (None, None) => return Ok(None),
@@ -124,8 +126,10 @@ impl SecretFile {
     /// Writes `secret` to `DIR/bulwark-csi-XXXX/secret` (0700 directory, 0600 file).
     pub fn write(dir: &Path, secret: &Secret) -> std::io::Result<SecretFile> {
         std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::PermissionsExt;
         let private = tempfile::Builder::new()
             .prefix("bulwark-csi-")
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(dir)?;
         let path = private.path().join("secret");
         let mut f = OpenOptions::new()
