@@ -101,6 +101,26 @@ class CsiDriver:
             self.proc.wait()
         self.proc = None
 
+    def cleanup(self) -> None:
+        """Stop the driver and undo what a failed test left staged: mounts under the
+        test's directory, loop devices and nbdfuse processes its state files name."""
+        import json
+        self.stop()
+        for line in Path("/proc/self/mounts").read_text().splitlines()[::-1]:
+            mnt = line.split()[1]
+            if mnt.startswith(str(self.tmp)) and "/fuse/" not in mnt:
+                subprocess.run(["umount", "-l", mnt], capture_output=True)
+        for f in (self.state / "volumes").glob("*.json"):
+            att = json.loads(f.read_text()).get("attachment", {})
+            if att.get("via") == "fuse":
+                subprocess.run(["losetup", "-d", att["device"]], capture_output=True)
+                subprocess.run(["fusermount3", "-u", "-z", att["fuse_dir"]], capture_output=True)
+                try:
+                    if Path(f"/proc/{att['pid']}/comm").read_text().strip() == "nbdfuse":
+                        os.kill(att["pid"], 9)
+                except (OSError, ValueError):
+                    pass
+
     def log_tail(self) -> str:
         if not self.log_path or not self.log_path.exists():
             return ""

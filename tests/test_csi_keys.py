@@ -40,10 +40,8 @@ def csi(tmp_path):
         yield c
     finally:
         channel.close()
-        # Leave nothing mounted behind a failed test.
-        for m in sorted((tmp_path / "mnt").glob("*")) + sorted((tmp_path / "staging").glob("*")):
-            subprocess.run(["umount", "-l", str(m)], capture_output=True)
-        driver.stop()
+        # Leave nothing mounted or attached behind a failed test.
+        driver.cleanup()
         print(driver.log_tail())
         pool.cleanup()
 

@@ -54,5 +54,5 @@ def test_csi_sanity(tmp_path, access):
         assert not list((driver.state / "secrets").iterdir())
         assert not list((driver.state / "fuse").iterdir())
     finally:
-        driver.stop()
+        driver.cleanup()
         pool.cleanup()

@@ -201,7 +201,14 @@ fn stop_fuse(fuse_dir: &Path, pid: u32) {
     }
     let started = Instant::now();
     // SAFETY: signal 0 and SIGKILL to a pid we started; at worst it is gone already.
-    while unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 && is_nbdfuse(pid) {
+    loop {
+        // Our own child (started by this run of the plugin) is reaped here, else it would
+        // stay a zombie; one a restarted plugin left to init is reaped by init.
+        // SAFETY: waitpid on one pid with WNOHANG; ECHILD when it is not our child.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
+        if unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 || !is_nbdfuse(pid) {
+            break;
+        }
         if started.elapsed() > Duration::from_secs(10) {
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             break;
