@@ -372,6 +372,16 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(line) = overcommit_line(&p.space) {
         let _ = writeln!(out, "{line}");
     }
+    if p.space.clean_cost >= 0.05 {
+        let _ = writeln!(
+            out,
+            "cleaner cost: {:.2} bytes of map nodes per byte moved (random small writes: \
+             writes that need new space may be refused before {} is used, when no segment \
+             is empty enough for cleaning it to gain)",
+            p.space.clean_cost,
+            format_size(p.space.usable_bytes)
+        );
+    }
     if let Some(why) = &p.space.cleaning {
         let _ = writeln!(out, "cleaning: {why}");
     }

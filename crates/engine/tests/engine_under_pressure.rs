@@ -172,3 +172,85 @@ fn run_bounded(rotate: bool) {
         Err(_) => panic!("the overwrites did not end: a writer waits for space forever"),
     }
 }
+
+/// Exploration of issue 36 part 5 (ENOSPC far below usable after a fill and its release,
+/// exabyte thin volumes and clones): prints where writes are refused.
+#[test]
+#[ignore]
+fn explore_enospc_after_release() {
+    let dir = tempfile::tempdir().unwrap();
+    Pool::create(
+        dir.path(),
+        Layout::Single,
+        DeviceSpec::Files {
+            count: 1,
+            size_bytes: 300 << 20,
+        },
+    )
+    .unwrap();
+    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    let o = VolumeOptions {
+        size_bytes: 1 << 60,
+        block_size: BLOCK as u32,
+        compression: Compression::Off,
+        encryption: true,
+    };
+    for n in ["a", "b"] {
+        pool.create_volume(n, o.clone(), Some(&key())).unwrap();
+    }
+    // A base with a snapshot and two clones.
+    {
+        let v = pool.volume("a").unwrap();
+        for i in 0..(16u64 << 20) / BLOCK {
+            v.write(i * BLOCK, &block(3, i), false).unwrap();
+        }
+        v.flush().unwrap();
+    }
+    pool.snapshot_create("a", "s").unwrap();
+    pool.volume_clone("a", "s", "c1", Some(&key())).unwrap();
+    pool.volume_clone("a", "s", "c2", Some(&key())).unwrap();
+    let report = |what: &str| {
+        let s = pool.status().space;
+        eprintln!(
+            "{what}: used {} usable {} free {} reserved {} ({:.0}% of usable) cost {:.2} cleaning {:?}",
+            s.used_bytes >> 20,
+            s.usable_bytes >> 20,
+            s.free_bytes >> 20,
+            s.reserved_bytes >> 20,
+            s.used_bytes as f64 * 100.0 / s.usable_bytes as f64,
+            s.clean_cost,
+            s.cleaning
+        );
+    };
+    report("start");
+    let fill = |name: &str, seed: u64, base: u64| -> u64 {
+        let v = pool.volume(name).unwrap();
+        let mut n = 0;
+        let mut rng = Rng(seed);
+        loop {
+            let lba = base + rng.below(1 << 16);
+            match v.write(lba * BLOCK, &block(seed, lba), false) {
+                Ok(()) => n += 1,
+                Err(Error::NoSpace) => return n,
+                Err(e) => panic!("{e}"),
+            }
+            if n % 64 == 0 {
+                if let Err(Error::NoSpace) = v.flush() {
+                    return n;
+                }
+            }
+        }
+    };
+    for round in 0..3 {
+        let n = fill("b", 10 + round, 1 << 30) + fill("c1", 20 + round, 0);
+        report(&format!("round {round} full after {n} writes"));
+        for name in ["b", "c1"] {
+            let v = pool.volume(name).unwrap();
+            v.trim(0, (1 << 16) * BLOCK).unwrap();
+            v.trim((1 << 30) * BLOCK, (1 << 16) * BLOCK).unwrap();
+            v.flush().unwrap();
+        }
+        report(&format!("round {round} released"));
+    }
+    pool.close().unwrap();
+}

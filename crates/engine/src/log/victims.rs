@@ -130,4 +130,16 @@ mod tests {
     }
 
     const SEGMENTS_HALF: u64 = SEGMENT_BYTES / 2;
+
+    /// A segment whose moves would cost what cleaning it frees is not picked: with the
+    /// moves' map nodes costing as much again as the records (`Log::set_clean_cost(1.0)`:
+    /// at most 7/16 of a segment live), a half-full segment gains nothing (issue 36).
+    #[test]
+    fn a_segment_whose_moves_cost_what_it_frees_is_not_picked() {
+        let live_max = (SEGMENT_BYTES as f64 * 7.0 / 8.0 / 2.0) as u32;
+        let half = c(1, SEG / 2, 1000);
+        let third = c(2, SEG / 3, 1000);
+        assert_eq!(pick(vec![half, third], 4, u64::MAX, live_max), [2]);
+        assert_eq!(pick(vec![half, third], 4, u64::MAX, LIVE_MAX), [2, 1]);
+    }
 }

@@ -49,6 +49,12 @@ const MOVE_BATCH_BYTES: usize = 256 << 10;
 /// Dead bytes between two records to move, at most, for them to be read in one read.
 const MOVE_READ_GAP: u64 = 16 << 10;
 
+/// Where a pass's cost is measured from: the cleaner's stream (the map nodes it dirtied
+/// are counted as it dirties them: `Core::clean_dirtied`).
+struct PassCost {
+    clean_at_start: u64,
+}
+
 /// A data record to move: its victim's rank in the pass (best first), its volume, its block.
 struct Move {
     rank: usize,
@@ -152,6 +158,15 @@ impl Core {
         Ok(())
     }
 
+    /// `Store::note_dirty` for a tree the cleaner changed (under its map lock): the nodes
+    /// it made dirty that were clean are the map cost of its moves (`Log::note_clean_pass`).
+    fn note_dirty_cleaning(&self, slot: &std::sync::atomic::AtomicUsize, now: usize) {
+        let before = slot.load(Ordering::Relaxed);
+        self.store.note_dirty(slot, now);
+        self.clean_dirtied
+            .fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+    }
+
     fn clean_held(&self) -> Result<usize> {
         let budget = self.store.log.clean_budget_for_records() as u64 * SEGMENT_BYTES;
         let victims = self.store.log.victims(CLEAN_BATCH_SEGMENTS, budget);
@@ -165,6 +180,10 @@ impl Core {
             return Ok(0);
         }
         let rank = Victims::new(&victims);
+        let cost = PassCost {
+            clean_at_start: self.store.log.written().clean,
+        };
+        self.clean_dirtied.store(0, Ordering::Relaxed);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
@@ -230,6 +249,9 @@ impl Core {
             self.table_dirty.store(true, Ordering::Release);
         }
         self.commit_for_waiting_flushes()?;
+        let moved = self.store.log.written().clean - cost.clean_at_start;
+        let dirtied = self.clean_dirtied.swap(0, Ordering::Relaxed);
+        self.store.log.note_clean_pass(moved, dirtied as u64);
         Ok(done)
     }
 
@@ -431,8 +453,8 @@ impl Core {
             }
         }
         let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
-        self.store.note_dirty(&v.snap_dirty_nodes, dirty);
-        self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
+        self.note_dirty_cleaning(&v.snap_dirty_nodes, dirty);
+        self.note_dirty_cleaning(&v.dirty_nodes, head.dirty_nodes());
         Ok(changed + holders.len())
     }
 
@@ -773,12 +795,12 @@ impl Core {
                     for p in &puts[k..] {
                         self.store.release(&p.ptr);
                     }
-                    self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+                    self.note_dirty_cleaning(&v.dirty_nodes, tree.dirty_nodes());
                     return Err(e);
                 }
             }
         }
-        self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+        self.note_dirty_cleaning(&v.dirty_nodes, tree.dirty_nodes());
         drop(tree);
         drop(pending);
         Ok(moved)

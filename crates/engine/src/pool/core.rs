@@ -54,6 +54,8 @@ pub struct Core {
     /// commits between two batches of moves when any wait, which answers them, so a FLUSH
     /// never waits for a whole pass (issue 36).
     pub flush_waiters: std::sync::atomic::AtomicUsize,
+    /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
+    pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
     /// The intent log chain flushes append to (`intent`); `None` with the log off.
     pub(crate) intent: Mutex<Option<super::intent::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
@@ -478,6 +480,7 @@ impl Core {
                 meta_written_bytes: written.meta * per,
                 write_amplification: written.amplification(),
                 cleaning: self.store.clean_stuck().map(|s| s.why),
+                clean_cost: self.store.log.clean_cost(),
             },
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),
@@ -1071,7 +1074,7 @@ impl SpaceMark {
 struct CleanGains {
     /// Passes in a row that gained no free segment.
     futile: u32,
-    /// Map-node bytes written per byte moved (every copy), averaged over passes.
+    /// Map-node bytes written per byte moved (every copy), as `Log::clean_cost` has it.
     meta_per_moved: f64,
 }
 
@@ -1079,15 +1082,7 @@ impl CleanGains {
     fn note(&mut self, store: &crate::store::Store, before: &SpaceMark, after: &SpaceMark) {
         let moved = after.written.clean.saturating_sub(before.written.clean);
         let meta = after.written.meta.saturating_sub(before.written.meta);
-        if moved > 0 {
-            let m = meta as f64 / moved as f64;
-            self.meta_per_moved = if self.meta_per_moved == 0.0 {
-                m
-            } else {
-                (self.meta_per_moved + m) / 2.0
-            };
-            store.log.set_clean_cost(self.meta_per_moved);
-        }
+        self.meta_per_moved = store.log.clean_cost();
         // Segments gained, with what client writes took meanwhile given back: room a
         // writer used is room the pass made.
         let data = after.written.data.saturating_sub(before.written.data);

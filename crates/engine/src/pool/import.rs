@@ -1386,6 +1386,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         log_key,
         commit_lock: Mutex::new(()),
         flush_waiters: Default::default(),
+        clean_dirtied: Default::default(),
         intent: Mutex::new(None),
         // With an object store a flush is a commit, durable once the store has it, unless
         // the pool asks for local flushes (the intent log; the store lags by a commit).

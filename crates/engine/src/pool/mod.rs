@@ -153,6 +153,10 @@ pub struct SpaceStatus {
     /// space, whatever `free_bytes` says): why, and what frees space.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleaning: Option<String>,
+    /// Map-node bytes the cleaner writes per byte it moves (every copy), as measured (0:
+    /// not yet): it picks only segments that cleaning still gains from after that cost.
+    #[serde(default)]
+    pub clean_cost: f64,
 }
 
 pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};
