@@ -744,6 +744,11 @@ pub struct ServeArgs {
     /// every write since that copy is lost.
     #[arg(long)]
     pub accept_rollback: bool,
+    /// Take the pool even though its intent log lost acknowledged FLUSHes (a block missing
+    /// or altered in a chain that goes on, or a log shorter than the host recorded): the
+    /// writes of those flushes read as they were before them (audited; `status` shows it).
+    #[arg(long)]
+    pub accept_log_loss: bool,
     /// Make every client FLUSH a full commit instead of an intent log write and one
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]

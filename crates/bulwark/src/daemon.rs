@@ -95,6 +95,10 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
             "--accept-rollback: devices older than this host's last commit are taken as they are"
         );
     }
+    if args.accept_log_loss {
+        opts.accept_log_loss = true;
+        warn!("--accept-log-loss: an intent log that lost acknowledged flushes is taken as it is");
+    }
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -176,6 +180,23 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
                     "devices_generation": devices,
                     "host_generation": host,
                 }),
+            })
+        };
+        tokio::task::spawn_blocking(record)
+            .await
+            .map_err(|e| Error::msg(format!("audit: {e}")))?;
+    }
+
+    if let Some(lost) = pool.log_loss_accepted() {
+        let audit = access::Audit::open(&dir).map_err(Error::msg)?;
+        let record = move || {
+            audit.record(access::Record {
+                event: "pool.accept_log_loss",
+                client: "serve --accept-log-loss",
+                peer: "command line",
+                volume: None,
+                result: "ok",
+                detail: serde_json::json!({ "lost": lost }),
             })
         };
         tokio::task::spawn_blocking(record)

@@ -405,6 +405,12 @@ pub fn status_text(report: &StatusReport) -> String {
     out.push('\n');
 
     out.push_str(&errors_text(&p.errors));
+    if let Some(lost) = &p.lost_flushes {
+        let _ = writeln!(
+            out,
+            "\tintent log: {lost} (taken with serve --accept-log-loss)"
+        );
+    }
     out
 }
 

@@ -175,6 +175,150 @@ fn write_to(dir: &Path, a: &Anchor, fresh: bool) -> Result<()> {
         .map_err(|e| Error::device(&p, e))
 }
 
+/// How far the intent log of one chain reached: `blocks` is what `intent::Chain::seq` (or,
+/// on a log device, `logdev::DevChain::seq`) was after the last flush the host recorded.
+/// Written lazily (`ReachWriter`), after the flush returned and off its path, to a slot of
+/// its own at `REACH_AT` in the anchor file (the commit's two slots are never touched by
+/// it): a log found shorter at import lost acknowledged flushes. Flushes acknowledged
+/// after the last record written are not covered (the window: one anchor write, about a
+/// millisecond on an SSD, more while flushes come faster than it).
+///
+/// | offset | size | field |
+/// | --- | --- | --- |
+/// | 0 | 8 | magic `BWLOGRCH` |
+/// | 8 | 16 | pool id |
+/// | 24 | 8 | generation whose chain it is |
+/// | 32 | 16 | the chain id (`Superblock::chain_id`) |
+/// | 48 | 8 | blocks (sequence numbers) the chain reached |
+/// | 56 | 424 | zero |
+/// | 480 | 32 | blake3 of bytes 0..480 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    pub pool_id: [u8; 16],
+    pub generation: u64,
+    pub chain: [u8; 16],
+    pub blocks: u64,
+}
+
+const REACH_MAGIC: &[u8; 8] = b"BWLOGRCH";
+/// Where the reach slot lies in the anchor file, after the commit's two slots.
+const REACH_AT: u64 = 2 * SLOT_BYTES as u64;
+
+impl Reach {
+    fn encode(&self) -> [u8; SLOT_BYTES] {
+        let mut b = [0u8; SLOT_BYTES];
+        b[0..8].copy_from_slice(REACH_MAGIC);
+        b[8..24].copy_from_slice(&self.pool_id);
+        b[24..32].copy_from_slice(&self.generation.to_le_bytes());
+        b[32..48].copy_from_slice(&self.chain);
+        b[48..56].copy_from_slice(&self.blocks.to_le_bytes());
+        let sum = checksum(&b[..SUM_AT]);
+        b[SUM_AT..].copy_from_slice(&sum);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Reach> {
+        if b.len() != SLOT_BYTES
+            || &b[0..8] != REACH_MAGIC
+            || checksum(&b[..SUM_AT])[..] != b[SUM_AT..]
+        {
+            return None;
+        }
+        Some(Reach {
+            pool_id: b[8..24].try_into().unwrap(),
+            generation: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+            chain: b[32..48].try_into().unwrap(),
+            blocks: u64::from_le_bytes(b[48..56].try_into().unwrap()),
+        })
+    }
+}
+
+/// The reach record in `dir`'s anchor file, if one is there and whole.
+pub fn read_reach(dir: &Path) -> Option<Reach> {
+    let f = std::fs::File::open(path(dir)).ok()?;
+    let mut b = [0u8; SLOT_BYTES];
+    f.read_exact_at(&mut b, REACH_AT).ok()?;
+    Reach::decode(&b)
+}
+
+/// Write the reach record and sync it.
+pub fn write_reach(dir: &Path, r: &Reach) -> Result<()> {
+    let p = path(dir);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .open(&p)
+        .map_err(|e| Error::device(&p, e))?;
+    file.write_all_at(&r.encode(), REACH_AT)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| Error::device(&p, e))
+}
+
+#[derive(Default)]
+struct ReachState {
+    want: Option<Reach>,
+    stop: bool,
+}
+
+/// The thread that writes the reach record after flushes, the newest one each time it
+/// gets to it (many flushes, one write). Stopped and joined when dropped.
+pub(crate) struct ReachWriter {
+    shared: std::sync::Arc<(parking_lot::Mutex<ReachState>, parking_lot::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReachWriter {
+    pub(crate) fn start(dir: PathBuf) -> ReachWriter {
+        let shared: std::sync::Arc<(parking_lot::Mutex<ReachState>, parking_lot::Condvar)> =
+            Default::default();
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("bulwark-log-reach".into())
+            .spawn(move || {
+                let mut warned = false;
+                loop {
+                    let r = {
+                        let mut st = s.0.lock();
+                        while st.want.is_none() && !st.stop {
+                            s.1.wait(&mut st);
+                        }
+                        if st.stop {
+                            return;
+                        }
+                        st.want.take().expect("woken with a record to write")
+                    };
+                    if let Err(e) = write_reach(&dir, &r) {
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(
+                                "cannot record how far the intent log reached ({e}): a log \
+                                 cut short on the devices is then seen only by its later blocks"
+                            );
+                        }
+                    }
+                }
+            })
+            .ok();
+        ReachWriter { shared, thread }
+    }
+
+    /// Record `r` soon (never waits for the write).
+    pub(crate) fn note(&self, r: Reach) {
+        self.shared.0.lock().want = Some(r);
+        self.shared.1.notify_one();
+    }
+}
+
+impl Drop for ReachWriter {
+    fn drop(&mut self) {
+        self.shared.0.lock().stop = true;
+        self.shared.1.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -324,6 +324,7 @@ impl Core {
             generation,
             seq: 0,
             next: head,
+            after: None,
             slots: vec![super::intent::slot_ptr(head)],
         });
         if let Some(l) = &logdev {

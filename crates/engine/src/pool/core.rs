@@ -49,6 +49,11 @@ pub struct Core {
     /// The import took devices older than the host's anchor (`accept_rollback`): their
     /// generation and the one the host had committed.
     pub rollback_accepted: Option<(u64, u64)>,
+    /// The import found acknowledged flushes lost from the intent log and took the pool
+    /// anyway (`accept_log_loss`): what was lost, for `status`.
+    pub log_loss: Option<String>,
+    /// Records how far the intent log reached, after flushes (`anchor::ReachWriter`).
+    pub(crate) reach: super::anchor::ReachWriter,
     pub commit_lock: Mutex<()>,
     /// Flushes waiting for `commit_lock` (`flush_since`): a cleaning pass that holds it
     /// commits between two batches of moves when any wait, which answers them, so a FLUSH
@@ -274,21 +279,26 @@ impl Core {
         if clients > 0 {
             return Err(self.volume_in_use(&st.name, clients));
         }
-        let g = st.quiesce(crate::constants::QUIESCE_WAIT_MAX).ok_or_else(|| {
-            let by = if self.scrub_running.load(Ordering::Acquire) {
-                "a scrub or resilver batch"
-            } else {
-                "a key rotation batch"
-            };
-            Error::Busy(format!(
-                "volume '{}' is busy: {by} over it did not end within {} s; try again, \
+        let g = st
+            .quiesce(crate::constants::QUIESCE_WAIT_MAX)
+            .ok_or_else(|| {
+                let by = if self.scrub_running.load(Ordering::Acquire) {
+                    "a scrub or resilver batch"
+                } else {
+                    "a key rotation batch"
+                };
+                Error::Busy(format!(
+                    "volume '{}' is busy: {by} over it did not end within {} s; try again, \
                  or pause it ('bulwark scrub pause')",
-                st.name,
-                crate::constants::QUIESCE_WAIT_MAX.as_secs()
-            ))
-        })?;
+                    st.name,
+                    crate::constants::QUIESCE_WAIT_MAX.as_secs()
+                ))
+            })?;
         if st.destroyed.load(Ordering::Acquire) {
-            return Err(Error::NotFound(format!("volume '{}' does not exist", st.name)));
+            return Err(Error::NotFound(format!(
+                "volume '{}' does not exist",
+                st.name
+            )));
         }
         let clients = st.clients();
         if clients > 0 {
@@ -369,7 +379,11 @@ impl Core {
         if st.encryption && st.ring.read().is_none() {
             return Err(st.locked());
         }
-        Ok(Arc::new(Volume::for_client(self.store.clone(), self.clone(), st)))
+        Ok(Arc::new(Volume::for_client(
+            self.store.clone(),
+            self.clone(),
+            st,
+        )))
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {
@@ -490,6 +504,7 @@ impl Core {
                 None => self.cachedev_unavailable.lock().clone(),
             },
             log,
+            lost_flushes: self.log_loss.clone(),
             object_store: self.tier.as_ref().map(|t| t.status(&self.store)),
         }
     }

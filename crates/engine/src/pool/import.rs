@@ -1080,9 +1080,16 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let main_head = newest
         .log_head
         .or(dev_chain.as_ref().map(|_| [crate::map::ADDR_NONE; 2]));
+    // The loss of acknowledged flushes, found after the replay stopped: a message that
+    // names what was lost (`lost_flushes`), refused without `accept_log_loss`.
+    let mut log_loss: Option<String> = None;
     if let Some(head) = main_head {
         let mut at = head;
         let mut buf = Vec::new();
+        // The block whose entries are being applied (a record that fails stops the replay
+        // inside it), and the slot the last applied block named after its next.
+        let mut stopped_in: Option<super::intent::Block> = None;
+        let mut prev_after: Option<[u64; 2]> = None;
         let why = 'replay: loop {
             // The records a block on a log device carries (`logdev`), verified.
             let mut inline = Vec::new();
@@ -1172,6 +1179,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 };
                 block
             };
+            stopped_in = Some(block.clone());
             for (i, e) in block.entries.iter().enumerate() {
                 let Some(f) = families.iter_mut().find(|f| f.rec.id == e.volume) else {
                     break 'replay format!(
@@ -1255,10 +1263,119 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 }
                 replayed.1 += 1;
             }
+            stopped_in = None;
             replayed.0 += 1;
+            prev_after = Some(block.after);
             at = block.next;
         };
-        if alarm {
+        // Did the chain go on past where the replay stopped? A later block of this chain
+        // written by a later flush proves that the flush the replay stopped in returned:
+        // what it and every flush after it made durable is lost, not unfinished.
+        let k = match (&stopped_in, &dev_chain) {
+            (Some(b), _) => b.seq,
+            (None, Some(_)) => dev_at,
+            (None, None) => replayed.0,
+        };
+        let later: Vec<super::intent::Block> = match &dev_chain {
+            Some((_, l)) => l.blocks_after(
+                k,
+                &newest.pool_id,
+                &newest.chain_id,
+                newest.generation,
+                block_key,
+            ),
+            None => {
+                let mut starts = Vec::new();
+                match &stopped_in {
+                    Some(b) => {
+                        starts.push((k + 1, b.next));
+                        starts.push((k + 2, b.after));
+                    }
+                    None => starts.extend(prev_after.map(|a| (k + 1, a))),
+                }
+                later_main_blocks(&store, starts, &newest, block_key)
+            }
+        };
+        let reach = match super::anchor::read_reach(dir) {
+            Some(r) if r.generation == newest.generation && r.chain == newest.chain_id => {
+                Some(r.blocks)
+            }
+            _ => None,
+        };
+        // On the log devices a block's sequence number counts slots; `replayed.0` counts
+        // blocks on the main devices. The reach record counts what `Chain::seq` counts.
+        let reached = if dev_chain.is_some() {
+            dev_at
+        } else {
+            replayed.0
+        };
+        let proof = later.iter().any(|b| b.proves_acknowledged(k));
+        let short = reach.filter(|&r| r > reached);
+        if proof || short.is_some() {
+            let mut names: Vec<String> = later
+                .iter()
+                .flat_map(|b| b.entries.iter().map(|e| e.volume))
+                .chain(
+                    stopped_in
+                        .iter()
+                        .flat_map(|b| b.entries.iter().map(|e| e.volume)),
+                )
+                .filter_map(|id| families.iter().find(|f| f.rec.id == id))
+                .map(|f| f.rec.name.clone())
+                .collect();
+            names.sort();
+            names.dedup();
+            let mut flushes: Vec<u64> = later
+                .iter()
+                .filter(|b| b.proves_acknowledged(k))
+                .map(|b| b.flush_first)
+                .collect();
+            flushes.sort();
+            flushes.dedup();
+            let lost_flushes = flushes.len() + 1;
+            let evidence = match (proof, short) {
+                (true, _) => format!(
+                    "{} later block(s) of the same chain verify under the pool key",
+                    later.len()
+                ),
+                (false, Some(r)) => format!(
+                    "the host's anchor records that the log reached {r} (it stops at {reached})"
+                ),
+                (false, None) => unreachable!(),
+            };
+            let volumes = if names.is_empty() {
+                "volumes not known (the blocks that named them are gone)".to_string()
+            } else {
+                format!("volume(s) {}", names.join(", "))
+            };
+            log_loss = Some(format!(
+                "the intent log of generation {} stops at {why}, but the chain goes on: \
+                 {evidence}. At least {lost_flushes} acknowledged FLUSH(es) after block {k} \
+                 are lost ({volumes}): their writes read as they were before them. The log \
+                 was altered or damaged on the devices{}",
+                newest.generation,
+                if dev_chain.is_some() {
+                    " or the log device"
+                } else {
+                    ""
+                },
+            ));
+        }
+        if let Some(msg) = &log_loss {
+            tracing::warn!(blocks = replayed.0, entries = replayed.1, "{msg}");
+            if !opts.accept_log_loss {
+                return Err(Error::Corrupt(format!(
+                    "{msg}. Nothing was committed. Restore the devices{} as they were, or take \
+                     the pool without those flushes with 'bulwark serve --accept-log-loss' \
+                     (audited)",
+                    if dev_chain.is_some() {
+                        " and the log device"
+                    } else {
+                        ""
+                    },
+                )));
+            }
+        } else if alarm {
             tracing::warn!(
                 blocks = replayed.0,
                 entries = replayed.1,
@@ -1365,6 +1482,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         volumes: RwLock::new(volumes),
         anchor: Mutex::new(anchor),
         rollback_accepted,
+        log_loss: log_loss.clone(),
+        reach: super::anchor::ReachWriter::start(dir.to_path_buf()),
         sb: Mutex::new(SbState {
             // The import's commit takes the pool: it is no longer exported, and it carries
             // the name pool.json gives it (a pool made before names gets one now).
@@ -1423,6 +1542,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             generation: newest.generation,
             seq: replayed.0,
             next: [crate::map::ADDR_NONE; 2],
+            after: None,
             slots: chain_slots,
         });
     }
@@ -1450,6 +1570,63 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
 /// Open the cache device (`serve --cache-device`, else the one `pool.json` names) and let
 /// the data plane use it. One that is missing or refused is warned about and shown in
 /// `status` as UNAVAIL: the pool serves without it (it holds only copies).
+/// The blocks of `newest`'s chain on the main devices reachable from `starts` (each a
+/// sequence number and the slot that block would lie at), following every block's `next`
+/// and `after`: what lies past a block the replay could not apply. Bounded by
+/// `LATER_BLOCKS_MAX` reads.
+fn later_main_blocks(
+    store: &Store,
+    starts: Vec<(u64, [u64; 2])>,
+    newest: &Superblock,
+    key: Option<&super::intent::LogKey>,
+) -> Vec<super::intent::Block> {
+    const LATER_BLOCKS_MAX: usize = 1 << 16;
+    let mut todo = starts;
+    let mut seen = std::collections::HashSet::new();
+    let mut found = std::collections::BTreeMap::new();
+    let mut buf = Vec::new();
+    while let Some((seq, slot)) = todo.pop() {
+        if seen.len() >= LATER_BLOCKS_MAX || !seen.insert((seq, slot)) || found.contains_key(&seq) {
+            continue;
+        }
+        let ptr = super::intent::slot_ptr(slot);
+        if slot[0] == crate::map::ADDR_NONE
+            || store
+                .red
+                .check_record(ptr.addrs(), ptr.len as usize)
+                .is_err()
+        {
+            continue;
+        }
+        let decode = |b: &[u8]| {
+            super::intent::Block::decode(
+                b,
+                key,
+                &newest.pool_id,
+                &newest.chain_id,
+                newest.generation,
+                seq,
+            )
+        };
+        let ok = store.red.read_quiet(
+            ptr.addrs(),
+            ptr.len as usize,
+            &crate::checksum::SELF_CHECKED,
+            &mut buf,
+            &|b| matches!(decode(b), Ok(Some(_))),
+        );
+        if !matches!(ok, Ok(true)) {
+            continue;
+        }
+        if let Ok(Some(b)) = decode(&buf) {
+            todo.push((seq + 1, b.next));
+            todo.push((seq + 2, b.after));
+            found.insert(seq, b);
+        }
+    }
+    found.into_values().collect()
+}
+
 fn attach_cachedev(core: &Core, conf: &PoolConfig, opts: &OpenOptions, pool_id: &[u8; 16]) {
     let Some(path) = opts
         .cache_device

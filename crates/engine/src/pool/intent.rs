@@ -63,6 +63,14 @@ const CHAIN_AT: usize = MAC_AT - 16;
 /// Entries one block holds: 49 (format 1's blocks, without the MAC, held 50).
 pub const ENTRIES_PER_BLOCK: usize = (CHAIN_AT - HEADER_BYTES) / ENTRY_BYTES;
 const ENTRIES_PER_BLOCK_V1: usize = (LOG_BLOCK_BYTES - HEADER_BYTES - 32) / ENTRY_BYTES;
+/// Format 2, in the bytes after the last entry (zero in blocks written before them): the
+/// slot of the block after next (main devices), so a lost block in a chain that goes on is
+/// seen, and the sequence number of the first block of the flush that wrote this block
+/// (every block after a block `k` whose `flush_first` is above `k` was written by a flush
+/// that began after `k`'s had returned: proof that `k` was acknowledged).
+const AFTER_AT: usize = HEADER_BYTES + ENTRIES_PER_BLOCK * ENTRY_BYTES;
+const FLUSH_FIRST_AT: usize = AFTER_AT + 16;
+const _: () = assert!(FLUSH_FIRST_AT + 8 <= CHAIN_AT);
 
 /// The key of the log blocks' MACs (`keys::pool_key::PoolKey::log_key`).
 pub type LogKey = super::superblock::SbKey;
@@ -94,6 +102,12 @@ pub struct Block {
     pub data_slots: u32,
     /// The chain id of the superblock that starts the chain (zeros in format 1).
     pub chain: [u8; 16],
+    /// The slot of the block after `next` (main devices; `[ADDR_NONE; 2]` on a log
+    /// device, whose later blocks follow in the ring): replay reads it when `next` holds
+    /// nothing, to tell the chain's end from a block lost in a chain that goes on.
+    pub after: [u64; 2],
+    /// The sequence number of the first block of the flush that wrote this one.
+    pub flush_first: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -115,6 +129,9 @@ impl Block {
             b[at + 8..at + 16].copy_from_slice(&e.lba.to_le_bytes());
             e.ptr.encode(&mut b[at + 16..at + ENTRY_BYTES]);
         }
+        b[AFTER_AT..AFTER_AT + 8].copy_from_slice(&self.after[0].to_le_bytes());
+        b[AFTER_AT + 8..AFTER_AT + 16].copy_from_slice(&self.after[1].to_le_bytes());
+        b[FLUSH_FIRST_AT..FLUSH_FIRST_AT + 8].copy_from_slice(&self.flush_first.to_le_bytes());
         b[CHAIN_AT..CHAIN_AT + 16].copy_from_slice(&self.chain);
         let m = mac(key, &b);
         b[MAC_AT..MAC_AT + 32].copy_from_slice(&m);
@@ -178,6 +195,14 @@ impl Block {
                 ptr,
             });
         }
+        let (after, flush_first) = if key.is_some() {
+            (
+                [u64_at(AFTER_AT), u64_at(AFTER_AT + 8)],
+                u64_at(FLUSH_FIRST_AT),
+            )
+        } else {
+            ([ADDR_NONE; 2], 0)
+        };
         Ok(Some(Block {
             pool_id: *pool_id,
             generation,
@@ -185,8 +210,23 @@ impl Block {
             next,
             data_slots,
             chain: if key.is_some() { *chain } else { [0; 16] },
+            after,
+            flush_first,
             entries,
         }))
+    }
+
+    /// The sequence number a block's bytes claim (not verified: `decode` checks it).
+    pub fn claimed_seq(b: &[u8]) -> Option<u64> {
+        (b.len() == LOG_BLOCK_BYTES && &b[0..8] == MAGIC)
+            .then(|| u64::from_le_bytes(b[32..40].try_into().unwrap()))
+    }
+
+    /// Whether this block proves that block `k` of its chain was acknowledged: it comes
+    /// after `k` and was written by a flush that began after `k`'s had returned (flushes
+    /// are one at a time, each synced before the next begins).
+    pub fn proves_acknowledged(&self, k: u64) -> bool {
+        self.seq > k && self.flush_first > k
     }
 }
 
@@ -211,6 +251,8 @@ pub(crate) struct Chain {
     pub seq: u64,
     /// Where the next block goes.
     pub next: [u64; 2],
+    /// Where the block after it goes, once a block has named it (`Block::after`).
+    pub after: Option<[u64; 2]>,
     /// Every slot of the chain (the written blocks and the next one), released once a
     /// commit has replaced the chain.
     pub slots: Vec<Blkptr>,
@@ -364,6 +406,14 @@ impl Core {
             return Ok(match appended {
                 super::logdev::Appended::Done => {
                     crate::crashpoint::hit("intent.synced");
+                    if let Some(c) = logdev.state.lock().chain {
+                        self.reach.note(super::anchor::Reach {
+                            pool_id,
+                            generation: c.generation,
+                            chain: chain_id,
+                            blocks: c.seq,
+                        });
+                    }
                     true
                 }
                 // A commit makes it all durable (the map holds every entry).
@@ -373,10 +423,20 @@ impl Core {
         let Some(chain) = chain.as_mut() else {
             return Ok(false);
         };
+        let flush_first = chain.seq;
         for chunk in entries.chunks(ENTRIES_PER_BLOCK) {
             // On `NoSpace` here the caller commits: the map holds every entry anyway.
-            let next = self.alloc_log_slot()?;
-            chain.slots.push(slot_ptr(next));
+            let next = match chain.after {
+                Some(a) => a,
+                None => {
+                    let a = self.alloc_log_slot()?;
+                    chain.slots.push(slot_ptr(a));
+                    chain.after = Some(a);
+                    a
+                }
+            };
+            let after = self.alloc_log_slot()?;
+            chain.slots.push(slot_ptr(after));
             let block = Block {
                 pool_id,
                 generation: chain.generation,
@@ -384,6 +444,8 @@ impl Core {
                 next,
                 data_slots: 0,
                 chain: chain_id,
+                after,
+                flush_first,
                 entries: chunk.to_vec(),
             }
             .encode(&self.log_key);
@@ -391,11 +453,18 @@ impl Core {
                 self.store.red.write(a, &block)?;
             }
             chain.next = next;
+            chain.after = Some(after);
             chain.seq += 1;
         }
         crate::crashpoint::hit("intent.written");
         self.store.red.flush()?;
         crate::crashpoint::hit("intent.synced");
+        self.reach.note(super::anchor::Reach {
+            pool_id,
+            generation: chain.generation,
+            chain: chain_id,
+            blocks: chain.seq,
+        });
         Ok(true)
     }
 }
@@ -432,6 +501,8 @@ mod tests {
             next: [1 << 20, 2 << 20],
             data_slots: 3,
             chain: [7; 16],
+            after: [3 << 20, 4 << 20],
+            flush_first: 2,
             entries: (1..=ENTRIES_PER_BLOCK as u64).map(entry).collect(),
         };
         let bytes = b.encode(&key());
@@ -481,6 +552,8 @@ mod tests {
             next: [1 << 20, 2 << 20],
             data_slots: 3,
             chain: [7; 16],
+            after: [3 << 20, 4 << 20],
+            flush_first: 2,
             entries: (1..=5).map(entry).collect(),
         }
         .encode(&key());
@@ -499,8 +572,9 @@ mod tests {
         );
     }
 
-    /// A chain block that does not verify ends the replay there: the flush before it is
-    /// replayed, the one in it and any after are not, and the pool imports.
+    /// The last chain block damaged, and the host's record of the log's reach not yet
+    /// written (a crash inside the window): the replay ends there, the flush before it is
+    /// replayed, and the pool imports (a flush that may never have returned).
     #[test]
     fn a_damaged_block_ends_the_replay_there() {
         use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
@@ -539,8 +613,8 @@ mod tests {
         let slots = pool.core.intent.lock().as_ref().unwrap().slots.clone();
         assert_eq!(
             slots.len(),
-            3,
-            "head, the second block, the next slot: {slots:?}"
+            4,
+            "head, the second block, the next two slots: {slots:?}"
         );
         // The second flush's block, both copies, damaged.
         for &a in slots[1].addrs() {
@@ -552,6 +626,14 @@ mod tests {
         }
         drop(v);
         drop(pool); // a crash: no close, no commit
+                    // ... before the host recorded how far the log reached (the window a lazy record
+                    // leaves: docs/durability.md): the anchor file's reach slot is not there.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(crate::pool::anchor::path(dir.path()))
+            .unwrap()
+            .set_len(1024)
+            .unwrap();
         let pool = Pool::open(dir.path(), opts).unwrap();
         let v = pool.volume("v").unwrap();
         let mut buf = vec![0u8; 4096];
@@ -563,5 +645,171 @@ mod tests {
         let st = pool.status();
         assert_eq!(st.state, "ONLINE");
         pool.close().unwrap();
+    }
+
+    /// A pool with volume `v` (not encrypted) and three flushes that only the intent log
+    /// holds (blocks 0..10 = 0xA1, 10..20 = 0xB2, 20..30 = 0xC3), "crashed": the chain's
+    /// slots, block by block (a single pool: two copies each), and the records block 1
+    /// names. Waits until the host has recorded how far the log reached.
+    fn three_flushes_crashed(
+        dir: &std::path::Path,
+    ) -> (crate::pool::OpenOptions, Vec<Blkptr>, Vec<Blkptr>) {
+        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        Pool::create(
+            dir,
+            Layout::Single,
+            DeviceSpec::Files {
+                count: 1,
+                size_bytes: 64 << 20,
+            },
+        )
+        .unwrap();
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            ..OpenOptions::default()
+        };
+        let pool = Pool::open(dir, opts.clone()).unwrap();
+        let vopts = crate::volume::VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: crate::codec::Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", vopts, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        for (f, b) in [0xA1u8, 0xB2, 0xC3].into_iter().enumerate() {
+            for lba in f as u64 * 10..f as u64 * 10 + 10 {
+                v.write(lba * 4096, &vec![b; 4096], false).unwrap();
+            }
+            v.flush().unwrap();
+        }
+        let chain = pool.core.intent.lock().as_ref().unwrap().slots.clone();
+        // Block k lies at the slot the block before named: the head, then each block's
+        // `next` (slots are pushed as [head, next0, after0, after1, after2]).
+        let blocks = vec![chain[0], chain[1], chain[2]];
+        let sb = pool.core.sb.lock().sb.clone();
+        let mut b1 = Vec::new();
+        assert!(pool
+            .core
+            .store
+            .red
+            .read_quiet(
+                blocks[1].addrs(),
+                LOG_BLOCK_BYTES,
+                &SELF_CHECKED,
+                &mut b1,
+                &|_| true
+            )
+            .unwrap());
+        let block1 = Block::decode(
+            &b1,
+            Some(&pool.core.log_key),
+            &sb.pool_id,
+            &sb.chain_id,
+            sb.generation,
+            1,
+        )
+        .unwrap()
+        .expect("block 1 is where the chain says");
+        let records = block1.entries.iter().map(|e| e.ptr).collect();
+        // The host records the log's reach off the flush path: wait until it has.
+        while crate::pool::anchor::read_reach(dir).map(|r| r.blocks) != Some(3) {
+            std::thread::yield_now();
+        }
+        drop(v);
+        drop(pool); // a crash: no close, no commit
+        (opts, blocks, records)
+    }
+
+    fn damage(dir: &std::path::Path, at: &[u64]) {
+        // Through a pool opened on a copy would commit; write the device file directly.
+        let conf = crate::pool::create::PoolConfig::read(dir).unwrap();
+        let dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(&conf.devices[0]))
+            .unwrap();
+        for &a in at {
+            use std::os::unix::fs::FileExt;
+            // `single` on one device: pool address a lies at 1 MiB + a.
+            dev.write_all_at(&vec![0u8; LOG_BLOCK_BYTES], (1 << 20) + a)
+                .unwrap();
+        }
+    }
+
+    /// The host's record of the log's reach removed: only the later blocks can tell.
+    fn forget_reach(dir: &std::path::Path) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(crate::pool::anchor::path(dir))
+            .unwrap()
+            .set_len(1024)
+            .unwrap();
+    }
+
+    fn refused_and_taken(dir: &std::path::Path, opts: crate::pool::OpenOptions, good: u64) {
+        use crate::pool::{OpenOptions, Pool};
+        forget_reach(dir);
+        let e = Pool::open(dir, opts.clone())
+            .err()
+            .expect("the loss was refused");
+        let e = e.to_string();
+        assert!(e.contains("later block(s) of the same chain verify"), "{e}");
+        assert!(
+            e.contains("--accept-log-loss") && e.contains("volume(s) v"),
+            "{e}"
+        );
+        let pool = Pool::open(
+            dir,
+            OpenOptions {
+                accept_log_loss: true,
+                ..opts
+            },
+        )
+        .unwrap();
+        let st = pool.status();
+        assert!(
+            st.lost_flushes.as_deref().is_some_and(|l| l.contains('v')),
+            "{:?}",
+            st.lost_flushes
+        );
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..good {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert!(buf.iter().all(|&b| b == 0xA1), "block {lba}");
+        }
+        pool.close().unwrap();
+    }
+
+    /// A chain block zeroed (both copies) while a later flush's block verifies: the
+    /// flushes are lost, not unfinished; refused, then taken with the flag.
+    #[test]
+    fn a_zeroed_block_in_a_chain_that_goes_on_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opts, blocks, _) = three_flushes_crashed(dir.path());
+        damage(dir.path(), blocks[1].addrs());
+        refused_and_taken(dir.path(), opts, 10);
+    }
+
+    /// The record a log entry names zeroed, while a later flush's block verifies.
+    #[test]
+    fn a_damaged_record_in_a_chain_that_goes_on_is_reported_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opts, _, records) = three_flushes_crashed(dir.path());
+        damage(dir.path(), &[records[0].addrs()[0]]);
+        refused_and_taken(dir.path(), opts, 10);
+    }
+
+    /// The last block zeroed: no later block is there, but the host recorded that the log
+    /// reached further.
+    #[test]
+    fn a_log_cut_short_is_seen_by_the_hosts_reach_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opts, blocks, _) = three_flushes_crashed(dir.path());
+        damage(dir.path(), blocks[2].addrs());
+        let e = crate::pool::Pool::open(dir.path(), opts)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("reached 3"), "{e}");
     }
 }

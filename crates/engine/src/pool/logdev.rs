@@ -569,6 +569,8 @@ impl LogDevices {
                     next: [slot(at + 1 + data_slots), ADDR_NONE],
                     data_slots: data_slots as u32,
                     chain: chain_id,
+                    after: [ADDR_NONE; 2],
+                    flush_first: chain.seq,
                     entries: chunk.to_vec(),
                 }
                 .encode(key),
@@ -744,6 +746,53 @@ impl LogDevices {
             (None, Some(e)) => Err(e),
             (None, None) => Ok(None),
         }
+    }
+
+    /// Every block of the chain `(pool_id, chain, generation)` with a sequence number above
+    /// `k` that verifies (MAC included) anywhere in the ring of any log device: after the
+    /// replay stopped at `k`, a block here that `proves_acknowledged(k)` means the chain
+    /// went on, and what the replay did not apply was acknowledged (a lost block, not a
+    /// flush that never finished). The whole ring the device holds is read (its label's
+    /// size is not signed), in pieces of `SCAN_BYTES`, at import only.
+    pub(crate) fn blocks_after(
+        &self,
+        k: u64,
+        pool_id: &[u8; 16],
+        chain: &[u8; 16],
+        generation: u64,
+        key: Option<&super::intent::LogKey>,
+    ) -> Vec<Block> {
+        const SCAN_BYTES: usize = 1 << 20;
+        let mut found: std::collections::BTreeMap<u64, Block> = Default::default();
+        for d in &self.devices {
+            let Some(dev) = &d.dev else { continue };
+            let held = slots_of(dev.size());
+            let per = (SCAN_BYTES / LOG_BLOCK_BYTES) as u64;
+            let mut buf = vec![0u8; SCAN_BYTES];
+            let mut slot = 0u64;
+            while slot < held {
+                let n = per.min(held - slot);
+                let part = &mut buf[..n as usize * LOG_BLOCK_BYTES];
+                if dev.read_at(part, slot_offset(slot)).is_err() {
+                    slot += n;
+                    continue;
+                }
+                for b in part.chunks(LOG_BLOCK_BYTES) {
+                    let Some(seq) = Block::claimed_seq(b) else {
+                        continue;
+                    };
+                    if seq <= k || found.contains_key(&seq) || !verify(&SELF_CHECKED, b) {
+                        continue;
+                    }
+                    if let Ok(Some(block)) = Block::decode(b, key, pool_id, chain, generation, seq)
+                    {
+                        found.insert(seq, block);
+                    }
+                }
+                slot += n;
+            }
+        }
+        found.into_values().collect()
     }
 
     /// `log` in `status`.

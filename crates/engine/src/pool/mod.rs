@@ -66,6 +66,10 @@ pub struct OpenOptions {
     /// Take the devices even when they are older than the generation this host last
     /// committed (`DIR/pool.anchor`): the administrator restored them on purpose.
     pub accept_rollback: bool,
+    /// Take the pool even when its intent log lost acknowledged flushes (a block missing
+    /// or altered in a chain that goes on, or a chain shorter than the host's anchor
+    /// records): the administrator accepts that those writes read as before them.
+    pub accept_log_loss: bool,
     /// Make a FLUSH durable with an intent log block and one sync, not a commit
     /// (`intent`, decision 0010). Off: every flush is a commit.
     pub intent_log: bool,
@@ -93,6 +97,7 @@ impl Default for OpenOptions {
             scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
             accept_rollback: false,
+            accept_log_loss: false,
             intent_log: true,
             take_exported: false,
             upgrade: false,
@@ -188,6 +193,10 @@ pub struct PoolStatus {
     /// The separate intent log devices, when the pool has any (`logdev`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<LogStatus>,
+    /// Acknowledged flushes the import found lost from the intent log and took anyway
+    /// (`OpenOptions::accept_log_loss`): which volumes and how many flushes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_flushes: Option<String>,
     /// The object store, when the pool has one (`tier`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_store: Option<tier::TierStatus>,
@@ -530,6 +539,11 @@ impl Pool {
     /// than generation `host` this host had committed (`OpenOptions::accept_rollback`).
     pub fn rollback_accepted(&self) -> Option<(u64, u64)> {
         self.core.rollback_accepted
+    }
+
+    /// What the import found lost from the intent log and took anyway (`accept_log_loss`).
+    pub fn log_loss_accepted(&self) -> Option<String> {
+        self.core.log_loss.clone()
     }
 
     pub fn close(&self) -> Result<()> {
