@@ -38,6 +38,14 @@ def test_devices_restored_from_an_older_copy_are_refused(make_pool, tmp_path):
     lines = stderr_lines(r)
     assert len(lines) == 1, r.stderr
     assert "rolled back" in lines[0] and "--accept-rollback" in lines[0], lines[0]
+    # Issue 41: the refusal names both generations, which side is newer, the command that
+    # keeps the newer state, and what --accept-rollback would drop.
+    import re
+    gens = [int(g) for g in re.findall(r"generation (\d+)", lines[0])]
+    assert len(set(gens)) >= 2, lines[0]
+    assert "host's side is newer" in lines[0], lines[0]
+    assert f"bulwark serve {p.dir}' again" in lines[0], lines[0]
+    assert "drop every commit" in lines[0], lines[0]
 
     p.serve_args = ["--accept-rollback"]
     p.start()

@@ -938,6 +938,7 @@ LOG_MAC_AT = 4032
 LOG_SUM_AT = 4064
 LOG_ENTRIES_AT = 64
 LOG_ENTRY = 80
+LOGDEV_RING_AT = 1 << 20
 
 
 @dataclass
@@ -1013,6 +1014,46 @@ def read_log(img: Image) -> list[LogBlock]:
         out.append(blk)
         slot = blk.next_slot
     return out
+
+
+def read_logdev_chain(path, sb: "Superblock") -> list[tuple[int, bytes]]:
+    """The chain on a log device (docs/format.md, "Log device"): (slot, block bytes) from
+    the superblock's head slot (offset 600), each next at the slot its block names, while
+    each carries the magic, the generation, its sequence (its distance in slots from the
+    head) and a right blake3."""
+    head = struct.unpack_from("<Q", sb.raw, 600)[0]
+    if head == NONE:
+        return []
+    out, slot = [], head
+    with open(path, "rb") as f:
+        for _ in range(100000):
+            f.seek(LOGDEV_RING_AT + slot * LOG_BYTES)
+            raw = bytearray(f.read(LOG_BYTES))
+            b = LogBlock(raw, (NONE, NONE))
+            if raw[:8] != LOG_MAGIC or not b.checksum_ok() or b.generation != sb.generation:
+                break
+            out.append((slot, bytes(raw)))
+            slot = b.next_slot[0]
+    return out
+
+
+def write_logdev_slot(path, slot: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(LOGDEV_RING_AT + slot * LOG_BYTES)
+        f.write(data)
+
+
+def read_log_reach(pool_dir) -> dict | None:
+    """The host's record of how far the intent log reached (pool.anchor, offset 1024;
+    crates/engine/src/pool/anchor.rs): not an attacker's input, a test's way to wait
+    until the host has written it."""
+    p = Path(pool_dir) / "pool.anchor"
+    b = p.read_bytes()[1024:1536]
+    if len(b) != 512 or b[:8] != b"BWLOGRCH" or blake3(b[:480]) != b[480:]:
+        return None
+    gen, = struct.unpack_from("<Q", b, 24)
+    blocks, = struct.unpack_from("<Q", b, 48)
+    return dict(generation=gen, chain=b[32:48], blocks=blocks)
 
 
 def write_log_block(img: Image, blk: LogBlock) -> None:

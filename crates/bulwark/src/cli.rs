@@ -578,10 +578,11 @@ pub struct PoolImportArgs {
     /// --pool-key. The pool is taken over (epoch + 1): a host still serving it is fenced.
     #[arg(long, value_name = "URL", conflicts_with_all = ["devices", "from_dir"])]
     pub object_store: Option<String>,
-    /// With --object-store: refuse a pool older than generation N in the store (the
-    /// generation its last host showed in 'bulwark status'): a store whose versioning
-    /// kept older states could otherwise hand this host an older, authentic one.
-    #[arg(long, value_name = "N", requires = "object_store")]
+    /// Refuse a pool older than generation N, from devices or from --object-store (the
+    /// generation its last host showed in 'bulwark status'): an older, authentic copy (a
+    /// backup of the devices, a store whose versioning kept older states) is otherwise
+    /// taken as found.
+    #[arg(long, value_name = "N")]
     pub min_generation: Option<u64>,
     #[command(flatten)]
     pub store: ObjectStoreArgs,

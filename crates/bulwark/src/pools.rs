@@ -1228,6 +1228,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
             from_dir: args.from_dir.clone(),
             pool_key: args.pool_key.clone(),
             accept_rollback: args.accept_rollback,
+            min_generation: args.min_generation,
         },
     )?;
     register(&report.name, &dir, &report.found.pool_id);

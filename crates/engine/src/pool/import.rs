@@ -189,14 +189,16 @@ fn check_anchor(
     let last = a.committed.0.max(a.next.0);
     let what = if at.0 < a.committed.0 {
         format!(
-            "the devices are at generation {}, but this host committed generation {}: they \
-             were rolled back (restored from an older copy?), and every write since is gone",
+            "the devices are at generation {}, but this host committed generation {}: the \
+             host's side is newer; the devices were rolled back (restored from an older \
+             copy?) or their newest labels damaged",
             at.0, a.committed.0
         )
     } else {
         format!(
             "the devices are at generation {}, which this host never wrote (it last wrote \
-             generation {last}): they were changed by someone else",
+             generation {last}): they were changed by someone else, or another host served \
+             the pool since (then that host holds the newer state)",
             at.0
         )
     };
@@ -209,8 +211,12 @@ fn check_anchor(
         return Ok((start(a.seq, a.nonce_reserved), Some((at.0, last))));
     }
     Err(Error::Corrupt(format!(
-        "{what}. Restore the newest devices, or accept their state with \
-         'bulwark serve --accept-rollback' ({})",
+        "{what}. To keep the newer state (generation {last}), put back the devices that \
+         hold it and run 'bulwark serve {}' again; nothing was changed. 'bulwark serve \
+         --accept-rollback' would instead take generation {} and drop every commit this host \
+         made after it (up to generation {last}) and the writes they held ({})",
+        dir.display(),
+        at.0,
         anchor::path(dir).display()
     )))
 }
@@ -1348,6 +1354,8 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             } else {
                 format!("volume(s) {}", names.join(", "))
             };
+            // Not "a flush that never finished": a later flush returned after it.
+            let why = why.replace(" (a flush that never finished)", "");
             log_loss = Some(format!(
                 "the intent log of generation {} stops at {why}, but the chain goes on: \
                  {evidence}. At least {lost_flushes} acknowledged FLUSH(es) after block {k} \

@@ -350,6 +350,9 @@ pub struct ImportOptions {
     /// Take devices older than the generation the anchor of `dir` or `from_dir` last
     /// committed (an older copy of the pool, restored on purpose).
     pub accept_rollback: bool,
+    /// Refuse devices older than this generation (the one the pool's last host showed in
+    /// `bulwark status`): without an anchor, an older authentic copy is otherwise taken.
+    pub min_generation: Option<u64>,
 }
 
 /// What `import_into` did.
@@ -650,21 +653,46 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
             .filter(|a| a.pool_id == newest.pool_id)
             .map(|a| a.committed.0)
             .max();
+        if let Some(min) = opts.min_generation.filter(|&m| newest.generation < m) {
+            return Err(Error::Corrupt(format!(
+                "the devices of pool {} are at generation {}, older than --min-generation \
+                 {min}: the newer state (generation {min} or later) is elsewhere. Keep it: \
+                 give the devices that hold it ('bulwark pool scan' shows each device's \
+                 generation), or go on serving it on the host that has it; nothing was imported",
+                found.display_name(),
+                newest.generation
+            )));
+        }
         if let Some(last) = known.filter(|&g| newest.generation < g) {
             if !opts.accept_rollback {
                 return Err(Error::Corrupt(format!(
                     "the devices of pool {} are at generation {}, but its anchor says \
-                     generation {last} was committed: they are an older copy (restored from \
-                     a backup?), and every write since is gone. Give the newest devices, or \
-                     import this copy anyway with --accept-rollback",
+                     generation {last} was committed: the anchor's side is newer, the devices \
+                     are an older copy (restored from a backup?). To keep the newer state, \
+                     give the devices that hold generation {last} to 'bulwark pool import \
+                     --min-generation {last}'. --accept-rollback would import this copy and \
+                     drop every commit after generation {} (up to {last}) and the writes they \
+                     held",
                     found.display_name(),
+                    newest.generation,
                     newest.generation
                 )));
             }
             tracing::warn!(
                 devices = newest.generation,
                 anchor = last,
-                "importing devices older than the pool's anchor (--accept-rollback)"
+                "importing devices older than the pool's anchor (--accept-rollback): the \
+                 commits after generation {} up to {last} are dropped",
+                newest.generation
+            );
+        } else if known.is_none() && opts.min_generation.is_none() {
+            tracing::warn!(
+                "no anchor of pool {} here and no --min-generation: the devices are taken at \
+                 generation {} as found; if the pool's last host showed a higher generation \
+                 in 'bulwark status', this is an older copy (import again with \
+                 --min-generation N to refuse one)",
+                found.display_name(),
+                newest.generation
             );
         }
         if newest.format != super::superblock::VERSION_1 && key.is_none() {
