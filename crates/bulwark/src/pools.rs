@@ -418,15 +418,28 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
              the devices; without it the pool cannot be imported)\n",
             key.display()
         ));
-        if !args.device.is_empty() {
-            if let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(&key, &args.device) {
+        // Every device file of the pool, file-backed pools' DIR/devN.img included (issue
+        // 41): a copy of that file system (a backup of DIR, a snapshot of its disk) holds
+        // the devices with the trust root, and restoring it rolls the pool back with its
+        // anchor, silently.
+        let mut devices: Vec<std::path::PathBuf> =
+            bulwark_engine::pool::create::PoolConfig::read(&dir)
+                .map(|c| c.devices.iter().map(|d| dir.join(d)).collect())
+                .unwrap_or_else(|_| args.device.clone());
+        devices.extend(args.log_device.iter().cloned());
+        let anchor = dir.join("pool.anchor");
+        for root in [&key, &anchor] {
+            if let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(root, &devices) {
                 if !beside.is_empty() {
                     eprintln!(
-                        "warning: {} lies on the same filesystem as {} device(s) of the pool: \
-                         whoever takes that disk gets the key too; keep the pool directory on \
-                         another disk",
-                        key.display(),
-                        beside.len()
+                        "warning: {} lies on the same file system as {} device file(s) of the \
+                         pool: whoever copies that file system (a backup of {}, a snapshot of \
+                         its disk) gets the key with the devices, and restoring it rolls the \
+                         pool back with its anchor, unseen; keep the pool directory on another \
+                         disk (docs/runbook.md, \"Where the trust root lives\")",
+                        root.display(),
+                        beside.len(),
+                        dir.display()
                     );
                 }
             }
