@@ -685,15 +685,6 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
                  commits after generation {} up to {last} are dropped",
                 newest.generation
             );
-        } else if known.is_none() && opts.min_generation.is_none() {
-            tracing::warn!(
-                "no anchor of pool {} here and no --min-generation: the devices are taken at \
-                 generation {} as found; if the pool's last host showed a higher generation \
-                 in 'bulwark status', this is an older copy (import again with \
-                 --min-generation N to refuse one)",
-                found.display_name(),
-                newest.generation
-            );
         }
         if newest.format != super::superblock::VERSION_1 && key.is_none() {
             return Err(Error::NotFound(format!(
@@ -703,6 +694,17 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
                 found.display_name(),
                 newest.format
             )));
+        }
+        // Said once the import is going ahead (after the refusals above and the key's).
+        if known.is_none() && opts.min_generation.is_none() {
+            tracing::warn!(
+                "no anchor of pool {} here and no --min-generation: the devices are taken at \
+                 generation {} as found; if the pool's last host showed a higher generation \
+                 in 'bulwark status', this is an older copy (import again with \
+                 --min-generation N to refuse one)",
+                found.display_name(),
+                newest.generation
+            );
         }
         if let (true, Some(k)) = (key_made, &key) {
             k.save(&key_dst)?;
