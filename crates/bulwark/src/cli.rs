@@ -976,8 +976,9 @@ keeps the size it was given at its handshake until it reconnects (NBD fixes the 
 size per connection): detach and attach again, then grow the file system \
 (resize2fs, xfs_growfs). A shrink is refused while clients are attached, and \
 when any block past the new end holds data (it says how many bytes): shrink the \
-file system and trim (fstrim) first. A volume with snapshots or clones cannot be \
-resized (their block maps share its geometry). A thick volume's reservation grows \
+file system and trim (fstrim) first. Any volume resizes: with snapshots, a clone, \
+the origin of clones; each snapshot keeps the size it was taken at (VOL@SNAP \
+exports it, a rollback brings it back). A thick volume's reservation grows \
 with it, and the grow is refused when the pool cannot hold it.
   bulwark volume resize vm1 20G
   bulwark volume resize vm1 8G --shrink";

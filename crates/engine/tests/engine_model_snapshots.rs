@@ -2,7 +2,9 @@
 //! cleaner moves records (shared ones included), two volumes (plain, encrypted + lz4) and
 //! clones of their snapshots (under keys of their own) take a random mix of overwrites,
 //! trims, flushes, snapshot create / destroy / hold / release, clone create / destroy,
-//! rollbacks, clean restarts and crashes; what clones need is refused. Every read of a volume
+//! rollbacks, resizes (grow across map depths, shrink over holes: snapshots keep their
+//! size, a rollback brings it back, a clone starts at its snapshot's), clean restarts and
+//! crashes; what clones need is refused. Every read of a volume
 //! or of a snapshot
 //! (`VOL@SNAP`, read-only) is compared with a model, and the space numbers are compared
 //! with a brute-force recount from the block pointers of every tree:
@@ -88,6 +90,8 @@ struct Stats {
     crashes: u64,
     restarts: u64,
     clean_written_mib: u64,
+    grows: u64,
+    shrinks: u64,
 }
 
 struct Run {
@@ -101,7 +105,13 @@ struct Run {
     op: u64,
     stats: Stats,
     open_opts: OpenOptions,
+    /// Cells of a volume as created; writes land in the first this many cells, or in
+    /// the last `TAIL_CELLS` of a volume grown past it (a thin, deeper map).
+    base_cells: u64,
 }
+
+/// Cells at the end of a grown volume that writes reach (past `base_cells`).
+const TAIL_CELLS: u64 = 64;
 
 impl Run {
     fn ctx(&self) -> String {
@@ -149,17 +159,25 @@ impl Run {
 
     fn everything_durable(&mut self) {
         for v in &mut self.vols {
-            for (c, d) in v.cur.iter().zip(v.dur.iter_mut()) {
-                d.clear();
-                d.push(*c);
-            }
+            v.dur = v.cur.iter().map(|&c| vec![c]).collect();
         }
     }
 
-    fn write(&mut self, vi: usize) {
+    /// Where a write or trim of up to `most` cells goes: `(first, n)`, in the first
+    /// `base_cells` cells or, a quarter of the time on a grown volume, its last ones.
+    fn region(&mut self, vi: usize, most: u64) -> (u64, u64) {
         let cells = self.vols[vi].cur.len() as u64;
-        let n = self.rng.range(1, 16).min(cells);
-        let c0 = self.rng.below(cells - n + 1);
+        let (lo, hi) = if cells > self.base_cells && self.rng.below(4) == 0 {
+            (cells - TAIL_CELLS.min(cells), cells)
+        } else {
+            (0, cells.min(self.base_cells))
+        };
+        let n = self.rng.range(1, most).min(hi - lo);
+        (lo + self.rng.below(hi - lo - n + 1), n)
+    }
+
+    fn write(&mut self, vi: usize) {
+        let (c0, n) = self.region(vi, 16);
         let mut buf = vec![0u8; (n * CELL) as usize];
         let mut tags = Vec::new();
         for i in 0..n {
@@ -199,9 +217,7 @@ impl Run {
     }
 
     fn trim(&mut self, vi: usize) {
-        let cells = self.vols[vi].cur.len() as u64;
-        let n = self.rng.range(1, 32).min(cells);
-        let c0 = self.rng.below(cells - n + 1);
+        let (c0, n) = self.region(vi, 32);
         if let Err(e) = self.vols[vi]
             .handle
             .as_ref()
@@ -254,8 +270,28 @@ impl Run {
         }
     }
 
+    /// Cells of volume `vi` now, or of its snapshot `snap` (the size it was taken at).
+    fn cells_of(&self, vi: usize, snap: Option<usize>) -> u64 {
+        let v = &self.vols[vi];
+        match snap {
+            None => v.cur.len() as u64,
+            Some(k) => v.snaps[k].1.len() as u64,
+        }
+    }
+
     fn check_all(&self, vi: usize, snap: Option<usize>) {
-        let cells = self.vols[vi].cur.len() as u64;
+        let cells = self.cells_of(vi, snap);
+        let name = match snap {
+            None => self.vols[vi].name.clone(),
+            Some(k) => format!("{}@{}", self.vols[vi].name, self.vols[vi].snaps[k].0),
+        };
+        let size = self.pool().volume(&name).unwrap().size();
+        if size != cells * CELL {
+            self.fail(format!(
+                "{name} has {size} bytes, the model {}",
+                cells * CELL
+            ));
+        }
         let mut c = 0;
         while c < cells {
             let n = (cells - c).min(256);
@@ -455,7 +491,19 @@ impl Run {
 
     fn check_space(&mut self, vi: usize) {
         let v = &self.vols[vi];
-        let cells = v.cur.len() as u64;
+        // Trees of other sizes (snapshots before a resize, a clone's origin snapshot) are
+        // compared over the largest: past a tree's end it holds nothing.
+        let origin_cells = v.origin.as_ref().map_or(0, |(o, s)| {
+            let ov = self.vols.iter().find(|x| &x.name == o).unwrap();
+            ov.snaps.iter().find(|x| &x.0 == s).unwrap().1.len()
+        });
+        let cells = v
+            .snaps
+            .iter()
+            .map(|s| s.1.len())
+            .chain([v.cur.len(), origin_cells])
+            .max()
+            .unwrap() as u64;
         let mut trees: Vec<Arc<Volume>> = Vec::new();
         // A clone's first tree is compared with its origin snapshot (its base).
         let base = v
@@ -555,6 +603,55 @@ impl Run {
         self.stats.space_checks += 1;
     }
 
+    /// Resize a volume to a random size: a one-level map (16 cells), two levels (up to
+    /// `base_cells`), or three (past 4096 cells). A shrink over data is refused; after a
+    /// trim of what lies past the new end (and with the volume closed) it goes through.
+    fn resize(&mut self, vi: usize) {
+        let cells = match self.rng.below(3) {
+            0 => 16,
+            1 => self.rng.range(1, self.base_cells / 16) * 16,
+            _ => 4096 + self.rng.range(1, 16) * 16,
+        };
+        let old = self.vols[vi].cur.len() as u64;
+        let vol = self.vols[vi].name.clone();
+        if cells < old {
+            let data_past = self.vols[vi].cur[cells as usize..].iter().any(|&t| t != 0);
+            self.vols[vi].handle = None;
+            if data_past {
+                match self.pool().volume_resize(&vol, cells * CELL, true) {
+                    Err(Error::Invalid(_)) => {}
+                    other => self.fail(format!("shrink of {vol} over data: {other:?}")),
+                }
+            }
+            let h = self.pool().volume(&vol).unwrap();
+            if let Err(e) = h.trim(cells * CELL, (old - cells) * CELL) {
+                self.fail(format!("trim before the shrink of {vol}: {e:?}"));
+            }
+            drop(h);
+            for c in cells..old {
+                self.vols[vi].cur[c as usize] = 0;
+            }
+            self.stats.shrinks += 1;
+        } else if cells > old {
+            self.stats.grows += 1;
+        }
+        if let Err(e) = self.pool().volume_resize(&vol, cells * CELL, cells < old) {
+            self.fail(format!(
+                "resize of {vol} from {old} to {cells} cells: {e:?}"
+            ));
+        }
+        self.vols[vi].cur.resize(cells as usize, 0);
+        if cells != old {
+            // Its commit makes every completed write durable (a resize to the same size
+            // changes nothing and commits nothing).
+            self.everything_durable();
+        } else {
+            let v = &mut self.vols[vi];
+            v.dur.resize(cells as usize, vec![0]);
+        }
+        self.vols[vi].handle = Some(self.pool().volume(&vol).unwrap());
+    }
+
     fn crash(&mut self) {
         self.count_clean();
         self.close_handles();
@@ -619,7 +716,8 @@ impl Run {
         self.op += 1;
         let vi = self.rng.below(self.vols.len() as u64) as usize;
         match self.rng.below(1000) {
-            0..=559 => self.write(vi),
+            0..=549 => self.write(vi),
+            550..=559 => self.resize(vi),
             560..=629 => self.trim(vi),
             630..=729 => {
                 let cells = self.vols[vi].cur.len() as u64;
@@ -631,7 +729,7 @@ impl Run {
                 let n = self.vols[vi].snaps.len();
                 if n > 0 {
                     let k = self.rng.below(n as u64) as usize;
-                    let cells = self.vols[vi].cur.len() as u64;
+                    let cells = self.cells_of(vi, Some(k));
                     let len = self.rng.range(1, 128).min(cells);
                     let c0 = self.rng.below(cells - len + 1);
                     self.check_range(vi, Some(k), c0, len);
@@ -711,12 +809,14 @@ fn run_seed(seed: u64, ops: u64) {
         op: 0,
         stats: Stats::default(),
         open_opts,
+        base_cells: 0,
     };
     run.open();
     let usable = run.pool().status().space.usable_bytes;
     // Volumes of a sixteenth of the usable space each: four (two and their clones), with
     // two snapshots each holding a whole copy, stay under three quarters of it.
     let size = (usable / 16 / (64 << 10)).max(1) * (64 << 10);
+    run.base_cells = size / CELL;
     for (i, (name, compression, encryption)) in [
         ("plain", Compression::Off, false),
         ("sealed", Compression::Lz4, true),

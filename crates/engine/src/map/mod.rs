@@ -362,6 +362,16 @@ impl Tree {
         self.dirty.len()
     }
 
+    /// Whether block `lba` lies inside what a tree of this depth addresses (64^depth
+    /// blocks). Trees of one volume may differ in depth (a snapshot keeps the size it was
+    /// taken at); a place past a tree's reach is a hole in it, never an alias of a place
+    /// inside (the slot arithmetic alone would wrap).
+    pub fn covers(&self, lba: u64) -> bool {
+        lba.checked_shr(MAP_FANOUT_SHIFT * self.depth as u32)
+            .unwrap_or(0)
+            == 0
+    }
+
     fn get(
         &self,
         store: &dyn NodeStore,
@@ -389,6 +399,10 @@ impl Tree {
         cache: &NodeCache,
         lba: u64,
     ) -> Result<Option<NodeRef<'_>>> {
+        if !self.covers(lba) {
+            // Past what this tree addresses (a snapshot taken before its volume grew).
+            return Ok(None);
+        }
         let mut ptr = self.root;
         for level in (0..self.depth).rev() {
             let Some(node) = self.node_at(store, cache, level, node_index(lba, level), &ptr)?
@@ -418,6 +432,9 @@ impl Tree {
     ) -> Result<u64> {
         let mut lba = from;
         'next: while lba < end {
+            if !self.covers(lba) {
+                return Ok(end);
+            }
             let mut ptr = self.root;
             for level in (0..self.depth).rev() {
                 let Some(node) = self.node_at(store, cache, level, node_index(lba, level), &ptr)?
@@ -659,14 +676,14 @@ impl Tree {
     /// takes top levels away, keeping child 0 of each: it is refused (`Invalid`, nothing
     /// changed) when a removed top holds anything else or a dirty node lies outside the
     /// kept subtree, so the caller makes every block past the new end a hole and commits
-    /// first. `free` is told of each removed node's place. The cache forgets the nodes of
+    /// first. `free` is told of each removed node's level and place (its index is 0). The cache forgets the nodes of
     /// the levels added or removed: their keys meant other nodes before.
     pub fn set_depth(
         &mut self,
         store: &dyn NodeStore,
         cache: &NodeCache,
         depth: u8,
-        free: &mut dyn FnMut(&Blkptr),
+        free: &mut dyn FnMut(u8, &Blkptr),
     ) -> Result<()> {
         if depth == 0 || depth > MAP_DEPTH_MAX {
             return Err(Error::Invalid(format!("block map depth {depth}")));
@@ -696,7 +713,7 @@ impl Tree {
                 self.dirty.remove(&(level, 0));
                 cache.remove(&(self.id, level, 0));
                 if !self.root.is_hole() {
-                    free(&self.root);
+                    free(level, &self.root);
                 }
                 // The kept child's committed place (a dirty child is written by the next
                 // commit, which frees this place then, as for any root).
@@ -759,6 +776,10 @@ impl Tree {
             let top = level + 1 == self.depth && index == 0;
             return Ok(if top { self.root } else { Blkptr::HOLE });
         }
+        if index >> (MAP_FANOUT_SHIFT * (self.depth - 1 - level) as u32) != 0 {
+            // Past this tree's reach (see `covers`).
+            return Ok(Blkptr::HOLE);
+        }
         let mut ptr = self.root;
         for l in (level + 1..self.depth).rev() {
             let idx = index >> (MAP_FANOUT_SHIFT * (l - level) as u32);
@@ -792,8 +813,11 @@ impl Tree {
     /// records that die with it. Trees of one volume share records only at the same
     /// place (a record has one logical block; snapshots and clones copy roots), so a
     /// subtree whose node an other tree holds clean, while it is clean here too, is
-    /// shared whole and skipped. Trees of another depth share nothing. An unreadable
-    /// node of an other tree is an error: nothing can be decided under it.
+    /// shared whole and skipped. Trees may differ in depth (a volume resized after a
+    /// snapshot: `set_depth` adds or removes levels above the root, so every node keeps
+    /// its (level, index)): places are compared as they are, a deeper tree holding this
+    /// tree's top below its own root, a shallower one holding nothing above its root.
+    /// An unreadable node of an other tree is an error: nothing can be decided under it.
     pub fn walk_unique(
         &self,
         store: &dyn NodeStore,
@@ -801,14 +825,16 @@ impl Tree {
         others: &[&Tree],
         f: &mut dyn FnMut(Visit) -> Result<()>,
     ) -> Result<()> {
-        let others: Vec<&Tree> = others
+        let top = self.depth - 1;
+        let slots = others
             .iter()
-            .copied()
-            .filter(|o| o.depth == self.depth)
-            .collect();
-        let slots: Vec<Blkptr> = others.iter().map(|o| o.root).collect();
+            .map(|o| {
+                o.node_slot(store, cache, top, 0)
+                    .map_err(|e| e.within(format!("map node ({top}, 0) of tree {}", o.id)))
+            })
+            .collect::<Result<Vec<Blkptr>>>()?;
         let root = self.root;
-        self.unique_node(store, cache, &others, self.depth - 1, 0, &root, &slots, f)
+        self.unique_node(store, cache, others, top, 0, &root, &slots, f)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -858,8 +884,13 @@ impl Tree {
         let span = 1u64 << (MAP_FANOUT_SHIFT * level as u32);
         let mut child_slots = vec![Blkptr::HOLE; others.len()];
         for (i, p) in node.ptrs.iter().enumerate() {
-            for (c, t) in child_slots.iter_mut().zip(&theirs) {
-                *c = t.as_ref().map_or(Blkptr::HOLE, |n| n.ptrs[i]);
+            for ((c, t), o) in child_slots.iter_mut().zip(&theirs).zip(others) {
+                *c = match t {
+                    Some(n) => n.ptrs[i],
+                    // A shallower tree's root is its only node at its top level.
+                    None if level == o.depth && index == 0 && i == 0 => o.root,
+                    None => Blkptr::HOLE,
+                };
             }
             if level == 0 {
                 if !p.is_hole() && !child_slots.contains(p) {
@@ -1139,7 +1170,7 @@ mod tests {
         .unwrap();
         // Grow a clean tree two levels; one block dirty before, one after.
         t.set(&store, &cache, 5, data(99)).unwrap();
-        t.set_depth(&store, &cache, 4, &mut |p| freed.push(*p))
+        t.set_depth(&store, &cache, 4, &mut |_, p| freed.push(*p))
             .unwrap();
         assert_eq!(t.depth, 4);
         let far = (1u64 << 18) + 7;
@@ -1166,7 +1197,7 @@ mod tests {
 
         // A clean grow alone (no leaf dirty) is written by the commit too.
         let mut t3 = Tree::new(3, 4, root);
-        t3.set_depth(&store, &cache, 5, &mut |_| {}).unwrap();
+        t3.set_depth(&store, &cache, 5, &mut |_, _| {}).unwrap();
         assert_eq!(t3.dirty_nodes(), 1);
         let root3 = t3
             .commit(
@@ -1180,7 +1211,7 @@ mod tests {
 
         // Shrink over a mapped block: refused, nothing changed.
         let dirty = t.dirty_nodes();
-        assert!(t.set_depth(&store, &cache, 2, &mut |_| {}).is_err());
+        assert!(t.set_depth(&store, &cache, 2, &mut |_, _| {}).is_err());
         assert_eq!((t.depth, t.dirty_nodes(), t.root), (4, dirty, root));
         // Hole it, commit, shrink: the two removed tops' places are freed.
         t.set(&store, &cache, far, Blkptr::HOLE).unwrap();
@@ -1191,7 +1222,7 @@ mod tests {
         )
         .unwrap();
         let mut dropped = Vec::new();
-        t.set_depth(&store, &cache, 2, &mut |p| dropped.push(*p))
+        t.set_depth(&store, &cache, 2, &mut |_, p| dropped.push(*p))
             .unwrap();
         assert_eq!((t.depth, dropped.len()), (2, 2));
         for &l in &lbas {
@@ -1202,9 +1233,9 @@ mod tests {
         assert_eq!(t5.lookup(&store, &new_cache(0), 4095).unwrap(), data(4096));
         // An empty tree changes depth without any node.
         let mut e = Tree::new(6, 1, Blkptr::HOLE);
-        e.set_depth(&store, &cache, 3, &mut |_| {}).unwrap();
+        e.set_depth(&store, &cache, 3, &mut |_, _| {}).unwrap();
         assert_eq!((e.depth, e.dirty_nodes()), (3, 0));
-        e.set_depth(&store, &cache, 1, &mut |_| {}).unwrap();
+        e.set_depth(&store, &cache, 1, &mut |_, _| {}).unwrap();
         assert_eq!(e.depth, 1);
     }
 
@@ -1397,6 +1428,124 @@ mod tests {
                 Err(e) => panic!("not a Corrupt error: {e}"),
             },
         );
+    }
+
+    /// Trees of one volume at different depths (a snapshot taken before the volume grew,
+    /// or before it shrank) share the nodes and records below the shallower one's root:
+    /// the unique walks find only what differs, `holds` agrees, and a place past a tree's
+    /// reach is a hole there (not an alias of a place inside, nor an error).
+    #[test]
+    fn trees_of_different_depths_share_by_place() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(1 << 20);
+        let mut next = 1u64 << 40;
+        let mut t = Tree::new(1, 2, Blkptr::HOLE);
+        for l in (0..200u64).chain([4000, 4095]) {
+            t.set(&store, &cache, l, data(l + 1)).unwrap();
+        }
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let small = Tree::new(2, 2, t.root);
+        let walk = |a: &Tree, others: &[&Tree]| {
+            let (mut d, mut n) = (Vec::new(), Vec::new());
+            a.walk_unique(&store, &cache, others, &mut |v| {
+                match v {
+                    Visit::Data { lba, ptr } => d.push((lba, *ptr)),
+                    Visit::Node { level, index, .. } => n.push((level, index)),
+                    Visit::Unreadable { error, .. } => panic!("{error}"),
+                }
+                Ok(())
+            })
+            .unwrap();
+            d.sort_by_key(|x| x.0);
+            n.sort_unstable();
+            (d, n)
+        };
+        // Grown two levels, nothing else changed: only the new tops are the big tree's.
+        t.set_depth(&store, &cache, 4, &mut |_, _| {
+            panic!("a grow frees nothing")
+        })
+        .unwrap();
+        for round in 0..2 {
+            assert_eq!(walk(&small, &[&t]), (vec![], vec![]), "round {round}");
+            let (d, _) = walk(&t, &[&small]);
+            assert!(d.is_empty(), "round {round}: {d:?}");
+            t.commit(
+                &cache,
+                &mut store_nodes(&store, &mut next),
+                &mut |_, _, _| {},
+            )
+            .unwrap();
+        }
+        assert_eq!(walk(&t, &[&small]).1, vec![(2, 0), (3, 0)]);
+        let far = (1u64 << 18) + 7; // slot arithmetic alone would alias it to block 7
+        t.set(&store, &cache, far, data(9000)).unwrap();
+        t.set(&store, &cache, 5, data(5000)).unwrap();
+        assert!(small.lookup(&store, &cache, far).unwrap().is_hole());
+        assert!(!small
+            .holds(&store, &cache, At::Data(far), &data(9000))
+            .unwrap());
+        assert!(!small
+            .holds(&store, &cache, At::Data(4096), &data(8))
+            .unwrap());
+        assert!(small.node_slot(&store, &cache, 0, 64).unwrap().is_hole());
+        assert_eq!(
+            small.next_mapped(&store, &cache, 4096, 1 << 20).unwrap(),
+            1 << 20
+        );
+        for round in 0..2 {
+            let (d, _) = walk(&t, &[&small]);
+            assert_eq!(d, vec![(5, data(5000)), (far, data(9000))], "round {round}");
+            let (d, n) = walk(&small, &[&t]);
+            assert_eq!(d, vec![(5, data(6))], "round {round}");
+            if round == 1 {
+                // Committed: the leaf and root the change rewrote are the snapshot's alone.
+                assert_eq!(n, vec![(0, 0), (1, 0)]);
+                for (l, i) in n {
+                    let p = small.node_slot(&store, &cache, l, i).unwrap();
+                    assert!(!t.holds(&store, &cache, At::Node(l, i), &p).unwrap());
+                    assert!(small.holds(&store, &cache, At::Node(l, i), &p).unwrap());
+                }
+            }
+            assert!(t
+                .holds(&store, &cache, At::Data(4000), &data(4001))
+                .unwrap());
+            assert!(small
+                .holds(&store, &cache, At::Data(4000), &data(4001))
+                .unwrap());
+            let leaf = small.node_slot(&store, &cache, 0, 62).unwrap();
+            assert!(t.holds(&store, &cache, At::Node(0, 62), &leaf).unwrap());
+            t.commit(
+                &cache,
+                &mut store_nodes(&store, &mut next),
+                &mut |_, _, _| {},
+            )
+            .unwrap();
+        }
+        // The other way: the deep tree as the snapshot, the head shrunk back under it.
+        let big = Tree::new(3, 4, t.root);
+        t.set(&store, &cache, far, Blkptr::HOLE).unwrap();
+        t.commit(
+            &cache,
+            &mut store_nodes(&store, &mut next),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        let mut dropped = Vec::new();
+        t.set_depth(&store, &cache, 2, &mut |l, p| dropped.push((l, *p)))
+            .unwrap();
+        assert_eq!(dropped.iter().map(|d| d.0).collect::<Vec<_>>(), vec![3, 2]);
+        let (d, n) = walk(&big, &[&t]);
+        assert_eq!(d, vec![(far, data(9000))]);
+        assert!(
+            n.contains(&(3, 0)) && n.contains(&(2, 0)) && !n.contains(&(1, 0)),
+            "{n:?}"
+        );
+        assert_eq!(walk(&t, &[&big]), (vec![], vec![]));
     }
 
     /// A snapshot shares a tree's root; after the tree changes, each side's unique walk

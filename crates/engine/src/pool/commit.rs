@@ -169,17 +169,24 @@ impl Core {
                     created,
                     holds: Default::default(),
                     referenced: v.used_bytes.load(Ordering::Relaxed),
+                    size_bytes: v.size(),
                     tree: crate::map::Tree::new(id, tree.depth, root),
                 });
             }
             self.commit_snapshot_trees(v, &mut write)?;
             locked += t.elapsed();
-            let snapshots = v.snaps.read().iter().map(SnapshotRecord::of).collect();
+            let size_bytes = v.size();
+            let snapshots = v
+                .snaps
+                .read()
+                .iter()
+                .map(|s| SnapshotRecord::of(s, size_bytes))
+                .collect();
             records.push(VolumeRecord {
                 id: v.id,
                 uuid: v.uuid,
                 name: v.name.clone(),
-                size_bytes: v.size(),
+                size_bytes,
                 block_size: v.block_size,
                 compression: v.compression(),
                 encryption: v.encryption,
@@ -212,8 +219,17 @@ impl Core {
         let shared = records
             .iter()
             .any(|r| !r.snapshots.is_empty() || r.origin.is_some());
+        let resized = records
+            .iter()
+            .any(|r| r.snapshots.iter().any(|s| s.size_bytes != 0));
         let table = TableRecord {
-            format: if shared { 2 } else { 1 },
+            format: if resized {
+                3
+            } else if shared {
+                2
+            } else {
+                1
+            },
             next_volume_id,
             volumes: records,
             scrub: self.scrub.lock().clone(),

@@ -824,7 +824,10 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         for s in &rec.snapshots {
             let root = ptr_from_hex(&s.root)
                 .map_err(|e| e.within(format!("snapshot '{}@{}'", rec.name, s.name)))?;
+            let size_bytes = rec.snapshot_bytes(s)?;
+            let depth = depth_for(size_bytes / rec.block_size as u64);
             snaps.push(crate::volume::snap::Snap {
+                size_bytes,
                 base: s.base,
                 name: s.name.clone(),
                 created: s.created,

@@ -5,8 +5,13 @@
 //! A resize changes the volume's size and the depth of its block map in one commit,
 //! under the commit lock: the map grows by levels above its root (`Tree::set_depth`),
 //! so no node moves; it shrinks by dropping top levels that hold nothing past the new
-//! end. Snapshots and clones share the volume's map geometry place by place (decision
-//! 0009), so a volume with either is not resized.
+//! end. Only the volume's own map changes: its snapshots (a clone's base among them)
+//! keep the size and depth they were taken at, and since no node's (level, index) moves
+//! when levels come or go above it, trees of different depths still share by place
+//! (decision 0009; `Tree::walk_unique` aligns them). So a volume with snapshots, a clone
+//! and the origin of clones resize like any other; a rollback brings back the size the
+//! snapshot had, a clone starts at its snapshot's size, and a shrink drops only holes of
+//! the volume itself (what its snapshots hold past the new end stays theirs).
 //!
 //! Thick volumes (`volume create --thick`) reserve their whole size: what they have not
 //! stored yet is kept from thin volumes' new data (`Store::thin_room`), counted at every
@@ -186,26 +191,6 @@ impl Core {
             encryption: st.encryption,
         }
         .validate()?;
-        {
-            let snaps = st.snaps.read();
-            if let Some(o) = st.origin.lock().as_ref() {
-                return Err(Error::Busy(format!(
-                    "volume '{name}' is a clone of {}@{}: a clone shares its origin's block \
-                     map geometry and is not resized (copy it to a new volume of the size \
-                     wanted instead)",
-                    o.volume, o.snapshot
-                )));
-            }
-            if !snaps.is_empty() {
-                let names: Vec<String> =
-                    snaps.iter().map(|s| format!("{name}@{}", s.name)).collect();
-                return Err(Error::Busy(format!(
-                    "volume '{name}' has snapshots ({}): their block maps share its geometry, \
-                     so it is not resized; destroy them first",
-                    names.join(", ")
-                )));
-            }
-        }
         let old_depth = st.tree.lock().depth;
         let new_depth = depth_for(size / bs);
         let done = || Resized {
@@ -223,7 +208,7 @@ impl Core {
                 self.check_reservation(size - old)?;
             }
             let mut tree = st.tree.lock();
-            tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |_| {})?;
+            tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |_, _| {})?;
             st.set_size(size);
             self.store.note_dirty(&st.dirty_nodes, tree.dirty_nodes());
         } else {
@@ -262,8 +247,20 @@ impl Core {
             let mut gone = Vec::new();
             {
                 let mut tree = st.tree.lock();
-                tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |p| {
-                    gone.push(*p)
+                let snaps = st.snaps.read();
+                tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |l, p| {
+                    // A top the newest snapshot still holds (taken at the larger size,
+                    // with nothing changed past the new end since) stays its.
+                    let kept = crate::volume::snap::head_keeps(
+                        &*self.store,
+                        &self.store.cache,
+                        &snaps,
+                        crate::map::At::Node(l, 0),
+                        p,
+                    );
+                    if !kept {
+                        gone.push(*p)
+                    }
                 })?;
                 st.set_size(size);
                 self.store.note_dirty(&st.dirty_nodes, tree.dirty_nodes());
@@ -442,17 +439,140 @@ mod tests {
         p.close().unwrap();
     }
 
+    fn read_at(p: &Pool, name: &str, off: u64, len: usize) -> Vec<u8> {
+        let v = p.volume(name).unwrap();
+        let mut b = vec![0u8; len];
+        v.read(off, &mut b).unwrap();
+        b
+    }
+
+    /// Any volume grows: one with held snapshots, a clone, the origin of clones. Each
+    /// snapshot keeps the size it had (`VOL@SNAP` exports it, across a reopen, which needs
+    /// table format 3), a clone starts at its snapshot's size and grows on its own, a
+    /// rollback brings the old size back, a shrink past what only a snapshot holds works
+    /// and leaves the snapshot whole, and destroying everything frees all (the pool's
+    /// count equals the import's recount throughout).
     #[test]
-    fn resize_refused_with_snapshots_and_clones() {
+    fn any_volume_grows_and_snapshots_keep_their_size() {
         let t = tempfile::tempdir().unwrap();
-        let p = pool(t.path(), 64);
-        p.create_volume("v", opts(8 << 20, 4096), None).unwrap();
-        p.snapshot_create("v", "s").unwrap();
-        let e = p.volume_resize("v", 16 << 20, false).unwrap_err();
-        assert!(e.to_string().contains("has snapshots (v@s)"), "{e}");
-        p.volume_clone("v", "s", "c", None).unwrap();
-        let e = p.volume_resize("c", 16 << 20, false).unwrap_err();
-        assert!(e.to_string().contains("is a clone of v@s"), "{e}");
+        let mut p = pool(t.path(), 96);
+        // 1 MiB of 4K blocks: 256 blocks, a two-level map (one level holds 64).
+        let small = 1u64 << 20;
+        p.create_volume("v", opts(small, 4096), None).unwrap();
+        let a = noise(1, small as usize);
+        p.volume("v").unwrap().write(0, &a, true).unwrap();
+        p.snapshot_create("v", "s1").unwrap();
+        p.snapshot_hold("v", "s1", "keep", true).unwrap();
+        // Grown two levels (64 MiB: 16384 blocks, depth 3) with a held snapshot and clients.
+        let v = p.volume("v").unwrap();
+        let r = p.volume_resize("v", 64 << 20, false).unwrap();
+        assert_eq!((r.old_depth, r.new_depth), (2, 3));
+        assert_eq!(v.size(), 64 << 20, "an open handle sees the new size");
+        let b = noise(2, 64 << 10);
+        v.write((64 << 20) - (64 << 10), &b, false).unwrap();
+        v.write(0, &b, true).unwrap();
+        drop(v);
+        p.snapshot_create("v", "s2").unwrap();
+        assert_eq!(p.volume("v@s1").unwrap().size(), small);
+        assert_eq!(read_at(&p, "v@s1", 0, small as usize), a);
+        assert!(p
+            .volume("v@s1")
+            .unwrap()
+            .read(small, &mut [0u8; 4096])
+            .is_err());
+        let sizes: Vec<u64> = p
+            .snapshot_list(Some("v"))
+            .unwrap()
+            .iter()
+            .map(|s| s.size_bytes)
+            .collect();
+        assert_eq!(sizes, vec![small, 64 << 20]);
+
+        // A clone of the small snapshot starts small and grows on its own; the origin grows
+        // again with clones.
+        p.volume_clone("v", "s1", "c", None).unwrap();
+        assert_eq!(p.volume("c").unwrap().size(), small);
+        p.volume_resize("c", 32 << 20, false).unwrap();
+        let cb = noise(3, 8192);
+        p.volume("c")
+            .unwrap()
+            .write((32 << 20) - 8192, &cb, true)
+            .unwrap();
+        p.volume_resize("v", 1 << 30, false).unwrap();
+        p.snapshot_create("c", "cs").unwrap();
+        let used = p.status().space.used_bytes;
+        p = reopen(t.path(), p);
+        assert_eq!(
+            p.status().space.used_bytes,
+            used,
+            "the import's recount agrees"
+        );
+        for (name, size) in [
+            ("v", 1 << 30),
+            ("v@s1", small),
+            ("v@s2", 64 << 20),
+            ("c", 32 << 20),
+            ("c@cs", 32 << 20),
+        ] {
+            assert_eq!(p.volume(name).unwrap().size(), size, "{name}");
+        }
+        assert_eq!(read_at(&p, "v@s1", 0, small as usize), a);
+        assert_eq!(read_at(&p, "c", 0, small as usize), a);
+        assert_eq!(read_at(&p, "c", (32 << 20) - 8192, 8192), cb);
+        assert_eq!(read_at(&p, "v@s2", (64 << 20) - (64 << 10), 64 << 10), b);
+        assert_eq!(read_at(&p, "v", (64 << 20) - (64 << 10), 64 << 10), b);
+
+        // Back to s2: its size comes back, the newer data goes.
+        p.volume("v")
+            .unwrap()
+            .write((1 << 30) - 4096, &[7u8; 4096], true)
+            .unwrap();
+        p.volume_rollback("v", "s2", false).unwrap();
+        assert_eq!(p.volume("v").unwrap().size(), 64 << 20);
+        assert_eq!(read_at(&p, "v", 0, 64 << 10), b);
+        // Shrink below s2's data: the head's blocks past the end must be holes (trimmed),
+        // s2 keeps its own.
+        let e = p.volume_resize("v", small, true).unwrap_err();
+        assert!(e.to_string().contains("hold data"), "{e}");
+        p.volume("v")
+            .unwrap()
+            .trim(small, (64 << 20) - small)
+            .unwrap();
+        let r = p.volume_resize("v", small, true).unwrap();
+        assert_eq!((r.old_depth, r.new_depth), (3, 2));
+        assert_eq!(read_at(&p, "v@s2", (64 << 20) - (64 << 10), 64 << 10), b);
+        let used = p.status().space.used_bytes;
+        p = reopen(t.path(), p);
+        assert_eq!(
+            p.status().space.used_bytes,
+            used,
+            "the import's recount agrees"
+        );
+        assert_eq!(read_at(&p, "v@s2", (64 << 20) - (64 << 10), 64 << 10), b);
+        // Back to s2 again: the grown size and its data return.
+        p.volume_rollback("v", "s2", false).unwrap();
+        assert_eq!(p.volume("v").unwrap().size(), 64 << 20);
+        assert_eq!(read_at(&p, "v", (64 << 20) - (64 << 10), 64 << 10), b);
+
+        // Everything goes: nothing is left behind, nothing freed twice.
+        p.destroy_volume_recursive("c", true).unwrap();
+        p.snapshot_hold("v", "s1", "keep", false).unwrap();
+        p.snapshot_destroy("v", "s2").unwrap();
+        p.snapshot_destroy("v", "s1").unwrap();
+        let used = p.status().space.used_bytes;
+        p = reopen(t.path(), p);
+        assert_eq!(
+            p.status().space.used_bytes,
+            used,
+            "the import's recount agrees"
+        );
+        p.destroy_volume_recursive("v", true).unwrap();
+        p = reopen(t.path(), p);
+        assert!(
+            p.status().space.used_bytes < 64 << 10,
+            "{:?}",
+            p.status().space
+        );
         p.close().unwrap();
     }
 

@@ -397,7 +397,9 @@ impl Core {
             }
             let target = &snaps[k];
             // A fresh id: the node cache keys nodes by tree and place, not by address.
-            *head = Tree::new(new_id, head.depth, target.tree.root);
+            *head = Tree::new(new_id, target.tree.depth, target.tree.root);
+            // The size it had at the snapshot comes back with its data.
+            st.set_size(target.size_bytes);
             st.used_bytes.store(target.referenced, Ordering::Relaxed);
             self.store.note_dirty(&st.dirty_nodes, 0);
             destroyed
@@ -462,6 +464,7 @@ impl Core {
                     used_bytes: used,
                     referenced_bytes: s.referenced,
                     holds: s.holds.iter().cloned().collect(),
+                    size_bytes: s.size_bytes,
                 });
             }
         }
@@ -591,10 +594,11 @@ impl Core {
                 created: s.created,
                 holds: Default::default(),
                 referenced: s.referenced,
+                size_bytes: s.size_bytes,
                 tree: Tree::new(base_id, s.tree.depth, s.tree.root),
             };
             let opts = crate::volume::VolumeOptions {
-                size_bytes: st.size(),
+                size_bytes: s.size_bytes,
                 block_size: st.block_size,
                 compression: st.compression(),
                 encryption: st.encryption,

@@ -17,8 +17,10 @@ use crate::map::{Blkptr, BLKPTR_BYTES};
 use crate::{Error, Result};
 
 /// The table's format: 1, or 2 once a volume has snapshots or is a clone (records an
-/// older bulwark would not know it must keep). Import refuses a newer one.
-pub const TABLE_FORMAT_MAX: u32 = 2;
+/// older bulwark would not know it must keep), or 3 once a snapshot's size differs from
+/// its volume's (`SnapshotRecord::size_bytes`: an older bulwark would read its tree at
+/// the volume's depth). Import refuses a newer one.
+pub const TABLE_FORMAT_MAX: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TableRecord {
@@ -94,11 +96,23 @@ pub struct SnapshotRecord {
     /// A clone's base (`volume::snap::Snap::base`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub base: bool,
+    /// The volume's size at the snapshot, when it differs from the volume's size now (the
+    /// volume was resized since); absent (0) otherwise, and in every table written before
+    /// volumes with snapshots could be resized. Written only when it differs, so a table
+    /// without resized snapshots stays readable by an older bulwark (format 2).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size_bytes: u64,
 }
 
 impl SnapshotRecord {
-    pub fn of(s: &crate::volume::snap::Snap) -> SnapshotRecord {
+    /// The record of snapshot `s` of a volume of `volume_bytes`.
+    pub fn of(s: &crate::volume::snap::Snap, volume_bytes: u64) -> SnapshotRecord {
         SnapshotRecord {
+            size_bytes: if s.size_bytes == volume_bytes {
+                0
+            } else {
+                s.size_bytes
+            },
             name: s.name.clone(),
             id: s.tree.id,
             root: ptr_to_hex(&s.tree.root),
@@ -145,6 +159,30 @@ impl VolumeRecord {
             ))
         })?;
         Ok(opts)
+    }
+
+    /// The size of snapshot `s` of this volume, refused as `Corrupt` when no volume of this
+    /// block size could have had it (as `options` does for the volume's own size).
+    pub fn snapshot_bytes(&self, s: &SnapshotRecord) -> Result<u64> {
+        let size_bytes = if s.size_bytes == 0 {
+            self.size_bytes
+        } else {
+            s.size_bytes
+        };
+        crate::volume::VolumeOptions {
+            size_bytes,
+            block_size: self.block_size,
+            compression: self.compression,
+            encryption: self.encryption,
+        }
+        .validate()
+        .map_err(|e| {
+            Error::Corrupt(format!(
+                "volume table: the record of snapshot '{}@{}' is damaged: {e}",
+                self.name, s.name
+            ))
+        })?;
+        Ok(size_bytes)
     }
 }
 
@@ -276,6 +314,38 @@ mod tests {
             created: 0,
             thick: false,
         }
+    }
+
+    /// A snapshot record of a pool written before snapshots had sizes of their own (no
+    /// `size_bytes`) has its volume's size; one that names a size keeps it, and a size no
+    /// volume could have is refused as `Corrupt`. The size is written only when it differs.
+    #[test]
+    fn snapshot_sizes_old_and_new() {
+        let kf = Secret::KeyFile(Zeroizing::new([2; 32]));
+        let v = record(1, false, &wrap::new_data_key(), &kf);
+        let old: SnapshotRecord = serde_json::from_str(
+            r#"{"name":"s","id":9,"root":"00","created":1,"holds":[],"referenced":0}"#,
+        )
+        .unwrap();
+        assert_eq!(v.snapshot_bytes(&old).unwrap(), 1 << 20);
+        let grown = SnapshotRecord {
+            size_bytes: 64 << 10,
+            ..old.clone()
+        };
+        assert_eq!(v.snapshot_bytes(&grown).unwrap(), 64 << 10);
+        for bad in [4095, crate::constants::VOLUME_BYTES_MAX + 4096] {
+            let e = v
+                .snapshot_bytes(&SnapshotRecord {
+                    size_bytes: bad,
+                    ..old.clone()
+                })
+                .unwrap_err();
+            assert!(matches!(e, Error::Corrupt(_)), "{e}");
+        }
+        assert!(!serde_json::to_string(&old).unwrap().contains("size_bytes"));
+        assert!(serde_json::to_string(&grown)
+            .unwrap()
+            .contains("size_bytes"));
     }
 
     /// A table no command writes is refused at open, even sealed under the right key:

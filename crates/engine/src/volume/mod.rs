@@ -360,6 +360,9 @@ pub struct Volume {
     st: Arc<VolumeState>,
     /// The snapshot this handle reads (`VOL@SNAP`, read-only); `None`: the volume itself.
     view: Option<String>,
+    /// The snapshot's size (it keeps the size it was taken at; the volume may have been
+    /// resized since); 0 for the volume itself.
+    view_bytes: u64,
     /// Counted in `VolumeState::clients` (a client's or a command's handle).
     client: bool,
 }
@@ -393,6 +396,7 @@ impl Volume {
             control,
             st,
             view: None,
+            view_bytes: 0,
             client: false,
         }
     }
@@ -410,6 +414,7 @@ impl Volume {
             control,
             st,
             view: None,
+            view_bytes: 0,
             client: true,
         }
     }
@@ -422,15 +427,20 @@ impl Volume {
         snap: &str,
     ) -> Volume {
         // Counted under the snapshot list's lock, after `st` was cloned (`snapshot_views`).
-        {
-            let _snaps = st.snaps.read();
+        let view_bytes = {
+            let snaps = st.snaps.read();
             st.snapshot_views.fetch_add(1, Ordering::AcqRel);
-        }
+            snaps
+                .iter()
+                .find(|s| !s.base && s.name == snap)
+                .map_or(0, |s| s.size_bytes)
+        };
         Volume {
             store,
             control,
             st,
             view: Some(snap.to_string()),
+            view_bytes,
             client: false,
         }
     }
@@ -495,8 +505,12 @@ impl Volume {
     pub fn name(&self) -> &str {
         &self.st.name
     }
+    /// Bytes: the volume's size now, or for a snapshot's view the size it was taken at.
     pub fn size(&self) -> u64 {
-        self.st.size()
+        match self.view {
+            Some(_) => self.view_bytes,
+            None => self.st.size(),
+        }
     }
 
     /// Whether writes are refused: a snapshot's view, or a volume set readonly=on.
@@ -515,7 +529,7 @@ impl Volume {
                 self.st.name
             )));
         }
-        let size = self.st.size();
+        let size = self.size();
         if offset.checked_add(length).is_none_or(|end| end > size) {
             return Err(Error::OutOfRange {
                 offset,

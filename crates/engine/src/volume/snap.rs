@@ -42,6 +42,10 @@ pub struct Snap {
     /// Stored bytes of data it references (one copy, after compression), as the volume's
     /// `used_bytes` was at the snapshot.
     pub referenced: u64,
+    /// The volume's size at the snapshot: `VOL@SNAP` exports it, a rollback restores it, a
+    /// clone starts with it. Its tree's depth is `depth_for` of it, whatever the volume's
+    /// size is now (a resize changes only the head's depth: `Tree::set_depth`).
+    pub size_bytes: u64,
     /// Its map: the volume's root at the snapshot (moved only by the cleaner).
     pub tree: Tree,
 }
@@ -66,6 +70,9 @@ pub struct SnapshotStatus {
     /// Bytes it references (shared or not).
     pub referenced_bytes: u64,
     pub holds: Vec<String>,
+    /// The volume's size when it was taken (what `VOL@SNAP` exports).
+    #[serde(default)]
+    pub size_bytes: u64,
 }
 
 /// A volume's space, as `volume list --space` shows it (stored data bytes, one copy).
