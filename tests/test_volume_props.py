@@ -122,11 +122,31 @@ def test_shrink_only_over_holes(pool):
     assert "read 4096/4096 bytes" not in r.stdout, r.stdout
     pool.wait_detached("sh")
 
-    # A volume with snapshots keeps its size: their maps share its geometry.
+    # A volume with a held snapshot grows; the snapshot keeps its size (its export says
+    # so), a clone of it starts there and grows on its own, and a rollback brings the
+    # snapshot's size back.
     pool.cli("snapshot", "create", "sh@s1")
-    r = pool.cli("volume", "resize", "sh", "128M", check=False)
-    assert r.returncode == 1 and "has snapshots (sh@s1)" in r.stderr, r.stderr
+    pool.cli("snapshot", "hold", "sh@s1", "keep")
+    r = pool.cli("volume", "resize", "sh", "128M")
+    assert "from 32M to 128M" in r.stdout, r.stdout
+    qemu_io_ok(uri, "write -P 0x23 100M 1M", "flush")
+    pool.wait_detached("sh")
+    pool.cli("snapshot", "create", "sh@s2")
+    pool.cli("volume", "clone", "sh@s1", "shc")
+    pool.cli("volume", "resize", "shc", "64M")
     pool.restart()
+
+    def export_size(name):
+        info = json.loads(run(["nbdinfo", "--json", pool.uri(name)]).stdout)
+        return info["exports"][0]["export-size"]
+
+    for name, size in (("sh", 128), ("sh@s1", 32), ("sh@s2", 128), ("shc", 64)):
+        assert export_size(name) == size * MiB, name
+    listed = json.loads(pool.cli("snapshot", "list", "sh", "--json").stdout)
+    assert [s["size_bytes"] for s in listed] == [32 * MiB, 128 * MiB], listed
+    qemu_io_ok(pool.uri("shc"), "read -P 0x21 0 1M", "read -P 0 32M 32M")
+    pool.wait_detached("shc")
+    pool.cli("volume", "rollback", "sh@s1", "--destroy-newer")
     assert pool.volume_status("sh")["size_bytes"] == 32 * MiB
     qemu_io_ok(uri, "read -P 0x21 0 1M")
 
