@@ -14,6 +14,7 @@ ROOT=$PWD
 
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
+install_test_packages
 
 # --- pytest --------------------------------------------------------------------
 PY=${PYTHON:-python3}
