@@ -159,3 +159,16 @@ def test_import_with_a_device_missing(make_pool, tmp_path, seed, layout):
     pool.load_key("v", key)
     assert_clean_scrub(pool, "scrub after the device came back")
     assert_export_equals(pool, "v", img, "after the device came back")
+
+
+def test_every_device_missing_is_named_so(pool):
+    """Every device file gone: `serve` says the devices are missing (the runbook's words
+    and its row), not that every label slot is damaged."""
+    devices = pool.device_paths()
+    pool.stop()
+    for d in devices:
+        os.unlink(d)
+    r = run([pool.bin, "serve", pool.dir], check=False, timeout=60)
+    assert r.returncode != 0
+    assert "every device of the pool is missing" in r.stderr, r.stderr
+    assert "damaged" not in r.stderr, r.stderr

@@ -267,7 +267,12 @@ def test_import_refusals_leave_nothing(pool, tmp_path, seed):
     assert_one_line_error(r, "qcow2 with a backing file", r"backing file")
     r = pool.cli("image", "import", src, "bad8", check=False)
     assert_one_line_error(r, "no key", r"--key-file|--passphrase-file")
-    for n in ("bad4", "bad5", "bad6", "bad7", "bad8"):
+    # A text file named .qcow2 (qemu-img's probe says raw): refused, not imported as raw.
+    text = tmp_path / "notes.qcow2"
+    text.write_text("not a disk image\n" * 1000)
+    r = pool.cli("image", "import", text, "bad9", "--encryption", "off", check=False)
+    assert_one_line_error(r, "text named .qcow2", r"named as a qcow2 image.*--format raw")
+    for n in ("bad4", "bad5", "bad6", "bad7", "bad8", "bad9"):
         assert_nothing_left(pool, n, n)
     assert volume_names(pool) == {"vm3"}
 

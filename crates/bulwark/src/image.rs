@@ -103,6 +103,9 @@ fn import(dir: &Path, args: &ImageImportArgs) -> Result<()> {
         )));
     }
     let info = probe(&source, &shown, args.format)?;
+    if args.format.is_none() {
+        named_as_it_is(&source, &shown, &info.format)?;
+    }
     if info.format == "qcow2" {
         check_qcow2(&source, &shown)?;
     }
@@ -244,6 +247,23 @@ fn probe(file: &Path, shown: &str, format: Option<ImageFormat>) -> Result<ImageI
     let out = run_tool("qemu-img info", &mut cmd, false)
         .map_err(|e| Error::msg(format!("cannot read {shown} as a disk image: {e}")))?;
     image_info(&out, shown)
+}
+
+/// The format comes from the content (qemu-img's probe); a file whose name says qcow2
+/// but whose content is not (a text file, a truncated download, a raw disk renamed) is
+/// refused rather than imported as raw. `--format raw` imports it as raw on purpose.
+fn named_as_it_is(file: &Path, shown: &str, format: &str) -> Result<()> {
+    let ext = file
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if matches!(ext.as_deref(), Some("qcow2" | "qcow")) && format != "qcow2" {
+        return Err(Error::msg(format!(
+            "{shown} is named as a qcow2 image but its content is not qcow2 (no qcow2 \
+             header; qemu-img reads it as {format}): not imported; pass --format raw to \
+             import it as a raw disk"
+        )));
+    }
+    Ok(())
 }
 
 /// The checks on `qemu-img info --output=json`'s answer.

@@ -1,4 +1,7 @@
-//! Human sizes: "64K", "1G", "512", "1.5T" (binary units, as qemu-img and zfs read them).
+//! Human sizes: "64K", "1G", "512", "1.5T", "1GiB" (binary units, as qemu-img and zfs read
+//! them). "10GB" is refused rather than guessed: qemu-img reads its G as 2^30 but the
+//! SI reading is 10^9, 7% apart; a disk silently 74 MB smaller or larger than meant is
+//! worse than a clear message.
 
 use crate::{Error, Result};
 
@@ -15,14 +18,28 @@ pub fn parse_size(text: &str) -> Result<u64> {
             "invalid size '{text}': too large (sizes stop below 16E, 2^64 bytes)"
         ))
     };
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix("ib"))
-        .unwrap_or(t);
-    let t = if t.len() > 1 {
-        t.strip_suffix(['B', 'b']).unwrap_or(t)
-    } else {
-        t
+    let iec = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib"));
+    let t = match iec {
+        Some(t) => t,
+        None => {
+            // "10GB": SI or binary? Refused, saying how to write either.
+            let unit = t.len() > 1 && t.ends_with(['B', 'b']);
+            let prefix = t[..t.len().saturating_sub(1)].chars().last();
+            if let (true, Some(p)) = (unit, prefix.filter(|c| "kKmMgGtTpPeE".contains(*c))) {
+                let num = &t[..t.len() - 2];
+                let p = p.to_ascii_uppercase();
+                return Err(Error::Invalid(format!(
+                    "ambiguous size '{text}': bulwark's units are binary, as qemu-img's \
+                     ({num}{p} = {num}{p}iB, powers of 1024); write {num}{p} or {num}{p}iB, \
+                     or the number of bytes for SI units"
+                )));
+            }
+            if t.len() > 1 {
+                t.strip_suffix(['B', 'b']).unwrap_or(t)
+            } else {
+                t
+            }
+        }
     };
     let (num, shift) = match t.chars().last().ok_or_else(bad)? {
         'k' | 'K' => (&t[..t.len() - 1], 10),
@@ -79,6 +96,16 @@ mod tests {
         assert_eq!(parse_size("64k").unwrap(), 65536);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
         assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("10kib").unwrap(), 10 << 10);
+        assert_eq!(parse_size("512B").unwrap(), 512);
+        // "10GB" was read as 10 GiB without a word: now refused, naming both readings.
+        for amb in ["10GB", "1.5TB", "64kB", "2mb"] {
+            let e = parse_size(amb).unwrap_err().to_string();
+            assert!(
+                e.contains("ambiguous size") && e.contains("iB"),
+                "{amb}: {e}"
+            );
+        }
         assert_eq!(parse_size("1.5T").unwrap(), 3 << 39);
         assert_eq!(parse_size("512").unwrap(), 512);
         assert!(parse_size("12Q").is_err());

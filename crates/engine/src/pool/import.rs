@@ -280,9 +280,16 @@ fn missing_key(dir: &Path, key_path: &Path, opened: &[(PathBuf, FileDevice)]) ->
 fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
     let mut wrong_key = 0;
     let mut altered = 0;
+    let mut missing = Vec::new();
     let mut buf = vec![0u8; SUPERBLOCK_BYTES];
     for p in listed {
-        let Ok(d) = FileDevice::open(p) else { continue };
+        let d = match FileDevice::open(p) {
+            Ok(d) => d,
+            Err(e) => {
+                missing.push(format!("{} ({e})", p.display()));
+                continue;
+            }
+        };
         let back = best_superblock(&d, None, Check::Unkeyed)
             .map(|sb| back_region_of(&sb))
             .or_else(|| find_back_region(&d, Check::Unkeyed, true));
@@ -311,7 +318,20 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
             }
         }
     }
-    if wrong_key == 0 && altered == 0 {
+    if !listed.is_empty() && missing.len() == listed.len() {
+        // Not damage: nothing was there to read (docs/runbook.md promises these words).
+        Error::NotFound(format!(
+            "every device of the pool is missing: no device of pool {pool_id} opens: {}; check \
+             the paths in pool.json and that the disks are attached (docs/runbook.md)",
+            missing.join(", ")
+        ))
+    } else if wrong_key == 0 && altered == 0 && !missing.is_empty() {
+        Error::Corrupt(format!(
+            "no label of pool {pool_id} can be read: {} missing, and every label slot of \
+             the others is damaged or wiped",
+            missing.join(", ")
+        ))
+    } else if wrong_key == 0 && altered == 0 {
         Error::Corrupt(format!(
             "no label of pool {pool_id} on {listed:?} can be read: every label slot (two at \
              each device's start, two at its end) is damaged or wiped"
