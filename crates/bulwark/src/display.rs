@@ -986,6 +986,7 @@ mod tests {
                     note: Some("the intent log fell back".into()),
                 }),
                 object_store: None,
+                lost_flushes: None,
             },
             daemon: DaemonInfo {
                 version: "0".into(),
