@@ -60,6 +60,8 @@ pub fn tier_open(
         gc_grace: bulwark_engine::constants::TIER_GC_GRACE,
         local_flush: os.local_flush,
         cache_bytes: os.cache_bytes,
+        defer_unreachable: false,
+        single_host: os.single_host,
     }
 }
 

@@ -68,6 +68,12 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
     /// The store and root, for messages (never credentials).
     fn describe(&self) -> String;
+    /// Requests that failed in this run, by kind of cause (`timeout`, `connect`,
+    /// `no_such_bucket`, `signature_does_not_match`, ...: a bounded set the client
+    /// chooses), for `status` and the metrics. A store that does not count: none.
+    fn request_errors(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// The startup probe (issue 22): a store that does not refuse a second create of the same

@@ -217,6 +217,8 @@ pub struct S3 {
     loc: Location,
     store: Arc<AmazonS3>,
     rt: tokio::runtime::Runtime,
+    /// Failed requests in this run, by `Cause::kind`.
+    errors: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl S3 {
@@ -270,6 +272,7 @@ impl S3 {
             loc: loc.clone(),
             store: Arc::new(store),
             rt,
+            errors: Default::default(),
         })
     }
 
@@ -301,11 +304,164 @@ impl S3 {
         })
     }
 
+    /// A failed request as one line: what was asked and the cause the server gave (its S3
+    /// error code and message, an HTTP status, a timeout, a refused connection), never
+    /// the raw reply. Counted by kind for `status` and the metrics.
     fn error(&self, what: &str, name: &str, e: object_store::Error) -> Error {
-        Error::Io(std::io::Error::other(format!(
-            "object store {}: {what} {name}: {e}",
-            self.loc
-        )))
+        let c = Cause::of(&e);
+        self.count(c.kind);
+        let msg = format!("object store {}: {what} {name}: {}", self.loc, c.text);
+        match c.kind {
+            "timeout" => Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, msg)),
+            _ => Error::Io(std::io::Error::other(msg)),
+        }
+    }
+
+    fn count(&self, kind: &'static str) {
+        let mut m = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry(kind).or_default() += 1;
+    }
+
+    /// A 404 that says the object is missing, not the bucket (`NoSuchBucket` is an error:
+    /// a missing bucket must not read as an empty pool, nor as a refused condition).
+    fn is_missing_object(e: &object_store::Error) -> bool {
+        matches!(e, object_store::Error::NotFound { .. }) && Cause::of(e).kind != "no_such_bucket"
+    }
+}
+
+/// Why a request failed: `kind` (a bounded set, a metric label) and a one-line `text`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    pub kind: &'static str,
+    pub text: String,
+}
+
+/// The longest cause text kept (a server's message is input).
+const CAUSE_TEXT_MAX: usize = 240;
+
+/// S3 error codes counted by name; any other is counted by its HTTP status class.
+const KNOWN_CODES: [(&str, &str); 9] = [
+    ("NoSuchBucket", "no_such_bucket"),
+    ("AccessDenied", "access_denied"),
+    ("SignatureDoesNotMatch", "signature_does_not_match"),
+    ("InvalidAccessKeyId", "invalid_access_key_id"),
+    ("ExpiredToken", "expired_token"),
+    ("SlowDown", "slow_down"),
+    ("RequestTimeTooSkewed", "clock_skew"),
+    ("InternalError", "server_error"),
+    ("ServiceUnavailable", "server_error"),
+];
+
+/// Every error kind `Cause::of` gives, for the metrics' series.
+pub const CAUSE_KINDS: [&str; 12] = [
+    "no_such_bucket",
+    "access_denied",
+    "signature_does_not_match",
+    "invalid_access_key_id",
+    "expired_token",
+    "slow_down",
+    "clock_skew",
+    "server_error",
+    "client_error",
+    "timeout",
+    "connect",
+    "other",
+];
+
+fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
+    let start = s.find(open)? + open.len();
+    let len = s[start..].find(close)?;
+    Some(&s[start..start + len])
+}
+
+fn one_line(s: &str) -> String {
+    let mut t: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if t.len() > CAUSE_TEXT_MAX {
+        let mut cut = CAUSE_TEXT_MAX;
+        while !t.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        t.truncate(cut);
+        t.push_str("...");
+    }
+    t
+}
+
+impl Cause {
+    pub fn of(e: &object_store::Error) -> Cause {
+        let full = e.to_string();
+        let status = between(&full, "status code: ", ":")
+            .or_else(|| between(&full, "status code: ", " "))
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse::<u16>().ok());
+        if let Some(code) = between(&full, "<Code>", "</Code>") {
+            let kind = KNOWN_CODES
+                .iter()
+                .find(|(c, _)| *c == code)
+                .map(|(_, k)| *k)
+                .unwrap_or(match status {
+                    Some(s) if s >= 500 => "server_error",
+                    _ => "client_error",
+                });
+            let message = between(&full, "<Message>", "</Message>").unwrap_or("");
+            let status = status.map(|s| format!(" (HTTP {s})")).unwrap_or_default();
+            let text = if message.is_empty() {
+                format!("{code}{status}")
+            } else {
+                format!("{code}{status}: {message}")
+            };
+            return Cause {
+                kind,
+                text: one_line(&text),
+            };
+        }
+        if let Some(s) = status {
+            let kind = if s >= 500 { "server_error" } else { "client_error" };
+            return Cause {
+                kind,
+                text: format!("HTTP {s} with no S3 error code"),
+            };
+        }
+        // No answer from the server: the innermost cause (a refused connection, a timeout).
+        let mut inner: &dyn std::error::Error = e;
+        let mut io_kind = None;
+        while let Some(s) = inner.source() {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                io_kind = Some(io.kind());
+            }
+            inner = s;
+        }
+        let root = one_line(&inner.to_string());
+        let lower = full.to_ascii_lowercase();
+        let timed_out = io_kind == Some(std::io::ErrorKind::TimedOut)
+            || lower.contains("timed out")
+            || lower.contains("timeout");
+        if timed_out {
+            return Cause {
+                kind: "timeout",
+                text: "timeout: the server did not answer in time".into(),
+            };
+        }
+        let connect = matches!(
+            io_kind,
+            Some(
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::NotConnected
+                    | std::io::ErrorKind::ConnectionAborted
+            )
+        ) || lower.contains("error sending request")
+            || lower.contains("dns error");
+        if connect {
+            return Cause {
+                kind: "connect",
+                text: format!("cannot reach the server ({root})"),
+            };
+        }
+        Cause {
+            kind: "other",
+            text: one_line(&full),
+        }
     }
 }
 
@@ -342,8 +498,8 @@ impl Tier for S3 {
             Ok(r) => Ok(PutIf::Done(version_of(r.e_tag, r.version))),
             // 404: If-Match on an object that does not exist (any more).
             Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::NotFound { .. }) => Ok(PutIf::Refused),
+            | Err(object_store::Error::AlreadyExists { .. }) => Ok(PutIf::Refused),
+            Err(e) if Self::is_missing_object(&e) => Ok(PutIf::Refused),
             Err(e) => Err(self.error("conditional PUT", name, e)),
         }
     }
@@ -375,7 +531,7 @@ impl Tier for S3 {
                 "object store {}: {name} holds {size} bytes, more than the {max_bytes} it may",
                 self.loc
             ))),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) if Self::is_missing_object(&e) => Ok(None),
             Err(e) => Err(self.error("GET", name, e)),
         }
     }
@@ -390,7 +546,7 @@ impl Tier for S3 {
                 self.loc,
                 b.len()
             ))),
-            Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
+            Err(e) if Self::is_missing_object(&e) => Err(Error::NotFound(format!(
                 "object store {}: {name} is missing",
                 self.loc
             ))),
@@ -401,7 +557,8 @@ impl Tier for S3 {
     fn delete(&self, name: &str) -> Result<()> {
         let (store, path) = (self.store.clone(), self.path(name));
         match self.run(async move { store.delete(&path).await }) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Ok(()) => Ok(()),
+            Err(e) if Self::is_missing_object(&e) => Ok(()),
             Err(e) => Err(self.error("DELETE", name, e)),
         }
     }
@@ -449,6 +606,11 @@ impl Tier for S3 {
 
     fn describe(&self) -> String {
         self.loc.to_string()
+    }
+
+    fn request_errors(&self) -> Vec<(&'static str, u64)> {
+        let m = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        m.iter().map(|(k, v)| (*k, *v)).collect()
     }
 }
 

@@ -437,6 +437,12 @@ impl Core {
             Some(l) if state == "ONLINE" && l.state != "ONLINE" => "DEGRADED",
             _ => state,
         };
+        // Commits not reaching the object store degrade the pool: nothing is lost while it
+        // runs, but the store lags (`tier::TierStatus`). Fenced poisons it (FAULTED below).
+        let state = match &self.tier {
+            Some(t) if state == "ONLINE" && t.is_failing() => "DEGRADED",
+            _ => state,
+        };
         let per = self.store.red.data_per_segment_byte();
         let total = self.store.log.segments() as u64 * SEGMENT_BYTES * per;
         let used = (self.store.log.live_bytes_total() * per).min(total);
@@ -599,6 +605,16 @@ impl Core {
                 continue;
             }
             if let Some(t) = &self.tier {
+                // Not taken at import (the store did not answer): try again, and once it
+                // answers, a commit catches it up.
+                if let Err(e) = t.attach_late(&self.store, false) {
+                    tracing::error!("{e}");
+                    self.store.poison();
+                    continue;
+                }
+                if t.take_catch_up() {
+                    self.table_dirty.store(true, Ordering::Release);
+                }
                 let ops = self.store.client_ops.load(Ordering::Relaxed);
                 if ops != tier_checked.1
                     && tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL

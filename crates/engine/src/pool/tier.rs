@@ -94,6 +94,13 @@ pub struct TierOpen {
     /// client data the store holds are given back locally (`Core::evict`). `None`: the
     /// local devices keep everything.
     pub cache_bytes: Option<u64>,
+    /// A store that does not answer at import does not stop it when every byte is local
+    /// (no `cache_bytes`): the pool serves, commits locally, and takes the store once it
+    /// answers (`Tier::attach_late`). `serve` sets it; `pool import` and `create` do not.
+    pub defer_unreachable: bool,
+    /// The store was accepted without honouring conditional writes
+    /// (`--object-store-single-host`): a deferred takeover does not probe it again.
+    pub single_host: bool,
 }
 
 impl std::fmt::Debug for TierOpen {
@@ -106,6 +113,8 @@ impl std::fmt::Debug for TierOpen {
             .field("gc_grace", &self.gc_grace)
             .field("local_flush", &self.local_flush)
             .field("cache_bytes", &self.cache_bytes)
+            .field("defer_unreachable", &self.defer_unreachable)
+            .field("single_host", &self.single_host)
             .finish()
     }
 }
@@ -151,10 +160,15 @@ pub(crate) fn catch_up(
     use crate::device::Device;
     let key = crate::keys::pool_key::PoolKey::load(&dir.join(super::import::POOL_KEY_FILE))?;
     let sb_key = key.superblock_key(pool_id);
-    let Some((bytes, _)) = open
-        .store
-        .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)?
-    else {
+    let got = match open.store.get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX) {
+        // Not answering: the takeover is deferred (`Tier::take`), and it catches up a
+        // commit of ours the labels lack by uploading again.
+        Err(e) if open.defer_unreachable && open.cache_bytes.is_none() && unreachable(&e) => {
+            return Ok(())
+        }
+        other => other?,
+    };
+    let Some((bytes, _)) = got else {
         return Ok(());
     };
     let head = Head::open(&bytes, &object_key(&sb_key))?;
@@ -614,6 +628,9 @@ impl ObjectStore for Counted {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn request_errors(&self) -> Vec<(&'static str, u64)> {
+        self.inner.request_errors()
+    }
 }
 
 /// What the store holds of a pool: its head, the head's version, and the segment table.
@@ -719,6 +736,20 @@ pub struct Tier {
     pub store: Arc<dyn ObjectStore>,
     counted: Arc<Counted>,
     key: Zeroizing<[u8; 32]>,
+    /// The pool's superblock key: the labels in the store's superblock are checked under it.
+    sb_key: SbKey,
+    /// How the store has answered commits and checks (`status`).
+    health: Mutex<Health>,
+    /// Set while the store is not taken yet: it did not answer when the pool was imported
+    /// (`TierOpen::defer_unreachable`). Commits are local until `attach_late`.
+    pending: Mutex<Option<Pending>>,
+    /// Bytes the commit under way is uploading (counted in the lag until it lands).
+    uploading_bytes: std::sync::atomic::AtomicU64,
+    /// When this run took (or tried to take) the store: the lag counts from here until a
+    /// commit reaches it.
+    started: std::time::SystemTime,
+    /// Set by a deferred takeover that succeeded (`take_catch_up`).
+    catch_up_wanted: std::sync::atomic::AtomicBool,
     st: Mutex<State>,
     /// Set once a conditional write was refused for another writer's: why, for `status`.
     pub fenced: Mutex<Option<String>>,
@@ -743,6 +774,51 @@ pub struct Tier {
     /// upload all its data: its budget grows with the bytes. Later commits keep the
     /// minute.
     first_upload: std::sync::atomic::AtomicBool,
+}
+
+/// What a fenced host does to serve the pool again: a restart is refused (its local copy
+/// is stale), so the pool is imported from the store into a new directory.
+pub const TAKE_BACK: &str = "This directory's copy is stale and will not serve again: stop \
+    this daemon; to serve the pool on this host, export it on the host that took it \
+    ('bulwark pool export'), then 'bulwark pool import --object-store URL \
+    --object-store-credentials FILE --pool-key DIR/pool.key --dir NEWDIR' and serve NEWDIR \
+    (docs/runbook.md, \"fenced\")";
+
+/// How often a pool that could not reach its store at import tries again.
+const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A takeover left for when the store answers (`Tier::attach_late`).
+struct Pending {
+    open: TierOpen,
+    /// The local generation at import: what the store must hold if it is ours.
+    generation: u64,
+    tried: std::time::Instant,
+}
+
+/// How the store answered this run, for `status`.
+#[derive(Default)]
+struct Health {
+    /// When the current run of failures began (`None`: the last commit or check went
+    /// through).
+    failing_since: Option<std::time::SystemTime>,
+    /// The last failure, one line naming the cause the server gave.
+    last_error: Option<String>,
+    /// When a commit last reached the store.
+    last_commit: Option<std::time::SystemTime>,
+    commits_ok: u64,
+    commits_failed: u64,
+}
+
+/// Whether `e` says the store did not answer (or failed), as against a refusal that
+/// judges the pool (another holder, another generation, a bad object).
+fn unreachable(e: &Error) -> bool {
+    matches!(e, Error::Io(_) | Error::StoreUnavailable(_))
+}
+
+fn unix_secs(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// What `Tier::collect` did.
@@ -773,6 +849,44 @@ struct State {
 /// The object store in `status`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TierStatus {
+    /// HELD (commits reach the store), FAILING (the last commit or check did not: see
+    /// `last_error`; the pool is DEGRADED), UNREACHABLE (not answering since the pool was
+    /// imported: commits are local until it does), FENCED (another host took the pool).
+    #[serde(default)]
+    pub state: String,
+    /// Since when (seconds since the Unix epoch) commits or checks have failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<u64>,
+    /// The last failure, one line naming the cause the server gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When a commit last reached the store (seconds since the Unix epoch; none yet in
+    /// this run: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_commit: Option<u64>,
+    /// Commits that reached the store, and that did not, in this run.
+    #[serde(default)]
+    pub commits_ok: u64,
+    #[serde(default)]
+    pub commits_failed: u64,
+    /// Requests that failed in this run, by kind of cause (`timeout`, `connect`,
+    /// `no_such_bucket`, `signature_does_not_match`, ...).
+    #[serde(default)]
+    pub request_errors: BTreeMap<String, u64>,
+    /// Bytes written locally that the store does not hold yet (runs waiting for a commit's
+    /// upload, and those the commit under way is uploading).
+    #[serde(default)]
+    pub lag_bytes: u64,
+    /// How long the store has lacked them: seconds since the last commit that reached it
+    /// (since the start when none did), 0 when it lacks nothing.
+    #[serde(default)]
+    pub lag_seconds: f64,
+    /// The writer that took the pool, when fenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_by: Option<String>,
+    /// What to do to serve the pool again, when fenced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub take_back: Option<String>,
     pub url: String,
     pub writer: String,
     pub epoch: u64,
@@ -837,10 +951,83 @@ impl Tier {
     /// pool was exported or `force`. Writes epoch + 1 conditionally: another host that
     /// takes the pool at the same time makes this fail, never both succeed.
     pub fn take(open: &TierOpen, sb_key: &SbKey, local: &Superblock) -> Result<Tier> {
-        let key = object_key(sb_key);
-        let store = &*open.store;
         let pool_id = to_hex(&local.pool_id);
-        let found = load(store, &key)?;
+        let counted = Arc::new(Counted {
+            inner: open.store.clone(),
+            n: Default::default(),
+        });
+        let tier = Tier {
+            store: counted.clone(),
+            counted,
+            key: object_key(sb_key),
+            sb_key: sb_key.clone(),
+            st: Mutex::new(State {
+                named: 0,
+                published: 0,
+                delta_segs: BTreeSet::new(),
+                head: Head {
+                    magic: MAGIC.into(),
+                    pool_id: pool_id.clone(),
+                    epoch: 0,
+                    writer: open.writer.clone(),
+                    session: String::new(),
+                    generation: local.generation,
+                    seq_next: 0,
+                    labels: Vec::new(),
+                    pages: Vec::new(),
+                    delta: String::new(),
+                },
+                version: None,
+                slots: BTreeMap::new(),
+                pages: BTreeMap::new(),
+            }),
+            fenced: Mutex::new(None),
+            gc_grace: open.gc_grace,
+            local_flush: open.local_flush,
+            collected: Mutex::new((None, 0, 0)),
+            cache_bytes: open.cache_bytes,
+            evicted_total: Default::default(),
+            refilled_total: Default::default(),
+            cache_unsupported: Default::default(),
+            cache_lock: Mutex::new(()),
+            first_upload: std::sync::atomic::AtomicBool::new(open.create),
+            health: Mutex::new(Health::default()),
+            pending: Mutex::new(None),
+            uploading_bytes: Default::default(),
+            started: std::time::SystemTime::now(),
+            catch_up_wanted: Default::default(),
+        };
+        match tier.attach(open, local.generation, false) {
+            Ok(_) => Ok(tier),
+            // Every byte is local (no local cache gives data back): serve, commit locally,
+            // and take the store once it answers (`attach_late`).
+            Err(e) if open.defer_unreachable && open.cache_bytes.is_none() && unreachable(&e) => {
+                tracing::warn!(
+                    "{e}. Serving from the local devices: commits stay local (a FLUSH is durable \
+                     on them) until the store answers, then it catches up"
+                );
+                tier.note_failure(&e);
+                *tier.pending.lock() = Some(Pending {
+                    open: open.clone(),
+                    generation: local.generation,
+                    tried: std::time::Instant::now(),
+                });
+                Ok(tier)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The takeover: read what the store holds, check it against this host (`take`), and
+    /// write epoch + 1 by compare-and-swap. `late`: the pool has served from its local
+    /// devices since it was imported at `generation` (the store was unreachable): another
+    /// writer's pool is then a fencing, not a refusal, and a store at another generation
+    /// of ours is caught up by uploading every segment that holds data. Ok(whether it
+    /// must be).
+    fn attach(&self, open: &TierOpen, generation: u64, late: bool) -> Result<bool> {
+        let store = &*open.store;
+        let pool_id = self.st.lock().head.pool_id.clone();
+        let found = load(store, &self.key)?;
         let (mut head, version, (slots, delta_segs)) = match (found, open.create) {
             (Some(_), true) => {
                 return Err(Error::Exists(format!(
@@ -855,22 +1042,7 @@ impl Tier {
                     store.describe()
                 )))
             }
-            (None, true) => (
-                Head {
-                    magic: MAGIC.into(),
-                    pool_id: pool_id.clone(),
-                    epoch: 0,
-                    writer: open.writer.clone(),
-                    session: String::new(),
-                    generation: local.generation,
-                    seq_next: 0,
-                    labels: Vec::new(),
-                    pages: Vec::new(),
-                    delta: String::new(),
-                },
-                None,
-                (BTreeMap::new(), BTreeSet::new()),
-            ),
+            (None, true) => (self.st.lock().head.clone(), None, Default::default()),
             (Some(f), false) => (f.head, Some(f.version), (f.slots, f.delta_segs)),
         };
         if head.pool_id != pool_id {
@@ -880,10 +1052,16 @@ impl Tier {
                 head.pool_id
             )));
         }
+        let mut reseed = false;
         if version.is_some() {
-            let labels = head.superblocks(sb_key)?;
-            let exported = labels.iter().all(|l| l.exported);
+            let exported = head.superblocks(&self.sb_key)?.iter().all(|l| l.exported);
             if head.writer != open.writer && !exported && !open.force {
+                if late {
+                    let (b, _) = store
+                        .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)?
+                        .unzip();
+                    return Err(self.fenced(b));
+                }
                 return Err(Error::Busy(format!(
                     "the pool in {} is held by '{}' (epoch {}, generation {}), which did not \
                      export it. If that host is gone for good, take the pool over with \
@@ -895,30 +1073,30 @@ impl Tier {
                     head.generation
                 )));
             }
-            if head.generation != local.generation {
-                return Err(Error::Invalid(format!(
-                    "the object store {} is at generation {}, this host's devices at {}: the \
-                     local copy is not the pool's. Import the pool from the store into a new \
-                     directory ('bulwark pool import --object-store URL --dir NEW')",
-                    store.describe(),
-                    head.generation,
-                    local.generation
-                )));
+            if head.generation != generation {
+                if !late || head.writer != open.writer {
+                    return Err(Error::Invalid(format!(
+                        "the object store {} is at generation {}, this host's devices at \
+                         {generation}: the local copy is not the pool's. Import the pool from \
+                         the store into a new directory ('bulwark pool import --object-store \
+                         URL --dir NEW')",
+                        store.describe(),
+                        head.generation,
+                    )));
+                }
+                // A commit of ours reached the store before the restart without its local
+                // labels (its answer was lost): this run's local commits went on from the
+                // generation before. Every segment holding data goes up again whole.
+                reseed = true;
             }
         }
         let pages = head.pages.iter().map(|p| (p.index, p.clone())).collect();
         head.epoch += 1;
         head.writer = open.writer.clone();
         head.session = to_hex(&crate::keys::wrap::random_bytes::<16>());
-        let counted = Arc::new(Counted {
-            inner: open.store.clone(),
-            n: Default::default(),
-        });
-        let tier = Tier {
-            store: counted.clone(),
-            counted,
-            key,
-            st: Mutex::new(State {
+        {
+            let mut st = self.st.lock();
+            *st = State {
                 named: head.seq_next,
                 published: 0,
                 delta_segs,
@@ -926,22 +1104,12 @@ impl Tier {
                 version: version.clone(),
                 slots,
                 pages,
-            }),
-            fenced: Mutex::new(None),
-            gc_grace: open.gc_grace,
-            local_flush: open.local_flush,
-            collected: Mutex::new((None, 0, 0)),
-            cache_bytes: open.cache_bytes,
-            evicted_total: Default::default(),
-            refilled_total: Default::default(),
-            cache_unsupported: Default::default(),
-            cache_lock: Mutex::new(()),
-            first_upload: std::sync::atomic::AtomicBool::new(open.create),
-        };
+            };
+        }
         if version.is_some() {
             // The takeover itself: epoch + 1, nothing else changed.
-            let v = tier.cas(&head, version.as_ref())?;
-            tier.st.lock().version = Some(v);
+            let v = self.cas(&head, version.as_ref())?;
+            self.st.lock().version = Some(v);
             tracing::info!(
                 store = %store.describe(),
                 epoch = head.epoch,
@@ -949,7 +1117,100 @@ impl Tier {
                 "object store taken"
             );
         }
-        Ok(tier)
+        Ok(reseed)
+    }
+
+    /// Whether the store has not been taken yet (it was unreachable when the pool was
+    /// imported): commits are local only until `attach_late` succeeds.
+    pub fn is_pending(&self) -> bool {
+        self.pending.lock().is_some()
+    }
+
+    /// Once after a deferred takeover succeeded: the maintenance thread then commits, so
+    /// the store gets what the local commits made meanwhile even if nothing is dirty.
+    pub fn take_catch_up(&self) -> bool {
+        self.catch_up_wanted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Whether commits are not reaching the store (the pool is DEGRADED): it failed the
+    /// last commit or check, or was not taken yet.
+    pub fn is_failing(&self) -> bool {
+        self.is_pending() || self.health.lock().failing_since.is_some()
+    }
+
+    /// Try the deferred takeover (at most every `RETRY_INTERVAL` unless `now`). Ok(true)
+    /// once the store is taken (the next commit publishes what the local commits made
+    /// since the import); Ok(false) while it still does not answer; `Fenced` when another
+    /// host took the pool meanwhile.
+    pub fn attach_late(&self, store: &Store, now: bool) -> Result<bool> {
+        let mut pending = self.pending.lock();
+        let Some(p) = pending.as_mut() else {
+            return Ok(true);
+        };
+        if !now && p.tried.elapsed() < RETRY_INTERVAL {
+            return Ok(false);
+        }
+        p.tried = std::time::Instant::now();
+        let open = p.open.clone();
+        let generation = p.generation;
+        let probe_name = format!(
+            "probe/{}",
+            to_hex(&crate::keys::wrap::random_bytes::<8>())
+        );
+        let result = (|| {
+            if !open.single_host {
+                crate::tier::probe(&*self.store, &probe_name)?;
+            }
+            self.attach(&open, generation, true)
+        })();
+        match result {
+            Ok(reseed) => {
+                *pending = None;
+                if reseed {
+                    let segs: Vec<u32> = (0..store.log.segments())
+                        .filter(|&s| store.log.live_of(s) > 0)
+                        .collect();
+                    tracing::warn!(
+                        segments = segs.len(),
+                        "the object store holds a commit of ours this host's labels lack: \
+                         uploading every segment that holds data"
+                    );
+                    for seg in segs {
+                        store.note_segment(seg);
+                    }
+                    self.first_upload
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                // Segments freed since the store's commit leave its table with the next.
+                for seg in self.slot_segments() {
+                    if store.log.is_free(seg) {
+                        store.log.note_freed(seg);
+                    }
+                }
+                self.health.lock().failing_since = None;
+                self.catch_up_wanted
+                    .store(true, std::sync::atomic::Ordering::Release);
+                tracing::info!("the object store answers again: the next commit catches it up");
+                Ok(true)
+            }
+            Err(e @ Error::Fenced(_)) => Err(e),
+            Err(e) if unreachable(&e) => {
+                self.note_failure(&e);
+                Ok(false)
+            }
+            Err(e) => {
+                self.note_failure(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// A failed request or commit: the store is failing from now (if it was not already).
+    fn note_failure(&self, e: &Error) {
+        let mut h = self.health.lock();
+        h.failing_since.get_or_insert_with(std::time::SystemTime::now);
+        h.last_error = Some(e.to_string());
     }
 
     /// Write `head` if the superblock object is still `version` (absent when `None`).
@@ -1005,12 +1266,13 @@ impl Tier {
                     .unwrap_or_else(|e| format!("an unreadable writer ({e})"));
                 format!(
                     "the pool in {} was taken over by {who}: this daemon stopped writing \
-                     (fenced); its flushes fail from now on",
+                     (fenced); its flushes fail from now on. {TAKE_BACK}",
                     self.store.describe()
                 )
             }
             None => format!(
-                "the superblock object in {} is gone: this daemon stopped writing (fenced)",
+                "the superblock object in {} is gone: this daemon stopped writing (fenced). \
+                 {TAKE_BACK}",
                 self.store.describe()
             ),
         };
@@ -1021,6 +1283,26 @@ impl Tier {
     /// Is the superblock object still the one this writer wrote? (the periodic check of a
     /// serving daemon: a host taken over stops serving even before it writes).
     pub fn check(&self) -> Result<()> {
+        let r = self.check_held();
+        match &r {
+            Ok(()) => {
+                let mut h = self.health.lock();
+                // A store that answers a check is reachable; a failing commit still says
+                // otherwise until one goes through.
+                if h.commits_failed == 0 || h.last_error.is_none() {
+                    h.failing_since = None;
+                }
+            }
+            Err(e) if unreachable(e) => self.note_failure(e),
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn check_held(&self) -> Result<()> {
+        if self.is_pending() {
+            return Ok(());
+        }
         let (mine, epoch, session) = {
             let st = self.st.lock();
             (st.version.clone(), st.head.epoch, st.head.session.clone())
@@ -1046,13 +1328,42 @@ impl Tier {
     /// `Store::put` wrote since the last commit, the table pages that changed, then the
     /// superblock object with `labels` at `generation`, conditionally. Nothing local is
     /// changed by a failure: the runs go back to the store for the next try.
+    ///
+    /// Before the store was taken (it did not answer at import), the takeover is tried
+    /// first; while it still fails the commit stays local (Ok, nothing taken: the runs
+    /// and freed segments wait for the commit that reaches the store).
     pub fn publish(&self, store: &Store, labels: Vec<Vec<u8>>, generation: u64) -> Result<()> {
+        if self.is_pending() && !self.attach_late(store, true)? {
+            return Ok(());
+        }
         let taken = store.take_uploads();
         let freed = store.log.take_freed();
+        self.uploading_bytes.store(
+            taken.iter().map(|e| e.len as u64).sum(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let result = self.publish_runs(store, &taken, &freed, labels, generation);
+        self.uploading_bytes
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         if result.is_err() {
             store.return_uploads(taken);
             store.log.return_freed(freed);
+        }
+        {
+            let mut h = self.health.lock();
+            match &result {
+                Ok(()) => {
+                    h.commits_ok += 1;
+                    h.last_commit = Some(std::time::SystemTime::now());
+                    h.failing_since = None;
+                    h.last_error = None;
+                }
+                Err(e) => {
+                    h.commits_failed += 1;
+                    h.failing_since.get_or_insert_with(std::time::SystemTime::now);
+                    h.last_error = Some(e.to_string());
+                }
+            }
         }
         result.map_err(|e| match e {
             // The store failed (after its own retries, by its deadline): nothing local
@@ -1393,14 +1704,61 @@ impl Tier {
     pub fn status(&self, store: &Store) -> TierStatus {
         let st = self.st.lock();
         let remote = store.remote_reads();
+        let h = self.health.lock();
+        let pending = self.is_pending();
+        let fenced = self.fenced.lock().clone();
+        let lag_bytes = store.pending_upload_bytes()
+            + self
+                .uploading_bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::SystemTime::now();
+        let behind_since = h.last_commit.unwrap_or(self.started);
+        let state = if fenced.is_some() {
+            "FENCED"
+        } else if pending {
+            "UNREACHABLE"
+        } else if h.failing_since.is_some() {
+            "FAILING"
+        } else {
+            "HELD"
+        };
         TierStatus {
+            state: state.into(),
+            failing_since: h.failing_since.map(unix_secs),
+            last_error: h.last_error.clone(),
+            last_commit: h.last_commit.map(unix_secs),
+            commits_ok: h.commits_ok,
+            commits_failed: h.commits_failed,
+            request_errors: self
+                .counted
+                .inner
+                .request_errors()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            lag_bytes,
+            lag_seconds: if lag_bytes > 0 || pending {
+                now.duration_since(behind_since)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0)
+            } else {
+                0.0
+            },
+            fenced_by: fenced.as_ref().and_then(|_| {
+                // The holder named in the fencing message ('writer' (epoch N)).
+                let f = fenced.as_deref().unwrap_or("");
+                let a = f.find("taken over by '")? + "taken over by '".len();
+                let b = f[a..].find('\'')?;
+                Some(f[a..a + b].to_string())
+            }),
+            take_back: fenced.as_ref().map(|_| TAKE_BACK.to_string()),
             url: self.store.describe(),
             writer: st.head.writer.clone(),
             epoch: st.head.epoch,
             generation: st.head.generation,
             segments_stored: st.slots.values().filter(|s| !s.parts.is_empty()).count(),
             parts: st.slots.values().map(|s| s.parts.len()).sum(),
-            fenced: self.fenced.lock().clone(),
+            fenced,
             collected: self.collected.lock().1,
             requests: self.counted.requests(),
             flush: if self.local_flush { "local" } else { "store" }.into(),

@@ -138,6 +138,8 @@ fn open_with(
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
                 cache_bytes: None,
+            defer_unreachable: false,
+            single_host: false,
             }),
             ..OpenOptions::default()
         },
@@ -279,6 +281,8 @@ fn two_takeovers_from_one_version_never_both_win() {
             gc_grace: std::time::Duration::from_secs(3600),
             local_flush: false,
             cache_bytes: None,
+            defer_unreachable: false,
+            single_host: false,
         };
         super::tier::Tier::take(&open, &sb_key, &local)
     };
@@ -353,6 +357,8 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
                 cache_bytes: None,
+            defer_unreachable: false,
+            single_host: false,
             }),
             ..OpenOptions::default()
         },
@@ -387,6 +393,8 @@ fn open_cached(dir: &std::path::Path, store: &Arc<Mem>, cache: u64) -> Arc<Pool>
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
                 cache_bytes: Some(cache),
+                defer_unreachable: false,
+                single_host: false,
             }),
             ..OpenOptions::default()
         },

@@ -633,6 +633,11 @@ impl Store {
         std::mem::take(&mut *self.uploads.lock())
     }
 
+    /// Bytes of the runs waiting for the next commit's upload (the object store's lag).
+    pub fn pending_upload_bytes(&self) -> u64 {
+        self.uploads.lock().iter().map(|e| e.len as u64).sum()
+    }
+
     /// Segments with runs waiting for the next commit's upload.
     pub fn pending_upload_segments(&self) -> std::collections::BTreeSet<u32> {
         self.uploads.lock().iter().map(|e| e.seg).collect()
