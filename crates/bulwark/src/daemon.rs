@@ -80,6 +80,8 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
     opts.intent_log = !args.no_intent_log;
+    // A pool whose every byte is local starts while its object store does not answer.
+    crate::objects::SERVE_WITHOUT_STORE.store(true, std::sync::atomic::Ordering::Release);
     if let Some(grace) = args.object_store_gc_grace {
         let conf = bulwark_engine::pool::create::PoolConfig::read(&dir)?;
         let os = conf.object_store.as_ref().ok_or_else(|| {
@@ -493,7 +495,7 @@ impl Daemon {
                         }
                         match result {
                             Ok(v) => Response::Ok(v),
-                            Err(e) => Response::from(e),
+                            Err(e) => Response::from(self.poison_reason(e)),
                         }
                     }
                     Err(e) => {
@@ -506,6 +508,18 @@ impl Daemon {
             if write.write_all(out.as_bytes()).await.is_err() || too_long {
                 return;
             }
+        }
+    }
+
+    /// A pool poisoned because another host took it in the object store: a restart would
+    /// be refused, so the answer says so and names what takes the pool back instead.
+    fn poison_reason(&self, e: ControlError) -> ControlError {
+        if e.kind != control::ErrorKind::Poisoned {
+            return e;
+        }
+        match self.pool.status().object_store.and_then(|t| t.fenced) {
+            Some(why) => ControlError::new(control::ErrorKind::Fenced, why),
+            None => e,
         }
     }
 

@@ -278,7 +278,11 @@ pub fn status_text(report: &StatusReport) -> String {
             "object store: {}\n\tstate: {}, epoch {}, generation {}, writer '{}', flush {}\n\t{} \
              segments in {} parts",
             t.url,
-            if t.fenced.is_some() { "FENCED" } else { "HELD" },
+            match (t.state.as_str(), t.fenced.is_some()) {
+                ("", true) => "FENCED",
+                ("", false) => "HELD",
+                (s, _) => s,
+            },
             t.epoch,
             t.generation,
             t.writer,
@@ -286,6 +290,7 @@ pub fn status_text(report: &StatusReport) -> String {
             t.segments_stored,
             t.parts
         );
+        out.push_str(&store_health_text(t));
         let r = &t.requests;
         let _ = writeln!(
             out,
@@ -783,6 +788,61 @@ pub fn space_table(vols: &[VolumeSpace]) -> String {
 /// Seconds as H:MM:SS.
 pub fn duration(secs: u64) -> String {
     format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+/// The object store's health under its `state:` line: since when commits fail and why,
+/// the last commit it took, how far it lags, the failed requests by cause.
+fn store_health_text(t: &bulwark_engine::pool::tier::TierStatus) -> String {
+    let mut out = String::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let ago = |at: u64| format!("{} ({}s ago)", date(at), now.saturating_sub(at));
+    if let Some(since) = t.failing_since {
+        let what = if t.state == "UNREACHABLE" {
+            "not answering since the pool was imported; commits stay on the local devices until \
+             it does"
+        } else {
+            "commits failing"
+        };
+        let _ = writeln!(out, "\t{what}: since {}", ago(since));
+        if let Some(e) = &t.last_error {
+            let _ = writeln!(out, "\tlast error: {e}");
+        }
+        let _ = writeln!(
+            out,
+            "\taction: the pool serves on and retries; check the store, its credentials and \
+             the network (docs/runbook.md, \"object store\")"
+        );
+    }
+    let last = t
+        .last_commit
+        .map(ago)
+        .unwrap_or_else(|| "none yet in this run".into());
+    let _ = write!(
+        out,
+        "\tlast commit in the store: {last}; {} commits reached it, {} failed",
+        t.commits_ok, t.commits_failed
+    );
+    if t.lag_bytes > 0 {
+        let _ = write!(
+            out,
+            "; it lacks {} written since {:.0}s",
+            format_size(t.lag_bytes),
+            t.lag_seconds
+        );
+    }
+    out.push('\n');
+    if !t.request_errors.is_empty() {
+        let errs: Vec<String> = t
+            .request_errors
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(out, "\tfailed requests this run: {}", errs.join(", "));
+    }
+    out
 }
 
 /// A unix time in local time, as zpool prints it: "Sat Nov 22 02:24:56 2025".

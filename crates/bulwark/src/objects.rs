@@ -22,12 +22,28 @@ pub fn open_store(
     Ok(Arc::new(s3))
 }
 
+/// Set by `serve`: a pool whose every byte is local (no local cache size) starts while its
+/// object store does not answer, and takes it once it does (docs/object-store.md). Other
+/// commands (`pool import`, `export`, `object-store add`) still need the store.
+pub static SERVE_WITHOUT_STORE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// How the engine reaches the store a pool names (`tier::set_opener`, at start): the
 /// client, probed. A directory copied or moved to another place or host is another
 /// writer: the store's holder is then taken only with an export or `--force`.
 pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<TierOpen> {
     let store = open_store(&os.url, os.credentials.as_deref())?;
-    probe(&*store, os.single_host)?;
+    let defer =
+        SERVE_WITHOUT_STORE.load(std::sync::atomic::Ordering::Acquire) && os.cache_bytes.is_none();
+    match probe(&*store, os.single_host) {
+        Ok(_) => {}
+        // `serve` of a pool whose every byte is local: the store is taken (and probed)
+        // once it answers (`Tier::attach_late`).
+        Err(e @ bulwark_engine::Error::Io(_)) if defer => {
+            tracing::warn!("the object store does not answer: {e}")
+        }
+        Err(e) => return Err(e),
+    }
     let writer = if same_place(dir, &os.writer) {
         os.writer.clone()
     } else {
@@ -41,6 +57,7 @@ pub fn opener(dir: &Path, os: &ObjectStoreConfig) -> bulwark_engine::Result<Tier
     };
     let mut open = tier_open(store, os, false, false);
     open.writer = writer;
+    open.defer_unreachable = defer;
     Ok(open)
 }
 

@@ -416,10 +416,23 @@ impl Cause {
             };
         }
         if let Some(s) = status {
-            let kind = if s >= 500 { "server_error" } else { "client_error" };
+            let kind = if s >= 500 {
+                "server_error"
+            } else {
+                "client_error"
+            };
+            // Retried answers (5xx, 429) reach us without their body: the status says it.
+            let what = match s {
+                503 => " Service Unavailable (the server is overloaded or down: SlowDown)",
+                500 => " Internal Server Error",
+                429 => " Too Many Requests",
+                403 => " Forbidden",
+                404 => " Not Found",
+                _ => "",
+            };
             return Cause {
                 kind,
-                text: format!("HTTP {s} with no S3 error code"),
+                text: format!("HTTP {s}{what}"),
             };
         }
         // No answer from the server: the innermost cause (a refused connection, a timeout).
@@ -433,15 +446,6 @@ impl Cause {
         }
         let root = one_line(&inner.to_string());
         let lower = full.to_ascii_lowercase();
-        let timed_out = io_kind == Some(std::io::ErrorKind::TimedOut)
-            || lower.contains("timed out")
-            || lower.contains("timeout");
-        if timed_out {
-            return Cause {
-                kind: "timeout",
-                text: "timeout: the server did not answer in time".into(),
-            };
-        }
         let connect = matches!(
             io_kind,
             Some(
@@ -450,12 +454,23 @@ impl Cause {
                     | std::io::ErrorKind::NotConnected
                     | std::io::ErrorKind::ConnectionAborted
             )
-        ) || lower.contains("error sending request")
+        ) || (lower.contains("error sending request")
+            && !lower.contains("timed out"))
             || lower.contains("dns error");
         if connect {
             return Cause {
                 kind: "connect",
                 text: format!("cannot reach the server ({root})"),
+            };
+        }
+        // ("retry_timeout" in the retry summary is not a timeout: only the causes count.)
+        let timed_out = io_kind == Some(std::io::ErrorKind::TimedOut)
+            || lower.contains("timed out")
+            || lower.contains("deadline has elapsed");
+        if timed_out {
+            return Cause {
+                kind: "timeout",
+                text: "timeout: the server did not answer in time".into(),
             };
         }
         Cause {
@@ -652,6 +667,47 @@ mod tests {
         ] {
             let e = Location::parse(url).unwrap_err().to_string();
             assert!(e.contains(why), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_servers_error_is_one_line_naming_its_code() {
+        let xml = "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\" \
+                   encoding=\"UTF-8\"?>\n<Error><Code>SignatureDoesNotMatch</Code><Message>The \
+                   request signature we calculated does not match the signature you \
+                   provided.</Message><StringToSign>AWS4-HMAC-SHA256\n20261203T000000Z\n...\
+                   </StringToSign><CanonicalRequest>PUT\n/bucket/x\n...</CanonicalRequest>\
+                   </Error>";
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: xml.into(),
+        };
+        let c = Cause::of(&e);
+        assert_eq!(c.kind, "signature_does_not_match");
+        assert_eq!(
+            c.text,
+            "SignatureDoesNotMatch (HTTP 403): The request signature we calculated does not \
+             match the signature you provided."
+        );
+        let e = object_store::Error::NotFound {
+            path: "x".into(),
+            source: "Server returned non-2xx status code: 404 Not Found: <Error><Code>\
+                     NoSuchBucket</Code></Error>"
+                .into(),
+        };
+        assert_eq!(Cause::of(&e).kind, "no_such_bucket");
+        assert!(!S3::is_missing_object(&e));
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT http://h/x in 15s, after 4 retries, max_retries: 4, \
+                     retry_timeout: 15s - Server returned non-2xx status code: 503 Service \
+                     Unavailable: "
+                .into(),
+        };
+        assert_eq!(Cause::of(&e).kind, "server_error");
+        assert!(Cause::of(&e).text.starts_with("HTTP 503"));
+        for k in KNOWN_CODES.iter().map(|(_, k)| k) {
+            assert!(CAUSE_KINDS.contains(k), "{k}");
         }
     }
 

@@ -129,6 +129,9 @@ fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
 
 /// 1 for the state `now` is, 0 for the others in `all`; a state not in `all`
 /// gets a series of its own (the engine learned a new one), so none is lost.
+/// The object store's states (`TierStatus::state`).
+const STORE_STATES: [&str; 4] = ["HELD", "FAILING", "UNREACHABLE", "FENCED"];
+
 fn states<'a>(all: &[&'a str], now: &'a str) -> Vec<(&'a str, u64)> {
     let mut out: Vec<(&str, u64)> = all.iter().map(|s| (*s, u64::from(*s == now))).collect();
     if !all.contains(&now) {
@@ -313,6 +316,54 @@ pub(super) fn encode_status(
             "1 once another host took the pool in its object store (this daemon stopped writing)",
             u64::from(t.fenced.is_some()),
         )?;
+        gauges(
+            e,
+            "object_store_state",
+            "1 for the object store's state: HELD, FAILING (commits do not reach it), UNREACHABLE (not answering since the pool was imported; commits stay local), FENCED",
+            states(&STORE_STATES, if t.state.is_empty() { "HELD" } else { &t.state })
+                .into_iter()
+                .map(|(s, v)| ([("state", s)], v)),
+        )?;
+        counters(
+            e,
+            "object_store_commits",
+            "Commits since the daemon started, by result: ok (reached the store), failed (did not; the next one retries)",
+            [
+                ([("result", "ok")], t.commits_ok),
+                ([("result", "failed")], t.commits_failed),
+            ],
+        )?;
+        counters(
+            e,
+            "object_store_request_errors",
+            "Object store requests that failed since the daemon started, by the cause the server gave (timeout, connect, no_such_bucket, access_denied, signature_does_not_match, ...)",
+            bulwark_objstore::CAUSE_KINDS.iter().map(|k| {
+                (
+                    [("kind", *k)],
+                    t.request_errors.get(*k).copied().unwrap_or(0),
+                )
+            }),
+        )?;
+        gauge(
+            e,
+            "object_store_lag_bytes",
+            "Bytes written locally that the object store does not hold yet",
+            t.lag_bytes,
+        )?;
+        gauge(
+            e,
+            "object_store_lag_seconds",
+            "Seconds since the last commit that reached the object store, while it lacks writes (0 when it lacks none)",
+            t.lag_seconds,
+        )?;
+        if let Some(at) = t.last_commit {
+            gauge(
+                e,
+                "object_store_last_commit_timestamp_seconds",
+                "When a commit last reached the object store (Unix time)",
+                at,
+            )?;
+        }
         gauge(
             e,
             "object_store_epoch",

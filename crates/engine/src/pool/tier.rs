@@ -160,7 +160,10 @@ pub(crate) fn catch_up(
     use crate::device::Device;
     let key = crate::keys::pool_key::PoolKey::load(&dir.join(super::import::POOL_KEY_FILE))?;
     let sb_key = key.superblock_key(pool_id);
-    let got = match open.store.get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX) {
+    let got = match open
+        .store
+        .get(SUPERBLOCK_OBJECT, SUPERBLOCK_OBJECT_BYTES_MAX)
+    {
         // Not answering: the takeover is deferred (`Tier::take`), and it catches up a
         // commit of ours the labels lack by uploading again.
         Err(e) if open.defer_unreachable && open.cache_bytes.is_none() && unreachable(&e) => {
@@ -1154,10 +1157,7 @@ impl Tier {
         p.tried = std::time::Instant::now();
         let open = p.open.clone();
         let generation = p.generation;
-        let probe_name = format!(
-            "probe/{}",
-            to_hex(&crate::keys::wrap::random_bytes::<8>())
-        );
+        let probe_name = format!("probe/{}", to_hex(&crate::keys::wrap::random_bytes::<8>()));
         let result = (|| {
             if !open.single_host {
                 crate::tier::probe(&*self.store, &probe_name)?;
@@ -1209,7 +1209,8 @@ impl Tier {
     /// A failed request or commit: the store is failing from now (if it was not already).
     fn note_failure(&self, e: &Error) {
         let mut h = self.health.lock();
-        h.failing_since.get_or_insert_with(std::time::SystemTime::now);
+        h.failing_since
+            .get_or_insert_with(std::time::SystemTime::now);
         h.last_error = Some(e.to_string());
     }
 
@@ -1360,7 +1361,8 @@ impl Tier {
                 }
                 Err(e) => {
                     h.commits_failed += 1;
-                    h.failing_since.get_or_insert_with(std::time::SystemTime::now);
+                    h.failing_since
+                        .get_or_insert_with(std::time::SystemTime::now);
                     h.last_error = Some(e.to_string());
                 }
             }

@@ -138,8 +138,8 @@ fn open_with(
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
                 cache_bytes: None,
-            defer_unreachable: false,
-            single_host: false,
+                defer_unreachable: false,
+                single_host: false,
             }),
             ..OpenOptions::default()
         },
@@ -357,8 +357,8 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
                 gc_grace: std::time::Duration::from_secs(3600),
                 local_flush: false,
                 cache_bytes: None,
-            defer_unreachable: false,
-            single_host: false,
+                defer_unreachable: false,
+                single_host: false,
             }),
             ..OpenOptions::default()
         },
