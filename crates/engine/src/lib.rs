@@ -20,6 +20,7 @@ pub mod checksum;
 pub mod codec;
 pub mod constants;
 pub mod crashpoint;
+pub mod pause;
 pub mod device;
 pub mod error;
 #[cfg(test)]
@@ -28,7 +29,6 @@ pub mod hex;
 pub mod keys;
 pub mod log;
 pub mod map;
-pub mod pause;
 pub mod pool;
 pub mod redundancy;
 pub mod size;
