@@ -40,6 +40,9 @@ sed -e "s#/usr/local/bin/bulwark#$prefix/bin/bulwark#g" \
     -e "s#/usr/local/share/doc/bulwark#$prefix/share/doc/bulwark#g" \
     packaging/systemd/bulwark@.service > "$destdir$unit_dir/bulwark@.service"
 chmod 0644 "$destdir$unit_dir/bulwark@.service"
+sed -e "s#/usr/local/share/doc/bulwark#$prefix/share/doc/bulwark#g" \
+    packaging/systemd/bulwark@.socket > "$destdir$unit_dir/bulwark@.socket"
+chmod 0644 "$destdir$unit_dir/bulwark@.socket"
 sed -e "s#/usr/local/bin/bulwark#$prefix/bin/bulwark#g" \
     packaging/systemd/keys.conf.example > "$destdir$prefix/share/doc/bulwark/keys.conf.example"
 install -m 0644 docs/service.md "$destdir$prefix/share/doc/bulwark/service.md"
@@ -48,4 +51,4 @@ echo "installed $prefix/bin/bulwark and $unit_dir/bulwark@.service${destdir:+ un
 if [ "$reload" -eq 1 ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi
-echo "start a pool: systemctl enable --now bulwark@\$(systemd-escape --path /srv/pool).service"
+echo "start a pool: systemctl enable --now bulwark@\$(systemd-escape --path /srv/pool).socket bulwark@\$(systemd-escape --path /srv/pool).service"

@@ -20,6 +20,7 @@ from conftest import REPO, STOP_TIMEOUT_S, bulwark_bin, run
 
 UNIT = REPO / "packaging" / "systemd" / "bulwark@.service"
 KEYS_DROPIN = REPO / "packaging" / "systemd" / "keys.conf.example"
+SOCKET = REPO / "packaging" / "systemd" / "bulwark@.socket"
 READY_TIMEOUT_S = 30
 
 
@@ -33,8 +34,10 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     binary = str(bulwark_bin())
     (units / "bulwark@.service").write_text(UNIT.read_text().replace("/usr/local/bin/bulwark", binary))
     (dropins / "keys.conf").write_text(KEYS_DROPIN.read_text().replace("/usr/local/bin/bulwark", binary))
+    (units / "bulwark@.socket").write_text(SOCKET.read_text())
     env = dict(os.environ, SYSTEMD_UNIT_PATH=f"{units}:", SYSTEMD_LOG_LEVEL="notice")
-    r = subprocess.run(["systemd-analyze", "verify", "bulwark@srv-pool.service"],
+    r = subprocess.run(["systemd-analyze", "verify", "bulwark@srv-pool.socket",
+                        "bulwark@srv-pool.service"],
                        capture_output=True, text=True, env=env, cwd=units, timeout=60)
     ours = [l for l in (r.stdout + r.stderr).splitlines() if "bulwark" in l]
     assert r.returncode == 0 and not ours, f"systemd-analyze verify: exit {r.returncode}\n{r.stdout}{r.stderr}"
@@ -64,6 +67,7 @@ def test_install_script_stages_binary_unit_and_docs(tmp_path):
     keys = (stage / "opt/bw/share/doc/bulwark/keys.conf.example").read_text()
     assert "ExecStartPost=/opt/bw/bin/bulwark --pool %f key load" in keys
     assert (stage / "opt/bw/share/doc/bulwark/service.md").exists()
+    assert "ListenStream=%f/nbd.sock" in (stage / "etc/systemd/system/bulwark@.socket").read_text()
 
 
 def _serve(pool, notify_env: str):

@@ -65,6 +65,8 @@ const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
+    // Before any thread starts: it edits the environment.
+    let activated = crate::notify::listen_fds();
     let dir = std::fs::canonicalize(dir)
         .map_err(|e| Error::msg(format!("cannot open pool {}: {e}", dir.display())))?;
     let mut opts = OpenOptions::default();
@@ -107,7 +109,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         .thread_name("bulwark")
         .build()
         .map_err(|e| Error::msg(format!("cannot start the runtime: {e}")))?;
-    let result = runtime.block_on(run(dir, args, opts));
+    let result = runtime.block_on(run(dir, args, opts, activated));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result
 }
@@ -150,7 +152,12 @@ fn raise_open_files_limit() {
     }
 }
 
-async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
+async fn run(
+    dir: PathBuf,
+    args: &ServeArgs,
+    opts: OpenOptions,
+    activated: Vec<(String, std::os::unix::net::UnixListener)>,
+) -> Result<()> {
     // What the options alone decide fails before the pool is imported (an import
     // commits: a typo in --nbd-listen must not write the devices).
     let tcp_tls = tcp_security(args)?;
@@ -206,7 +213,16 @@ async fn run(dir: PathBuf, args: &ServeArgs, opts: OpenOptions) -> Result<()> {
             .map_err(|e| Error::msg(format!("audit: {e}")))?;
     }
 
-    let served = serve_pool(&dir, args, pool.clone(), tcp_tls, tcp, metrics_listener).await;
+    let served = serve_pool(
+        &dir,
+        args,
+        pool.clone(),
+        tcp_tls,
+        tcp,
+        metrics_listener,
+        activated,
+    )
+    .await;
 
     let closed = blocking(move || Ok(pool.close()?)).await;
     match (served, closed) {
@@ -228,6 +244,7 @@ async fn serve_pool(
     tcp_tls: Option<Arc<nbd::TlsConfig>>,
     tcp: Option<(TcpListener, String)>,
     metrics_listener: Option<(TcpListener, std::net::SocketAddr)>,
+    activated: Vec<(String, std::os::unix::net::UnixListener)>,
 ) -> Result<()> {
     let signal_err = |e: std::io::Error| Error::msg(format!("cannot install signal handlers: {e}"));
     let mut sigterm = signal(SignalKind::terminate()).map_err(signal_err)?;
@@ -237,7 +254,28 @@ async fn serve_pool(
         .nbd_socket
         .clone()
         .unwrap_or_else(|| dir.join(control::NBD_SOCKET_NAME));
-    let (nbd_listener, _nbd_file) = bind_private_socket(&nbd_path)?;
+    // A socket the service manager holds (socket activation: `bulwark@.socket`) outlives
+    // this daemon: clients queue in it across a restart. It is never removed here.
+    let passed = activated
+        .into_iter()
+        .find(|(name, _)| name.is_empty() || name == "nbd" || name == "unknown");
+    let (nbd_listener, _nbd_file, nbd_path) = match passed {
+        Some((_, l)) => {
+            let path = l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+                .unwrap_or(nbd_path);
+            l.set_nonblocking(true)
+                .and_then(|_| UnixListener::from_std(l))
+                .map(|l| (l, None, path))
+                .map_err(|e| Error::msg(format!("the NBD socket passed by the service manager: {e}")))?
+        }
+        None => {
+            let (l, f) = bind_private_socket(&nbd_path)?;
+            (l, Some(f), nbd_path)
+        }
+    };
     let nbd_tcp = tcp.as_ref().map(|(_, a)| a.clone());
 
     let access = Arc::new(AccessControl::open(dir).map_err(Error::msg)?);

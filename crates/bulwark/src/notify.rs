@@ -10,6 +10,13 @@
 //!
 //! The protocol is a handful of `KEY=value` lines in one datagram; std's
 //! `UnixDatagram` is all it takes (no libsystemd, no crate).
+//!
+//! Socket activation (`sd_listen_fds`): a manager that holds the NBD socket
+//! (`packaging/systemd/bulwark@.socket`) passes it as fd 3 with `LISTEN_FDS`
+//! and `LISTEN_PID`. The daemon serves on it instead of binding its own, and
+//! never removes it: across a restart or an upgrade the socket stays open in
+//! the manager, so clients that connect meanwhile wait in its backlog and are
+//! answered by the next daemon instead of failing.
 
 use std::io;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
@@ -46,6 +53,56 @@ pub fn send_to(socket: &str, state: &str) -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The environment variables of socket activation (sd_listen_fds(3)).
+pub const LISTEN_FDS: &str = "LISTEN_FDS";
+pub const LISTEN_PID: &str = "LISTEN_PID";
+pub const LISTEN_FDNAMES: &str = "LISTEN_FDNAMES";
+/// The first descriptor passed (`SD_LISTEN_FDS_START`).
+const LISTEN_FDS_START: i32 = 3;
+/// The most descriptors taken from a manager.
+const LISTEN_FDS_MAX: i32 = 16;
+
+/// Listening unix sockets passed by a service manager to this process: (name, listener).
+/// Reads and removes `LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES` (so no child inherits
+/// them); nothing unless `LISTEN_PID` is this process. Call once, before threads start
+/// (it changes the environment). A passed descriptor that is not a unix stream socket is
+/// closed and warned about.
+pub fn listen_fds() -> Vec<(String, std::os::unix::net::UnixListener)> {
+    use std::os::fd::FromRawFd;
+    let pid = std::env::var(LISTEN_PID).ok();
+    let fds = std::env::var(LISTEN_FDS).ok();
+    let names = std::env::var(LISTEN_FDNAMES).unwrap_or_default();
+    for k in [LISTEN_PID, LISTEN_FDS, LISTEN_FDNAMES] {
+        // Called before any other thread exists (the caller says so).
+        std::env::remove_var(k);
+    }
+    if pid.and_then(|p| p.parse::<u32>().ok()) != Some(std::process::id()) {
+        return Vec::new();
+    }
+    let n = fds
+        .and_then(|n| n.parse::<i32>().ok())
+        .unwrap_or(0)
+        .clamp(0, LISTEN_FDS_MAX);
+    let names: Vec<&str> = names.split(':').collect();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let fd = LISTEN_FDS_START + i;
+        // SAFETY: the manager passed fds 3..3+n to this process (LISTEN_PID is ours);
+        // each is owned here from now on.
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        let listener = std::os::unix::net::UnixListener::from(owned);
+        if listener.local_addr().is_err() {
+            tracing::warn!("socket activation: descriptor {fd} is not a unix socket; ignored");
+            continue;
+        }
+        let name = names.get(i as usize).copied().unwrap_or("").to_string();
+        out.push((name, listener));
+    }
+    out
 }
 
 fn address(socket: &str) -> io::Result<SocketAddr> {
