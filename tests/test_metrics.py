@@ -244,6 +244,8 @@ def test_prometheus_sees_the_workload(make_pool, tmp_path, prometheus_factory):
         for target in panel["targets"]:
             expr = target["expr"].replace("$__rate_interval", "1m")
             expr = re.sub(r"\$(instance|volume)\b", ".*", expr)
+            if "bulwark_object_store_" in expr:
+                continue  # this pool has no store: tests/test_object_store_health.py
             assert prom.query(expr), f"dashboard panel {panel['title']!r}: no series for {expr}"
 
 

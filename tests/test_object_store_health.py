@@ -32,13 +32,22 @@ def metric(text: str, series: str) -> float:
     raise AssertionError(f"no series {series} in the metrics:\n{text}")
 
 
+def dashboard_store_metrics() -> set[str]:
+    import json
+    import re
+    from conftest import REPO
+    d = json.loads((REPO / "packaging" / "grafana" / "bulwark.json").read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    return {n for e in exprs for n in re.findall(r"bulwark_object_store_\w+", e)}
+
+
 def test_failing_commits_show_in_status_and_metrics(tmp_path):
     """The store answers 503 SlowDown: flushes fail, and `status` says the store is
     FAILING since when and why (one line, the server's code), the pool DEGRADED, and the
     metrics count the failed commits and the errors by kind. Once the store answers, the
     next flush reaches it and both are as before, the lag back to 0."""
-    port = free_port()
     with start_server("versitygw", tmp_path / "vgw") as srv, FaultProxy.for_server(srv) as proxy:
+        port = free_port()
         p = StorePool(tmp_path, srv, "health", endpoint=proxy.endpoint,
                       serve_args=["--metrics-listen", f"127.0.0.1:{port}"]).create().start()
         try:
@@ -67,6 +76,9 @@ def test_failing_commits_show_in_status_and_metrics(tmp_path):
             assert metric(m, 'bulwark_object_store_request_errors_total{kind="server_error"}') >= 1
             assert metric(m, "bulwark_object_store_lag_bytes") > 0
             assert metric(m, 'bulwark_pool_state{state="DEGRADED"}') == 1
+            # The dashboard's object store panels read series the daemon exports.
+            for name in dashboard_store_metrics():
+                assert f"\n{name}" in m, f"the dashboard reads {name}, which is not exported"
             rule.off()
             nbd_script(p, "h.flush()\n")
             st = p.status()
