@@ -52,9 +52,9 @@ pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(3
 /// The longest a writer waits for space in all, from its first try, however the free
 /// space moves meanwhile (`Store::wait_until`).
 pub const SPACE_WAIT_HARD: std::time::Duration = std::time::Duration::from_secs(90);
-/// Cleaning passes in a row that gained no free space while writers waited, after which
-/// cleaning is declared stuck (`Core::maintenance_loop`): writers get ENOSPC at once.
-pub const CLEAN_FUTILE_PASSES: u32 = 4;
+/// Cleaning passes made while writers waited that, together, gained no free segment:
+/// cleaning is then declared stuck (`Core::maintenance_loop`), writers get ENOSPC at once.
+pub const CLEAN_FUTILE_PASSES: u32 = 8;
 /// How long a command that changes what a volume is (destroy, rollback, key unload or
 /// erase) waits for a background batch over it (a scrub batch, a key rotation batch) to
 /// end before it answers busy (`Core::quiesce_for_change`).

@@ -938,17 +938,15 @@ impl Log {
     }
 
     /// What moving a victim's records costs besides the records: `meta_per_moved` bytes of
-    /// map nodes (every copy) written per byte moved, as the cleaner measured it. Cleaning
-    /// a segment holding `u` live bytes frees a segment and writes `u * (1 + m)`: from
-    /// here on only segments where that gains at least an eighth of a segment are picked
-    /// (a pass whose moves and rewritten nodes use what it frees gains nothing, and ran
-    /// forever near full: issue 36).
+    /// map nodes (every copy) written per byte moved, as the cleaner measured it.
+    ///
+    /// Measured, shown in `status`, not yet used to pick: the nodes a pass rewrites free
+    /// their old copies, so over several passes they cost far less than right after one
+    /// (a filter on this cost refused writes at 90% fill that the cleaner serves). Stuck
+    /// cleaning is caught by its gain over passes instead (`pool::core::CleanGains`).
     pub fn set_clean_cost(&self, meta_per_moved: f64) {
         let m = meta_per_moved.clamp(0.0, 16.0);
         self.clean_cost_milli.store((m * 1000.0) as u32, Ordering::Relaxed);
-        let seg = SEGMENT_BYTES as f64;
-        let max = (seg * 7.0 / 8.0 / (1.0 + m)).min(victims::LIVE_MAX as f64);
-        self.victim_live_max.store(max as u32, Ordering::Relaxed);
     }
 
     /// A cleaning pass moved `moved` bytes (log space) and dirtied `nodes` map nodes that

@@ -1088,14 +1088,16 @@ impl SpaceMark {
     }
 }
 
-/// What the cleaner's passes gained while writers waited, and what their moves cost in
-/// map nodes: the cleaner picks only victims that gain (`Log::set_clean_cost`), and after
-/// `CLEAN_FUTILE_PASSES` passes in a row that gained nothing it stops and says so
+/// What the cleaner's passes gained while writers waited: when the last
+/// `CLEAN_FUTILE_PASSES` of them gained nothing together, cleaning stops and says so
 /// (`Store::set_clean_stuck`) instead of running forever near full (issue 36).
 #[derive(Default)]
 struct CleanGains {
-    /// Passes in a row that gained no free segment.
-    futile: u32,
+    /// What the last passes made while writers waited gained, newest last (at most
+    /// `CLEAN_FUTILE_PASSES`): cleaning is stuck when they gained nothing together (one
+    /// pass may gain nothing and the next two segments: its victims are freed a commit
+    /// later).
+    recent: std::collections::VecDeque<i64>,
     /// Map-node bytes written per byte moved (every copy), as `Log::clean_cost` has it.
     meta_per_moved: f64,
 }
@@ -1107,9 +1109,11 @@ impl CleanGains {
         self.meta_per_moved = store.log.clean_cost();
         // Segments gained, with what client writes took meanwhile given back: room a
         // writer used is room the pass made.
+        // In bytes: writers that got a little room each pass are progress too.
         let data = after.written.data.saturating_sub(before.written.data);
-        let gained = after.free_or_empty - before.free_or_empty
-            + (data / crate::constants::SEGMENT_BYTES) as i64;
+        let gained = (after.free_or_empty - before.free_or_empty)
+            * crate::constants::SEGMENT_BYTES as i64
+            + data as i64;
         tracing::debug!(
             gained,
             moved,
@@ -1117,13 +1121,13 @@ impl CleanGains {
             cost = self.meta_per_moved,
             "cleaning pass while writers wait"
         );
-        if gained > 0 {
-            self.futile = 0;
-            return;
+        let window = crate::constants::CLEAN_FUTILE_PASSES as usize;
+        self.recent.push_back(gained);
+        if self.recent.len() > window {
+            self.recent.pop_front();
         }
-        self.futile += 1;
-        if self.futile >= crate::constants::CLEAN_FUTILE_PASSES {
-            self.futile = 0;
+        if self.recent.len() == window && self.recent.iter().sum::<i64>() <= 0 {
+            self.recent.clear();
             store.set_clean_stuck(format!(
                 "cleaning is stuck: the last {} passes freed no more space than their moves \
                  and rewritten map nodes used ({:.1} bytes of map nodes per byte moved); \
