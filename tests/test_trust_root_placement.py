@@ -14,3 +14,79 @@ def test_file_backed_pool_warns_that_key_and_anchor_lie_beside_the_devices(make_
     for name in ("pool.key", "pool.anchor"):
         assert any(name in l and "same file system" in l for l in warnings), r.stderr
     assert any("another disk" in l for l in warnings), r.stderr
+
+
+def _other_fs_dir(near):
+    """A fresh directory on another file system than `near` (/dev/shm, a tmpfs), or skip."""
+    import os
+    import tempfile
+
+    import pytest
+    base = "/dev/shm"
+    if not os.path.isdir(base) or os.stat(base).st_dev == os.stat(near).st_dev:
+        pytest.skip("no second file system (/dev/shm) to keep the trust root on")
+    return tempfile.mkdtemp(prefix="bulwark-keys-", dir=base)
+
+
+def test_key_dir_puts_key_and_anchor_off_the_devices_and_the_pool_serves(make_pool):
+    import json
+    import os
+    import shutil
+    from pathlib import Path
+
+    p = make_pool(layout="single", devices=1, device_size="64M")
+    keys = Path(_other_fs_dir(p.tmp)) / "tank-root"
+    try:
+        r = p.bulwark("pool", "create", p.dir, "--layout", "single", "--devices", "1",
+                      "--device-size", "64M", "--key-dir", keys, check=False)
+        assert r.returncode == 0, r.stderr
+        assert not [l for l in r.stderr.splitlines() if l.startswith("warning:")], r.stderr
+        assert str(keys / "pool.key") in r.stdout, r.stdout
+        # The trust root is in the key directory, not beside the devices.
+        assert (keys / "pool.key").exists() and (keys / "pool.anchor").exists()
+        assert not (p.dir / "pool.key").exists() and not (p.dir / "pool.anchor").exists()
+        assert oct(os.stat(keys).st_mode & 0o777) == "0o700"
+        conf = json.loads((p.dir / "pool.json").read_text())
+        assert conf["key_dir"] == str(keys.resolve())
+
+        p.start()
+        p.create_volume("v", size="16M")
+        st = p.status()
+        assert st["trust_root"]["key_dir"] is True, st["trust_root"]
+        assert st["trust_root"]["key"] == str(keys.resolve() / "pool.key")
+        assert st["trust_root"]["anchor"] == str(keys.resolve() / "pool.anchor")
+        text = p.cli("status").stdout
+        assert "trust root: " + str(keys.resolve()) in text, text
+        assert "--key-dir" in text, text
+        # A restart finds the key and the anchor there again (the anchor is written by
+        # every commit: it moves forward in the key directory).
+        before = (keys / "pool.anchor").read_bytes()
+        p.stop()
+        p.start()
+        assert p.volume_status("v")["name"] == "v"
+        p.stop()
+        assert (keys / "pool.anchor").read_bytes() != before
+        assert not (p.dir / "pool.anchor").exists()
+    finally:
+        if p.running:
+            p.stop()
+        shutil.rmtree(keys.parent, ignore_errors=True)
+
+
+def test_without_key_dir_status_names_the_pool_directory(make_pool):
+    p = make_pool(layout="single", devices=1, device_size="64M")
+    p.create()
+    p.start()
+    st = p.status()
+    assert st["trust_root"]["key_dir"] is False
+    assert st["trust_root"]["key"].endswith("/pool.key")
+    assert st["trust_root"]["key"].startswith(str(p.dir.resolve())) or \
+        st["trust_root"]["key"].startswith(str(p.dir))
+
+
+def test_the_warning_names_key_dir(make_pool):
+    p = make_pool(layout="single", devices=1, device_size="64M")
+    r = p.bulwark("pool", "create", p.dir, "--layout", "single", "--devices", "1",
+                  "--device-size", "64M", check=False)
+    assert r.returncode == 0, r.stderr
+    assert "--key-dir" in r.stderr, r.stderr

@@ -646,6 +646,13 @@ pub struct PoolCreateArgs {
     /// of the pool's devices; give it twice to mirror the log on two.
     #[arg(long, value_name = "PATH")]
     pub log_device: Vec<PathBuf>,
+    /// Keep the pool's trust root (pool.key and pool.anchor) in this directory (made
+    /// 0700 if missing) instead of DIR: put it on another disk than the devices, so that a
+    /// copy of the devices' file system (a backup of DIR, a snapshot of its disk) holds
+    /// neither the key nor the anchor. Remembered in DIR/pool.json; see docs/runbook.md,
+    /// "Where the trust root lives".
+    #[arg(long, value_name = "DIR")]
+    pub key_dir: Option<PathBuf>,
     /// Keep the pool's durable copy in this object store (issue 22):
     /// s3://BUCKET/PREFIX[?endpoint=URL&region=REGION]. Every commit (every FLUSH) is
     /// in the store before it is acknowledged; 'pool import --object-store' rebuilds the

@@ -437,6 +437,33 @@ pub struct StatusReport {
     /// Devices with injected faults armed (empty in normal operation).
     #[serde(default)]
     pub faults: Vec<FaultEntry>,
+    /// Where the pool's trust root lives (issue 41): pool.key and pool.anchor, in the pool
+    /// directory or in the directory `pool create --key-dir` named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_root: Option<TrustRoot>,
+}
+
+/// `status`'s trust root: the files and whether they sit apart from the pool directory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrustRoot {
+    /// The directory holding both (`--key-dir`, or the pool directory).
+    pub dir: PathBuf,
+    pub key: PathBuf,
+    pub anchor: PathBuf,
+    /// `pool create --key-dir` put them outside the pool directory.
+    pub key_dir: bool,
+}
+
+impl TrustRoot {
+    pub fn of(pool_dir: &std::path::Path) -> TrustRoot {
+        let dir = bulwark_engine::pool::create::trust_root_dir(pool_dir);
+        TrustRoot {
+            key: dir.join("pool.key"),
+            anchor: dir.join("pool.anchor"),
+            key_dir: dir != pool_dir,
+            dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -589,10 +589,12 @@ impl Daemon {
                     attached,
                     fault_injection: self.fault_injection,
                 };
+                let trust_root = Some(control::TrustRoot::of(&status.dir));
                 to_value(&StatusReport {
                     pool: status,
                     daemon,
                     faults,
+                    trust_root,
                 })
             }
             Request::VolumeList => {

@@ -272,6 +272,20 @@ pub fn status_text(report: &StatusReport) -> String {
     if let Some(log) = &p.log {
         out.push_str(&log_text(log));
     }
+    if let Some(t) = &report.trust_root {
+        let _ = writeln!(
+            out,
+            "trust root: {} ({})\n\tkey: {}\n\tanchor: {}",
+            t.dir.display(),
+            if t.key_dir {
+                "--key-dir, apart from the pool directory"
+            } else {
+                "the pool directory: keep a copy of the key off the devices' disk"
+            },
+            t.key.display(),
+            t.anchor.display()
+        );
+    }
     if let Some(t) = &p.object_store {
         let _ = writeln!(
             out,
@@ -1057,6 +1071,7 @@ mod tests {
                 fault_injection: false,
             },
             faults: Vec::new(),
+            trust_root: None,
         };
         let text = status_text(&report);
         assert!(

@@ -348,7 +348,14 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         }
         None => None,
     };
-    Pool::create_with_log(&args.dir, args.layout, spec, &name, &args.log_device)?;
+    Pool::create_full(
+        &args.dir,
+        args.layout,
+        spec,
+        &name,
+        &args.log_device,
+        args.key_dir.as_deref(),
+    )?;
     let dir = absolute(&args.dir);
     if let Some((store, config)) = store {
         let published = (|| -> Result<()> {
@@ -406,7 +413,8 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                 .join(" and ")
         ),
     };
-    let key = dir.join("pool.key");
+    let root = bulwark_engine::pool::create::trust_root_dir(&dir);
+    let key = root.join("pool.key");
     let mut out = format!(
         "created pool {name} in {}: layout {}, {what}{logs}{preallocated}\n",
         args.dir.display(),
@@ -427,7 +435,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                 .map(|c| c.devices.iter().map(|d| dir.join(d)).collect())
                 .unwrap_or_else(|_| args.device.clone());
         devices.extend(args.log_device.iter().cloned());
-        let anchor = dir.join("pool.anchor");
+        let anchor = root.join("pool.anchor");
         for root in [&key, &anchor] {
             if let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(root, &devices) {
                 if !beside.is_empty() {
@@ -435,8 +443,9 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                         "warning: {} lies on the same file system as {} device file(s) of the \
                          pool: whoever copies that file system (a backup of {}, a snapshot of \
                          its disk) gets the key with the devices, and restoring it rolls the \
-                         pool back with its anchor, unseen; keep the pool directory on another \
-                         disk (docs/runbook.md, \"Where the trust root lives\")",
+                         pool back with its anchor, unseen; put them on another disk with \
+                         'pool create --key-dir DIR' (docs/runbook.md, \"Where the trust root \
+                         lives\")",
                         root.display(),
                         beside.len(),
                         dir.display()

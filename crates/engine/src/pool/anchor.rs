@@ -73,8 +73,10 @@ pub fn digest(sb: &Superblock) -> [u8; 32] {
     }
 }
 
+/// The anchor file of the pool in `dir`: in its trust root's directory (`pool create
+/// --key-dir`, recorded in pool.json), else in `dir`.
 pub fn path(dir: &Path) -> PathBuf {
-    dir.join(FILE_NAME)
+    super::create::trust_root_dir(dir).join(FILE_NAME)
 }
 
 impl Anchor {
@@ -160,8 +162,18 @@ pub fn write_first(dir: &Path, a: &Anchor) -> Result<()> {
     write_to(dir, a, true)
 }
 
+/// `write_first` into the trust root's directory `root` itself (`pool create`, before
+/// pool.json names it).
+pub fn write_first_in(root: &Path, a: &Anchor) -> Result<()> {
+    write_file(&root.join(FILE_NAME), a, true)
+}
+
 fn write_to(dir: &Path, a: &Anchor, fresh: bool) -> Result<()> {
-    let p = path(dir);
+    write_file(&path(dir), a, fresh)
+}
+
+fn write_file(p: &Path, a: &Anchor, fresh: bool) -> Result<()> {
+    let p = p.to_path_buf();
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

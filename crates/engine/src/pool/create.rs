@@ -54,6 +54,37 @@ pub struct PoolConfig {
     /// --object-store`; issue 22): the durable copy of the pool, written by every commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_store: Option<ObjectStoreConfig>,
+    /// Where pool.key and pool.anchor live (`pool create --key-dir`, issue 41): a
+    /// directory off the devices' file system, so that a copy of the devices does not
+    /// carry the trust root. Absent: the pool directory (pools made before it, and pools
+    /// made without the flag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_dir: Option<PathBuf>,
+}
+
+/// The directory holding the pool's trust root (pool.key and pool.anchor): `key_dir` in
+/// `DIR/pool.json` when it names one (relative paths inside `dir`), else `dir` itself
+/// (also when there is no pool.json yet, as during an import into a new directory).
+pub fn trust_root_dir(dir: &Path) -> PathBuf {
+    #[derive(Deserialize)]
+    struct KeyDirOnly {
+        #[serde(default)]
+        key_dir: Option<PathBuf>,
+    }
+    match fs::read(dir.join(CONFIG_FILE))
+        .ok()
+        .and_then(|t| serde_json::from_slice::<KeyDirOnly>(&t).ok())
+        .and_then(|c| c.key_dir)
+    {
+        Some(k) if k.is_absolute() => k,
+        Some(k) => dir.join(k),
+        None => dir.to_path_buf(),
+    }
+}
+
+/// The pool key's file: `pool.key` in `trust_root_dir`.
+pub fn key_path(dir: &Path) -> PathBuf {
+    trust_root_dir(dir).join(super::import::POOL_KEY_FILE)
 }
 
 /// Where a pool's object store is and who this host is to it (no secret: credentials are
@@ -410,6 +441,20 @@ pub fn create_with_log(
     name: &str,
     log_devices: &[PathBuf],
 ) -> Result<()> {
+    create_full(dir, layout, spec, name, log_devices, None)
+}
+
+/// `create_with_log`, with the trust root (pool.key, pool.anchor) put in `key_dir`
+/// instead of the pool directory (`pool create --key-dir`); the directory is made (0700)
+/// when it does not exist, and recorded in pool.json as an absolute path.
+pub fn create_full(
+    dir: &Path,
+    layout: Layout,
+    spec: DeviceSpec,
+    name: &str,
+    log_devices: &[PathBuf],
+    key_dir: Option<&Path>,
+) -> Result<()> {
     validate_pool_name(name)?;
     if log_devices.len() > super::superblock::LOG_DEVICES_MAX {
         return Err(Error::Invalid(format!(
@@ -433,7 +478,35 @@ pub fn create_with_log(
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::device(dir, e))?;
     }
-    let result = create_in(dir, layout, spec, name, log_devices);
+    // The trust root's directory: made 0700 when missing, named by an absolute path.
+    let mut made_key_dir = false;
+    let key_dir: Option<PathBuf> = match key_dir {
+        None => None,
+        Some(k) => {
+            if !k.exists() {
+                use std::os::unix::fs::DirBuilderExt;
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(k)
+                    .map_err(|e| Error::device(k, e))?;
+                made_key_dir = true;
+            } else if !k.is_dir() {
+                return Err(Error::Invalid(format!(
+                    "--key-dir {} is not a directory",
+                    k.display()
+                )));
+            }
+            Some(fs::canonicalize(k).map_err(|e| Error::device(k, e))?)
+        }
+    };
+    let root = key_dir.clone().unwrap_or_else(|| dir.to_path_buf());
+    let result = create_in(dir, layout, spec, name, log_devices, &root, key_dir.clone());
+    if result.is_err() && made_key_dir {
+        if let Some(k) = &key_dir {
+            let _ = fs::remove_dir(k);
+        }
+    }
     if result.is_err() && made_dir {
         // Nothing of a failed create stays behind: a retry starts clean.
         let _ = fs::remove_dir(dir);
@@ -447,6 +520,8 @@ fn create_in(
     spec: DeviceSpec,
     name: &str,
     log_paths: &[PathBuf],
+    root: &Path,
+    key_dir: Option<PathBuf>,
 ) -> Result<()> {
     let count = match &spec {
         DeviceSpec::Files { count, .. } => *count,
@@ -600,7 +675,7 @@ fn create_in(
             super::superblock::VERSION
         };
         let sb_key = if format == super::superblock::VERSION {
-            let key_path = dir.join(super::import::POOL_KEY_FILE);
+            let key_path = root.join(super::import::POOL_KEY_FILE);
             let key = crate::keys::pool_key::PoolKey::create(&key_path)?;
             created.push(key_path);
             Some(key.superblock_key(&pool_id))
@@ -665,8 +740,8 @@ fn create_in(
         }
         // The host's record of the generation the devices are at (`anchor`).
         if let Some(sb) = first {
-            super::anchor::write_first(
-                dir,
+            super::anchor::write_first_in(
+                root,
                 &super::anchor::Anchor {
                     seq: 1,
                     pool_id,
@@ -691,6 +766,7 @@ fn create_in(
             },
             log_devices: logs.iter().map(|(p, _)| p.clone()).collect(),
             object_store: None,
+            key_dir,
         }
         .write(dir)
     })();

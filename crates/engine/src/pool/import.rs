@@ -443,7 +443,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
     }
     // The pool key: only labels that carry its MAC are read (format 2, decision 0011).
-    let key_path = dir.join(POOL_KEY_FILE);
+    let key_path = super::create::key_path(dir);
     // With a key, only labels under it are read, also by an upgrade: format 1 labels in a
     // pool that has a key were written without it (altered), or an upgrade was cut short
     // before its first commit.

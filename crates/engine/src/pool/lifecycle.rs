@@ -564,6 +564,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         created: old.as_ref().map(|c| c.created.clone()).unwrap_or_default(),
         cache_device: old.as_ref().and_then(|c| c.cache_device.clone()),
         object_store: old.as_ref().and_then(|c| c.object_store.clone()),
+        key_dir: old.as_ref().and_then(|c| c.key_dir.clone()),
         log_devices: import_log_devices(
             match (&old, &opts.from_dir) {
                 (Some(c), _) => Some((c, dir)),
@@ -576,11 +577,11 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
     };
     let old_anchor = anchor::read(dir).ok().flatten();
     // The pool key: the directory's own, or the one given, or the old directory's.
-    let key_dst = dir.join(super::import::POOL_KEY_FILE);
+    let key_dst = super::create::key_path(dir);
     let key_src = opts.pool_key.clone().or_else(|| {
         opts.from_dir
             .as_ref()
-            .map(|d| d.join(super::import::POOL_KEY_FILE))
+            .map(|d| super::create::key_path(d))
             .filter(|p| p.exists())
     });
     let key = match (key_dst.exists(), &key_src) {
@@ -787,7 +788,7 @@ pub struct UpgradeReport {
 /// labels in two commits (the import's and the close's), so neither superblock slot keeps
 /// a format 1 label. Refused once `DIR/pool.key` exists.
 pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
-    let key = dir.join(super::import::POOL_KEY_FILE);
+    let key = super::create::key_path(dir);
     let had_key = key.exists();
     let opened = Pool::open(
         dir,
@@ -814,7 +815,7 @@ pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
     Ok(UpgradeReport {
         format: super::superblock::VERSION,
         generation,
-        key: dir.join(super::import::POOL_KEY_FILE),
+        key: super::create::key_path(dir),
     })
 }
 
@@ -947,6 +948,13 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         if (full.parent() == Some(dir) || p.is_relative()) && fs::remove_file(&full).is_ok() {
             removed.push(full);
         }
+    }
+    // A trust root kept elsewhere (`--key-dir`) goes with the pool (read before pool.json
+    // is removed); the directory itself is left.
+    let root = super::create::trust_root_dir(dir);
+    if root != dir {
+        let _ = fs::remove_file(root.join(anchor::FILE_NAME));
+        let _ = fs::remove_file(root.join(super::import::POOL_KEY_FILE));
     }
     for f in [
         CONFIG_FILE,

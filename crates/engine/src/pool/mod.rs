@@ -253,6 +253,19 @@ impl Pool {
         create::create_with_log(dir, layout, devices, name, log_devices)
     }
 
+    /// `create_with_log`, with pool.key and pool.anchor in `key_dir` (`pool create
+    /// --key-dir`) rather than in `dir`.
+    pub fn create_full(
+        dir: &Path,
+        layout: Layout,
+        devices: DeviceSpec,
+        name: &str,
+        log_devices: &[PathBuf],
+        key_dir: Option<&Path>,
+    ) -> Result<()> {
+        create::create_full(dir, layout, devices, name, log_devices, key_dir)
+    }
+
     /// Import the pool in `dir`, taking its exclusive lock for the life of the `Pool`.
     pub fn open(dir: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
         let lock = import::lock_pool(dir)?;

@@ -158,7 +158,7 @@ pub(crate) fn catch_up(
     devices: &[(std::path::PathBuf, crate::device::FileDevice)],
 ) -> Result<()> {
     use crate::device::Device;
-    let key = crate::keys::pool_key::PoolKey::load(&dir.join(super::import::POOL_KEY_FILE))?;
+    let key = crate::keys::pool_key::PoolKey::load(&super::create::key_path(dir))?;
     let sb_key = key.superblock_key(pool_id);
     let got = match open
         .store
@@ -2451,6 +2451,7 @@ pub fn restore(
             cache_device: None,
             log_devices: Vec::new(),
             object_store: Some(config),
+            key_dir: None,
         }
         .write(dir)?;
         Ok(RestoreReport {
