@@ -141,6 +141,24 @@ pub fn clone(dir: &Path, args: &VolumeCloneArgs) -> Result<()> {
             ""
         }
     );
+    if v.encryption {
+        // Whether it inherited keys (an encrypted origin): what those keys open.
+        let inherited = Client::connect(dir)
+            .and_then(|mut c| {
+                c.call_typed::<bulwark_engine::pool::props::VolumeProps>(&Request::VolumeGet {
+                    name: args.name.clone(),
+                })
+            })
+            .map(|p| p.inherited_keys)
+            .unwrap_or(1);
+        if inherited > 0 || args.independent {
+            out.push_str(&crate::volume::clone_key_note(
+                &args.name,
+                &args.snapshot,
+                args.independent,
+            ));
+        }
+    }
     if args.independent {
         out.push_str(&format!(
             "re-encrypting its inherited blocks under its own key in the background \

@@ -89,6 +89,47 @@ fn row(property: &'static str, value: String, raw: Value, source: &'static str) 
     }
 }
 
+/// `volume get`'s originkeys: what the clone's key opens of its origin (issue 41).
+fn origin_keys_value(p: &VolumeProps) -> String {
+    match (&p.origin, p.inherited_keys) {
+        (Some(origin), n) if n > 0 => {
+            let vol = origin.split('@').next().unwrap_or(origin);
+            format!(
+                "{n} of {vol}: its key reads {vol}'s data up to the clone, not only {origin} \
+                 (--independent or 'key rotate {}' drops them)",
+                p.name
+            )
+        }
+        _ => "-".into(),
+    }
+}
+
+/// What `volume clone` prints about the new key (issue 41 part 4): the clone holds
+/// copies of the origin's data keys up to the clone, which open more than the snapshot.
+pub fn clone_key_note(name: &str, origin: &str, independent: bool) -> String {
+    let vol = origin.split('@').next().unwrap_or(origin);
+    let reach = format!(
+        "copies of {vol}'s data keys up to the clone: with it and the device files one can \
+         read everything {vol} held until the clone, not only {origin} (blocks of {vol} \
+         overwritten after the snapshot, and its newer snapshots, included; \
+         docs/security.md, \"Clones and their keys\")"
+    );
+    if independent {
+        format!(
+            "note: until its rewrite is done, {name}'s key holds {reach}\nnote: \
+             --independent drops those keys once every inherited block is re-encrypted under \
+             {name}'s own key; then it holds only what {origin} holds ('bulwark volume get \
+             {name} originkeys' shows - then)\n"
+        )
+    } else {
+        format!(
+            "note: {name}'s key holds {reach}\nnote: to hold only what {origin} holds, clone \
+             with --independent (or run 'bulwark key rotate {name}'): after the rewrite the \
+             inherited keys are destroyed\n"
+        )
+    }
+}
+
 fn on_off(b: bool) -> &'static str {
     if b {
         "on"
@@ -138,6 +179,12 @@ fn rows(p: &VolumeProps) -> Vec<Row> {
             "origin",
             p.origin.clone().unwrap_or_else(|| "-".into()),
             json!(p.origin),
+            "-",
+        ),
+        row(
+            "originkeys",
+            origin_keys_value(p),
+            json!(p.inherited_keys),
             "-",
         ),
         row(

@@ -43,6 +43,7 @@ pub const READ_ONLY: &[&str] = &[
     "used",
     "referenced",
     "origin",
+    "originkeys",
     "snapshots",
     "created",
     "provisioning",
@@ -65,6 +66,13 @@ pub struct VolumeProps {
     pub referenced_bytes: u64,
     /// `VOL@SNAP` for a clone.
     pub origin: Option<String>,
+    /// Data keys this clone holds copies of, inherited from its origin (issue 41): with
+    /// the clone's secret and the devices they open the origin's data up to the clone
+    /// (all it held then, blocks overwritten after the snapshot and newer snapshots
+    /// included). 0 once `--independent` or a key rotation dropped them, or for a volume
+    /// that is no clone.
+    #[serde(default)]
+    pub inherited_keys: usize,
     /// Its snapshots, oldest first, as `VOL@SNAP`.
     pub snapshots: Vec<String>,
     /// Seconds since the epoch; 0 when not recorded (volumes made before it was).
@@ -108,6 +116,12 @@ impl Core {
             .map(|s| format!("{name}@{}", s.name))
             .collect();
         let description = st.description.lock().clone();
+        let inherited_keys = st
+            .data_keys
+            .lock()
+            .iter()
+            .filter(|r| r.lineage.is_some())
+            .count();
         Ok(VolumeProps {
             name: status.name,
             size_bytes: status.size_bytes,
@@ -119,6 +133,7 @@ impl Core {
             used_bytes: space.used_bytes,
             referenced_bytes: space.referenced_bytes,
             origin: status.origin,
+            inherited_keys,
             snapshots,
             created: st.created.load(Ordering::Relaxed),
             description,
