@@ -314,3 +314,14 @@ def test_image_list(pool, tmp_path, seed):
     assert listed["vm4"]["present"] is False and listed["odd"]["present"] is True
     row = next(l for l in pool.cli("image", "list").stdout.splitlines() if l.startswith("vm4 "))
     assert row.rstrip().endswith("missing"), row
+
+    # (issue 42) a missing row does not stay forever: `image forget NAME` drops it, and
+    # is refused while NAME@image still exists.
+    r = pool.cli("image", "forget", "odd", check=False)
+    assert r.returncode != 0 and "odd@image still exists" in r.stderr, r.stderr
+    r = pool.cli("image", "forget", "vm4")
+    assert "image vm4 forgotten" in r.stdout, r.stdout
+    listed = [e["name"] for e in json.loads(pool.cli("image", "list", "--json").stdout)]
+    assert listed == ["odd"], listed
+    r = pool.cli("image", "forget", "vm4", check=False)
+    assert r.returncode != 0 and "no image named vm4" in r.stderr, r.stderr

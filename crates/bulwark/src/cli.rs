@@ -1121,6 +1121,15 @@ pub enum ImageCommand {
     Export(ImageExportArgs),
     /// List the imported images: size, format, sha256, when, and whether NAME@image is still there.
     List(ListArgs),
+    /// Forget the record of image NAME whose snapshot NAME@image is gone (a `missing`
+    /// row of 'image list'); refused while NAME@image exists.
+    Forget(ImageForgetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImageForgetArgs {
+    /// The image's name (the volume it was imported as).
+    pub name: String,
 }
 
 /// Disk image formats bulwark imports and exports (through qemu-img).

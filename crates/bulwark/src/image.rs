@@ -79,6 +79,7 @@ pub fn command(dir: &Path, command: &ImageCommand) -> Result<()> {
         ImageCommand::Import(a) => import(dir, a),
         ImageCommand::Export(a) => export(dir, a),
         ImageCommand::List(a) => list(dir, a),
+        ImageCommand::Forget(a) => forget(dir, &a.name),
     }
 }
 
@@ -607,6 +608,31 @@ fn list(dir: &Path, args: &ListArgs) -> Result<()> {
     } else {
         print(&image_table(&entries))
     }
+}
+
+/// `image forget NAME`: drop the record of an image whose NAME@image is gone.
+fn forget(dir: &Path, name: &str) -> Result<()> {
+    if !read_records(dir)?.iter().any(|r| r.name == name) {
+        return Err(Error::msg(format!(
+            "no image named {name} ('bulwark image list' shows the images)"
+        )));
+    }
+    let snaps: Vec<SnapshotStatus> =
+        Client::connect(dir)?.call_typed(&Request::SnapshotList { volume: None })?;
+    let snap = format!("{name}@{IMAGE_SNAPSHOT}");
+    if snaps.iter().any(|s| s.name == snap) {
+        return Err(Error::msg(format!(
+            "{snap} still exists: its record is what 'image list' checks it against; destroy \
+             the snapshot first ('bulwark snapshot destroy {snap}') to forget the image"
+        )));
+    }
+    let path = record_path(dir, name);
+    fs::remove_file(&path)
+        .map_err(|e| Error::msg(format!("cannot remove {}: {e}", path.display())))?;
+    if let Ok(d) = fs::File::open(dir.join(IMAGES_DIR)) {
+        let _ = d.sync_all();
+    }
+    print(&format!("image {name} forgotten ({snap} was gone)\n"))
 }
 
 /// NAME SIZE FORMAT SHA256 IMPORTED SNAPSHOT; SNAPSHOT is NAME@image, or
