@@ -879,6 +879,32 @@ pub fn date(unix: u64) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
+/// What `volume clone` prints about the new key (issue 41 part 4): the clone holds
+/// copies of the origin's data keys up to the clone, which open more than the snapshot.
+pub fn clone_key_note(name: &str, origin: &str, independent: bool) -> String {
+    let vol = origin.split('@').next().unwrap_or(origin);
+    let reach = format!(
+        "copies of {vol}'s data keys up to the clone: with it and the device files one can \
+         read everything {vol} held until the clone, not only {origin} (blocks of {vol} \
+         overwritten after the snapshot, and its newer snapshots, included; \
+         docs/security.md, \"Clones and their keys\")"
+    );
+    if independent {
+        format!(
+            "note: until its rewrite is done, {name}'s key holds {reach}\nnote: \
+             --independent drops those keys once every inherited block is re-encrypted under \
+             {name}'s own key; then it holds only what {origin} holds ('bulwark volume get \
+             {name} originkeys' shows - then)\n"
+        )
+    } else {
+        format!(
+            "note: {name}'s key holds {reach}\nnote: to hold only what {origin} holds, clone \
+             with --independent (or run 'bulwark key rotate {name}'): after the rewrite the \
+             inherited keys are destroyed\n"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

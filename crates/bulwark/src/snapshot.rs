@@ -152,7 +152,7 @@ pub fn clone(dir: &Path, args: &VolumeCloneArgs) -> Result<()> {
             .map(|p| p.inherited_keys)
             .unwrap_or(1);
         if inherited > 0 || args.independent {
-            out.push_str(&crate::volume::clone_key_note(
+            out.push_str(&display::clone_key_note(
                 &args.name,
                 &args.snapshot,
                 args.independent,
