@@ -269,7 +269,9 @@ async fn serve_pool(
             l.set_nonblocking(true)
                 .and_then(|_| UnixListener::from_std(l))
                 .map(|l| (l, None, path))
-                .map_err(|e| Error::msg(format!("the NBD socket passed by the service manager: {e}")))?
+                .map_err(|e| {
+                    Error::msg(format!("the NBD socket passed by the service manager: {e}"))
+                })?
         }
         None => {
             let (l, f) = bind_private_socket(&nbd_path)?;

@@ -20,7 +20,6 @@ pub mod checksum;
 pub mod codec;
 pub mod constants;
 pub mod crashpoint;
-pub mod pause;
 pub mod device;
 pub mod error;
 #[cfg(test)]
@@ -29,6 +28,7 @@ pub mod hex;
 pub mod keys;
 pub mod log;
 pub mod map;
+pub mod pause;
 pub mod pool;
 pub mod redundancy;
 pub mod size;

@@ -80,7 +80,9 @@ impl Drop for Armed {
     fn drop(&mut self) {
         self.release();
         let mut g = gates().lock();
-        if g.get(&self.name).is_some_and(|x| Arc::ptr_eq(x, &self.gate)) {
+        if g.get(&self.name)
+            .is_some_and(|x| Arc::ptr_eq(x, &self.gate))
+        {
             g.remove(&self.name);
         }
         if g.is_empty() {

@@ -29,7 +29,9 @@ fn key() -> Secret {
 
 fn block(seed: u64, lba: u64) -> Vec<u8> {
     let mut r = Rng(seed.wrapping_mul(0x9E37_79B9) ^ lba);
-    (0..BLOCK / 8).flat_map(|_| r.next().to_le_bytes()).collect()
+    (0..BLOCK / 8)
+        .flat_map(|_| r.next().to_le_bytes())
+        .collect()
 }
 
 /// The scenario; returns (overwrites done, whether one was refused for space).
@@ -68,11 +70,14 @@ fn overwrite_until_full(dir: &std::path::Path, rotate: bool) -> (u64, bool) {
         // pauses for space (or ends), and v@k1 is taken then.
         pool.key_rotate("v").unwrap();
         loop {
-            let r = pool.volumes().into_iter().find(|x| x.name == "v").unwrap().rotation;
+            let r = pool
+                .volumes()
+                .into_iter()
+                .find(|x| x.name == "v")
+                .unwrap()
+                .rotation;
             match r {
-                Some(r) if r.error.is_none() => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
+                Some(r) if r.error.is_none() => std::thread::sleep(Duration::from_millis(20)),
                 _ => break,
             }
         }
@@ -121,7 +126,10 @@ fn overwrite_until_full(dir: &std::path::Path, rotate: bool) -> (u64, bool) {
             why.contains("stuck") || sp.used_bytes + (4 << 20) >= sp.usable_bytes,
             "writes were refused for space, but status does not say why: {sp:?}"
         );
-        eprintln!("refused at {} of {} usable: {why}", sp.used_bytes, sp.usable_bytes);
+        eprintln!(
+            "refused at {} of {} usable: {why}",
+            sp.used_bytes, sp.usable_bytes
+        );
     }
     // What was acknowledged reads back: the last write of each block, flushed or not.
     let mut buf = vec![0u8; BLOCK as usize];

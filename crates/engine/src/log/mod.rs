@@ -946,7 +946,8 @@ impl Log {
     /// cleaning is caught by its gain over passes instead (`pool::core::CleanGains`).
     pub fn set_clean_cost(&self, meta_per_moved: f64) {
         let m = meta_per_moved.clamp(0.0, 16.0);
-        self.clean_cost_milli.store((m * 1000.0) as u32, Ordering::Relaxed);
+        self.clean_cost_milli
+            .store((m * 1000.0) as u32, Ordering::Relaxed);
     }
 
     /// A cleaning pass moved `moved` bytes (log space) and dirtied `nodes` map nodes that

@@ -90,7 +90,9 @@ mod tests {
                 c(3, SEG / 8 * 7, 100),
             ],
             3,
-            u64::MAX, LIVE_MAX);
+            u64::MAX,
+            LIVE_MAX,
+        );
         assert_eq!(v, [2, 1, 3]);
     }
 
@@ -101,12 +103,21 @@ mod tests {
         assert_eq!(pick(vec![young, old], 1, u64::MAX, LIVE_MAX), [2]);
         // Greedy would have taken the young one; a much emptier young one still wins.
         let empty_young = c(3, SEG / 32, SEGMENT_BYTES);
-        assert_eq!(pick(vec![young, old, empty_young], 1, u64::MAX, LIVE_MAX), [3]);
+        assert_eq!(
+            pick(vec![young, old, empty_young], 1, u64::MAX, LIVE_MAX),
+            [3]
+        );
     }
 
     #[test]
     fn nearly_full_segments_are_never_picked() {
-        assert!(pick(vec![c(1, LIVE_MAX + 1, u64::MAX / 2)], 4, u64::MAX, LIVE_MAX).is_empty());
+        assert!(pick(
+            vec![c(1, LIVE_MAX + 1, u64::MAX / 2)],
+            4,
+            u64::MAX,
+            LIVE_MAX
+        )
+        .is_empty());
         assert_eq!(pick(vec![c(1, LIVE_MAX, 1)], 4, u64::MAX, LIVE_MAX), [1]);
     }
 
@@ -125,7 +136,9 @@ mod tests {
                 c(3, SEG / 8, 0),
             ],
             10,
-            SEGMENT_BYTES / 2 + SEGMENT_BYTES / 8, LIVE_MAX);
+            SEGMENT_BYTES / 2 + SEGMENT_BYTES / 8,
+            LIVE_MAX,
+        );
         assert_eq!(v, [1, 3]);
     }
 

@@ -884,7 +884,9 @@ mod tests {
                     }
                 }
                 for _ in 0..20_000 {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     data[..8].copy_from_slice(&x.to_le_bytes());
                     let off = (x >> 20) % (size / 4096) * 4096;
                     if v.write(off, &data[..4096], false).is_err() {
@@ -912,7 +914,10 @@ mod tests {
             std::thread::yield_now();
         }
         batch.release();
-        assert!(end.wait_reached(Duration::from_secs(300)), "the pass did not end");
+        assert!(
+            end.wait_reached(Duration::from_secs(300)),
+            "the pass did not end"
+        );
         // The pass is at its end and still holds the commit lock: the flush was answered.
         let answered = rx.recv_timeout(Duration::from_secs(300));
         end.release();

@@ -279,21 +279,26 @@ impl Core {
         if clients > 0 {
             return Err(self.volume_in_use(&st.name, clients));
         }
-        let g = st.quiesce(crate::constants::QUIESCE_WAIT_MAX).ok_or_else(|| {
-            let by = if self.scrub_running.load(Ordering::Acquire) {
-                "a scrub or resilver batch"
-            } else {
-                "a key rotation batch"
-            };
-            Error::Busy(format!(
-                "volume '{}' is busy: {by} over it did not end within {} s; try again, \
+        let g = st
+            .quiesce(crate::constants::QUIESCE_WAIT_MAX)
+            .ok_or_else(|| {
+                let by = if self.scrub_running.load(Ordering::Acquire) {
+                    "a scrub or resilver batch"
+                } else {
+                    "a key rotation batch"
+                };
+                Error::Busy(format!(
+                    "volume '{}' is busy: {by} over it did not end within {} s; try again, \
                  or pause it ('bulwark scrub pause')",
-                st.name,
-                crate::constants::QUIESCE_WAIT_MAX.as_secs()
-            ))
-        })?;
+                    st.name,
+                    crate::constants::QUIESCE_WAIT_MAX.as_secs()
+                ))
+            })?;
         if st.destroyed.load(Ordering::Acquire) {
-            return Err(Error::NotFound(format!("volume '{}' does not exist", st.name)));
+            return Err(Error::NotFound(format!(
+                "volume '{}' does not exist",
+                st.name
+            )));
         }
         let clients = st.clients();
         if clients > 0 {
@@ -374,7 +379,11 @@ impl Core {
         if st.encryption && st.ring.read().is_none() {
             return Err(st.locked());
         }
-        Ok(Arc::new(Volume::for_client(self.store.clone(), self.clone(), st)))
+        Ok(Arc::new(Volume::for_client(
+            self.store.clone(),
+            self.clone(),
+            st,
+        )))
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {

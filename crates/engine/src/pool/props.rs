@@ -355,9 +355,9 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
     use rand::{Rng, SeedableRng};
+    use std::sync::Arc;
 
     fn opts(size: u64, block_size: u32) -> VolumeOptions {
         VolumeOptions {

@@ -353,9 +353,9 @@ impl Core {
             // ones above it were already destroyed).
             for s in &snaps[k + 1..] {
                 self.check_destroyable(volume, s).map_err(|e| match e {
-                    Error::Busy(m) => Error::Busy(format!(
-                        "{m}; nothing was rolled back or destroyed"
-                    )),
+                    Error::Busy(m) => {
+                        Error::Busy(format!("{m}; nothing was rolled back or destroyed"))
+                    }
                     e => e,
                 })?;
             }

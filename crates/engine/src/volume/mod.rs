@@ -259,7 +259,10 @@ impl VolumeState {
 
     /// Wait, at most `max`, for the background batch over this volume to end, and keep
     /// new ones out while the guard lives. `None`: one was still running at `max`.
-    pub fn quiesce(&self, max: std::time::Duration) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
+    pub fn quiesce(
+        &self,
+        max: std::time::Duration,
+    ) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
         self.work.try_write_for(max)
     }
 
