@@ -845,21 +845,12 @@ mod tests {
     /// waited for the commit lock, so for the whole pass.
     #[test]
     fn a_flush_is_answered_while_a_cleaning_pass_holds_the_commit_lock() {
-        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        use crate::pool::OpenOptions;
         use crate::volume::{Compression, VolumeOptions};
         use std::time::Duration;
 
         let dir = tempfile::tempdir().unwrap();
-        Pool::create(
-            dir.path(),
-            Layout::Single,
-            DeviceSpec::Files {
-                count: 1,
-                size_bytes: 64 << 20,
-            },
-        )
-        .unwrap();
-        let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+        let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
         let size = 32u64 << 20;
         let o = VolumeOptions {
             size_bytes: size,

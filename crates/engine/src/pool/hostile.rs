@@ -13,16 +13,7 @@ use crate::volume::{Compression, VolumeOptions};
 use crate::Error;
 
 fn pool(dir: &std::path::Path) -> Arc<Pool> {
-    Pool::create(
-        dir,
-        Layout::Single,
-        DeviceSpec::Files {
-            count: 1,
-            size_bytes: 64 << 20,
-        },
-    )
-    .unwrap();
-    Pool::open(dir, OpenOptions::default()).unwrap()
+    crate::pool::test_pool(dir, OpenOptions::default())
 }
 
 /// The pool's device files in `dir`, in order.

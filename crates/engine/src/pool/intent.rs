@@ -577,22 +577,13 @@ mod tests {
     /// replayed, and the pool imports (a flush that may never have returned).
     #[test]
     fn a_damaged_block_ends_the_replay_there() {
-        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
+        use crate::pool::{OpenOptions, Pool};
         let dir = tempfile::tempdir().unwrap();
-        Pool::create(
-            dir.path(),
-            Layout::Single,
-            DeviceSpec::Files {
-                count: 1,
-                size_bytes: 64 << 20,
-            },
-        )
-        .unwrap();
         let opts = OpenOptions {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()
         };
-        let pool = Pool::open(dir.path(), opts.clone()).unwrap();
+        let pool = crate::pool::test_pool(dir.path(), opts.clone());
         let vopts = crate::volume::VolumeOptions {
             size_bytes: 4 << 20,
             block_size: 4096,
@@ -654,21 +645,12 @@ mod tests {
     fn three_flushes_crashed(
         dir: &std::path::Path,
     ) -> (crate::pool::OpenOptions, Vec<Blkptr>, Vec<Blkptr>) {
-        use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
-        Pool::create(
-            dir,
-            Layout::Single,
-            DeviceSpec::Files {
-                count: 1,
-                size_bytes: 64 << 20,
-            },
-        )
-        .unwrap();
+        use crate::pool::OpenOptions;
         let opts = OpenOptions {
             commit_interval: std::time::Duration::from_secs(3600),
             ..OpenOptions::default()
         };
-        let pool = Pool::open(dir, opts.clone()).unwrap();
+        let pool = crate::pool::test_pool(dir, opts.clone());
         let vopts = crate::volume::VolumeOptions {
             size_bytes: 4 << 20,
             block_size: 4096,

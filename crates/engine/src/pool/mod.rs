@@ -13,6 +13,21 @@ pub mod create;
 pub mod evict;
 #[cfg(test)]
 mod hostile;
+
+/// For unit tests: a `single` pool on one 64 MiB device file in `dir`, opened with `opts`.
+#[cfg(test)]
+pub(crate) fn test_pool(dir: &Path, opts: OpenOptions) -> Arc<Pool> {
+    Pool::create(
+        dir,
+        Layout::Single,
+        DeviceSpec::Files {
+            count: 1,
+            size_bytes: 64 << 20,
+        },
+    )
+    .unwrap();
+    Pool::open(dir, opts).unwrap()
+}
 mod import;
 pub mod intent;
 pub mod keys;
