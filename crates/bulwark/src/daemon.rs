@@ -177,40 +177,27 @@ async fn run(
             .map_err(|e| Error::msg(e.message))?
     };
     if let Some((devices, host)) = pool.rollback_accepted() {
-        let audit = access::Audit::open(&dir).map_err(Error::msg)?;
-        let record = move || {
-            audit.record(access::Record {
-                event: "pool.accept_rollback",
-                client: "serve --accept-rollback",
-                peer: "command line",
-                volume: None,
-                result: "ok",
-                detail: serde_json::json!({
-                    "devices_generation": devices,
-                    "host_generation": host,
-                }),
-            })
-        };
-        tokio::task::spawn_blocking(record)
-            .await
-            .map_err(|e| Error::msg(format!("audit: {e}")))?;
+        let detail = serde_json::json!({
+            "devices_generation": devices,
+            "host_generation": host,
+        });
+        audit_accepted(
+            &dir,
+            "pool.accept_rollback",
+            "serve --accept-rollback",
+            detail,
+        )
+        .await?;
     }
-
     if let Some(lost) = pool.log_loss_accepted() {
-        let audit = access::Audit::open(&dir).map_err(Error::msg)?;
-        let record = move || {
-            audit.record(access::Record {
-                event: "pool.accept_log_loss",
-                client: "serve --accept-log-loss",
-                peer: "command line",
-                volume: None,
-                result: "ok",
-                detail: serde_json::json!({ "lost": lost }),
-            })
-        };
-        tokio::task::spawn_blocking(record)
-            .await
-            .map_err(|e| Error::msg(format!("audit: {e}")))?;
+        let detail = serde_json::json!({ "lost": lost });
+        audit_accepted(
+            &dir,
+            "pool.accept_log_loss",
+            "serve --accept-log-loss",
+            detail,
+        )
+        .await?;
     }
 
     let served = serve_pool(
@@ -1045,4 +1032,29 @@ mod tests {
         assert!(bind_private_socket(&file).is_err());
         assert!(file.exists());
     }
+}
+
+/// Audit what `serve` accepted on its command line (a rollback, a lost log) before it
+/// serves anything.
+async fn audit_accepted(
+    dir: &std::path::Path,
+    event: &'static str,
+    client: &'static str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    let audit = access::Audit::open(dir).map_err(Error::msg)?;
+    let record = move || {
+        audit.record(access::Record {
+            event,
+            client,
+            peer: "command line",
+            volume: None,
+            result: "ok",
+            detail,
+        })
+    };
+    tokio::task::spawn_blocking(record)
+        .await
+        .map_err(|e| Error::msg(format!("audit: {e}")))?;
+    Ok(())
 }
