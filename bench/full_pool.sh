@@ -6,6 +6,10 @@
 # write amplification over the cell (device bytes, every copy, per client byte).
 #
 #   bench/full_pool.sh [FILL=0.9] [RT=30] [DEVICE_SIZE=512M]
+#   SNAPSHOT=1 bench/full_pool.sh ...   a snapshot of the filled volume pins its data:
+#                                       the overwrites fill the pool and must be refused
+#                                       (ENOSPC) within the stated bound, never hang;
+#                                       fio goes on past errors, "worst" counts refusals
 #
 # What it shows: how long writers wait at the fill where the cleaner works hardest, and
 # that they are answered (no ENOSPC while the live data fits). What it does not: a peer
@@ -27,12 +31,17 @@ URI="nbd+unix:///v?socket=$W/pool/nbd.sock"
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1m --iodepth=8 --refill_buffers \
     --end_fsync=1 --output-format=json --output="$W/fill.json" >/dev/null
 space() { "$B" status --json | python3 -c 'import json,sys; s=json.load(sys.stdin)["space"]; print(s["data_written_bytes"], s["clean_written_bytes"], s["meta_written_bytes"], s["used_bytes"], s["usable_bytes"])'; }
+EXTRA=()
+if [ "${SNAPSHOT:-0}" = 1 ]; then
+    "$B" snapshot create v@full >/dev/null
+    EXTRA=(--continue_on_error=all)
+fi
 echo "fill $FILL of usable ($size MiB volume on a $DEV device), ${RT}s per cell, $(git rev-parse --short HEAD)"
 for bs in 4k 64k; do
     read -r d0 c0 m0 _ _ <<<"$(space)"
     fio --name=ow --ioengine=nbd --uri="$URI" --rw=randwrite --bs=$bs --iodepth=16 \
         --time_based --runtime="$RT" --norandommap --randrepeat=0 --refill_buffers \
-        --output-format=json --output="$W/$bs.json" >/dev/null || true
+        "${EXTRA[@]}" --output-format=json --output="$W/$bs.json" >/dev/null 2>&1 || true
     read -r d1 c1 m1 used usable <<<"$(space)"
     python3 - "$W/$bs.json" "$bs" "$d0" "$c0" "$m0" "$d1" "$c1" "$m1" "$used" "$usable" <<'EOF'
 import json, sys
@@ -43,7 +52,7 @@ client = max(d1 - d0, 1)
 wa = (client + (c1 - c0) + (m1 - m0)) / client
 clat = j["clat_ns"]
 p99 = clat.get("percentile", {}).get("99.000000", 0) / 1e6
-print(f"{bs:>4} randwrite QD16: {j['iops']:8.0f} IOPS, p99 {p99:7.2f} ms, worst {clat['max'] / 1e6:8.1f} ms, "
+print(f"{bs:>4} randwrite QD16: {j['iops']:8.0f} IOPS ({j.get('total_ios', 0)} done), p99 {p99:7.2f} ms, worst {clat['max'] / 1e6:8.1f} ms, "
       f"WA {wa:.2f} (cleaner {(c1 - c0) / client:.2f}, metadata {(m1 - m0) / client:.2f}), "
       f"used {used / usable:.0%} of usable")
 EOF
