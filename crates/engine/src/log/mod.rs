@@ -114,9 +114,6 @@ pub struct Log {
     /// Segments freed since start (by commits and recycling): writers waiting for space
     /// see progress here.
     freed_total: AtomicU64,
-    /// The most live bytes a victim may hold for cleaning it to gain space, the metadata
-    /// its moves cost counted (`set_clean_cost`); `victims::LIVE_MAX` until measured.
-    victim_live_max: AtomicU32,
     /// `clean_cost` in thousandths.
     clean_cost_milli: AtomicU32,
     /// Bytes placed in the whole log when each segment was last opened (0: before this
@@ -234,7 +231,6 @@ impl Log {
             map_reserve: AtomicU32::new(0),
             written: Default::default(),
             freed_total: AtomicU64::new(0),
-            victim_live_max: AtomicU32::new(victims::LIVE_MAX),
             clean_cost_milli: AtomicU32::new(0),
             stamp: (0..segments).map(|_| AtomicU64::new(0)).collect(),
             holds_data: (0..segments).map(|_| AtomicBool::new(false)).collect(),
@@ -929,12 +925,11 @@ impl Log {
         let (local, remote): (Vec<_>, Vec<_>) = candidates
             .into_iter()
             .partition(|c| !self.evicted[c.seg as usize].load(Ordering::Relaxed));
-        let live_max = self.victim_live_max.load(Ordering::Relaxed);
-        let picked = victims::pick(local, max, budget_bytes, live_max);
+        let picked = victims::pick(local, max, budget_bytes);
         if !picked.is_empty() {
             return picked;
         }
-        victims::pick(remote, max, budget_bytes, live_max)
+        victims::pick(remote, max, budget_bytes)
     }
 
     /// What moving a victim's records costs besides the records: `meta_per_moved` bytes of
@@ -961,11 +956,6 @@ impl Log {
         let before = self.clean_cost();
         let avg = if before == 0.0 { m } else { (before + m) / 2.0 };
         self.set_clean_cost(avg);
-    }
-
-    /// The most live bytes a victim may hold now (`set_clean_cost`).
-    pub fn victim_live_max(&self) -> u32 {
-        self.victim_live_max.load(Ordering::Relaxed)
     }
 
     /// Whether any sealed segment holds dead bytes worth cleaning.

@@ -41,16 +41,8 @@ impl Candidate {
 /// The best victims among `candidates`, best first: at most `max`, each worth cleaning,
 /// whose live bytes together fit in `budget_bytes` (a candidate that does not fit is passed
 /// over for a smaller one that does).
-/// `live_max`: the most live bytes a pick may hold (at most `LIVE_MAX`; lower once the
-/// metadata its moves cost is known: `Log::set_clean_cost`).
-pub fn pick(
-    mut candidates: Vec<Candidate>,
-    max: usize,
-    budget_bytes: u64,
-    live_max: u32,
-) -> Vec<u32> {
-    let live_max = live_max.min(LIVE_MAX);
-    candidates.retain(|c| c.live <= live_max);
+pub fn pick(mut candidates: Vec<Candidate>, max: usize, budget_bytes: u64) -> Vec<u32> {
+    candidates.retain(|c| c.live <= LIVE_MAX);
     candidates.sort_by(|a, b| {
         b.score()
             .total_cmp(&a.score())
@@ -91,7 +83,6 @@ mod tests {
             ],
             3,
             u64::MAX,
-            LIVE_MAX,
         );
         assert_eq!(v, [2, 1, 3]);
     }
@@ -100,33 +91,24 @@ mod tests {
     fn an_old_segment_beats_a_young_one_a_little_emptier() {
         let young = c(1, SEG / 2, SEGMENT_BYTES);
         let old = c(2, SEG / 2 + SEG / 16, 4 * SEGMENT_BYTES);
-        assert_eq!(pick(vec![young, old], 1, u64::MAX, LIVE_MAX), [2]);
+        assert_eq!(pick(vec![young, old], 1, u64::MAX), [2]);
         // Greedy would have taken the young one; a much emptier young one still wins.
         let empty_young = c(3, SEG / 32, SEGMENT_BYTES);
-        assert_eq!(
-            pick(vec![young, old, empty_young], 1, u64::MAX, LIVE_MAX),
-            [3]
-        );
+        assert_eq!(pick(vec![young, old, empty_young], 1, u64::MAX), [3]);
     }
 
     #[test]
     fn nearly_full_segments_are_never_picked() {
-        assert!(pick(
-            vec![c(1, LIVE_MAX + 1, u64::MAX / 2)],
-            4,
-            u64::MAX,
-            LIVE_MAX
-        )
-        .is_empty());
-        assert_eq!(pick(vec![c(1, LIVE_MAX, 1)], 4, u64::MAX, LIVE_MAX), [1]);
+        assert!(pick(vec![c(1, LIVE_MAX + 1, u64::MAX / 2)], 4, u64::MAX).is_empty());
+        assert_eq!(pick(vec![c(1, LIVE_MAX, 1)], 4, u64::MAX), [1]);
     }
 
     #[test]
     fn picks_fit_the_budget_and_the_count() {
         let all: Vec<Candidate> = (0..10).map(|s| c(s, SEG / 2, 1000)).collect();
-        assert_eq!(pick(all.clone(), 3, u64::MAX, LIVE_MAX).len(), 3);
+        assert_eq!(pick(all.clone(), 3, u64::MAX).len(), 3);
         // Room for two and a half: two.
-        let v = pick(all, 10, SEGMENT_BYTES + SEGMENTS_HALF / 2, LIVE_MAX);
+        let v = pick(all, 10, SEGMENT_BYTES + SEGMENTS_HALF / 2);
         assert_eq!(v.len(), 2);
         // A candidate too big for what is left is passed over for one that fits.
         let v = pick(
@@ -137,22 +119,9 @@ mod tests {
             ],
             10,
             SEGMENT_BYTES / 2 + SEGMENT_BYTES / 8,
-            LIVE_MAX,
         );
         assert_eq!(v, [1, 3]);
     }
 
     const SEGMENTS_HALF: u64 = SEGMENT_BYTES / 2;
-
-    /// A segment whose moves would cost what cleaning it frees is not picked: with the
-    /// moves' map nodes costing as much again as the records (`Log::set_clean_cost(1.0)`:
-    /// at most 7/16 of a segment live), a half-full segment gains nothing (issue 36).
-    #[test]
-    fn a_segment_whose_moves_cost_what_it_frees_is_not_picked() {
-        let live_max = (SEGMENT_BYTES as f64 * 7.0 / 8.0 / 2.0) as u32;
-        let half = c(1, SEG / 2, 1000);
-        let third = c(2, SEG / 3, 1000);
-        assert_eq!(pick(vec![half, third], 4, u64::MAX, live_max), [2]);
-        assert_eq!(pick(vec![half, third], 4, u64::MAX, LIVE_MAX), [2, 1]);
-    }
 }

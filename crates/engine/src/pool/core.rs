@@ -1107,15 +1107,12 @@ struct CleanGains {
     /// pass may gain nothing and the next two segments: its victims are freed a commit
     /// later).
     recent: std::collections::VecDeque<i64>,
-    /// Map-node bytes written per byte moved (every copy), as `Log::clean_cost` has it.
-    meta_per_moved: f64,
 }
 
 impl CleanGains {
     fn note(&mut self, store: &crate::store::Store, before: &SpaceMark, after: &SpaceMark) {
         let moved = after.written.clean.saturating_sub(before.written.clean);
         let meta = after.written.meta.saturating_sub(before.written.meta);
-        self.meta_per_moved = store.log.clean_cost();
         // Segments gained, with what client writes took meanwhile given back: room a
         // writer used is room the pass made.
         // In bytes: writers that got a little room each pass are progress too.
@@ -1127,7 +1124,7 @@ impl CleanGains {
             gained,
             moved,
             meta,
-            cost = self.meta_per_moved,
+            cost = store.log.clean_cost(),
             "cleaning pass while writers wait"
         );
         let window = crate::constants::CLEAN_FUTILE_PASSES as usize;
@@ -1143,7 +1140,7 @@ impl CleanGains {
                  writes that need new space get ENOSPC until space is freed (destroy \
                  snapshots or volumes, or trim)",
                 crate::constants::CLEAN_FUTILE_PASSES,
-                self.meta_per_moved
+                store.log.clean_cost()
             ));
         }
     }

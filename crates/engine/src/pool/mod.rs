@@ -174,7 +174,7 @@ pub struct SpaceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleaning: Option<String>,
     /// Map-node bytes the cleaner writes per byte it moves (every copy), as measured (0:
-    /// not yet): it picks only segments that cleaning still gains from after that cost.
+    /// not yet).
     #[serde(default)]
     pub clean_cost: f64,
 }

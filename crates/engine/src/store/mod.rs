@@ -307,11 +307,6 @@ impl Store {
         self.clean_rounds.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Dirty map nodes over every volume now (`note_dirty`).
-    pub fn dirty_nodes_now(&self) -> usize {
-        self.dirty_nodes_total.load(Ordering::Relaxed)
-    }
-
     /// Cleaning cannot gain space: say so (`status`), and answer writers that find no
     /// room ENOSPC at once until something frees space (`clean_unstuck_if_freed`).
     pub fn set_clean_stuck(&self, why: String) {
