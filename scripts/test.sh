@@ -39,8 +39,15 @@ install_csi_test_deps "$PY"
 # --- build and test ------------------------------------------------------------
 log "cargo build --release"
 cargo build --release --workspace
-log "cargo test --release --workspace"
 cargo_rc=0
+# clippy is part of the test: a warning fails it like a failing test.
+if ! cargo clippy --version >/dev/null 2>&1 && have rustup; then
+    log "installing clippy"
+    rustup component add clippy
+fi
+log "cargo clippy --release --workspace --all-targets -- -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings || cargo_rc=$?
+log "cargo test --release --workspace"
 cargo test --release --workspace || cargo_rc=$?
 [ "$cargo_rc" -eq 0 ] || log "cargo test FAILED (exit $cargo_rc); running the integration suite anyway"
 
@@ -50,6 +57,6 @@ pytest_rc=0
 "$PY" -m pytest -q -rfEs --durations=5 --timeout="${TEST_TIMEOUT:-300}" tests/ "$@" || pytest_rc=$?
 
 if [ "$cargo_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
-    log "FAILED: cargo test exit $cargo_rc, pytest exit $pytest_rc"
+    log "FAILED: cargo clippy/test exit $cargo_rc, pytest exit $pytest_rc"
     exit 1
 fi

@@ -1002,6 +1002,31 @@ fn absolute_path(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
+/// Audit what `serve` accepted on its command line (a rollback, a lost log) before it
+/// serves anything.
+async fn audit_accepted(
+    dir: &std::path::Path,
+    event: &'static str,
+    client: &'static str,
+    detail: serde_json::Value,
+) -> Result<()> {
+    let audit = access::Audit::open(dir).map_err(Error::msg)?;
+    let record = move || {
+        audit.record(access::Record {
+            event,
+            client,
+            peer: "command line",
+            volume: None,
+            result: "ok",
+            detail,
+        })
+    };
+    tokio::task::spawn_blocking(record)
+        .await
+        .map_err(|e| Error::msg(format!("audit: {e}")))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1032,29 +1057,4 @@ mod tests {
         assert!(bind_private_socket(&file).is_err());
         assert!(file.exists());
     }
-}
-
-/// Audit what `serve` accepted on its command line (a rollback, a lost log) before it
-/// serves anything.
-async fn audit_accepted(
-    dir: &std::path::Path,
-    event: &'static str,
-    client: &'static str,
-    detail: serde_json::Value,
-) -> Result<()> {
-    let audit = access::Audit::open(dir).map_err(Error::msg)?;
-    let record = move || {
-        audit.record(access::Record {
-            event,
-            client,
-            peer: "command line",
-            volume: None,
-            result: "ok",
-            detail,
-        })
-    };
-    tokio::task::spawn_blocking(record)
-        .await
-        .map_err(|e| Error::msg(format!("audit: {e}")))?;
-    Ok(())
 }

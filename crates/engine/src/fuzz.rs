@@ -83,6 +83,9 @@ pub fn mutate(rng: &mut Rng, valid: &[Vec<u8>]) -> Vec<u8> {
     b
 }
 
+/// A fixup applied to a mutant before it is decoded.
+pub type Fixup<'a> = &'a dyn Fn(&mut Vec<u8>);
+
 /// Feeds `decode` `cases` mutants of `valid` (half of them passed through `fixup` first,
 /// when given); fails the test with the seed and case on the first panic. `decode` must
 /// return normally for every input (its own asserts check what it returned).
@@ -90,10 +93,10 @@ pub fn never_panics(
     name: &str,
     valid: &[Vec<u8>],
     cases: usize,
-    fixup: Option<&dyn Fn(&mut Vec<u8>)>,
+    fixup: Option<Fixup<'_>>,
     decode: &dyn Fn(&[u8]),
 ) {
-    let seed = env("BULWARK_FUZZ_SEED").unwrap_or(0x5eed_18);
+    let seed = env("BULWARK_FUZZ_SEED").unwrap_or(0x005e_ed18);
     let cases = env("BULWARK_FUZZ_CASES").map_or(cases, |c| c as usize);
     let mut rng = Rng::new(seed ^ name.len() as u64);
     for v in valid {

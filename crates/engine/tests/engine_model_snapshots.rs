@@ -488,7 +488,6 @@ impl Run {
     }
 
     /// The space numbers against a recount from every tree's block pointers.
-
     fn check_space(&mut self, vi: usize) {
         let v = &self.vols[vi];
         // Trees of other sizes (snapshots before a resize, a clone's origin snapshot) are

@@ -1618,7 +1618,7 @@ mod tests {
                 .unwrap();
                 for (l, i, p) in &freed {
                     assert!(snap.holds(&store, &cache, At::Node(*l, *i), p).unwrap());
-                    assert_eq!(t.node_slot(&store, &cache, *l, *i).unwrap() == *p, false);
+                    assert_ne!(t.node_slot(&store, &cache, *l, *i).unwrap(), *p);
                 }
                 assert!(!freed.is_empty());
             }

@@ -259,6 +259,7 @@ pub fn write_reach(dir: &Path, r: &Reach) -> Result<()> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
+        .truncate(false)
         .mode(0o600)
         .open(&p)
         .map_err(|e| Error::device(&p, e))?;

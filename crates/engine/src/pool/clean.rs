@@ -813,8 +813,10 @@ mod tests {
     use crate::map::ADDR_NONE;
 
     fn at(segs: &[u64]) -> Blkptr {
-        let mut p = Blkptr::default();
-        p.addr = [ADDR_NONE, ADDR_NONE];
+        let mut p = Blkptr {
+            addr: [ADDR_NONE, ADDR_NONE],
+            ..Blkptr::default()
+        };
         for (i, &s) in segs.iter().enumerate() {
             p.addr[i] = s * SEGMENT_BYTES + 4096;
         }
