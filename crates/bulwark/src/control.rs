@@ -60,7 +60,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bulwark_engine::device::fault::{Fault, FaultMode};
-use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
+use bulwark_engine::pool::format::health::{DataError, ScrubStatus};
 use bulwark_engine::{PoolStatus, VolumeStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -456,7 +456,7 @@ pub struct TrustRoot {
 
 impl TrustRoot {
     pub fn of(pool_dir: &std::path::Path) -> TrustRoot {
-        let dir = bulwark_engine::pool::create::trust_root_dir(pool_dir);
+        let dir = bulwark_engine::pool::format::config::trust_root_dir(pool_dir);
         TrustRoot {
             key: dir.join("pool.key"),
             anchor: dir.join("pool.anchor"),

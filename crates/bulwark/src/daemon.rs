@@ -85,7 +85,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     // A pool whose every byte is local starts while its object store does not answer.
     crate::objects::SERVE_WITHOUT_STORE.store(true, std::sync::atomic::Ordering::Release);
     if let Some(grace) = args.object_store_gc_grace {
-        let conf = bulwark_engine::pool::create::PoolConfig::read(&dir)?;
+        let conf = bulwark_engine::pool::format::config::PoolConfig::read(&dir)?;
         let os = conf.object_store.as_ref().ok_or_else(|| {
             Error::usage("--object-store-gc-grace: this pool has no object store")
         })?;

@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 
 use bulwark_engine::device::fault::Fault;
+use bulwark_engine::pool::format::health::{DataError, ScrubStatus};
 use bulwark_engine::pool::keys::SlotInfo;
-use bulwark_engine::pool::scrub::{DataError, ScrubStatus};
 use bulwark_engine::pool::{LogStatus, SnapshotStatus, VolumeSpace};
 use bulwark_engine::size::format_size;
 use bulwark_engine::{DeviceStatus, SpaceStatus, VolumeStatus};
@@ -909,7 +909,7 @@ pub fn clone_key_note(name: &str, origin: &str, independent: bool) -> String {
 mod tests {
     use super::*;
     use crate::control::DaemonInfo;
-    use bulwark_engine::pool::scrub::DataErrorKind;
+    use bulwark_engine::pool::format::health::DataErrorKind;
     use bulwark_engine::{DeviceStatus, PoolStatus, SpaceStatus};
 
     fn vol(name: &str, encryption: bool, locked: bool) -> VolumeStatus {

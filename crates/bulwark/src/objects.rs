@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use bulwark_engine::pool::create::ObjectStoreConfig;
+use bulwark_engine::pool::format::config::ObjectStoreConfig;
 use bulwark_engine::pool::tier::TierOpen;
 use bulwark_engine::tier::ObjectStore;
 

@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bulwark_engine::pool::create::{default_pool_name, PoolConfig};
+use bulwark_engine::pool::format::config::{default_pool_name, PoolConfig};
 use bulwark_engine::pool::lifecycle::{self, FoundPool, ImportOptions};
 use bulwark_engine::pool::OpenOptions;
 use bulwark_engine::size::format_size;
@@ -300,7 +300,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         Some(n) => n.clone(),
         None => default_pool_name(&args.dir),
     };
-    bulwark_engine::pool::create::validate_pool_name(&name)?;
+    bulwark_engine::pool::format::config::validate_pool_name(&name)?;
     let dir = absolute(&args.dir);
     check_name_free(&name, &dir, None)?;
     let (spec, what) = match args.device_size {
@@ -413,7 +413,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
                 .join(" and ")
         ),
     };
-    let root = bulwark_engine::pool::create::trust_root_dir(&dir);
+    let root = bulwark_engine::pool::format::config::trust_root_dir(&dir);
     let key = root.join("pool.key");
     let mut out = format!(
         "created pool {name} in {}: layout {}, {what}{logs}{preallocated}\n",
@@ -431,7 +431,7 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
         // the devices with the trust root, and restoring it rolls the pool back with its
         // anchor, silently.
         let mut devices: Vec<std::path::PathBuf> =
-            bulwark_engine::pool::create::PoolConfig::read(&dir)
+            bulwark_engine::pool::format::config::PoolConfig::read(&dir)
                 .map(|c| c.devices.iter().map(|d| dir.join(d)).collect())
                 .unwrap_or_else(|_| args.device.clone());
         devices.extend(args.log_device.iter().cloned());

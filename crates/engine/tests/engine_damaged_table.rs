@@ -16,8 +16,8 @@ use bulwark_engine::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES};
 use bulwark_engine::keys::pool_key::PoolKey;
 use bulwark_engine::keys::SlotKind;
 use bulwark_engine::map::{Blkptr, ADDR_NONE};
-use bulwark_engine::pool::superblock::{Check, Superblock};
-use bulwark_engine::pool::table::TableRecord;
+use bulwark_engine::pool::format::superblock::{Check, Superblock};
+use bulwark_engine::pool::format::table::TableRecord;
 use bulwark_engine::{
     Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, VolumeOptions,
 };

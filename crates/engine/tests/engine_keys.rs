@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use bulwark_engine::pool::superblock::Superblock;
+use bulwark_engine::pool::format::superblock::Superblock;
 use bulwark_engine::{
     Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, VolumeOptions,
 };
@@ -227,7 +227,7 @@ fn table_keys(devs: &[std::path::PathBuf]) -> Vec<[u8; 32]> {
             let off = off as usize;
             if let Ok(Some(sb)) = Superblock::decode(
                 &bytes[off..off + 4096],
-                bulwark_engine::pool::superblock::Check::Unkeyed,
+                bulwark_engine::pool::format::superblock::Check::Unkeyed,
             ) {
                 if !keys.contains(&sb.table_key) {
                     keys.push(sb.table_key);

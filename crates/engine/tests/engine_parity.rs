@@ -32,7 +32,7 @@ fn data(i: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn scrub(pool: &Pool) -> bulwark_engine::pool::scrub::ScrubStatus {
+fn scrub(pool: &Pool) -> bulwark_engine::pool::format::health::ScrubStatus {
     pool.scrub_start().unwrap();
     for _ in 0..1000 {
         let s = pool.scrub_status();

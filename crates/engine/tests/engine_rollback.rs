@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use bulwark_engine::keys::pool_key::PoolKey;
-use bulwark_engine::pool::superblock::{Check, Superblock};
+use bulwark_engine::pool::format::superblock::{Check, Superblock};
 use bulwark_engine::{Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, VolumeOptions};
 
 fn opts() -> VolumeOptions {

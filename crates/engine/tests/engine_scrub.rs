@@ -21,7 +21,7 @@ fn open(dir: &Path) -> std::sync::Arc<Pool> {
     .unwrap()
 }
 
-fn scrub(pool: &Pool) -> bulwark_engine::pool::scrub::ScrubStatus {
+fn scrub(pool: &Pool) -> bulwark_engine::pool::format::health::ScrubStatus {
     pool.scrub_start().unwrap();
     for _ in 0..600 {
         let s = pool.scrub_status();

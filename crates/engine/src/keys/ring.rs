@@ -15,7 +15,8 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::wrap::random_bytes;
+use super::wrap::{random_bytes, KeySlot};
+use super::Secret;
 use crate::codec::BlockCipher;
 use crate::hex::{from_hex, hex12, to_hex};
 use crate::{Error, Result};
@@ -260,4 +261,31 @@ impl KeyRing {
         cache.insert((generation, salt), c.clone());
         Some((c, *lineage))
     }
+}
+
+/// What a new encrypted volume starts with: its VMK, one slot, data key generation 0 and
+/// the ring over it.
+pub(crate) struct NewKeys {
+    pub vmk: Zeroizing<[u8; 32]>,
+    pub slots: Vec<KeySlot>,
+    pub data_keys: Vec<DataKeyRecord>,
+    pub ring: KeyRing,
+}
+
+/// Keys of a new encrypted volume: a VMK in one slot under `secret`, data key generation 0.
+pub(crate) fn new_volume_keys(
+    secret: &Secret,
+    uuid: &[u8; 16],
+    run_salt: [u8; 16],
+) -> Result<NewKeys> {
+    let vmk = super::wrap::new_data_key();
+    let slots = vec![super::wrap::wrap(&vmk, secret, uuid)?];
+    let data_keys = vec![new_data_key(&vmk, uuid, 0)];
+    let ring = KeyRing::open(&vmk, uuid, &data_keys, run_salt)?;
+    Ok(NewKeys {
+        vmk,
+        slots,
+        data_keys,
+        ring,
+    })
 }

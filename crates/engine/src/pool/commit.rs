@@ -22,8 +22,8 @@
 use std::sync::atomic::Ordering;
 
 use super::core::Core;
-use super::superblock::Superblock;
-use super::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
+use super::format::superblock::Superblock;
+use super::format::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
 use crate::constants::NONCE_RESERVE_STEP;
 use crate::map::At;
 use crate::volume::snap;
@@ -278,16 +278,16 @@ impl Core {
         // between leaves the devices at the committed one or at this one. The anchor is
         // synced while the devices are (both must be durable before any superblock of the
         // generation is written), so it adds no wait of its own to a commit.
-        let point = (next_sb.generation, super::anchor::digest(&next_sb));
+        let point = (next_sb.generation, super::format::anchor::digest(&next_sb));
         let mut anchor = self.anchor.lock();
-        let announce = super::anchor::Anchor {
+        let announce = super::format::anchor::Anchor {
             seq: anchor.seq + 1,
             next: point,
             nonce_reserved: anchor.nonce_reserved.max(next_sb.nonce_reserved),
             ..anchor.clone()
         };
         let (devices, anchored) = std::thread::scope(|s| {
-            let anchoring = s.spawn(|| super::anchor::write(&self.dir, &announce));
+            let anchoring = s.spawn(|| super::format::anchor::write(&self.dir, &announce));
             let devices = self.store.red.flush();
             (
                 devices,
@@ -315,13 +315,13 @@ impl Core {
             // the generation before are refused as rolled back. Left announced, the
             // anchor would accept them until the next commit, losing what was flushed in
             // between.
-            let settled = super::anchor::Anchor {
+            let settled = super::format::anchor::Anchor {
                 seq: announce.seq + 1,
                 committed: point,
                 next: (0, [0; 32]),
                 ..announce
             };
-            super::anchor::write(&self.dir, &settled)?;
+            super::format::anchor::write(&self.dir, &settled)?;
             *anchor = settled;
             drop(anchor);
             self.store.set_nonce_limit(st.sb.nonce_reserved);
@@ -446,11 +446,11 @@ impl Core {
     pub(crate) fn settle_anchor(&self) -> Result<()> {
         let _c = self.commit_lock.lock();
         let mut anchor = self.anchor.lock();
-        let settled = super::anchor::Anchor {
+        let settled = super::format::anchor::Anchor {
             seq: anchor.seq + 1,
             ..anchor.clone()
         };
-        super::anchor::write(&self.dir, &settled)?;
+        super::format::anchor::write(&self.dir, &settled)?;
         *anchor = settled;
         Ok(())
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::superblock::Superblock;
+use super::format::superblock::Superblock;
 use super::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
 use crate::constants::*;
 use crate::device::fault::{Fault, FaultyDevice};
@@ -40,12 +40,12 @@ pub struct Core {
     pub(crate) sb: Mutex<SbState>,
     /// Authenticates every superblock this pool writes and reads (from `DIR/pool.key`,
     /// decision 0011).
-    pub(crate) sb_key: super::superblock::SbKey,
+    pub(crate) sb_key: super::format::superblock::SbKey,
     /// Keys the MAC of every intent log block (from `DIR/pool.key`).
-    pub(crate) log_key: super::superblock::SbKey,
+    pub(crate) log_key: super::format::superblock::SbKey,
     /// What `DIR/pool.anchor` should say next: the generation last committed (the next
     /// commit writes it together with the generation it is about to write).
-    pub(crate) anchor: Mutex<super::anchor::Anchor>,
+    pub(crate) anchor: Mutex<super::format::anchor::Anchor>,
     /// The import took devices older than the host's anchor (`accept_rollback`): their
     /// generation and the one the host had committed.
     pub rollback_accepted: Option<(u64, u64)>,
@@ -53,7 +53,7 @@ pub struct Core {
     /// anyway (`accept_log_loss`): what was lost, for `status`.
     pub log_loss: Option<String>,
     /// Records how far the intent log reached, after flushes (`anchor::ReachWriter`).
-    pub(crate) reach: super::anchor::ReachWriter,
+    pub(crate) reach: super::format::anchor::ReachWriter,
     pub commit_lock: Mutex<()>,
     /// Flushes waiting for `commit_lock` (`flush_since`): a cleaning pass that holds it
     /// commits between two batches of moves when any wait, which answers them, so a FLUSH
@@ -206,7 +206,7 @@ impl Core {
         }
         let uuid = wrap::random_bytes::<16>();
         let keys = secret
-            .map(|s| super::keys::new_volume_keys(s, &uuid, self.store.run_salt))
+            .map(|s| crate::keys::ring::new_volume_keys(s, &uuid, self.store.run_salt))
             .transpose()?;
         // Held from the reservation check to the commit (after the keys' slow KDF): two
         // thick creates cannot both take the last room.
@@ -841,7 +841,7 @@ impl Core {
     /// Adds member `i` to (or removes it from) the offline set in `DIR/pool.json`.
     fn remember_offline(&self, i: usize, offline: bool) -> Result<()> {
         let id = crate::hex::to_hex(&self.sb.lock().sb.member_ids[i]);
-        let mut conf = super::create::PoolConfig::read(&self.dir)?;
+        let mut conf = super::format::config::PoolConfig::read(&self.dir)?;
         let had = conf.offline.contains(&id);
         if had == offline {
             return Ok(());
@@ -900,10 +900,10 @@ impl Core {
                 crate::size::format_size(need)
             )));
         }
-        let label = super::import::label_of(
+        let label = super::format::labels::label_of(
             &dev,
             back_region,
-            super::superblock::Check::Key(&self.sb_key),
+            super::format::superblock::Check::Key(&self.sb_key),
         )
         .ok_or_else(|| {
             Error::Invalid(format!(
@@ -969,7 +969,7 @@ impl Core {
                 crate::size::format_size(dev.size())
             )));
         }
-        if let Some(sb) = super::create::front_label(&dev) {
+        if let Some(sb) = super::format::labels::front_label(&dev) {
             let ours = {
                 let s = self.sb.lock();
                 sb.pool_id == s.sb.pool_id && sb.device_id == s.sb.member_ids[i]
@@ -1010,7 +1010,7 @@ impl Core {
             self.faults.write()[i] = Some(faulty);
             self.sb.lock().sb.member_ids[i] = wrap::random_bytes::<16>();
         }
-        let mut conf = super::create::PoolConfig::read(&self.dir)?;
+        let mut conf = super::format::config::PoolConfig::read(&self.dir)?;
         conf.devices = self
             .store
             .red

@@ -273,7 +273,7 @@ fn a_stale_log_chain_of_a_reused_generation_is_not_replayed() {
 #[test]
 fn an_upgrade_stopped_between_members_is_served() {
     use crate::constants::{DEVICE_RESERVED_FRONT, SEGMENT_BYTES, SUPERBLOCK_BYTES};
-    use crate::pool::superblock::{Check, Superblock};
+    use crate::pool::format::superblock::{Check, Superblock};
     let spec = || DeviceSpec::Files {
         count: 2,
         size_bytes: 64 << 20,
@@ -287,7 +287,7 @@ fn an_upgrade_stopped_between_members_is_served() {
     crate::pool::create::create_format_1(&p, Layout::Single, spec(), "p").unwrap();
     let d1 = p.join("dev1.img");
     let before = std::fs::read(&d1).unwrap();
-    let sb = crate::pool::import::best_superblock(
+    let sb = crate::pool::format::labels::best_superblock(
         &crate::device::FileDevice::open(&d1).unwrap(),
         None,
         Check::Unkeyed,
@@ -313,7 +313,7 @@ fn an_upgrade_stopped_between_members_is_served() {
         let sb = Superblock::decode(&bytes[o..o + SUPERBLOCK_BYTES], Check::Unkeyed)
             .unwrap()
             .unwrap();
-        assert_eq!(sb.format, crate::pool::superblock::VERSION);
+        assert_eq!(sb.format, crate::pool::format::superblock::VERSION);
     }
     // An upgrade with a member gone is refused.
     let dir3 = tempfile::tempdir().unwrap();
@@ -335,8 +335,8 @@ fn an_upgrade_stopped_between_members_is_served() {
 #[test]
 fn a_forged_exported_mark_does_not_let_an_import_take_a_pool() {
     use crate::constants::{SUPERBLOCK_BYTES, SUPERBLOCK_SLOT_OFFSETS};
+    use crate::pool::format::superblock::Check;
     use crate::pool::lifecycle::{import_into, ImportOptions};
-    use crate::pool::superblock::Check;
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");
     {
@@ -354,7 +354,7 @@ fn a_forged_exported_mark_does_not_let_an_import_take_a_pool() {
     assert!(e.to_string().contains("not exported"), "{e}");
     // The forger's slot: the newest label, exported, one generation on, sealed under a
     // key of its own (its unkeyed checksum is right; its MAC is not the pool's).
-    let mut sb = crate::pool::import::best_superblock(
+    let mut sb = crate::pool::format::labels::best_superblock(
         &crate::device::FileDevice::open(&devp).unwrap(),
         None,
         Check::Unkeyed,

@@ -16,11 +16,14 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::anchor::{self, Anchor};
 use super::core::{Core, SbState};
-use super::create::PoolConfig;
-use super::superblock::{Check, SbKey, Superblock};
-use super::table::{ptr_from_hex, TableRecord};
+use super::format::anchor::{self, Anchor};
+use super::format::config::PoolConfig;
+use super::format::labels::{
+    back_region_of, best_superblock, find_back_region, label_front_or_back,
+};
+use super::format::superblock::{Check, SbKey, Superblock};
+use super::format::table::{ptr_from_hex, TableRecord};
 use super::OpenOptions;
 use crate::constants::*;
 use crate::device::fault::FaultyDevice;
@@ -70,79 +73,6 @@ struct Found {
     path: PathBuf,
     dev: FileDevice,
     sb: Superblock,
-}
-
-pub(crate) fn best_superblock(
-    dev: &dyn Device,
-    back_region: Option<u64>,
-    check: Check,
-) -> Option<Superblock> {
-    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
-    let mut best: Option<Superblock> = None;
-    let mut offsets = SUPERBLOCK_SLOT_OFFSETS.to_vec();
-    if let Some(b) = back_region {
-        offsets.extend(SUPERBLOCK_SLOT_OFFSETS.iter().map(|o| b + o));
-    }
-    for off in offsets {
-        if dev.read_at(&mut buf, off).is_err() {
-            continue;
-        }
-        match Superblock::decode(&buf, check) {
-            Ok(Some(sb)) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
-                best = Some(sb)
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(device = %dev.path().display(), offset = off, "ignoring superblock slot: {e}")
-            }
-        }
-    }
-    best
-}
-
-/// Where the back copies of `dev`'s labels lie when no front slot says (both damaged, or
-/// the device's first MiB zeroed by accident): the back region ends the last whole
-/// segment of the device as `pool create` laid it out (a device grown since lays it
-/// lower), so it is looked for there and then a segment lower at a time, at most
-/// `BACK_SEARCH_SEGMENTS` times. A place counts only where a label that `check` accepts
-/// lies and itself puts its back region there. `deep`: look lower than the device's end
-/// (import of a pool's own device); else only there (`pool scan` of any disk, where each
-/// place looked at is two reads).
-pub(crate) fn find_back_region(dev: &dyn Device, check: Check, deep: bool) -> Option<u64> {
-    let top = (dev.size() / SEGMENT_BYTES * SEGMENT_BYTES).checked_sub(DEVICE_RESERVED_BACK)?;
-    let mut buf = vec![0u8; SUPERBLOCK_BYTES];
-    (0..if deep { BACK_SEARCH_SEGMENTS } else { 1 })
-        .map_while(|i| {
-            top.checked_sub(i * SEGMENT_BYTES)
-                .filter(|&b| b > DEVICE_RESERVED_FRONT)
-        })
-        .find(|&b| {
-            SUPERBLOCK_SLOT_OFFSETS.iter().any(|o| {
-                dev.read_at(&mut buf, b + o).is_ok()
-                    && matches!(Superblock::decode(&buf, check), Ok(Some(sb)) if back_region_of(&sb) == b)
-            })
-        })
-}
-
-/// The newest label of `dev`, where the back region is known (`back`, from the front
-/// slots of the pool's devices) or, when it is not, looked for (`find_back_region`).
-pub(crate) fn label_front_or_back(
-    dev: &dyn Device,
-    back: Option<u64>,
-    check: Check,
-    deep: bool,
-) -> Option<Superblock> {
-    let back = back.or_else(|| find_back_region(dev, check, deep));
-    let sb = best_superblock(dev, back, check)?;
-    if best_superblock(dev, None, check).is_none() {
-        tracing::warn!(
-            device = %dev.path().display(),
-            generation = sb.generation,
-            "no front label slot of this device is readable: its label was read from the \
-             back copies (the next two commits write the front slots again)"
-        );
-    }
-    Some(sb)
 }
 
 /// Whether the devices' newest superblock is one this host committed or was committing
@@ -221,18 +151,6 @@ fn check_anchor(
     )))
 }
 
-/// The newest superblock on `dev` (front and back slots).
-pub(crate) fn label_of(dev: &dyn Device, back_region: u64, check: Check) -> Option<Superblock> {
-    best_superblock(dev, Some(back_region), check)
-}
-
-fn back_region_of(sb: &Superblock) -> u64 {
-    DEVICE_RESERVED_FRONT + sb.segments_per_device * SEGMENT_BYTES
-}
-
-/// The pool key's file in a pool directory (`keys::pool_key`, decision 0011).
-pub const POOL_KEY_FILE: &str = "pool.key";
-
 /// A format 1 pool is read only by `bulwark pool upgrade`.
 fn format_1_refusal(dir: &Path) -> Error {
     Error::Invalid(format!(
@@ -241,7 +159,7 @@ fn format_1_refusal(dir: &Path) -> Error {
          the upgrade authenticates the pool as it finds it), or copy its volumes out with an \
          older bulwark",
         dir.display(),
-        super::superblock::VERSION,
+        super::format::superblock::VERSION,
         dir.display()
     ))
 }
@@ -262,7 +180,10 @@ fn missing_key(dir: &Path, key_path: &Path, opened: &[(PathBuf, FileDevice)]) ->
             }
         }
     }
-    let v1 = !formats.is_empty() && formats.iter().all(|&f| f == super::superblock::VERSION_1);
+    let v1 = !formats.is_empty()
+        && formats
+            .iter()
+            .all(|&f| f == super::format::superblock::VERSION_1);
     if v1 {
         return format_1_refusal(dir);
     }
@@ -271,7 +192,7 @@ fn missing_key(dir: &Path, key_path: &Path, opened: &[(PathBuf, FileDevice)]) ->
          nothing on the devices can replace it. Restore it from your backup (docs/runbook.md, \
          'The pool key')",
         key_path.display(),
-        super::superblock::VERSION
+        super::format::superblock::VERSION
     ))
 }
 
@@ -311,7 +232,9 @@ fn unauthenticated(pool_id: &str, key: &SbKey, listed: &[PathBuf]) -> Error {
                 Ok(None) => continue,
             };
             // A format 1 label in a pool that has a key was written without it.
-            if sb.format == super::superblock::VERSION_1 || Superblock::key_matches(&buf, key) {
+            if sb.format == super::format::superblock::VERSION_1
+                || Superblock::key_matches(&buf, key)
+            {
                 altered += 1;
             } else {
                 wrong_key += 1;
@@ -443,7 +366,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
     }
     // The pool key: only labels that carry its MAC are read (format 2, decision 0011).
-    let key_path = super::create::key_path(dir);
+    let key_path = super::format::config::key_path(dir);
     // With a key, only labels under it are read, also by an upgrade: format 1 labels in a
     // pool that has a key were written without it (altered), or an upgrade was cut short
     // before its first commit.
@@ -474,7 +397,9 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         // with labels altered or damaged (not used: it may say anything).
         let label = label_front_or_back(&dev, back, check, true).or_else(|| {
             let sb = label_front_or_back(&dev, back, Check::Unkeyed, true)?;
-            if to_hex(&sb.pool_id) == conf.pool_id && sb.format == super::superblock::VERSION_1 {
+            if to_hex(&sb.pool_id) == conf.pool_id
+                && sb.format == super::format::superblock::VERSION_1
+            {
                 // Perhaps a member an upgrade had not reached when it stopped: taken below
                 // only if it is exactly one generation behind a label that verifies.
                 v1_members.push(Found {
@@ -502,7 +427,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 path.display(),
                 to_hex(&sb.pool_id),
                 conf.pool_id,
-                dir.join(super::create::CONFIG_FILE).display()
+                dir.join(super::format::config::CONFIG_FILE).display()
             )))
             }
             None if listed_here => {
@@ -522,7 +447,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     // their format 2 labels.
     if let Some(n) = newest
         .as_ref()
-        .filter(|n| n.format == super::superblock::VERSION)
+        .filter(|n| n.format == super::format::superblock::VERSION)
     {
         for f in v1_members.drain(..) {
             if f.sb.generation + 1 == n.generation && n.member_ids.contains(&f.sb.device_id) {
@@ -550,14 +475,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             conf.pool_id, listed
         )),
     })?;
-    if newest.format == super::superblock::VERSION_1 && !opts.upgrade {
+    if newest.format == super::format::superblock::VERSION_1 && !opts.upgrade {
         return Err(format_1_refusal(dir));
     }
-    if newest.format == super::superblock::VERSION && opts.upgrade {
+    if newest.format == super::format::superblock::VERSION && opts.upgrade {
         return Err(Error::Invalid(format!(
             "pool {} is already format {}: nothing to upgrade",
             conf_name,
-            super::superblock::VERSION
+            super::format::superblock::VERSION
         )));
     }
     // The upgrade makes the pool key now (kept if an interrupted upgrade made it), and
@@ -714,7 +639,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
              remove their ids from \"offline\" in {}",
             held.join(", "),
             stale.iter().map(|s| format!("; {s}")).collect::<String>(),
-            dir.join(super::create::CONFIG_FILE).display()
+            dir.join(super::format::config::CONFIG_FILE).display()
         )));
     }
     if let crate::redundancy::Layout::Parity { k, m } = newest.layout {
@@ -792,12 +717,12 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     } else {
         TableRecord::open(&store.read_meta(&newest.root, 0)?, &newest.table_key)?
     };
-    if table.format > super::table::TABLE_FORMAT_MAX {
+    if table.format > super::format::table::TABLE_FORMAT_MAX {
         return Err(Error::Invalid(format!(
             "the pool's volume table is format {}, newer than this bulwark reads (up to {}): \
              upgrade bulwark",
             table.format,
-            super::table::TABLE_FORMAT_MAX
+            super::format::table::TABLE_FORMAT_MAX
         )));
     }
     let mut live = vec![0u32; segments];
@@ -820,14 +745,14 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut data_segments = vec![false; segments];
     let mut volumes = BTreeMap::new();
     /// The origin volume of `rec`, when `n` is `rec` itself.
-    fn f_origin_name<'a>(rec: &'a super::table::VolumeRecord, n: &str) -> Option<&'a str> {
+    fn f_origin_name<'a>(rec: &'a super::format::table::VolumeRecord, n: &str) -> Option<&'a str> {
         (rec.name == n)
             .then(|| rec.origin.as_ref().map(|o| o.volume.as_str()))
             .flatten()
     }
     // Every volume's trees first, so a clone's base can be walked against its origin.
     struct Family<'a> {
-        rec: &'a super::table::VolumeRecord,
+        rec: &'a super::format::table::VolumeRecord,
         opts: crate::volume::VolumeOptions,
         snaps: Vec<crate::volume::snap::Snap>,
         tree: Tree,
@@ -1078,7 +1003,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     let mut alarm = false;
     // Format 1 chains (no MAC) are replayed only by `pool upgrade`: the labels that name
     // them were verified by their checksum, not by a key.
-    let block_key = (newest.format == super::superblock::VERSION).then_some(&log_key);
+    let block_key = (newest.format == super::format::superblock::VERSION).then_some(&log_key);
     // Records written back from the log devices.
     let mut rewritten = 0usize;
     // The chain on the log devices, when this generation's is there and one is readable.
@@ -1325,7 +1250,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 later_main_blocks(&store, starts, &newest, block_key)
             }
         };
-        let reach = match super::anchor::read_reach(dir) {
+        let reach = match super::format::anchor::read_reach(dir) {
             Some(r) if r.generation == newest.generation && r.chain == newest.chain_id => {
                 Some(r.blocks)
             }
@@ -1514,13 +1439,13 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         anchor: Mutex::new(anchor),
         rollback_accepted,
         log_loss: log_loss.clone(),
-        reach: super::anchor::ReachWriter::start(dir.to_path_buf()),
+        reach: super::format::anchor::ReachWriter::start(dir.to_path_buf()),
         sb: Mutex::new(SbState {
             // The import's commit takes the pool: it is no longer exported, and it carries
             // the name pool.json gives it (a pool made before names gets one now).
             sb: Superblock {
                 // `pool upgrade`: the import's commit writes the first format 2 labels.
-                format: super::superblock::VERSION,
+                format: super::format::superblock::VERSION,
                 exported: false,
                 name: match (&opts.rename, &conf.name) {
                     (Some(new), _) => new.clone(),

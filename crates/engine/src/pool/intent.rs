@@ -73,7 +73,7 @@ const FLUSH_FIRST_AT: usize = AFTER_AT + 16;
 const _: () = assert!(FLUSH_FIRST_AT + 8 <= CHAIN_AT);
 
 /// The key of the log blocks' MACs (`keys::pool_key::PoolKey::log_key`).
-pub type LogKey = super::superblock::SbKey;
+pub type LogKey = super::format::superblock::SbKey;
 
 fn mac(key: &LogKey, b: &[u8]) -> [u8; 32] {
     *blake3::keyed_hash(key, &b[..MAC_AT]).as_bytes()
@@ -407,7 +407,7 @@ impl Core {
                 super::logdev::Appended::Done => {
                     crate::crashpoint::hit("intent.synced");
                     if let Some(c) = logdev.state.lock().chain {
-                        self.reach.note(super::anchor::Reach {
+                        self.reach.note(super::format::anchor::Reach {
                             pool_id,
                             generation: c.generation,
                             chain: chain_id,
@@ -459,7 +459,7 @@ impl Core {
         crate::crashpoint::hit("intent.written");
         self.store.red.flush()?;
         crate::crashpoint::hit("intent.synced");
-        self.reach.note(super::anchor::Reach {
+        self.reach.note(super::format::anchor::Reach {
             pool_id,
             generation: chain.generation,
             chain: chain_id,
@@ -621,7 +621,7 @@ mod tests {
                     // leaves: docs/durability.md): the anchor file's reach slot is not there.
         std::fs::OpenOptions::new()
             .write(true)
-            .open(crate::pool::anchor::path(dir.path()))
+            .open(crate::pool::format::anchor::path(dir.path()))
             .unwrap()
             .set_len(1024)
             .unwrap();
@@ -695,7 +695,7 @@ mod tests {
         .expect("block 1 is where the chain says");
         let records = block1.entries.iter().map(|e| e.ptr).collect();
         // The host records the log's reach off the flush path: wait until it has.
-        while crate::pool::anchor::read_reach(dir).map(|r| r.blocks) != Some(3) {
+        while crate::pool::format::anchor::read_reach(dir).map(|r| r.blocks) != Some(3) {
             std::thread::yield_now();
         }
         drop(v);
@@ -705,7 +705,7 @@ mod tests {
 
     fn damage(dir: &std::path::Path, at: &[u64]) {
         // Through a pool opened on a copy would commit; write the device file directly.
-        let conf = crate::pool::create::PoolConfig::read(dir).unwrap();
+        let conf = crate::pool::format::config::PoolConfig::read(dir).unwrap();
         let dev = std::fs::OpenOptions::new()
             .write(true)
             .open(dir.join(&conf.devices[0]))
@@ -722,7 +722,7 @@ mod tests {
     fn forget_reach(dir: &std::path::Path) {
         std::fs::OpenOptions::new()
             .write(true)
-            .open(crate::pool::anchor::path(dir))
+            .open(crate::pool::format::anchor::path(dir))
             .unwrap()
             .set_len(1024)
             .unwrap();

@@ -15,36 +15,11 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::core::Core;
-use crate::keys::ring::{self, DataKeyRecord, KeyRing};
+use crate::keys::ring::KeyRing;
 use crate::keys::wrap::{self, KeySlot, SlotKind};
 use crate::keys::Secret;
 use crate::volume::VolumeState;
 use crate::{Error, Result};
-
-pub(crate) struct NewKeys {
-    pub vmk: Zeroizing<[u8; 32]>,
-    pub slots: Vec<KeySlot>,
-    pub data_keys: Vec<DataKeyRecord>,
-    pub ring: KeyRing,
-}
-
-/// Keys of a new encrypted volume: a VMK in one slot under `secret`, data key generation 0.
-pub(crate) fn new_volume_keys(
-    secret: &Secret,
-    uuid: &[u8; 16],
-    run_salt: [u8; 16],
-) -> Result<NewKeys> {
-    let vmk = wrap::new_data_key();
-    let slots = vec![wrap::wrap(&vmk, secret, uuid)?];
-    let data_keys = vec![ring::new_data_key(&vmk, uuid, 0)];
-    let ring = KeyRing::open(&vmk, uuid, &data_keys, run_salt)?;
-    Ok(NewKeys {
-        vmk,
-        slots,
-        data_keys,
-        ring,
-    })
-}
 
 /// What `key list` shows of a slot: never anything secret.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::anchor::{self, Anchor};
-use super::create::{PoolConfig, CONFIG_FILE};
-use super::superblock::{Check, Superblock};
+use super::format::anchor::{self, Anchor};
+use super::format::config::{PoolConfig, CONFIG_FILE};
+use super::format::superblock::{Check, Superblock};
 use super::{OpenOptions, Pool};
 use crate::constants::*;
 use crate::device::{Device, DeviceClaim, FileDevice};
@@ -162,9 +162,9 @@ fn read_labels(paths: &[PathBuf], check: Check) -> Vec<Labelled> {
             tracing::debug!(device = %p.display(), "cannot be opened: skipped");
             continue;
         };
-        let back = super::import::best_superblock(&dev, None, check)
+        let back = super::format::labels::best_superblock(&dev, None, check)
             .map(|front| DEVICE_RESERVED_FRONT + front.segments_per_device * SEGMENT_BYTES);
-        let Some(sb) = super::import::label_front_or_back(&dev, back, check, false) else {
+        let Some(sb) = super::format::labels::label_front_or_back(&dev, back, check, false) else {
             continue;
         };
         out.push(Labelled {
@@ -487,7 +487,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
         return Err(e);
     }
     if let Some(n) = &opts.rename {
-        super::create::validate_pool_name(n)?;
+        super::format::config::validate_pool_name(n)?;
     }
     let old = match PoolConfig::read(dir) {
         Ok(c) => Some(c),
@@ -515,7 +515,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
     let name = match (&opts.rename, found.name.is_empty()) {
         (Some(n), _) => n.clone(),
         (None, false) => found.name.clone(),
-        (None, true) => super::create::default_pool_name(dir),
+        (None, true) => super::format::config::default_pool_name(dir),
     };
     // Members taken offline stay offline: the old pool.json (this directory's, or the
     // one the pool came from) says which.
@@ -577,11 +577,11 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
     };
     let old_anchor = anchor::read(dir).ok().flatten();
     // The pool key: the directory's own, or the one given, or the old directory's.
-    let key_dst = super::create::key_path(dir);
+    let key_dst = super::format::config::key_path(dir);
     let key_src = opts.pool_key.clone().or_else(|| {
         opts.from_dir
             .as_ref()
-            .map(|d| super::create::key_path(d))
+            .map(|d| super::format::config::key_path(d))
             .filter(|p| p.exists())
     });
     let key = match (key_dst.exists(), &key_src) {
@@ -687,7 +687,7 @@ pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Res
                 newest.generation
             );
         }
-        if newest.format != super::superblock::VERSION_1 && key.is_none() {
+        if newest.format != super::format::superblock::VERSION_1 && key.is_none() {
             return Err(Error::NotFound(format!(
                 "pool {} is format {}: its labels and metadata are authenticated by its pool \
                  key, which is not on the devices. Give it with --pool-key FILE (the pool.key \
@@ -788,7 +788,7 @@ pub struct UpgradeReport {
 /// labels in two commits (the import's and the close's), so neither superblock slot keeps
 /// a format 1 label. Refused once `DIR/pool.key` exists.
 pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
-    let key = super::create::key_path(dir);
+    let key = super::format::config::key_path(dir);
     let had_key = key.exists();
     let opened = Pool::open(
         dir,
@@ -813,9 +813,9 @@ pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
     pool.close()?;
     let generation = pool.core.sb.lock().sb.generation;
     Ok(UpgradeReport {
-        format: super::superblock::VERSION,
+        format: super::format::superblock::VERSION,
         generation,
-        key: super::create::key_path(dir),
+        key: super::format::config::key_path(dir),
     })
 }
 
@@ -951,15 +951,15 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
     }
     // A trust root kept elsewhere (`--key-dir`) goes with the pool (read before pool.json
     // is removed); the directory itself is left.
-    let root = super::create::trust_root_dir(dir);
+    let root = super::format::config::trust_root_dir(dir);
     if root != dir {
         let _ = fs::remove_file(root.join(anchor::FILE_NAME));
-        let _ = fs::remove_file(root.join(super::import::POOL_KEY_FILE));
+        let _ = fs::remove_file(root.join(super::format::config::POOL_KEY_FILE));
     }
     for f in [
         CONFIG_FILE,
         anchor::FILE_NAME,
-        super::import::POOL_KEY_FILE,
+        super::format::config::POOL_KEY_FILE,
         ".pool.json.tmp",
     ] {
         let _ = fs::remove_file(dir.join(f));
@@ -1135,7 +1135,7 @@ mod tests {
         assert!(e.to_string().contains("--pool-key"), "{e}");
         assert!(!b.exists(), "a refused import leaves nothing");
         let with_key = ImportOptions {
-            pool_key: Some(a.join(super::super::import::POOL_KEY_FILE)),
+            pool_key: Some(a.join(super::super::format::config::POOL_KEY_FILE)),
             ..Default::default()
         };
         let report = import_into(&b, std::slice::from_ref(&a), &with_key).unwrap();

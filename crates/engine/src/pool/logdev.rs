@@ -191,7 +191,7 @@ pub fn open_new(path: &Path, reuse: &dyn Fn(&Label) -> bool) -> Result<FileDevic
             crate::size::format_size(LOG_DEVICE_BYTES_MIN)
         )));
     }
-    if let Some(sb) = super::create::front_label(&d) {
+    if let Some(sb) = super::format::labels::front_label(&d) {
         return Err(Error::Exists(format!(
             "device {} already belongs to bulwark pool {}; wipe its first MiB to reuse it",
             path.display(),
@@ -834,7 +834,7 @@ impl super::core::Core {
     /// pool.json lists only it, the dropped labels are wiped (the import uses the devices
     /// the superblock names, found among pool.json's by their labels).
     pub fn set_log_devices(&self, paths: &[PathBuf]) -> Result<()> {
-        use super::superblock::LOG_DEVICES_MAX;
+        use super::format::superblock::LOG_DEVICES_MAX;
         if paths.len() > LOG_DEVICES_MAX {
             return Err(Error::Invalid(format!(
                 "{} log devices; a pool has at most {LOG_DEVICES_MAX} (the log mirrored on both)",
@@ -961,7 +961,7 @@ impl super::core::Core {
                 )?;
             }
         }
-        let mut conf = super::create::PoolConfig::read(&self.dir)?;
+        let mut conf = super::format::config::PoolConfig::read(&self.dir)?;
         let stored = |p: &PathBuf| {
             p.strip_prefix(&self.dir)
                 .map(Path::to_path_buf)

@@ -5,12 +5,12 @@
 //! makes the in-memory state durable; import (`import.rs`) is the one place
 //! that reads it back. Creation lives in `create.rs`, the cleaner in `clean.rs`.
 
-pub mod anchor;
 mod clean;
 mod commit;
 mod core;
 pub mod create;
 pub mod evict;
+pub mod format;
 #[cfg(test)]
 mod hostile;
 
@@ -33,12 +33,12 @@ pub mod intent;
 pub mod keys;
 pub mod lifecycle;
 pub mod logdev;
+pub mod options;
 pub mod props;
 pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
-pub mod superblock;
-pub mod table;
+pub mod status;
 pub mod tier;
 #[cfg(test)]
 mod tier_tests;
@@ -48,7 +48,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
 use crate::keys::Secret;
 use crate::volume::{Volume, VolumeOptions};
@@ -57,179 +56,11 @@ use crate::{Error, Result};
 pub(crate) use self::core::Core;
 
 pub use crate::redundancy::Layout;
-
-/// Where a new pool's devices come from.
-#[derive(Debug, Clone)]
-pub enum DeviceSpec {
-    /// Create `count` sparse files of `size_bytes` each inside the pool directory.
-    Files { count: usize, size_bytes: u64 },
-    /// Use existing files or block devices (files that do not exist are refused).
-    Paths(Vec<PathBuf>),
-}
-
-#[derive(Debug, Clone)]
-pub struct OpenOptions {
-    /// Bound on the clean block-map node cache, in bytes.
-    pub cache_bytes: u64,
-    /// Let `set_faults` arm the fault-injection layer (drills and tests only).
-    pub allow_fault_injection: bool,
-    /// Scrub throttle, bytes per second.
-    pub scrub_rate_bytes: u64,
-    /// Longest time dirty data waits for a commit when nothing else asks for one
-    /// (a flush, the dirty-node bound, low space): what an unflushed crash can lose.
-    pub commit_interval: std::time::Duration,
-    /// Take the devices even when they are older than the generation this host last
-    /// committed (`DIR/pool.anchor`): the administrator restored them on purpose.
-    pub accept_rollback: bool,
-    /// Take the pool even when its intent log lost acknowledged flushes (a block missing
-    /// or altered in a chain that goes on, or a chain shorter than the host's anchor
-    /// records): the administrator accepts that those writes read as before them.
-    pub accept_log_loss: bool,
-    /// Make a FLUSH durable with an intent log block and one sync, not a commit
-    /// (`intent`, decision 0010). Off: every flush is a commit.
-    pub intent_log: bool,
-    /// Take a pool that `bulwark pool export` marked exported (`bulwark pool import`); a
-    /// plain `serve` refuses it, so an exported pool is not taken back by accident.
-    pub take_exported: bool,
-    /// Give the pool this name at import (its labels; `bulwark pool import --name`).
-    pub rename: Option<String>,
-    /// `bulwark pool upgrade`: take a format 1 pool, make its pool key, and write format 2
-    /// labels (decision 0011). Refused on a pool that is already format 2.
-    pub upgrade: bool,
-    /// A cache device for this run (`serve --cache-device`), in place of the one
-    /// `pool.json` names. One that cannot be opened is warned about; the pool serves.
-    pub cache_device: Option<PathBuf>,
-    /// The pool's object store (issue 22, `tier`): taken at import, published to by every
-    /// commit. `None`: local devices only.
-    pub tier: Option<tier::TierOpen>,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        OpenOptions {
-            cache_bytes: crate::constants::CACHE_BYTES_DEFAULT,
-            allow_fault_injection: false,
-            scrub_rate_bytes: scrub::SCRUB_RATE_DEFAULT,
-            commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
-            accept_rollback: false,
-            accept_log_loss: false,
-            intent_log: true,
-            take_exported: false,
-            upgrade: false,
-            rename: None,
-            cache_device: None,
-            tier: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct DeviceStatus {
-    pub path: PathBuf,
-    /// ONLINE, DEGRADED, FAULTED or UNAVAIL.
-    pub state: String,
-    pub read_errors: u64,
-    pub write_errors: u64,
-    pub cksum_errors: u64,
-    pub size_bytes: u64,
-    /// Why a FAULTED device was faulted (its first failed write or sync).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SpaceStatus {
-    /// Usable bytes (after redundancy).
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    /// What client writes may still take: total less used and reserved.
-    pub free_bytes: u64,
-    /// Kept back from client writes for commits (map nodes) and the cleaner.
-    #[serde(default)]
-    pub reserved_bytes: u64,
-    /// What thick volumes reserved and have not stored yet: kept from thin volumes' data
-    /// (not counted in `free_bytes`).
-    #[serde(default)]
-    pub thick_reserved_bytes: u64,
-    /// What live data may fill: total less the segments always kept for commits and the
-    /// cleaner. Overwrites never fail for space while used stays within it.
-    #[serde(default)]
-    pub usable_bytes: u64,
-    /// Sum of the volumes' sizes: above `usable_bytes` the pool is overcommitted (thin).
-    #[serde(default)]
-    pub provisioned_bytes: u64,
-    /// Bytes written since the daemon started: client data, blocks the cleaner moved, and
-    /// metadata (map nodes, volume table), each counted once per copy's worth of space.
-    #[serde(default)]
-    pub data_written_bytes: u64,
-    #[serde(default)]
-    pub clean_written_bytes: u64,
-    #[serde(default)]
-    pub meta_written_bytes: u64,
-    /// (data + clean + meta) / data written since start; 1.0 before any client write.
-    #[serde(default)]
-    pub write_amplification: f64,
-    /// Set when cleaning cannot gain space (the pool is full for writes that need new
-    /// space, whatever `free_bytes` says): why, and what frees space.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cleaning: Option<String>,
-    /// Map-node bytes the cleaner writes per byte it moves (every copy), as measured (0:
-    /// not yet).
-    #[serde(default)]
-    pub clean_cost: f64,
-}
-
-pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};
-pub use crate::volume::VolumeStatus;
 pub use core::KeptSnapshot;
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct PoolStatus {
-    pub pool_id: String,
-    /// The pool's name (`pool create --name`; the directory's name for older pools).
-    #[serde(default)]
-    pub name: String,
-    pub dir: PathBuf,
-    /// ONLINE, DEGRADED or FAULTED.
-    pub state: String,
-    pub layout: String,
-    pub generation: u64,
-    pub devices: Vec<DeviceStatus>,
-    pub repaired_blocks: u64,
-    pub unrecoverable_blocks: u64,
-    pub space: SpaceStatus,
-    pub volumes: Vec<VolumeStatus>,
-    pub scrub: scrub::ScrubStatus,
-    /// Byte ranges no copy could supply (volume, offset, length).
-    pub errors: Vec<scrub::DataError>,
-    /// The cache device (`--cache-device`), if one is configured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_device: Option<crate::cachedev::CacheDeviceStatus>,
-    /// The separate intent log devices, when the pool has any (`logdev`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub log: Option<LogStatus>,
-    /// Acknowledged flushes the import found lost from the intent log and took anyway
-    /// (`OpenOptions::accept_log_loss`): which volumes and how many flushes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_flushes: Option<String>,
-    /// The object store, when the pool has one (`tier`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub object_store: Option<tier::TierStatus>,
-}
-
-/// The separate intent log devices in `status`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct LogStatus {
-    /// ONLINE (every log device works), DEGRADED (one of a mirrored pair is out), or
-    /// FELL_BACK (none works: flushes commit or use the main devices' log).
-    pub state: String,
-    /// Each log device: ONLINE, FAULTED (failed while the pool ran) or UNAVAIL (missing
-    /// or not this pool's at import).
-    pub devices: Vec<DeviceStatus>,
-    /// Why the log fell back, or what the import could not replay.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
+pub use options::{DeviceSpec, OpenOptions};
+pub use status::{
+    DeviceStatus, LogStatus, PoolStatus, SnapshotStatus, SpaceStatus, VolumeSpace, VolumeStatus,
+};
 
 pub struct Pool {
     core: Arc<Core>,
@@ -242,13 +73,18 @@ impl Pool {
     /// Whether `dir` holds a pool's config (`DIR/pool.json`): the error says what
     /// is there instead (nothing, a pool that lost its pool.json, a corrupt one).
     pub fn check_dir(dir: &Path) -> Result<()> {
-        create::PoolConfig::read(dir).map(|_| ())
+        format::config::PoolConfig::read(dir).map(|_| ())
     }
 
     /// Create a new pool in `dir` (created if missing; must not already hold a pool), named
-    /// after the directory (`create::default_pool_name`).
+    /// after the directory (`format::config::default_pool_name`).
     pub fn create(dir: &Path, layout: Layout, devices: DeviceSpec) -> Result<()> {
-        create::create(dir, layout, devices, &create::default_pool_name(dir))
+        create::create(
+            dir,
+            layout,
+            devices,
+            &format::config::default_pool_name(dir),
+        )
     }
 
     /// `create` with the pool's name given (`pool create --name`).

@@ -552,7 +552,7 @@ impl Core {
                 let from_vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
                 let origin_keys = st.data_keys.lock().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
-                let mut k = super::keys::new_volume_keys(secret, &uuid, self.store.run_salt)?;
+                let mut k = crate::keys::ring::new_volume_keys(secret, &uuid, self.store.run_salt)?;
                 let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
                 for r in &origin_keys {
                     data_keys.push(crate::keys::ring::inherit(

@@ -28,7 +28,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use super::superblock::{Check, SbKey, Superblock};
+use super::format::superblock::{Check, SbKey, Superblock};
 use crate::constants::{DEVICES_MAX, SEGMENT_BYTES, SUPERBLOCK_BYTES};
 use crate::hex::{from_hex, to_hex};
 use crate::store::{Extent, Store};
@@ -123,7 +123,8 @@ impl std::fmt::Debug for TierOpen {
 /// its own): set once by the binary (`set_opener`), used by every import of a pool with an
 /// object store that was not given one (`OpenOptions::tier`), so that no path opens such
 /// a pool and commits without publishing.
-pub type Opener = fn(&std::path::Path, &super::create::ObjectStoreConfig) -> Result<TierOpen>;
+pub type Opener =
+    fn(&std::path::Path, &super::format::config::ObjectStoreConfig) -> Result<TierOpen>;
 
 static OPENER: std::sync::OnceLock<Opener> = std::sync::OnceLock::new();
 
@@ -134,7 +135,7 @@ pub fn set_opener(f: Opener) {
 /// The store of `conf`, through the opener.
 pub(crate) fn open_configured(
     dir: &std::path::Path,
-    conf: &super::create::ObjectStoreConfig,
+    conf: &super::format::config::ObjectStoreConfig,
 ) -> Result<TierOpen> {
     match OPENER.get() {
         Some(open) => open(dir, conf),
@@ -158,7 +159,7 @@ pub(crate) fn catch_up(
     devices: &[(std::path::PathBuf, crate::device::FileDevice)],
 ) -> Result<()> {
     use crate::device::Device;
-    let key = crate::keys::pool_key::PoolKey::load(&super::create::key_path(dir))?;
+    let key = crate::keys::pool_key::PoolKey::load(&super::format::config::key_path(dir))?;
     let sb_key = key.superblock_key(pool_id);
     let got = match open
         .store
@@ -185,17 +186,17 @@ pub(crate) fn catch_up(
     // announced since (the store took an attempt whose answer was lost, a later one did
     // not get through): the devices hold the bytes of both (nothing is freed before a
     // commit succeeds), and the anchor is brought to the store's.
-    let Some(anchor) = super::anchor::read(dir)? else {
+    let Some(anchor) = super::format::anchor::read(dir)? else {
         return Ok(());
     };
     if anchor.next.0 != head.generation || anchor.committed.0 + 1 != head.generation {
         return Ok(());
     }
-    let digest = super::anchor::digest(&labels[0]);
+    let digest = super::format::anchor::digest(&labels[0]);
     if anchor.next.1 != digest {
-        super::anchor::write(
+        super::format::anchor::write(
             dir,
-            &super::anchor::Anchor {
+            &super::format::anchor::Anchor {
                 seq: anchor.seq + 1,
                 next: (head.generation, digest),
                 nonce_reserved: anchor.nonce_reserved.max(labels[0].nonce_reserved),
@@ -207,7 +208,7 @@ pub(crate) fn catch_up(
         crate::constants::DEVICE_RESERVED_FRONT + labels[0].segments_per_device * SEGMENT_BYTES;
     for (path, dev) in devices {
         let Some(local) =
-            super::import::best_superblock(dev, Some(back_region), Check::Key(&sb_key))
+            super::format::labels::best_superblock(dev, Some(back_region), Check::Key(&sb_key))
         else {
             continue;
         };
@@ -2268,7 +2269,7 @@ pub fn restore(
     dir: &std::path::Path,
     store: &dyn ObjectStore,
     pool_key: &super::super::keys::pool_key::PoolKey,
-    config: super::create::ObjectStoreConfig,
+    config: super::format::config::ObjectStoreConfig,
     force: bool,
     min_generation: Option<u64>,
     progress: &(dyn Fn(u64, u64) + Sync),
@@ -2276,7 +2277,7 @@ pub fn restore(
     use crate::device::{Device, FileDevice};
     use crate::redundancy::{Member, Redundancy};
     use std::path::PathBuf;
-    if dir.join(super::create::CONFIG_FILE).exists() {
+    if dir.join(super::format::config::CONFIG_FILE).exists() {
         return Err(Error::Exists(format!(
             "{} already holds a pool: import from the object store into a new directory",
             dir.display()
@@ -2425,21 +2426,21 @@ pub fn restore(
                 .collect::<Result<Vec<()>>>()
         })?;
         red.flush()?;
-        let key_path = dir.join(super::import::POOL_KEY_FILE);
+        let key_path = dir.join(super::format::config::POOL_KEY_FILE);
         pool_key.save(&key_path)?;
         made.push(key_path);
-        super::anchor::write_first(
+        super::format::anchor::write_first(
             dir,
-            &super::anchor::Anchor {
+            &super::format::anchor::Anchor {
                 seq: 1,
                 pool_id,
-                committed: (first.generation, super::anchor::digest(&first)),
+                committed: (first.generation, super::format::anchor::digest(&first)),
                 next: (0, [0; 32]),
                 nonce_reserved: first.nonce_reserved,
             },
         )?;
-        made.push(super::anchor::path(dir));
-        super::create::PoolConfig {
+        made.push(super::format::anchor::path(dir));
+        super::format::config::PoolConfig {
             format: 1,
             pool_id: to_hex(&pool_id),
             layout: first.layout.to_string(),
@@ -2470,7 +2471,7 @@ pub fn restore(
         for p in made {
             let _ = std::fs::remove_file(p);
         }
-        let _ = std::fs::remove_file(dir.join(super::create::CONFIG_FILE));
+        let _ = std::fs::remove_file(dir.join(super::format::config::CONFIG_FILE));
     }
     result
 }

@@ -156,8 +156,8 @@ fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
         },
     )
     .unwrap();
-    let mut conf = super::create::PoolConfig::read(dir).unwrap();
-    conf.object_store = Some(super::create::ObjectStoreConfig {
+    let mut conf = super::format::config::PoolConfig::read(dir).unwrap();
+    conf.object_store = Some(super::format::config::ObjectStoreConfig {
         url: "mem://test".into(),
         credentials: None,
         writer: "host-a".into(),
@@ -196,7 +196,7 @@ fn commit_with_lost_answer(pool: &Pool, store: &Mem, fill: u8) -> Result<()> {
     pool.core.commit()
 }
 
-fn store_generation(store: &Mem, sb_key: &super::superblock::SbKey) -> u64 {
+fn store_generation(store: &Mem, sb_key: &super::format::superblock::SbKey) -> u64 {
     let (b, _) = store.get(SUPERBLOCK_OBJECT, 16 << 20).unwrap().unwrap();
     super::tier::Head::open(&b, &super::tier::object_key(sb_key))
         .unwrap()
@@ -335,7 +335,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
     drop(pool);
     // Every page of the table decodes (at most 64 parts a segment) and restores.
     let new = tempfile::tempdir().unwrap();
-    let conf = super::create::ObjectStoreConfig {
+    let conf = super::format::config::ObjectStoreConfig {
         url: "mem://test".into(),
         credentials: None,
         writer: "host-b".into(),

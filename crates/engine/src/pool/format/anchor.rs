@@ -76,7 +76,7 @@ pub fn digest(sb: &Superblock) -> [u8; 32] {
 /// The anchor file of the pool in `dir`: in its trust root's directory (`pool create
 /// --key-dir`, recorded in pool.json), else in `dir`.
 pub fn path(dir: &Path) -> PathBuf {
-    super::create::trust_root_dir(dir).join(FILE_NAME)
+    super::config::trust_root_dir(dir).join(FILE_NAME)
 }
 
 impl Anchor {

@@ -28,10 +28,10 @@ pub struct TableRecord {
     pub next_volume_id: u64,
     pub volumes: Vec<VolumeRecord>,
     #[serde(default)]
-    pub scrub: super::scrub::ScrubState,
+    pub scrub: super::health::ScrubState,
     /// Ranges no copy could supply, as `status` lists them.
     #[serde(default)]
-    pub errors: Vec<super::scrub::DataError>,
+    pub errors: Vec<super::health::DataError>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ pub struct VolumeRecord {
     pub data_keys: Vec<crate::keys::ring::DataKeyRecord>,
     /// A key rotation in progress.
     #[serde(default)]
-    pub rotation: Option<super::rotate::Rotation>,
+    pub rotation: Option<crate::volume::rotation::Rotation>,
     /// Snapshots, oldest first (a clone's base first).
     #[serde(default)]
     pub snapshots: Vec<SnapshotRecord>,
