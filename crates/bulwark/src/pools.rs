@@ -932,7 +932,7 @@ pub fn status(args: &PoolStatusArgs, pool: Option<&Path>) -> Result<()> {
 
 /// The log devices pool.json lists, and whether each carries this pool's log label.
 fn log_devices_text(dir: &Path, conf: &PoolConfig, pool_id: &str) -> String {
-    use bulwark_engine::pool::logdev;
+    use bulwark_engine::pool::intentlog::devices as logdev;
     let paths = conf.resolve_log(dir);
     if paths.is_empty() {
         return String::new();

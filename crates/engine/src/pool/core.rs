@@ -62,12 +62,12 @@ pub struct Core {
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
     pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
     /// The intent log chain flushes append to (`intent`); `None` with the log off.
-    pub(crate) intent: Mutex<Option<super::intent::Chain>>,
+    pub(crate) intent: Mutex<Option<super::intentlog::block::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
     pub intent_log: bool,
     /// The separate log devices the intent log's chain goes to, if the pool has any
     /// (`logdev`); changed only under the commit lock (`set_log_devices`).
-    pub(crate) logdev: RwLock<Option<Arc<super::logdev::LogDevices>>>,
+    pub(crate) logdev: RwLock<Option<Arc<super::intentlog::devices::LogDevices>>>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may
     /// (taking the last two copies offline), or lose one another's pool.json change.

@@ -322,7 +322,7 @@ fn create_in(
             seen.push(file_identity(d.path())?);
         }
         for p in log_paths {
-            let d = super::logdev::open_new(p, &|_| false)?;
+            let d = super::intentlog::devices::open_new(p, &|_| false)?;
             let id = file_identity(d.path())?;
             if seen.contains(&id) {
                 return Err(Error::Invalid(format!(
@@ -418,16 +418,16 @@ fn create_in(
         // One ring size on every log device: the smallest one's.
         let log_slots = logs
             .iter()
-            .map(|(_, d)| super::logdev::slots_of(d.size()))
+            .map(|(_, d)| super::intentlog::devices::slots_of(d.size()))
             .min()
             .unwrap_or(0);
         for ((_, d), id) in logs.iter().zip(&log_ids) {
-            super::logdev::write_label(
+            super::intentlog::devices::write_label(
                 d,
-                &super::logdev::Label {
+                &super::intentlog::devices::Label {
                     pool_id,
                     device_id: *id,
-                    role: super::logdev::ROLE_INTENT_LOG,
+                    role: super::intentlog::devices::ROLE_INTENT_LOG,
                     slots: log_slots,
                 },
             )?;

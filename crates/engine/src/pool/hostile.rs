@@ -230,7 +230,7 @@ fn a_rollback_with_the_anchor_lost_reuses_no_key_and_nonce() {
 fn a_stale_log_chain_of_a_reused_generation_is_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
     let (pdir, _log) =
-        crate::pool::logdev::test_pool_with_log(dir.path(), Layout::Single, 1, 16 << 20);
+        crate::pool::txg::logdev::test_pool_with_log(dir.path(), Layout::Single, 1, 16 << 20);
     let opts = OpenOptions {
         commit_interval: std::time::Duration::from_secs(3600),
         ..OpenOptions::default()

@@ -975,8 +975,11 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         }
         None
     } else {
-        let (l, problems) =
-            super::logdev::open_all(&conf.resolve_log(dir), &newest.log_devices, &newest.pool_id);
+        let (l, problems) = super::intentlog::devices::open_all(
+            &conf.resolve_log(dir),
+            &newest.log_devices,
+            &newest.pool_id,
+        );
         for p in &problems {
             tracing::warn!("{p}");
         }
@@ -1042,7 +1045,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
         let mut buf = Vec::new();
         // The block whose entries are being applied (a record that fails stops the replay
         // inside it), and the slot the last applied block named after its next.
-        let mut stopped_in: Option<super::intent::Block> = None;
+        let mut stopped_in: Option<super::intentlog::block::Block> = None;
         let mut prev_after: Option<[u64; 2]> = None;
         let why = 'replay: loop {
             // The records a block on a log device carries (`logdev`), verified.
@@ -1057,7 +1060,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     block_key,
                 ) {
                     Ok(Some((b, data))) => {
-                        inline = super::logdev::inline_records(&b, &data)
+                        inline = super::intentlog::devices::inline_records(&b, &data)
                             .into_iter()
                             .map(|r| r.map(<[u8]>::to_vec))
                             .collect();
@@ -1072,7 +1075,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                     }
                 }
             } else {
-                let slot = super::intent::slot_ptr(at);
+                let slot = super::intentlog::block::slot_ptr(at);
                 if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
                     break format!("block {} has a bad address ({e})", replayed.0);
                 }
@@ -1083,7 +1086,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                 // A copy with the log's magic that fails its MAC (or is malformed) was not
                 // written by this pool's key: replay stops there, and says so loudly.
                 let unauthentic = std::cell::Cell::new(false);
-                let this_block = |b: &[u8]| match super::intent::Block::decode(
+                let this_block = |b: &[u8]| match super::intentlog::block::Block::decode(
                     b, block_key, &pool_id, &chain_id, generation, seq,
                 ) {
                     Ok(Some(_)) => true,
@@ -1116,7 +1119,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
                         break format!("block {}, which cannot be read ({e})", replayed.0);
                     }
                 }
-                let block = match super::intent::Block::decode(
+                let block = match super::intentlog::block::Block::decode(
                     &buf,
                     block_key,
                     &newest.pool_id,
@@ -1230,7 +1233,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
             (None, Some(_)) => dev_at,
             (None, None) => replayed.0,
         };
-        let later: Vec<super::intent::Block> = match &dev_chain {
+        let later: Vec<super::intentlog::block::Block> = match &dev_chain {
             Some((_, l)) => l.blocks_after(
                 k,
                 &newest.pool_id,
@@ -1494,7 +1497,7 @@ pub fn import(dir: &Path, opts: &OpenOptions) -> Result<Core> {
     }
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {
-        *core.intent.lock() = Some(super::intent::Chain {
+        *core.intent.lock() = Some(super::intentlog::block::Chain {
             generation: newest.generation,
             seq: replayed.0,
             next: [crate::map::ADDR_NONE; 2],
@@ -1534,8 +1537,8 @@ fn later_main_blocks(
     store: &Store,
     starts: Vec<(u64, [u64; 2])>,
     newest: &Superblock,
-    key: Option<&super::intent::LogKey>,
-) -> Vec<super::intent::Block> {
+    key: Option<&super::intentlog::block::LogKey>,
+) -> Vec<super::intentlog::block::Block> {
     const LATER_BLOCKS_MAX: usize = 1 << 16;
     let mut todo = starts;
     let mut seen = std::collections::HashSet::new();
@@ -1545,7 +1548,7 @@ fn later_main_blocks(
         if seen.len() >= LATER_BLOCKS_MAX || !seen.insert((seq, slot)) || found.contains_key(&seq) {
             continue;
         }
-        let ptr = super::intent::slot_ptr(slot);
+        let ptr = super::intentlog::block::slot_ptr(slot);
         if slot[0] == crate::map::ADDR_NONE
             || store
                 .red
@@ -1555,7 +1558,7 @@ fn later_main_blocks(
             continue;
         }
         let decode = |b: &[u8]| {
-            super::intent::Block::decode(
+            super::intentlog::block::Block::decode(
                 b,
                 key,
                 &newest.pool_id,

@@ -472,7 +472,8 @@ fn import_log_devices(
         let Ok(d) = FileDevice::open(&p) else {
             continue;
         };
-        if super::logdev::read_label(&d).is_some_and(|l| to_hex(&l.pool_id) == found.pool_id)
+        if super::intentlog::devices::read_label(&d)
+            .is_some_and(|l| to_hex(&l.pool_id) == found.pool_id)
             && !out.contains(&p)
         {
             out.push(p);
@@ -897,9 +898,11 @@ pub fn destroy(dir: &Path, force: bool) -> Result<DestroyReport> {
         let Ok(mut d) = FileDevice::open(&p) else {
             continue;
         };
-        if super::logdev::read_label(&d).is_some_and(|l| to_hex(&l.pool_id) == conf.pool_id) {
+        if super::intentlog::devices::read_label(&d)
+            .is_some_and(|l| to_hex(&l.pool_id) == conf.pool_id)
+        {
             d.claim()?;
-            super::logdev::wipe_label(&d)?;
+            super::intentlog::devices::wipe_label(&d)?;
             wiped.push(p);
         }
     }

@@ -6,7 +6,6 @@
 //! that reads it back. Creation lives in `create.rs`, the cleaner in `clean.rs`.
 
 mod clean;
-mod commit;
 mod core;
 pub mod create;
 pub mod evict;
@@ -29,10 +28,9 @@ pub(crate) fn test_pool(dir: &Path, opts: OpenOptions) -> Arc<Pool> {
     Pool::open(dir, opts).unwrap()
 }
 mod import;
-pub mod intent;
+pub mod intentlog;
 pub mod keys;
 pub mod lifecycle;
-pub mod logdev;
 pub mod options;
 pub mod props;
 pub mod rotate;
@@ -42,6 +40,7 @@ pub mod status;
 pub mod tier;
 #[cfg(test)]
 mod tier_tests;
+pub mod txg;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -21,11 +21,11 @@
 
 use std::sync::atomic::Ordering;
 
-use super::core::Core;
-use super::format::superblock::Superblock;
-use super::format::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
 use crate::constants::NONCE_RESERVE_STEP;
 use crate::map::At;
+use crate::pool::core::Core;
+use crate::pool::format::superblock::Superblock;
+use crate::pool::format::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
 use crate::volume::snap;
 use crate::{Error, Result};
 
@@ -278,16 +278,19 @@ impl Core {
         // between leaves the devices at the committed one or at this one. The anchor is
         // synced while the devices are (both must be durable before any superblock of the
         // generation is written), so it adds no wait of its own to a commit.
-        let point = (next_sb.generation, super::format::anchor::digest(&next_sb));
+        let point = (
+            next_sb.generation,
+            crate::pool::format::anchor::digest(&next_sb),
+        );
         let mut anchor = self.anchor.lock();
-        let announce = super::format::anchor::Anchor {
+        let announce = crate::pool::format::anchor::Anchor {
             seq: anchor.seq + 1,
             next: point,
             nonce_reserved: anchor.nonce_reserved.max(next_sb.nonce_reserved),
             ..anchor.clone()
         };
         let (devices, anchored) = std::thread::scope(|s| {
-            let anchoring = s.spawn(|| super::format::anchor::write(&self.dir, &announce));
+            let anchoring = s.spawn(|| crate::pool::format::anchor::write(&self.dir, &announce));
             let devices = self.store.red.flush();
             (
                 devices,
@@ -315,13 +318,13 @@ impl Core {
             // the generation before are refused as rolled back. Left announced, the
             // anchor would accept them until the next commit, losing what was flushed in
             // between.
-            let settled = super::format::anchor::Anchor {
+            let settled = crate::pool::format::anchor::Anchor {
                 seq: announce.seq + 1,
                 committed: point,
                 next: (0, [0; 32]),
                 ..announce
             };
-            super::format::anchor::write(&self.dir, &settled)?;
+            crate::pool::format::anchor::write(&self.dir, &settled)?;
             *anchor = settled;
             drop(anchor);
             self.store.set_nonce_limit(st.sb.nonce_reserved);
@@ -336,12 +339,12 @@ impl Core {
         }
         self.store.release(&old_root);
         // The old chain is replaced: its blocks go with the next commit.
-        let new_chain = log_head.map(|head| super::intent::Chain {
+        let new_chain = log_head.map(|head| crate::pool::intentlog::block::Chain {
             generation,
             seq: 0,
             next: head,
             after: None,
-            slots: vec![super::intent::slot_ptr(head)],
+            slots: vec![crate::pool::intentlog::block::slot_ptr(head)],
         });
         if let Some(l) = &logdev {
             l.committed(generation, dev_head);
@@ -446,11 +449,11 @@ impl Core {
     pub(crate) fn settle_anchor(&self) -> Result<()> {
         let _c = self.commit_lock.lock();
         let mut anchor = self.anchor.lock();
-        let settled = super::format::anchor::Anchor {
+        let settled = crate::pool::format::anchor::Anchor {
             seq: anchor.seq + 1,
             ..anchor.clone()
         };
-        super::format::anchor::write(&self.dir, &settled)?;
+        crate::pool::format::anchor::write(&self.dir, &settled)?;
         *anchor = settled;
         Ok(())
     }
