@@ -903,7 +903,7 @@ mod tests {
                 let _ = tx.send(v.flush());
             });
         }
-        while pool.core.flush_waiters.load(Ordering::Acquire) == 0 {
+        while pool.core().flush_waiters.load(Ordering::Acquire) == 0 {
             std::thread::yield_now();
         }
         batch.release();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 use super::format::superblock::Superblock;
-use super::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
+use super::status::{DeviceStatus, PoolStatus, SpaceStatus, VolumeStatus};
 use crate::constants::*;
 use crate::device::fault::{Fault, FaultyDevice};
 use crate::keys::{wrap, Secret};
@@ -95,8 +95,8 @@ pub struct Core {
     pub allow_faults: bool,
     /// A new table key for the next commit to seal the table with and record.
     pub table_key_next: Mutex<Option<[u8; 32]>>,
-    pub scrub: Mutex<super::scrub::ScrubState>,
-    pub errors: Mutex<Vec<super::scrub::DataError>>,
+    pub scrub: Mutex<super::format::health::ScrubState>,
+    pub errors: Mutex<Vec<super::format::health::DataError>>,
     /// False while `errors` is surely empty (set under its lock by whoever adds one):
     /// lets a client write skip that lock.
     pub errors_listed: AtomicBool,
@@ -874,7 +874,11 @@ impl Core {
         m.offline.store(false, Ordering::Release);
         *m.fault.lock() = None;
         tracing::info!(device = %path.display(), "device online: resilvering");
-        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(m.path()), false)
+        self.scrub_begin(
+            super::format::health::ScanKind::Resilver,
+            Some(m.path()),
+            false,
+        )
     }
 
     /// Open the device at `path` again for member `i`: its label must name this pool and
@@ -1027,7 +1031,11 @@ impl Core {
         self.table_dirty.store(true, Ordering::Release);
         self.commit()?;
         tracing::info!(old = %old.display(), new = %new_abs.display(), "device replaced: resilvering");
-        self.scrub_begin(super::scrub::ScanKind::Resilver, Some(new_abs), false)
+        self.scrub_begin(
+            super::format::health::ScanKind::Resilver,
+            Some(new_abs),
+            false,
+        )
     }
 }
 
@@ -1069,7 +1077,7 @@ impl Control for Core {
             volume,
             offset,
             length,
-            super::scrub::DataErrorKind::Data,
+            super::format::health::DataErrorKind::Data,
         )
     }
     fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 use super::format::config::{file_identity, validate_pool_name, PoolConfig, CONFIG_FILE};
 use super::format::labels::front_label;
 use super::format::superblock::Superblock;
-use super::{DeviceSpec, Layout};
+use super::options::DeviceSpec;
 use crate::constants::*;
 use crate::device::{Device, FileDevice};
 use crate::keys::wrap;
 use crate::map::Blkptr;
+use crate::redundancy::Layout;
 use crate::{Error, Result};
 
 thread_local! {

@@ -58,8 +58,8 @@ fn plaintext_pointed_at_from_an_encrypted_volume_is_refused() {
             .unwrap();
         // The attacker's edit: block 0 of "enc" points at the plaintext record.
         let forged = pool.volume("plain").unwrap().debug_block_ptr(0).unwrap();
-        let st = pool.core.find("enc").unwrap();
-        let core = &pool.core;
+        let st = pool.core().find("enc").unwrap();
+        let core = &pool.core();
         let old = st
             .tree
             .lock()
@@ -92,8 +92,8 @@ fn plaintext_pointed_at_from_an_encrypted_volume_is_refused() {
     pool.close().unwrap();
     drop(pool);
     let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
-    pool.core.errors.lock().clear();
-    pool.core.errors_listed.store(false, Ordering::Release);
+    pool.core().errors.lock().clear();
+    pool.core().errors_listed.store(false, Ordering::Release);
     pool.scrub_start().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while pool.scrub_status().state != "finished" {
@@ -124,9 +124,9 @@ fn an_accepted_rollback_never_hands_out_a_used_nonce() {
             .into_iter()
             .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
             .collect();
-        let old_reservation = pool.core.sb.lock().sb.nonce_reserved;
+        let old_reservation = pool.core().sb.lock().sb.nonce_reserved;
         // Use more nonces than the saved devices reserved (each range runs out and commits).
-        let core = pool.core.clone();
+        let core = pool.core().clone();
         let mut last = 0;
         while last <= old_reservation + 1000 {
             last = core.store.next_nonce(|| core.commit()).unwrap();
@@ -143,7 +143,11 @@ fn an_accepted_rollback_never_hands_out_a_used_nonce() {
         ..OpenOptions::default()
     };
     let pool = Pool::open(dir.path(), accept).unwrap();
-    let next = pool.core.store.next_nonce(|| pool.core.commit()).unwrap();
+    let next = pool
+        .core()
+        .store
+        .next_nonce(|| pool.core().commit())
+        .unwrap();
     assert!(
         next > used,
         "nonce {next} handed out again (used up to {used})"

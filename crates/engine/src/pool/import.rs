@@ -24,7 +24,7 @@ use super::format::labels::{
 };
 use super::format::superblock::{Check, SbKey, Superblock};
 use super::format::table::{ptr_from_hex, TableRecord};
-use super::OpenOptions;
+use super::options::OpenOptions;
 use crate::constants::*;
 use crate::device::fault::FaultyDevice;
 use crate::device::{Device, FileDevice};

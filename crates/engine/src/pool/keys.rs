@@ -346,11 +346,11 @@ mod tests {
             .write(0, &[0x5a; 4096], true)
             .unwrap();
         assert_eq!(pool.key_add("v", &kf(2)).unwrap(), 1);
-        let st = pool.core.find("v").unwrap();
+        let st = pool.core().find("v").unwrap();
         let vmk = st.vmk.lock().clone().unwrap();
         let again = wrap::wrap(&vmk, &kf(1), &st.uuid).unwrap();
         st.slots.lock().push(again);
-        pool.core.table_dirty.store(true, Ordering::Release);
+        pool.core().table_dirty.store(true, Ordering::Release);
         pool.flush().unwrap();
         pool
     }
@@ -418,7 +418,7 @@ mod tests {
     fn a_background_reference_is_not_a_use_but_a_handle_is() {
         let dir = tempfile::tempdir().unwrap();
         let pool = pool_with_a_secret_in_two_slots(dir.path());
-        let held_by_a_pass = pool.core.find("v").unwrap();
+        let held_by_a_pass = pool.core().find("v").unwrap();
         pool.unload_key("v").unwrap();
         pool.load_key("v", &kf(1)).unwrap();
 

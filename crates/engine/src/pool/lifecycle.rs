@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::facade::Pool;
 use super::format::anchor::{self, Anchor};
 use super::format::config::{PoolConfig, CONFIG_FILE};
 use super::format::superblock::{Check, Superblock};
-use super::{OpenOptions, Pool};
+use super::options::OpenOptions;
 use crate::constants::*;
 use crate::device::{Device, DeviceClaim, FileDevice};
 use crate::hex::to_hex;
@@ -812,7 +813,7 @@ pub fn upgrade(dir: &Path) -> Result<UpgradeReport> {
     // The import's commit wrote format 2 labels to one slot; the close's commit writes
     // the other.
     pool.close()?;
-    let generation = pool.core.sb.lock().sb.generation;
+    let generation = pool.core().sb.lock().sb.generation;
     Ok(UpgradeReport {
         format: super::format::superblock::VERSION,
         generation,
@@ -984,8 +985,8 @@ impl Pool {
     /// clean close does, and stop: the pool is unusable afterwards (drop it to release
     /// the lock and the device claims). `lifecycle::export` also marks `pool.json`.
     pub fn export(&self) -> Result<ExportReport> {
-        let core = &self.core;
-        core.stop_background(self.maintenance.lock().take());
+        let core = &self.core();
+        self.stop_maintenance();
         core.sb.lock().sb.exported = true;
         core.table_dirty
             .store(true, std::sync::atomic::Ordering::Release);

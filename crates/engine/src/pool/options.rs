@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use super::tier;
 
+/// The scrub's default throttle, bytes per second (`scrub_rate_bytes`).
+pub const SCRUB_RATE_DEFAULT: u64 = 256 << 20;
+
 /// Where a new pool's devices come from.
 #[derive(Debug, Clone)]
 pub enum DeviceSpec {
@@ -56,7 +59,7 @@ impl Default for OpenOptions {
         OpenOptions {
             cache_bytes: crate::constants::CACHE_BYTES_DEFAULT,
             allow_fault_injection: false,
-            scrub_rate_bytes: super::scrub::SCRUB_RATE_DEFAULT,
+            scrub_rate_bytes: SCRUB_RATE_DEFAULT,
             commit_interval: std::time::Duration::from_millis(crate::constants::COMMIT_INTERVAL_MS),
             accept_rollback: false,
             accept_log_loss: false,

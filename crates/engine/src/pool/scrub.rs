@@ -28,8 +28,6 @@ use crate::{Error, Result};
 
 /// Logical blocks examined per batch.
 const SCRUB_BATCH_BLOCKS: u64 = 4096;
-/// Default throttle.
-pub const SCRUB_RATE_DEFAULT: u64 = 256 << 20;
 
 fn now_unix() -> u64 {
     SystemTime::now()

@@ -193,7 +193,7 @@ fn commit_with_lost_answer(pool: &Pool, store: &Mem, fill: u8) -> Result<()> {
         .write(0, &[fill; 4096], false)
         .unwrap();
     store.lose_cas_answer.store(true, Ordering::SeqCst);
-    pool.core.commit()
+    pool.core().commit()
 }
 
 fn store_generation(store: &Mem, sb_key: &super::format::superblock::SbKey) -> u64 {
@@ -210,7 +210,7 @@ fn a_flush_never_rides_on_a_commit_that_failed() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
-    let core = &pool.core;
+    let core = &pool.core();
     let v = pool.volume("v").unwrap();
     v.write(0, &[0x5a; 4096], false).unwrap();
     // The flush arrives; a commit then begins after it and fails at the store.
@@ -237,7 +237,7 @@ fn a_commit_whose_answer_was_lost_is_ours() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
-    let core = &pool.core;
+    let core = &pool.core();
     assert!(matches!(
         commit_with_lost_answer(&pool, &store, 1),
         Err(Error::StoreUnavailable(_))
@@ -267,8 +267,8 @@ fn two_takeovers_from_one_version_never_both_win() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
-    let local = pool.core.sb.lock().sb.clone();
-    let sb_key = pool.core.sb_key.clone();
+    let local = pool.core().sb.lock().sb.clone();
+    let sb_key = pool.core().sb_key.clone();
     drop(pool);
     store.cas_calls.store(0, Ordering::SeqCst);
     *store.cas_barrier.lock() = Some(Arc::new(Barrier::new(2)));
@@ -310,7 +310,7 @@ fn the_fencing_check_knows_our_own_commits() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
-    let core = &pool.core;
+    let core = &pool.core();
     assert!(commit_with_lost_answer(&pool, &store, 9).is_err());
     // The store is ahead of the version this writer knows.
     core.tier.as_ref().unwrap().check().unwrap();
@@ -328,7 +328,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
     let v = pool.volume("v").unwrap();
     for i in 0..150u64 {
         v.write(i * 4096, &[i as u8 + 1; 4096], false).unwrap();
-        pool.core.flush().unwrap();
+        pool.core().flush().unwrap();
     }
     let key = crate::keys::pool_key::PoolKey::load(&dir.path().join("pool.key")).unwrap();
     drop(v);
@@ -366,7 +366,12 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
     .unwrap();
     pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
         .unwrap();
-    let st = pool.core.tier.as_ref().unwrap().status(&pool.core.store);
+    let st = pool
+        .core()
+        .tier
+        .as_ref()
+        .unwrap()
+        .status(&pool.core().store);
     assert!(
         st.parts <= st.segments_stored * 64,
         "{} parts in {} segments",
@@ -446,19 +451,19 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
     let (dir, store, pool) = cached_pool(1 << 20);
     let key = volume_key();
     write_blocks(&pool, 0..1024, 0);
-    pool.core.flush().unwrap();
-    let before = pool.core.store.red.allocated_bytes();
-    let done = pool.core.evict().unwrap();
+    pool.core().flush().unwrap();
+    let before = pool.core().store.red.allocated_bytes();
+    let done = pool.core().evict().unwrap();
     assert!(done.data >= 3, "gave back {done:?}");
-    let after = pool.core.store.red.allocated_bytes();
+    let after = pool.core().store.red.allocated_bytes();
     assert!(after < before, "{before} -> {after}: nothing given back");
-    assert!(pool.core.store.log.evicted_count() >= 3);
+    assert!(pool.core().store.log.evicted_count() >= 3);
     check_blocks(&pool, 0..1024, 0);
-    let reads = pool.core.store.remote_reads();
+    let reads = pool.core().store.remote_reads();
     assert!(reads.reads > 0 && reads.healed == 0, "{reads:?}");
     // Rewritten blocks land locally; the rest still comes from the store.
     write_blocks(&pool, 0..16, 5000);
-    pool.core.flush().unwrap();
+    pool.core().flush().unwrap();
     check_blocks(&pool, 0..16, 5000);
     check_blocks(&pool, 16..1024, 0);
     drop(pool);
@@ -467,7 +472,7 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
     check_blocks(&pool, 0..16, 5000);
     check_blocks(&pool, 16..1024, 0);
     // Read from the store as given back, not found bad on the devices and healed.
-    let reads = pool.core.store.remote_reads();
+    let reads = pool.core().store.remote_reads();
     assert!(
         reads.reads > 0 && reads.healed == 0,
         "the holes were not found again at open: {reads:?}"
@@ -480,7 +485,7 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
 #[test]
 fn writes_go_on_when_the_cache_cannot_give_room_back() {
     let (_dir, _store, pool) = cached_pool(1 << 20);
-    pool.core
+    pool.core()
         .tier
         .as_ref()
         .unwrap()
@@ -502,9 +507,9 @@ fn writes_go_on_when_the_cache_cannot_give_room_back() {
     for i in 0..4096u64 {
         v.write(i * 4096, &block_of(i), false).unwrap();
     }
-    let pace = pool.core.store.pace.counts();
+    let pace = pool.core().store.pace.counts();
     assert!(
-        pool.core.store.red.allocated_bytes() > pool.core.store.pace.cap(),
+        pool.core().store.red.allocated_bytes() > pool.core().store.pace.cap(),
         "the test never passed the cap"
     );
     assert_eq!(
@@ -527,17 +532,17 @@ fn freed_segments_leave_the_stores_table() {
     let store = Arc::new(Mem::default());
     let pool = new_pool(dir.path(), &store);
     write_blocks(&pool, 0..1024, 0);
-    pool.core.flush().unwrap();
-    let first: Vec<u32> = pool.core.tier.as_ref().unwrap().slot_segments();
+    pool.core().flush().unwrap();
+    let first: Vec<u32> = pool.core().tier.as_ref().unwrap().slot_segments();
     write_blocks(&pool, 0..1024, 1);
-    pool.core.commit().unwrap();
-    pool.core.commit().unwrap();
-    let log = &pool.core.store.log;
+    pool.core().commit().unwrap();
+    pool.core().commit().unwrap();
+    let log = &pool.core().store.log;
     assert!(
         first.iter().any(|&s| log.is_free(s)),
         "the overwrite freed none of {first:?}"
     );
-    let slots = pool.core.tier.as_ref().unwrap().slot_segments();
+    let slots = pool.core().tier.as_ref().unwrap().slot_segments();
     let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| log.is_free(s)).collect();
     assert!(
         listed_free.is_empty(),
@@ -545,17 +550,17 @@ fn freed_segments_leave_the_stores_table() {
     );
     // Freed by a run's last commit, then the process stops: the next run drops them.
     write_blocks(&pool, 0..1024, 2);
-    pool.core.commit().unwrap();
-    let log = &pool.core.store.log;
-    let slots = pool.core.tier.as_ref().unwrap().slot_segments();
+    pool.core().commit().unwrap();
+    let log = &pool.core().store.log;
+    let slots = pool.core().tier.as_ref().unwrap().slot_segments();
     assert!(
         slots.iter().any(|&s| log.is_free(s)),
         "the last commit freed nothing the table lists: the restart below proves nothing"
     );
     drop(pool);
     let pool = open_with(dir.path(), &store, "host-a", false).unwrap();
-    let log = &pool.core.store.log;
-    let slots = pool.core.tier.as_ref().unwrap().slot_segments();
+    let log = &pool.core().store.log;
+    let slots = pool.core().tier.as_ref().unwrap().slot_segments();
     let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| log.is_free(s)).collect();
     assert!(
         listed_free.is_empty(),
@@ -570,8 +575,8 @@ fn freed_segments_leave_the_stores_table() {
 fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
     let (_dir, store, pool) = cached_pool(1 << 20);
     write_blocks(&pool, 0..1024, 0);
-    pool.core.flush().unwrap();
-    pool.core.evict().unwrap();
+    pool.core().flush().unwrap();
+    pool.core().evict().unwrap();
     write_blocks(&pool, 16..1024, 1);
     // A read of block 0 (given back: the oldest segment) waits in the store's GET.
     let (begun, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
@@ -582,7 +587,7 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
     };
     begun.wait();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let core = pool.core.clone();
+    let core = pool.core().clone();
     std::thread::spawn(move || done_tx.send(core.commit()).unwrap());
     // Not a timing check: a commit that waited for the read would never return before it
     // is released, and this fails instead of hanging.
@@ -592,9 +597,9 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
     committed
         .expect("a commit waited for a read from the store that held the reuse gate")
         .unwrap();
-    assert!(pool.core.gate_deferrals.load(Ordering::Relaxed) >= 1);
-    pool.core.commit().unwrap();
-    assert_eq!(pool.core.gate_deferrals.load(Ordering::Relaxed), 0);
+    assert!(pool.core().gate_deferrals.load(Ordering::Relaxed) >= 1);
+    pool.core().commit().unwrap();
+    assert_eq!(pool.core().gate_deferrals.load(Ordering::Relaxed), 0);
     check_blocks(&pool, 16..1024, 1);
 }
 
@@ -605,30 +610,35 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
 fn a_segment_read_often_is_brought_back() {
     let (dir, store, pool) = cached_pool(3 << 20);
     write_blocks(&pool, 0..1024, 0);
-    pool.core.flush().unwrap();
-    pool.core.evict().unwrap();
-    let tier = pool.core.tier.as_ref().unwrap();
-    let refilled = || tier.status(&pool.core.store).cache.unwrap().refilled_total;
+    pool.core().flush().unwrap();
+    pool.core().evict().unwrap();
+    let tier = pool.core().tier.as_ref().unwrap();
+    let refilled = || {
+        tier.status(&pool.core().store)
+            .cache
+            .unwrap()
+            .refilled_total
+    };
     // Block 0 is in the oldest segment: given back first, read from the store.
-    let before = pool.core.store.remote_reads().reads;
+    let before = pool.core().store.remote_reads().reads;
     check_blocks(&pool, 0..1, 0);
     assert!(
-        pool.core.store.remote_reads().reads > before,
+        pool.core().store.remote_reads().reads > before,
         "block 0 was not given back"
     );
     for _ in 1..crate::constants::REFILL_AFTER_READS {
         check_blocks(&pool, 0..1, 0);
     }
-    pool.core.bring_back().unwrap();
+    pool.core().bring_back().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while refilled() == 0 {
         assert!(std::time::Instant::now() < deadline, "never brought back");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let before = pool.core.store.remote_reads();
+    let before = pool.core().store.remote_reads();
     check_blocks(&pool, 0..1, 0);
     assert_eq!(
-        pool.core.store.remote_reads().reads,
+        pool.core().store.remote_reads().reads,
         before.reads,
         "a segment brought back is still read from the store"
     );
@@ -639,7 +649,7 @@ fn a_segment_read_often_is_brought_back() {
     pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
         .unwrap();
     check_blocks(&pool, 0..1024, 0);
-    assert_eq!(pool.core.store.remote_reads().healed, 0);
+    assert_eq!(pool.core().store.remote_reads().healed, 0);
 }
 
 /// A commit's changes to the segment table ride in the superblock object (its delta): a
@@ -659,15 +669,15 @@ fn small_commits_carry_the_table_in_the_superblock_object() {
             .count()
     };
     write_blocks(&pool, 0..1024, 0);
-    pool.core.flush().unwrap();
+    pool.core().flush().unwrap();
     let before = tables();
     for i in 0..20u64 {
         write_blocks(&pool, i..i + 1, 100);
-        pool.core.flush().unwrap();
+        pool.core().flush().unwrap();
     }
     assert_eq!(tables(), before, "a small flush wrote a table page");
-    let held = pool.core.tier.as_ref().unwrap().slot_segments();
-    let sb_key = pool.core.sb_key.clone();
+    let held = pool.core().tier.as_ref().unwrap().slot_segments();
+    let sb_key = pool.core().sb_key.clone();
     drop(pool);
     let found = super::tier::load(&*store, &super::tier::object_key(&sb_key))
         .unwrap()
@@ -685,9 +695,9 @@ fn small_commits_carry_the_table_in_the_superblock_object() {
     let pool = open_cached(dir.path(), &store, 1 << 20);
     pool.load_key("v", &Secret::KeyFile(Zeroizing::new([3u8; 32])))
         .unwrap();
-    pool.core.evict().unwrap();
+    pool.core().evict().unwrap();
     check_blocks(&pool, 0..20, 100);
     check_blocks(&pool, 20..1024, 0);
-    let reads = pool.core.store.remote_reads();
+    let reads = pool.core().store.remote_reads();
     assert!(reads.reads > 0 && reads.healed == 0, "{reads:?}");
 }

@@ -336,7 +336,7 @@ mod tests {
             v.write(lba * 4096, &block(0xB2), false).unwrap();
         }
         v.flush().unwrap();
-        let slots = pool.core.intent.lock().as_ref().unwrap().slots.clone();
+        let slots = pool.core().intent.lock().as_ref().unwrap().slots.clone();
         assert_eq!(
             slots.len(),
             4,
@@ -344,7 +344,7 @@ mod tests {
         );
         // The second flush's block, both copies, damaged.
         for &a in slots[1].addrs() {
-            pool.core
+            pool.core()
                 .store
                 .red
                 .write(a, &vec![0x5a; LOG_BLOCK_BYTES])
@@ -400,14 +400,14 @@ mod tests {
             }
             v.flush().unwrap();
         }
-        let chain = pool.core.intent.lock().as_ref().unwrap().slots.clone();
+        let chain = pool.core().intent.lock().as_ref().unwrap().slots.clone();
         // Block k lies at the slot the block before named: the head, then each block's
         // `next` (slots are pushed as [head, next0, after0, after1, after2]).
         let blocks = vec![chain[0], chain[1], chain[2]];
-        let sb = pool.core.sb.lock().sb.clone();
+        let sb = pool.core().sb.lock().sb.clone();
         let mut b1 = Vec::new();
         assert!(pool
-            .core
+            .core()
             .store
             .red
             .read_quiet(
@@ -420,7 +420,7 @@ mod tests {
             .unwrap());
         let block1 = Block::decode(
             &b1,
-            Some(&pool.core.log_key),
+            Some(&pool.core().log_key),
             &sb.pool_id,
             &sb.chain_id,
             sb.generation,

@@ -279,7 +279,7 @@ mod tests {
             let v = pool.volume("v").unwrap();
             // More than a ring's worth of blocks over many flushes: the chain commits when
             // it would wrap, and goes on from there.
-            let slots = pool.core.logdev.read().as_ref().unwrap().slots;
+            let slots = pool.core().logdev.read().as_ref().unwrap().slots;
             let generation = pool.status().generation;
             for round in 0..(slots / 4 + 3) {
                 for lba in 0..(ENTRIES_PER_BLOCK as u64 * 4) {
@@ -288,7 +288,7 @@ mod tests {
                 }
                 v.flush().unwrap();
                 assert!(
-                    pool.core.intent.lock().is_none(),
+                    pool.core().intent.lock().is_none(),
                     "a chain on the main devices"
                 );
             }
@@ -298,7 +298,7 @@ mod tests {
                 "the chain filled the ring: a flush committed"
             );
             let head = pool
-                .core
+                .core()
                 .logdev
                 .read()
                 .as_ref()
@@ -363,9 +363,9 @@ mod tests {
         let head = {
             let pool = Pool::open(&pdir, opts.clone()).unwrap();
             pool.create_volume("v", plain_volume(), None).unwrap();
-            pool.core.commit().unwrap();
+            pool.core().commit().unwrap();
             let head = pool
-                .core
+                .core()
                 .logdev
                 .read()
                 .as_ref()
@@ -450,10 +450,10 @@ mod tests {
         {
             let pool = Pool::open(&pdir, opts.clone()).unwrap();
             pool.create_volume("v", vopts, None).unwrap();
-            pool.core.commit().unwrap();
+            pool.core().commit().unwrap();
             fill(&pool, 0x11); // on both halves
             let generation = pool.status().generation;
-            pool.core
+            pool.core()
                 .set_faults(
                     &logs[0],
                     vec![Fault {
@@ -518,10 +518,10 @@ mod tests {
                 v.write(lba * 4096, &vec![0xD4; 4096], false).unwrap();
             }
             v.flush().unwrap();
-            let l = pool.core.logdev.read().clone().unwrap();
+            let l = pool.core().logdev.read().clone().unwrap();
             let chain = l.state.lock().chain.unwrap();
             let (pool_id, chain_id) = {
-                let sb = pool.core.sb.lock();
+                let sb = pool.core().sb.lock();
                 (sb.sb.pool_id, sb.sb.chain_id)
             };
             let (b, data) = l
@@ -531,14 +531,14 @@ mod tests {
                     &pool_id,
                     &chain_id,
                     chain.generation,
-                    Some(&pool.core.log_key),
+                    Some(&pool.core().log_key),
                 )
                 .unwrap()
                 .unwrap();
             assert_eq!(b.entries.len(), 10);
             assert!(b.data_slots >= 10, "the records are in the log");
             assert!(inline_records(&b, &data).iter().all(|r| r.is_some()));
-            let footprint = pool.core.store.red.footprint(4096 + 16);
+            let footprint = pool.core().store.red.footprint(4096 + 16);
             drop(v);
             drop(pool); // a crash: no close, no commit
             (b.entries, footprint)
