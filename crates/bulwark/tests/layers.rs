@@ -20,8 +20,16 @@ use std::path::{Path, PathBuf};
 
 /// One crate's table.
 struct Table {
-    /// The crate's source folder, relative to this crate's manifest.
+    /// The crate's source folder, relative to this crate's manifest (or, for a folder
+    /// inside a crate, that folder).
     src: &'static str,
+    /// For a folder inside a crate: its module path below the crate root (`["pool"]` for
+    /// `crate::pool`); empty for a crate. Only uses that stay inside the folder are checked
+    /// here (the crate's own table checks the rest).
+    within: &'static [&'static str],
+    /// Root items (the folder's re-exports) that only test code may use: a room below the
+    /// facade may open a pool through it in its tests, never in its code.
+    tests_only: &'static [&'static str],
     /// The crate root's file stem (`lib` or `main`); the root may use every module.
     root: &'static str,
     /// Names in the crate root that are not modules but that any module may
@@ -34,6 +42,8 @@ struct Table {
 
 /// `bulwark-nbd`: knows NBD, nothing of volumes.
 const NBD: Table = Table {
+    within: &[],
+    tests_only: &[],
     src: "../nbd/src",
     root: "lib",
     root_items: &[],
@@ -93,6 +103,8 @@ const NBD: Table = Table {
 
 /// `bulwark`, the binary: the CLI and the daemon.
 const BULWARK: Table = Table {
+    within: &[],
+    tests_only: &[],
     src: "src",
     root: "main",
     root_items: &[],
@@ -174,6 +186,8 @@ const BULWARK: Table = Table {
 /// `bulwark-csi`: the CSI driver; knows gRPC and the node's mounts, reaches the pool
 /// only through its `Pool` trait.
 const CSI: Table = Table {
+    within: &[],
+    tests_only: &[],
     src: "../csi/src",
     root: "lib",
     root_items: &[],
@@ -216,6 +230,8 @@ const CSI: Table = Table {
 
 /// `bulwark-engine`: the storage engine, bottom up as ARCHITECTURE.md draws it.
 const ENGINE: Table = Table {
+    within: &[],
+    tests_only: &[],
     src: "../engine/src",
     root: "lib",
     root_items: &[
@@ -307,6 +323,107 @@ const ENGINE: Table = Table {
     ],
 };
 
+/// The engine's control plane, `crates/engine/src/pool/`, room by room (issue 38): the
+/// bytes and files it keeps at the bottom, the state below `Core`, `Core`, the rooms that
+/// act on it, the pool's life, and `facade` (`Pool`) on top. `mod.rs` only declares and
+/// re-exports; its re-exports are for tests.
+const POOL: Table = Table {
+    src: "../engine/src/pool",
+    root: "mod",
+    within: &["pool"],
+    tests_only: &["Pool", "OpenOptions", "DeviceSpec", "Layout", "test_pool"],
+    root_items: &[
+        (
+            "Pool",
+            "the facade, re-exported: tests open a pool through it",
+        ),
+        ("OpenOptions", "re-exported from `options`, for tests"),
+        ("DeviceSpec", "re-exported from `options`, for tests"),
+        ("Layout", "re-exported from `redundancy`, for tests"),
+        ("test_pool", "a one-device pool for unit tests (`facade`)"),
+    ],
+    layers: &[
+        // What the pool keeps, as bytes and files: labels, the table, the anchor, pool.json.
+        ("format", &[]),
+        // The object tier (a pool's copy in a bucket): its objects and the uploader.
+        ("tier", &["format"]),
+        // What `Pool::create` and `Pool::open` take, and what `status` returns.
+        ("options", &["tier"]),
+        ("status", &["format", "tier"]),
+        // The intent log's blocks, chain and devices.
+        ("intentlog", &["format", "status"]),
+        // The state every volume handle shares.
+        ("core", &["format", "intentlog", "status", "tier"]),
+        // Commit, the flush path, log-device administration.
+        ("txg", &["core", "format", "intentlog"]),
+        // Dataset operations on `Core`: snapshots and clones, properties, keys, rotation.
+        ("snapshot", &["core"]),
+        ("props", &["core"]),
+        ("keys", &["core"]),
+        ("rotate", &["core"]),
+        // Upkeep: scrub and resilver, the cleaner, eviction to the object store.
+        ("scrub", &["core", "format"]),
+        ("clean", &["core"]),
+        ("evict", &["core", "tier"]),
+        // The pool's life: create, import (also crash recovery), the facade, and what runs
+        // without a daemon (scan, export, destroy, upgrade).
+        ("create", &["format", "intentlog", "options"]),
+        (
+            "import",
+            &[
+                "core",
+                "evict",
+                "format",
+                "intentlog",
+                "options",
+                "scrub",
+                "tier",
+            ],
+        ),
+        (
+            "facade",
+            &[
+                "core", "create", "format", "import", "keys", "options", "props", "scrub",
+                "snapshot", "status",
+            ],
+        ),
+        (
+            "lifecycle",
+            &["facade", "format", "import", "intentlog", "options"],
+        ),
+        // Tests that span rooms: an attacker's edits to the devices, the object tier.
+        ("hostile", &["create", "format", "lifecycle", "txg"]),
+        ("tier_tests", &["format", "tier"]),
+    ],
+};
+
+/// `pool/format/`: the on-disk and in-directory formats, each file one thing.
+const POOL_FORMAT: Table = Table {
+    src: "../engine/src/pool/format",
+    root: "mod",
+    within: &["pool", "format"],
+    tests_only: &[],
+    root_items: &[],
+    layers: &[
+        ("superblock", &[]),
+        ("health", &[]),
+        ("labels", &["superblock"]),
+        ("config", &["labels", "superblock"]),
+        ("anchor", &["config", "superblock"]),
+        ("table", &["health"]),
+    ],
+};
+
+/// `pool/intentlog/`: the block format and chain below the devices that hold them.
+const POOL_INTENTLOG: Table = Table {
+    src: "../engine/src/pool/intentlog",
+    root: "mod",
+    within: &["pool", "intentlog"],
+    tests_only: &[],
+    root_items: &[],
+    layers: &[("block", &[]), ("devices", &["block"])],
+};
+
 /// Crates under `crates/` without a table yet, each with why. Every other
 /// crate must have one (`every_crate_has_a_table`), so none is left out
 /// unnoticed.
@@ -318,6 +435,13 @@ const NOT_YET_TABLED: &[(&str, &str)] = &[(
 #[test]
 fn engine_modules_keep_their_layers() {
     check(&ENGINE);
+}
+
+#[test]
+fn pool_rooms_keep_their_layers() {
+    check(&POOL);
+    check(&POOL_FORMAT);
+    check(&POOL_INTENTLOG);
 }
 
 #[test]
@@ -357,6 +481,102 @@ fn every_crate_has_a_table() {
     );
 }
 
+/// No circle of imports in any folder of any crate, tabled or not: inside every folder,
+/// the files and sub-folders that use each other form a DAG. (A table fixes the order
+/// too; this catches a circle where no table is drawn yet.)
+#[test]
+fn no_folder_holds_a_circle() {
+    let crates = manifest_dir().join("..");
+    let mut circles = Vec::new();
+    for entry in fs::read_dir(&crates).expect("read crates/") {
+        let src = entry.expect("read crates/").path().join("src");
+        if src.is_dir() {
+            folder_circles(&src, &src, &mut circles);
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles ({}):\n  {}",
+        file!(),
+        circles.join("\n  ")
+    );
+}
+
+/// Circles among the children of `dir` (and, recursively, of its sub-folders).
+fn folder_circles(src: &Path, dir: &Path, circles: &mut Vec<String>) {
+    let within: Vec<String> = dir
+        .strip_prefix(src)
+        .expect("folder under src")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let within: Vec<&str> = within.iter().map(String::as_str).collect();
+    let root = if within.is_empty() {
+        if dir.join("lib.rs").exists() {
+            "lib"
+        } else {
+            "main"
+        }
+    } else {
+        "mod"
+    };
+    let children = top_level_modules(dir, root);
+    let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (child, files) in &children {
+        for file in files {
+            let text = fs::read_to_string(file)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+            for r in references(&text, depth_of(dir, file), &within) {
+                if let Some((used, _)) = children.get_key_value(&r.name) {
+                    if used != child {
+                        edges.entry(child).or_default().insert(used);
+                    }
+                }
+            }
+        }
+    }
+    // Depth-first search; a node met again while still on the path closes a circle.
+    fn visit<'a>(
+        node: &'a str,
+        edges: &BTreeMap<&'a str, BTreeSet<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        found: &mut Option<Vec<&'a str>>,
+    ) {
+        if found.is_some() || done.contains(node) {
+            return;
+        }
+        if let Some(at) = path.iter().position(|n| *n == node) {
+            let mut circle = path[at..].to_vec();
+            circle.push(node);
+            *found = Some(circle);
+            return;
+        }
+        path.push(node);
+        for next in edges.get(node).into_iter().flatten() {
+            visit(next, edges, path, done, found);
+        }
+        path.pop();
+        done.insert(node);
+    }
+    let mut done = BTreeSet::new();
+    for child in children.keys() {
+        let mut found = None;
+        visit(child, &edges, &mut Vec::new(), &mut done, &mut found);
+        if let Some(circle) = found {
+            circles.push(format!("{}: {}", shown(dir), circle.join(" -> ")));
+            break;
+        }
+    }
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+    {
+        let path = entry.expect("read source folder").path();
+        if path.is_dir() {
+            folder_circles(src, &path, circles);
+        }
+    }
+}
+
 /// The extractor itself, on text that holds every form it must read and
 /// some it must not.
 #[test]
@@ -382,9 +602,9 @@ mod tests {
     mod deeper { use super::super::super::m; }
 }
 "##;
-    let found: Vec<String> = references(text, 1)
+    let found: Vec<String> = references(text, 1, &[])
         .into_iter()
-        .map(|(_, name)| name)
+        .map(|r| r.name)
         .collect();
     assert_eq!(found, ["a", "b", "c", "g", "h", "i", "j", "l", "m"]);
 }
@@ -445,6 +665,22 @@ fn check(table: &Table) {
 
     // The code against the table.
     let root_file = src.join(format!("{}.rs", table.root));
+    let root_text = fs::read_to_string(&root_file)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", root_file.display()));
+    // Modules the root declares only for tests (`#[cfg(test)] mod x;`): all their code is test code.
+    let test_modules: BTreeSet<String> = code_only(&root_text)
+        .split("#[cfg(test)]")
+        .skip(1)
+        .filter_map(|after| {
+            let after = after.trim_start();
+            let name = after.strip_prefix("mod ")?.trim_start();
+            let end = name.find(|c: char| !is_ident(c as u8))?;
+            name[end..]
+                .trim_start()
+                .starts_with(';')
+                .then(|| name[..end].to_string())
+        })
+        .collect();
     let mut used_by: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for (module, uses) in table.layers {
         let Some(files) = modules.get(*module) else {
@@ -453,8 +689,20 @@ fn check(table: &Table) {
         for file in files {
             let text = fs::read_to_string(file)
                 .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
-            for (line, name) in references(&text, depth_of(&src, file)) {
+            for Ref {
+                line,
+                name,
+                in_test,
+            } in references(&text, depth_of(&src, file), table.within)
+            {
                 let at = format!("{}:{line}", shown(file));
+                let in_test = in_test || test_modules.contains(*module);
+                if table.tests_only.contains(&name.as_str()) && !in_test {
+                    problems.push(format!(
+                        "{at}: `{module}` uses `{name}` outside test code: it is the facade's \
+                         re-export, for tests only; use the room that defines it"
+                    ));
+                }
                 // Root items are for every module (each row says why it is one).
                 if name == *module || table.root_items.iter().any(|(n, _)| *n == name) {
                     continue;
@@ -485,9 +733,7 @@ fn check(table: &Table) {
         }
     }
     // The root declares the modules; what else it uses must still be a module or a root item.
-    let text = fs::read_to_string(&root_file)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", root_file.display()));
-    for (line, name) in references(&text, 0) {
+    for Ref { line, name, .. } in references(&root_text, 0, table.within) {
         if !tabled.contains(name.as_str()) && !table.root_items.iter().any(|(n, _)| *n == name) {
             problems.push(format!(
                 "{}:{line}: the crate root uses `crate::{name}`, which is no module in the table",
@@ -553,23 +799,37 @@ fn depth_of(src: &Path, file: &Path) -> usize {
     }
 }
 
-/// The top-level modules a file's code names, with the line of each
-/// mention: `crate::X` (and `$crate::X`), `use crate::{X, …}`, and `super`
-/// chains that climb to the crate root. `depth` is the file's own module
-/// depth (`depth_of`); inline `mod x { … }` blocks add to it.
-fn references(text: &str, depth: usize) -> Vec<(usize, String)> {
+/// A name a file's code uses, with the line it is on and whether that line is test code
+/// (inside an item marked `#[cfg(test)]`).
+struct Ref {
+    line: usize,
+    name: String,
+    in_test: bool,
+}
+
+/// The modules a file's code names at the level of the table it is checked against:
+/// for a crate (`within` empty), `crate::X` (and `$crate::X`), `use crate::{X, …}`, and
+/// `super` chains that climb to the crate root; for a folder inside a crate (`within` =
+/// its module path), `crate::<within>::X` and `super` chains that climb exactly to the
+/// folder (uses that leave the folder are the crate table's to check). `depth` is the
+/// file's own module depth below the table's folder (`depth_of`); inline `mod x { … }`
+/// blocks add to it.
+fn references(text: &str, depth: usize, within: &[&str]) -> Vec<Ref> {
     let code = code_only(text);
     let bytes = code.as_bytes();
     let mut out = Vec::new();
-    // Open braces, and for each whether it opened an inline module.
-    let mut braces: Vec<bool> = Vec::new();
+    // Open braces: whether each opened an inline module, and whether it is test code.
+    let mut braces: Vec<(bool, bool)> = Vec::new();
     let mut pending_mod = false;
+    let mut pending_test = false;
     let mut i = 0;
     while i < bytes.len() {
         let c = bytes[i];
+        let in_test = pending_test || braces.iter().any(|b| b.1);
         if c == b'{' {
-            braces.push(pending_mod);
+            braces.push((pending_mod, in_test));
             pending_mod = false;
+            pending_test = false;
             i += 1;
             continue;
         }
@@ -580,6 +840,12 @@ fn references(text: &str, depth: usize) -> Vec<(usize, String)> {
         }
         if c == b';' {
             pending_mod = false;
+            pending_test = false;
+        }
+        if code[i..].starts_with("#[cfg(test)]") {
+            pending_test = true;
+            i += "#[cfg(test)]".len();
+            continue;
         }
         if !is_ident(c) || (i > 0 && is_ident(bytes[i - 1])) {
             i += 1;
@@ -589,28 +855,53 @@ fn references(text: &str, depth: usize) -> Vec<(usize, String)> {
             .find(|&j| !is_ident(bytes[j]))
             .unwrap_or(bytes.len());
         let word = &code[i..word_end];
+        let mut found = |at: usize, rest: &str| {
+            let line = line_of(&code, at);
+            for name in first_segments(rest) {
+                out.push(Ref {
+                    line,
+                    name,
+                    in_test,
+                });
+            }
+        };
         match word {
             "mod" => pending_mod = true,
             "crate" if code[word_end..].starts_with("::") => {
-                let line = line_of(&code, i);
-                for name in first_segments(&code[word_end + 2..]) {
-                    out.push((line, name));
+                let mut rest = word_end + 2;
+                let mut inside = true;
+                for seg in within {
+                    let want = format!("{seg}::");
+                    if code[rest..].trim_start().starts_with(&want) {
+                        rest = rest
+                            + (code[rest..].len() - code[rest..].trim_start().len())
+                            + want.len();
+                    } else {
+                        inside = false;
+                        break;
+                    }
+                }
+                if inside {
+                    found(i, &code[rest..]);
                 }
             }
             "super" if code[word_end..].starts_with("::") => {
-                // Count the chain; it names the root when it climbs as high as we are deep.
-                let here = depth + braces.iter().filter(|m| **m).count();
+                // Count the chain; it names the table's level when it climbs as high as we
+                // are deep (for a crate: at least as high).
+                let here = depth + braces.iter().filter(|m| m.0).count();
                 let mut supers = 1;
                 let mut rest = word_end + 2;
                 while code[rest..].starts_with("super::") {
                     supers += 1;
                     rest += "super::".len();
                 }
-                if supers >= here {
-                    let line = line_of(&code, i);
-                    for name in first_segments(&code[rest..]) {
-                        out.push((line, name));
-                    }
+                let names_level = if within.is_empty() {
+                    supers >= here
+                } else {
+                    supers == here
+                };
+                if names_level {
+                    found(i, &code[rest..]);
                 }
                 i = rest;
                 continue;

@@ -796,11 +796,11 @@ impl LogDevices {
     }
 
     /// `log` in `status`.
-    pub(crate) fn status(&self) -> crate::pool::LogStatus {
+    pub(crate) fn status(&self) -> crate::pool::status::LogStatus {
         let devices = self
             .devices
             .iter()
-            .map(|d| crate::pool::DeviceStatus {
+            .map(|d| crate::pool::status::DeviceStatus {
                 path: d.path.clone(),
                 state: d.state().to_string(),
                 read_errors: 0,
@@ -817,7 +817,7 @@ impl LogDevices {
         } else {
             "DEGRADED"
         };
-        crate::pool::LogStatus {
+        crate::pool::status::LogStatus {
             state: state.into(),
             devices,
             note: self.note.lock().clone(),
