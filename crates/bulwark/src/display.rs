@@ -2,6 +2,7 @@
 //!
 //! Pure functions from protocol results to text, so they can be tested
 //! without a daemon. Sizes use `bulwark_engine::size::format_size` (1.50G).
+//! One volume table, with the same columns in `volume list` and `status`.
 
 use std::fmt::Write as _;
 

@@ -9,7 +9,9 @@
 //! grant, whatever the outcome, and the server answers every failure alike
 //! (same reply, same audit write, same back-off). Engine errors become errnos here
 //! (`Error::errno`), and the ones that mean data or devices are in trouble are
-//! logged with the volume and range, since the client only sees EIO.
+//! logged with the volume and range, since the client only sees EIO. A grant
+//! change closes the connections it no longer allows (`close_ungranted`,
+//! through `nbd::Server::revoke`).
 //!
 //! With metrics on (`serve --metrics-listen`), requests are counted here, where
 //! they enter the engine: each backend holds its export's `VolumeStats`, taken

@@ -8,8 +8,9 @@
 //!
 //! Module order, bottom-up: `error`, `access`, `notify` → `cli`, `control`, `metrics` →
 //! `display` → `client` → `export`, `grant`, `history`, `keys`, `maintenance`, `bench`,
-//! `snapshot`, `volume`, `csi` → `image` → `pools` → `daemon`. A module uses only modules before it
-//! (`tests/layers.rs`).
+//! `snapshot`, `volume`, `csi` → `image`, `objects` → `pools` → `daemon`. A module uses only
+//! modules before it (`tests/layers.rs`). A command's two sides (the CLI's request and the
+//! daemon's engine calls) live in one module below `daemon`, which only dispatches to them.
 
 mod access;
 mod bench;

@@ -15,7 +15,7 @@ pub fn checksum(stored: &[u8]) -> Checksum {
 const XXH3_TAG: [u8; 16] = *b"xxh3-128/bulwark";
 
 /// Checksum of a data block of an encrypted volume (AEAD ciphertext and
-/// tag): xxh3-128, little-endian, then [`XXH3_TAG`].
+/// tag): xxh3-128, little-endian, then `XXH3_TAG`.
 pub fn checksum_sealed(stored: &[u8]) -> Checksum {
     let mut sum = [0u8; 32];
     sum[..16].copy_from_slice(&xxhash_rust::xxh3::xxh3_128(stored).to_le_bytes());
@@ -30,7 +30,7 @@ pub fn checksum_sealed(stored: &[u8]) -> Checksum {
 const SALTED_TAG: [u8; 8] = *b"xxh3+slt";
 
 /// Checksum of a data block sealed under a salted block key: xxh3-64, little-endian, the
-/// salt, then [`SALTED_TAG`]. The pointer is authenticated (its leaf's blake3, up to a
+/// salt, then `SALTED_TAG`. The pointer is authenticated (its leaf's blake3, up to a
 /// superblock under the pool key), so the salt it names is the one the block was sealed
 /// with; the AEAD tag authenticates the block itself.
 pub fn checksum_salted(stored: &[u8], salt: &[u8; 16]) -> Checksum {

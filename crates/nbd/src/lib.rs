@@ -14,19 +14,24 @@
 //! - `backend.rs`: the [`Backend`] and [`Exports`] traits, [`Client`],
 //!   [`Identity`], [`Event`], [`Extent`], [`errno`] values.
 //! - `proto.rs`: wire constants and a pure, panic-free codec ([`proto`]).
-//! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`.
+//! - `handshake.rs`: option haggling until `NBD_OPT_GO`/`EXPORT_NAME`; its
+//!   outcome, `Negotiated`, is what the transmission phase serves.
 //! - `request.rs`: request parsing, validation, execution and reply
 //!   building, shared by both transmission paths.
 //! - `transmission.rs`: the async reader/writer used for TLS streams.
 //! - `direct.rs`: the threaded transmission phase on plain sockets.
 //! - `server.rs`: [`Server`], accept loops, shutdown, attachment counts.
-//! - `limits.rs`: every bound on what a client can make us hold or wait on.
+//! - `limits.rs`: every bound on what a client can make us hold or wait on
+//!   (connections, request and reply bytes, batches): [`ServerConfig`] and
+//!   its clamped form, `Limits`.
 //! - `tls.rs`: [`TlsConfig`] (X.509 directory or PSK file), TLS accept and
 //!   the client's identity.
 //! - `ratelimit.rs`: exponential back-off per address and identity.
-//! - `buffers.rs`: per-connection payload buffer reuse.
+//! - `buffers.rs`: one shelf of payload buffers, kept for reuse by all
+//!   connections.
 //! - `workers.rs`: per-connection blocking threads that run backend calls
-//!   (async path).
+//!   (async path). Connection threads, on both paths, are threads of their
+//!   own, never tokio's blocking pool.
 //!
 //! Module order, bottom-up: `limits`, `backend` → `proto`, `buffers`,
 //! `ratelimit`, `workers`, `tls` → `handshake` → `request` →

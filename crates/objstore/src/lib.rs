@@ -9,7 +9,12 @@
 //!
 //! Where the pool's root is: `s3://BUCKET[/PREFIX][?endpoint=URL&region=R]`. Credentials
 //! never come from the command line: from a file (`AWS_ACCESS_KEY_ID=...` lines, mode 0600,
-//! as every secret file) or the usual `AWS_*` environment variables.
+//! as every secret file) or the usual `AWS_*` environment variables; the secret key and
+//! session token never show in `Debug`.
+//!
+//! Every failed request becomes one line naming the server's cause ([`Cause`]: the S3 code
+//! and message, the HTTP status, a timeout, a refused connection; never the raw XML),
+//! counted by kind for `status` and the metrics.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -16,13 +16,18 @@
 //! stored length, the checksum; xxh3-64 of the header) and the stored bytes, padded to
 //! 128 bytes. Entries are written in log order; the ring wraps, and what a write is about
 //! to cover is dropped from the index first (first in, first out: a ring, write-around).
-//! The index lives in memory ([`Index`]); at open it is rebuilt by scanning the headers
+//! The index lives in memory (`Index`); at open it is rebuilt by scanning the headers
 //! on the device (in the background: reads miss until the scan ends), so the cache
 //! survives restarts warm.
 //!
 //! Filling is off the read path: a read that missed offers the verified stored bytes
 //! ([`CacheDevice::offer`]); they wait in a bounded queue (dropped when it is full) for
 //! the cache's writer thread, which checks them again and writes them in batches.
+//!
+//! Who uses it: `Store::read_data` tries it before the pool's copies; `Volume::read_blocks`
+//! asks it once per run which blocks it holds. It is configured in `pool.json` or with
+//! `serve --cache-device` (docs/cache.md); a missing one is `UNAVAIL` in `status`, and the
+//! pool serves from its own devices.
 //!
 //! Invariants:
 //! - An entry is dropped from the index before any byte of it is overwritten (`place`),

@@ -5,7 +5,7 @@
 //! on-disk format: a pool written with one opens with the other.
 //!
 //! - aws-lc-rs has an AVX-512 VAES path: the fastest measured on CPUs that have
-//!   it (15–22 GB/s on the Intel machines of `DEPENDENCIES.md`).
+//!   it (15–22 GB/s; ARCHITECTURE.md, "Dependencies and why").
 //! - ring has a VAES + VPCLMULQDQ path on 256-bit AVX2 registers, which aws-lc
 //!   (0.47) lacks: on a CPU with VAES but no AVX-512 (AMD Zen 3, measured here)
 //!   aws-lc falls back to its AES-NI path at 3.3–3.9 GB/s, ring runs at

@@ -3,13 +3,20 @@
 //!
 //! The checksum covers the *stored* bytes so scrub and repair work without the
 //! key. It is blake3-256 for metadata and for data blocks of unencrypted
-//! volumes, and xxh3-128 (tagged, see [`checksum_sealed`]) for data blocks of
+//! volumes, and xxh3-128 (tagged, see [`crate::checksum::checksum_sealed`]) for data blocks of
 //! encrypted volumes, whose AEAD tag already authenticates them: there the
 //! checksum only has to catch accidents, and blake3 on a 4 KiB block costs
 //! four times as much as the encryption (docs/decisions/0006). The AEAD's associated data binds a block to its volume and logical
 //! block number: a valid ciphertext moved to another address does not decrypt.
 //! Nonces are never chosen here: the caller passes a pool-unique 64-bit counter
 //! (see `pool` and ARCHITECTURE.md, "Nonces").
+//!
+//! Compression is tried when a 512-byte sample of the block compresses; along a volume's
+//! writes, after two incompressible samples in a row only one block in 16 is sampled
+//! ([`CompressGuess`], kept per volume). A block is sealed straight from the request buffer
+//! into the record buffer and opened straight into the reply buffer ([`encode_at`],
+//! [`decode`]). `aead.rs` runs AES-256-GCM on aws-lc-rs or ring, whichever is faster on the
+//! CPU: the same bytes either way.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -2,7 +2,32 @@
 //!
 //! This layer knows nothing of redundancy, checksums or keys. It reads and
 //! writes whole ranges (`read_exact_at`/`write_all_at`) and makes them durable
-//! with `flush` (fsync). A short read past the end is an error, never zeros.
+//! with `flush` (`fdatasync`). A short read past the end is an error, never zeros.
+//!
+//! What lives here:
+//! - [`Device`], the trait the layers above use, and [`FileDevice`]: files and block
+//!   devices by `pread`/`preadv`/`pwrite` (`read_scattered_at` reads one range into many
+//!   buffers); files it creates are mode 0600.
+//! - [`DeviceClaim`]: an exclusive `flock` per member device, taken at create, import,
+//!   online and replace, so a second process (a daemon on a copy of the pool directory)
+//!   cannot write the same disks; `DIR/pool.lock` does the same for the directory.
+//! - `holes`/`fill_holes` for `pool create --preallocate`: zeros written into the holes
+//!   64 KiB at a time (larger writes leave large page-cache folios that ext4 walks buffer
+//!   by buffer on every later write).
+//! - `will_write`: a segment that opens for writing is read into the page cache in the
+//!   background, because a run of records ending inside a 4 KiB block the cache lacks
+//!   would otherwise wait for a synchronous read of it. `Store::placed_at` is the one
+//!   trigger (from `put` and from intent-log slots), through
+//!   `Redundancy::will_write_segment` (every member of a parity pool, whose shards lie at
+//!   the segment's own place on each). `posix_fadvise(WILLNEED)` in 128 KiB pieces, over
+//!   the `SEEK_DATA` extents on ext4, XFS and btrfs so holes are left alone; elsewhere
+//!   (OpenZFS included, whose `SEEK_DATA` can sync a transaction group) over the whole
+//!   segment. A segment the page cache already holds whole is left alone (`cachestat`,
+//!   Linux 6.5+; older kernels advise every time). The `Arc<T>` forwarding impl must
+//!   pass every method on: a default it missed once silently did nothing.
+//! - [`sync`]: devices synced side by side on threads made once (a mirror's members,
+//!   mirrored log devices), not a thread per flush; [`fault`]: fault injection as a
+//!   device layer.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -1,6 +1,14 @@
 //! Secrets from files: passphrases and 32-byte key files. Never from argv, never logged.
 //!
-//! A `Secret` zeroizes itself on drop and has no `Debug` output beyond its kind.
+//! A `Secret` zeroizes itself on drop and has no `Debug` output beyond its kind; a secret
+//! file over 64 KiB is refused.
+//!
+//! The modules: [`wrap`], key slots (a KEK from Argon2id or a key file wraps the volume
+//! master key); [`ring`], data keys by generation and the block keys derived from them
+//! (salted with the run's random salt, `Store::run_salt`, for new writes; for each older
+//! run's salt a pointer names, from a small cache; unsalted for format 1 blocks);
+//! [`pool_key`], the pool key file (`DIR/pool.key`) and the superblock and intent-log keys
+//! derived from it; [`hkdf`], HKDF-SHA256.
 
 use std::path::Path;
 use zeroize::Zeroizing;

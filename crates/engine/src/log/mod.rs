@@ -33,6 +33,12 @@
 //! segments are emptied by commits themselves: counting them would have each
 //! commit call the next), so a sustained overwrite
 //! recycles a bounded set of segments instead of walking the whole device.
+//!
+//! Space floors ([`Log::reserve`]): client data may not take the segments the next commit
+//! needs, the slack `SEGMENTS_RESERVED` keeps, and the cleaner's room; the cleaner may not
+//! take the commit's; a commit's own metadata may take every segment. So a full pool can
+//! always clean and commit. The cleaning policy (which sealed segments to clean next) is
+//! `victims.rs`; the worker that moves their records is `pool::clean`.
 
 mod victims;
 

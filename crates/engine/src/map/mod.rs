@@ -2,8 +2,9 @@
 //!
 //! Leaves (level 0) hold 64 data block pointers; a node at level L holds 64
 //! pointers to nodes at level L-1. The depth is fixed by the volume size. A
-//! pointer carries the stored length, codec flags, nonce and the blake3
-//! checksum of the bytes it points to, so every node is verified by its parent
+//! pointer ([`Blkptr`], 64 bytes) carries the addresses of its copies, the stored
+//! length, codec flags, nonce, key generation and the checksum of the bytes it points
+//! to (blake3; xxh3-128 for sealed data blocks), so every node is verified by its parent
 //! (a Merkle tree rooted in the volume table, itself checksummed by the
 //! superblock). An all-zero pointer is a hole: never written, or trimmed.
 //!
@@ -13,6 +14,13 @@
 //! again from the pool when evicted, so memory does not grow with volume size:
 //! it is bounded by the cache plus the dirty nodes, which a commit drains
 //! (`MAP_DIRTY_NODES_MAX`).
+//!
+//! A commit of a tree takes three steps, so writers do not wait for its I/O:
+//! [`Tree::snapshot_leaves`] under the map lock, [`LeafSnapshot::write`] without it, and
+//! [`Tree::finish_commit`] under it again, which tells `free` the place of each node it
+//! replaces. [`Tree::holds`] (the same pointer at the same place) and [`Tree::walk_unique`]
+//! (what a tree holds that others do not, pruning shared subtrees) are the two questions
+//! snapshots ask (`volume::snap`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

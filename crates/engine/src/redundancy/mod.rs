@@ -3,9 +3,17 @@
 //! The log addresses records by `PoolAddr` (segment × SEGMENT_BYTES + offset).
 //! This layer maps a pool address onto (device, offset) places: one for
 //! `single` (devices concatenated), N for `mirror:N` (same offset on every
-//! member). Parity layouts will map a record onto a stripe of shards; the
-//! interface (write a record whole, read it back verified by a checksum) is
-//! already the one they need: no read-modify-write, no write hole.
+//! member), and for `parity:K+M` a Reed–Solomon stripe of shards (`parity.rs`).
+//! A record is always written whole and read back verified by a checksum: no
+//! read-modify-write, no write hole.
+//!
+//! What lives here: [`Redundancy`], its members ([`Member`]: READ/WRITE/CKSUM counters,
+//! [`DeviceState`], and why a FAULTED one was faulted: `Member::fail_write`, which names a
+//! full host file system as such), verified reads with repair, and the scrub of one
+//! record. `placement.rs`: one `Placement` per layout (`Concat` for `single`, `Mirror`,
+//! `Parity`): segments, footprint, whether records go end to end, where copies lie,
+//! write, read and scrub; `Redundancy` names no layout in its I/O paths. `layout.rs`:
+//! [`Layout`] (parsing, `members_needed`).
 //!
 //! Repair rule (after OpenZFS's mirror code): a copy is rewritten only with
 //! bytes that verified against the checksum kept in the parent pointer. If the

@@ -5,13 +5,20 @@
 //! Everything that writes a record goes through one put path ([`Store::put`]): client data
 //! (`volume`), map nodes and the volume table (`Store::write_meta_batch`), and the cleaner.
 //! Everything that drops a reference goes through one release point ([`Store::release`]):
-//! the place where a record's space is given back to the log, and where snapshots will
-//! decide by birth stamp whether a reference dies or moves to a dead list.
+//! the place where a record's space is given back to the log. Whether a reference dies is
+//! decided by its callers: a pointer a tree drops is released only when no neighbouring
+//! snapshot tree holds it at the same place (`volume::snap`, decision 0009).
 //!
 //! The control plane (`pool`: volumes, devices, commits, scrub, rotation, pool.json) sits
 //! above and reaches the data plane only through this type; the data plane asks the control
-//! plane for exactly two things, through [`Control`]: a commit (to make writes durable or to
-//! reserve nonces), and to note a data error.
+//! plane, through [`Control`], for a commit (to make writes durable or to reserve nonces),
+//! a flush (group commit), and to note data errors (a read that found no good copy, and a
+//! range a client rewrote whole). Back-pressure on writers (`wait_for`, `hold_nodes`) lives
+//! here too.
+//!
+//! With an object tier's local cache ([`Remote`] reads the records of given-back segments):
+//! `pace.rs` makes client writes past the cache's size wait for the store to take room
+//! back, and `ahead.rs` reads sequential reads of given-back segments ahead (decision 0013).
 //!
 //! Invariants (checked at run time where cheap):
 //! - A record is written only at an address the log handed out for its stream, and a

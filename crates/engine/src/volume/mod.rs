@@ -8,6 +8,14 @@
 //! same block). An all-zero block is stored as a hole. A read verifies every
 //! block it returns: checksum first (repairing from another copy), then the
 //! AEAD tag; a block with no good copy is an error, never wrong bytes.
+//!
+//! What lives here: [`VolumeState`], the engine's record of one volume (its map lock,
+//! stripe locks, keys, its snapshots `snaps`, oldest first with a clone's base first, and
+//! its origin; `rotation.rs` the key-rotation progress it carries), and [`Volume`], a handle
+//! that reads, writes, trims, zeroes and answers block status, or reads one snapshot
+//! (read-only). A `Volume` holds the `Store` and a `store::Control`, never the pool.
+//! `snap.rs`: the sharing rule (`head_keeps`, `held_by`: a pointer a tree drops is released
+//! only if neither neighbour holds it at the same place) and the lock order (decision 0009).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
