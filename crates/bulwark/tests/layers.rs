@@ -577,6 +577,184 @@ fn folder_circles(src: &Path, dir: &Path, circles: &mut Vec<String>) {
     }
 }
 
+/// The longest a function may be, in lines from `fn` to its closing brace, outside tests.
+const FN_LINES_MAX: usize = 100;
+
+/// Functions longer than `FN_LINES_MAX` on the day the check came (issue 38), each with its
+/// length then. The list may only shrink: a listed function may not grow past its length,
+/// and one that is cut to size (or gone) must leave the list.
+const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
+    ("crates/bulwark/src/daemon.rs", "handle", 270),
+    ("crates/bulwark/src/daemon.rs", "serve_pool", 196),
+    ("crates/bulwark/src/display.rs", "status_text", 191),
+    ("crates/bulwark/src/grant.rs", "of", 122),
+    ("crates/bulwark/src/image.rs", "export", 104),
+    ("crates/bulwark/src/metrics/pool.rs", "encode_status", 481),
+    ("crates/bulwark/src/pools.rs", "create", 169),
+    ("crates/bulwark/src/pools.rs", "import", 125),
+    ("crates/bulwark/src/pools.rs", "object_store", 178),
+    ("crates/bulwark/src/volume.rs", "rows", 102),
+    ("crates/csi/src/controller.rs", "create_volume", 196),
+    ("crates/csi/src/node.rs", "stage", 123),
+    ("crates/engine/src/pool/clean.rs", "find_moves", 107),
+    ("crates/engine/src/pool/clean.rs", "move_records", 133),
+    ("crates/engine/src/pool/core.rs", "device_replace", 108),
+    ("crates/engine/src/pool/core.rs", "maintenance_loop", 109),
+    ("crates/engine/src/pool/core.rs", "status", 119),
+    ("crates/engine/src/pool/create.rs", "create_in", 263),
+    ("crates/engine/src/pool/format/superblock.rs", "decode", 210),
+    ("crates/engine/src/pool/import.rs", "import", 1214),
+    ("crates/engine/src/pool/lifecycle.rs", "destroy", 138),
+    ("crates/engine/src/pool/lifecycle.rs", "import_into", 276),
+    ("crates/engine/src/pool/props.rs", "volume_resize", 104),
+    ("crates/engine/src/pool/scrub.rs", "scrub_run", 194),
+    ("crates/engine/src/pool/snapshot.rs", "volume_clone", 132),
+    ("crates/engine/src/pool/snapshot.rs", "volume_rollback", 104),
+    ("crates/engine/src/pool/tier.rs", "publish_runs", 254),
+    ("crates/engine/src/pool/tier.rs", "restore", 210),
+    ("crates/engine/src/pool/txg/commit.rs", "commit_locked", 315),
+    (
+        "crates/engine/src/pool/txg/intent.rs",
+        "log_flush_held",
+        137,
+    ),
+    (
+        "crates/engine/src/pool/txg/logdev.rs",
+        "set_log_devices",
+        172,
+    ),
+    (
+        "crates/engine/src/volume/mod.rs",
+        "write_blocks_encoded",
+        162,
+    ),
+    ("crates/nbd/src/server.rs", "negotiate_and_serve", 127),
+];
+
+/// Every function outside tests is at most `FN_LINES_MAX` lines, or on `LONG_FUNCTIONS`
+/// at no more than its length there.
+#[test]
+fn functions_stay_short() {
+    let crates = manifest_dir().join("..");
+    let mut found: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for entry in fs::read_dir(&crates).expect("read crates/") {
+        let src = entry.expect("read crates/").path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for file in files {
+            let text = fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+            for (name, lines) in function_lengths(&text) {
+                if lines > FN_LINES_MAX {
+                    let key = (shown(&file), name);
+                    let longest = found.entry(key).or_default();
+                    *longest = (*longest).max(lines);
+                }
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for ((file, name), lines) in &found {
+        match LONG_FUNCTIONS
+            .iter()
+            .find(|(f, n, _)| f == file && n == name)
+        {
+            None => problems.push(format!(
+                "{file}: fn {name} is {lines} lines (at most {FN_LINES_MAX}): split it into steps"
+            )),
+            Some((_, _, listed)) if lines > listed => problems.push(format!(
+                "{file}: fn {name} grew to {lines} lines; LONG_FUNCTIONS allows it {listed} and \
+                 may only shrink: split it"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (file, name, listed) in LONG_FUNCTIONS {
+        if !found.contains_key(&(file.to_string(), name.to_string())) {
+            problems.push(format!(
+                "{file}: fn {name} (listed at {listed} lines) is now at most {FN_LINES_MAX} \
+                 lines or gone: take it off LONG_FUNCTIONS"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "function lengths ({}):\n  {}",
+        file!(),
+        problems.join("\n  ")
+    );
+}
+
+/// Each function with a body outside test code: its name and its lines from `fn` to the
+/// closing brace.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let code = code_only(text);
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    // Ranges of test code: the items marked `#[cfg(test)]`.
+    let mut test_ranges: Vec<(usize, usize)> = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("#[cfg(test)]") {
+        let start = from + at;
+        let open = code[start..].find(['{', ';']).map(|p| start + p);
+        match open {
+            Some(o) if b[o] == b'{' => {
+                let end = matching_brace(b, o);
+                test_ranges.push((start, end));
+                from = end;
+            }
+            Some(o) => from = o + 1,
+            None => break,
+        }
+    }
+    let mut i = 0;
+    while let Some(at) = code[i..].find("fn ") {
+        let start = i + at;
+        i = start + 3;
+        if start > 0 && is_ident(b[start - 1]) {
+            continue;
+        }
+        if test_ranges.iter().any(|(s, e)| (*s..*e).contains(&start)) {
+            continue;
+        }
+        let Some(name) = leading_ident(&code[start + 3..]) else {
+            continue;
+        };
+        // The body opens at the first `{` after the signature; a `;` first means none.
+        let Some(p) = code[start..].find(['{', ';']) else {
+            continue;
+        };
+        let open = start + p;
+        if b[open] == b';' {
+            continue;
+        }
+        let close = matching_brace(b, open);
+        out.push((name, line_of(&code, close) - line_of(&code, start) + 1));
+    }
+    out
+}
+
+/// The index of the `}` that closes the `{` at `open`.
+fn matching_brace(b: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    for (j, c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len().saturating_sub(1)
+}
+
 /// The extractor itself, on text that holds every form it must read and
 /// some it must not.
 #[test]
