@@ -1,0 +1,272 @@
+//! Import, phase 6: the volumes' states, the log with the counted live bytes, the object
+//! store taken, `Core` built once, and the import's own commit (a fresh nonce range, every
+//! member's labels at one generation, the replayed chain's records made durable).
+
+use super::devices::{Labels, Members, Opened};
+use super::recount::Recounted;
+use super::replay::Replayed;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::log::Log;
+use crate::pool::core::{Core, SbState};
+use crate::pool::format::config::PoolConfig;
+use crate::pool::format::labels::back_region_of;
+use crate::pool::format::superblock::Superblock;
+use crate::pool::format::table::TableRecord;
+use crate::pool::options::OpenOptions;
+use crate::store::Store;
+use crate::volume::VolumeState;
+use crate::{Error, Result};
+
+/// Phase 6: build `Core` from what the phases found, and commit.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn build(
+    dir: &Path,
+    opts: &OpenOptions,
+    o: Opened,
+    labels: Labels,
+    m: Members,
+    mut store: Store,
+    table: &TableRecord,
+    r: Recounted<'_>,
+    p: Replayed,
+) -> Result<Core> {
+    let Opened {
+        conf, tier_open, ..
+    } = o;
+    let Labels {
+        newest,
+        sb_key,
+        log_key,
+        ..
+    } = labels;
+    let Members {
+        faults,
+        anchor,
+        rollback_accepted,
+        ..
+    } = m;
+    let Recounted {
+        live,
+        complete,
+        data_segments,
+        families,
+        errors,
+    } = r;
+    let Replayed {
+        logdev,
+        chain_slots,
+        replaced,
+        replayed,
+        replayed_records,
+        dev_chain,
+        dev_slot,
+        log_loss,
+    } = p;
+    let mut volumes = BTreeMap::new();
+    for f in families {
+        let rec = f.rec;
+        let st = VolumeState::new(
+            rec.id,
+            rec.uuid,
+            rec.name.clone(),
+            &f.opts,
+            rec.slots.clone(),
+            rec.data_keys.clone(),
+            f.tree,
+        );
+        *st.rotation.lock() = rec.rotation.clone();
+        *st.description.lock() = rec.description.clone();
+        st.readonly.store(rec.readonly, Ordering::Release);
+        st.thick.store(rec.thick, Ordering::Release);
+        st.created.store(rec.created, Ordering::Relaxed);
+        *st.origin.lock() = rec.origin.clone();
+        st.deferred.store(rec.deferred, Ordering::Release);
+        st.used_bytes.store(f.used, Ordering::Relaxed);
+        *st.snaps.write() = f.snaps;
+        volumes.insert(rec.name.clone(), Arc::new(st));
+    }
+    store.log = Log::new(live, newest.high_water, complete);
+    store.log.set_node_bytes(store.node_record_bytes());
+    for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
+        store.log.mark_data(seg as u32);
+    }
+    // The object store (issue 22): taken before the import's commit, which publishes.
+    let tier = match &tier_open {
+        Some(t) => {
+            if logdev.is_some() {
+                return Err(Error::Invalid(
+                    "a pool with an object store has no separate log device: its flushes are \
+                     durable in the store ('bulwark pool log remove' first)"
+                        .into(),
+                ));
+            }
+            let tier = Arc::new(crate::pool::tier::Tier::take(t, &sb_key, &newest)?);
+            store.set_tiered();
+            // A pool that had data before it had a store (`pool object-store add`): its
+            // first commit uploads every segment that holds some.
+            if t.create {
+                let segs: Vec<u32> = (0..store.log.segments())
+                    .filter(|&s| store.log.live_of(s) > 0)
+                    .collect();
+                if !segs.is_empty() {
+                    tracing::info!(
+                        segments = segs.len(),
+                        "uploading the pool's data to its new object store"
+                    );
+                }
+                for seg in segs {
+                    store.note_segment(seg);
+                }
+            }
+            for p in &replayed_records {
+                store.note_record(p);
+            }
+            // Segments given back to the store before (or never downloaded) are read
+            // from it.
+            let given_back = crate::pool::evict::mark_holes(&store, &data_segments);
+            if given_back > 0 {
+                tracing::info!(
+                    segments = given_back,
+                    "local cache: segments of client data only the object store holds"
+                );
+            }
+            // Segments freed by the last run's final commits are still in the store's
+            // table: the next commit drops them (garbage collection takes their objects).
+            for seg in tier.slot_segments() {
+                if store.log.is_free(seg) {
+                    store.log.note_freed(seg);
+                }
+            }
+            store.set_remote(tier.clone());
+            if let Some(limit) = t.cache_bytes {
+                store.set_cache_limit(limit);
+            }
+            Some(tier)
+        }
+        None => None,
+    };
+    let core = Core {
+        dir: dir.to_path_buf(),
+        store: Arc::new(store),
+        volumes: RwLock::new(volumes),
+        anchor: Mutex::new(anchor),
+        rollback_accepted,
+        log_loss: log_loss.clone(),
+        reach: crate::pool::format::anchor::ReachWriter::start(dir.to_path_buf()),
+        sb: Mutex::new(SbState {
+            // The import's commit takes the pool: it is no longer exported, and it carries
+            // the name pool.json gives it (a pool made before names gets one now).
+            sb: Superblock {
+                // `pool upgrade`: the import's commit writes the first format 2 labels.
+                format: crate::pool::format::superblock::VERSION,
+                exported: false,
+                name: match (&opts.rename, &conf.name) {
+                    (Some(new), _) => new.clone(),
+                    (None, Some(n)) if newest.name.is_empty() => n.clone(),
+                    _ => newest.name.clone(),
+                },
+                ..newest.clone()
+            },
+            next_volume_id: table.next_volume_id,
+            back_region: back_region_of(&newest),
+        }),
+        sb_key,
+        log_key,
+        commit_lock: Mutex::new(()),
+        flush_waiters: Default::default(),
+        clean_dirtied: Default::default(),
+        intent: Mutex::new(None),
+        // With an object store a flush is a commit, durable once the store has it, unless
+        // the pool asks for local flushes (the intent log; the store lags by a commit).
+        intent_log: opts.intent_log && tier_open.as_ref().is_none_or(|t| t.local_flush),
+        tier,
+        logdev: RwLock::new(logdev.clone()),
+        device_lock: Mutex::new(()),
+        commits_begun: AtomicU64::new(0),
+        commits_done: AtomicU64::new(0),
+        commit_failed_at: AtomicU64::new(0),
+        gate_deferrals: AtomicU64::new(0),
+        workers: Mutex::new(Vec::new()),
+        table_dirty: AtomicBool::new(true),
+        accounting_complete: complete,
+        faults: RwLock::new(faults),
+        allow_faults: opts.allow_fault_injection,
+        table_key_next: Mutex::new(None),
+        scrub: Mutex::new(table.scrub.clone()),
+        errors: Mutex::new(errors.clone()),
+        errors_listed: AtomicBool::new(!errors.is_empty()),
+        scrub_running: AtomicBool::new(false),
+        scrub_rate: AtomicU64::new(opts.scrub_rate_bytes),
+        commit_interval: opts.commit_interval,
+        scrub_rate_seen: AtomicU64::new(0),
+        cachedev_unavailable: Mutex::new(None),
+    };
+    // The next chain on the log devices starts after the replayed one.
+    if let (Some(_), Some(l)) = (&dev_chain, &logdev) {
+        l.state.lock().next_head = dev_slot % l.slots.max(1);
+    }
+    // The replayed chain's slots stay counted until the import's commit replaces it.
+    if !chain_slots.is_empty() {
+        *core.intent.lock() = Some(crate::pool::intentlog::block::Chain {
+            generation: newest.generation,
+            seq: replayed.0,
+            next: [crate::map::ADDR_NONE; 2],
+            after: None,
+            slots: chain_slots,
+        });
+    }
+    for v in core.volumes.read().values() {
+        core.store
+            .note_dirty(&v.dirty_nodes, v.tree.lock().dirty_nodes());
+    }
+    // Reserve a fresh nonce range and bring every member's superblock to one generation.
+    core.commit()?;
+    for p in &replaced {
+        core.store.release(p);
+    }
+    attach_cachedev(&core, &conf, opts, &newest.pool_id);
+    // Crash points count from here: this commit is the import's, not an operation's.
+    crate::crashpoint::arm();
+    tracing::info!(
+        pool = conf.pool_id,
+        generation = core.sb.lock().sb.generation,
+        volumes = table.volumes.len(),
+        "pool imported"
+    );
+    Ok(core)
+}
+
+/// Open the cache device (`serve --cache-device`, else the one `pool.json` names) and let
+/// the data plane use it. One that is missing or refused is warned about and shown in
+/// `status` as UNAVAIL: the pool serves without it (it holds only copies).
+fn attach_cachedev(core: &Core, conf: &PoolConfig, opts: &OpenOptions, pool_id: &[u8; 16]) {
+    let Some(path) = opts
+        .cache_device
+        .clone()
+        .or_else(|| conf.cache_device_path(&core.dir))
+    else {
+        return;
+    };
+    let uuid = crate::keys::wrap::random_bytes::<16>();
+    match crate::cachedev::CacheDevice::open(&path, *pool_id, uuid) {
+        Ok(c) => {
+            tracing::info!(device = %path.display(), "cache device in use");
+            core.store.set_cachedev(c);
+        }
+        Err(e) => {
+            tracing::warn!(
+                device = %path.display(),
+                "cache device not in use: {e}; the pool serves without it"
+            );
+            *core.cachedev_unavailable.lock() = Some(
+                crate::cachedev::CacheDeviceStatus::unavailable(&path, e.to_string()),
+            );
+        }
+    }
+}
