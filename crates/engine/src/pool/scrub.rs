@@ -40,7 +40,13 @@ impl Core {
     /// Note an unrecoverable range (from a client read or a scrub).
     pub fn record_error(&self, volume: &str, offset: u64, length: u64, kind: DataErrorKind) {
         let epoch = self.scrub.lock().epoch;
+        // The volume's state is looked up before the error list's lock is taken (that lock
+        // is never held while the volume map's is taken).
+        let state = self.volumes.read().get(volume).cloned();
         let mut errs = self.errors.lock();
+        if let Some(st) = &state {
+            st.note_data_errors(true);
+        }
         if let Some(e) = errs
             .iter_mut()
             .find(|e| e.volume == volume && e.offset == offset && e.length == length)
@@ -61,8 +67,8 @@ impl Core {
 
     /// Forget the data errors of blocks a client has just replaced (written or zeroed
     /// whole): they read back what was written now. Errors of map nodes stay: a node's
-    /// range covers more than the blocks written. Called on every client write: with
-    /// no error listed, it costs one atomic load and takes no lock.
+    /// range covers more than the blocks written. Called by a client write only while
+    /// the volume has a data error listed (`VolumeState::has_data_errors`).
     pub(crate) fn clear_rewritten(&self, volume: &str, offset: u64, length: u64) {
         self.forget_errors(|e| {
             e.volume == volume
@@ -83,11 +89,16 @@ impl Core {
         if !self.errors_listed.load(Ordering::Acquire) {
             return;
         }
+        let states: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let mut errs = self.errors.lock();
         let before = errs.len();
         errs.retain(|e| !gone(e));
         if errs.len() != before {
             self.table_dirty.store(true, Ordering::Release);
+            // Under the list's lock, so that a concurrent `record_error` sets its flag after.
+            for st in &states {
+                st.note_data_errors(errs.iter().any(|e| e.volume == st.name));
+            }
         }
         if errs.is_empty() {
             self.errors_listed.store(false, Ordering::Release);
@@ -640,5 +651,76 @@ impl Core {
         while Instant::now() < deadline && self.keep_going() {
             std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(100)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{test_pool, OpenOptions};
+    use crate::volume::{Compression, VolumeOptions};
+
+    fn listed(core: &Core) -> Vec<(String, u64)> {
+        core.errors
+            .lock()
+            .iter()
+            .map(|e| (e.volume.clone(), e.offset))
+            .collect()
+    }
+
+    /// A block a client replaces whole leaves the error list, in the volume written only,
+    /// also after a restart (the list comes back from the table); and a volume with no
+    /// error listed is never asked about (its flag is down), so its writes do not call up
+    /// into the control plane.
+    #[test]
+    fn a_write_clears_its_own_blocks_errors_and_only_a_listed_volume_is_asked() {
+        let t = tempfile::tempdir().unwrap();
+        let pool = test_pool(t.path(), OpenOptions::default());
+        let o = VolumeOptions {
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        for v in ["a", "b", "c"] {
+            pool.create_volume(v, o.clone(), None).unwrap();
+            pool.volume(v).unwrap().write(0, &[7; 8192], true).unwrap();
+        }
+        let core = pool.core();
+        for v in ["a", "b"] {
+            core.record_error(v, 4096, 4096, DataErrorKind::Data);
+        }
+        let flag = |v: &str| core.find(v).unwrap().has_data_errors();
+        assert!(flag("a") && flag("b") && !flag("c"));
+        // Block 0 of "a" is not the listed one; block 1 of "b" belongs to another volume.
+        pool.volume("a")
+            .unwrap()
+            .write(0, &[1; 4096], true)
+            .unwrap();
+        pool.volume("c")
+            .unwrap()
+            .write(4096, &[1; 4096], true)
+            .unwrap();
+        assert_eq!(listed(core), [("a".into(), 4096), ("b".into(), 4096)]);
+        pool.volume("a")
+            .unwrap()
+            .write(4096, &[1; 4096], true)
+            .unwrap();
+        assert_eq!(listed(core), [("b".to_string(), 4096)]);
+        assert!(!flag("a") && flag("b") && !flag("c"));
+        pool.flush().unwrap();
+        drop(pool);
+
+        let pool = crate::pool::Pool::open(t.path(), OpenOptions::default()).unwrap();
+        let core = pool.core();
+        assert_eq!(listed(core), [("b".to_string(), 4096)]);
+        assert!(core.find("b").unwrap().has_data_errors());
+        assert!(!core.find("a").unwrap().has_data_errors());
+        pool.volume("b")
+            .unwrap()
+            .write(4096, &[2; 4096], true)
+            .unwrap();
+        assert!(listed(core).is_empty());
+        assert!(!core.find("b").unwrap().has_data_errors());
     }
 }

@@ -186,6 +186,10 @@ pub struct VolumeState {
     /// key rotation batch hold it for read, the command takes it for write with a bounded
     /// wait (`VolumeState::quiesce`). A waiting command keeps new batches out.
     work: RwLock<()>,
+    /// The control plane lists a data error in this volume (`note_data_errors`): only then
+    /// does a write tell it which blocks were replaced whole (`Control::clear_rewritten`),
+    /// so a write to a volume without errors never calls up into the control plane.
+    data_errors: AtomicBool,
     /// Whether this volume's recent writes compressed (lz4 sampling).
     guess: codec::CompressGuess,
     /// Where its recent reads ended: a read continuing one reads ahead from the object
@@ -249,9 +253,21 @@ impl VolumeState {
             snapshot_views: Default::default(),
             clients: Default::default(),
             work: RwLock::new(()),
+            data_errors: AtomicBool::new(false),
             guess: Default::default(),
             read_streams: Default::default(),
         }
+    }
+
+    /// The control plane says whether it lists a data error in this volume (it does so
+    /// under its error list's lock, after each change of the list).
+    pub fn note_data_errors(&self, listed: bool) {
+        self.data_errors.store(listed, Ordering::Release);
+    }
+
+    /// Whether a write must tell the control plane which blocks it replaced.
+    pub fn has_data_errors(&self) -> bool {
+        self.data_errors.load(Ordering::Acquire)
     }
 
     /// How many client or command handles hold the volume itself open.
@@ -1131,8 +1147,10 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
-        self.control
-            .clear_rewritten(&self.st.name, offset, data.len() as u64);
+        if self.st.has_data_errors() {
+            self.control
+                .clear_rewritten(&self.st.name, offset, data.len() as u64);
+        }
         if fua {
             self.control.flush()?;
         }
@@ -1159,7 +1177,9 @@ impl Volume {
             }
             Ok::<(), Error>(())
         })?;
-        self.control.clear_rewritten(&self.st.name, offset, length);
+        if self.st.has_data_errors() {
+            self.control.clear_rewritten(&self.st.name, offset, length);
+        }
         if fua {
             self.control.flush()?;
         }

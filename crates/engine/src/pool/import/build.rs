@@ -89,6 +89,7 @@ pub(super) fn build(
         st.deferred.store(rec.deferred, Ordering::Release);
         st.used_bytes.store(f.used, Ordering::Relaxed);
         *st.snaps.write() = f.snaps;
+        st.note_data_errors(errors.iter().any(|e| e.volume == rec.name));
         volumes.insert(rec.name.clone(), Arc::new(st));
     }
     store.log = Log::new(live, newest.high_water, complete);
