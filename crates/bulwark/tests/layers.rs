@@ -603,7 +603,7 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("crates/engine/src/pool/core.rs", "status", 119),
     ("crates/engine/src/pool/create.rs", "create_in", 263),
     ("crates/engine/src/pool/format/superblock.rs", "decode", 210),
-    ("crates/engine/src/pool/import/build.rs", "build", 216),
+    ("crates/engine/src/pool/import/build.rs", "build", 194),
     (
         "crates/engine/src/pool/import/devices.rs",
         "read_labels",

@@ -3,7 +3,7 @@
 //! member's labels at one generation, the replayed chain's records made durable).
 
 use super::devices::{Labels, Members, Opened};
-use super::recount::Recounted;
+use super::recount::{Family, Recounted};
 use super::replay::Replayed;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -68,30 +68,7 @@ pub(super) fn build(
         dev_slot,
         log_loss,
     } = p;
-    let mut volumes = BTreeMap::new();
-    for f in families {
-        let rec = f.rec;
-        let st = VolumeState::new(
-            rec.id,
-            rec.uuid,
-            rec.name.clone(),
-            &f.opts,
-            rec.slots.clone(),
-            rec.data_keys.clone(),
-            f.tree,
-        );
-        *st.rotation.lock() = rec.rotation.clone();
-        *st.description.lock() = rec.description.clone();
-        st.readonly.store(rec.readonly, Ordering::Release);
-        st.thick.store(rec.thick, Ordering::Release);
-        st.created.store(rec.created, Ordering::Relaxed);
-        *st.origin.lock() = rec.origin.clone();
-        st.deferred.store(rec.deferred, Ordering::Release);
-        st.used_bytes.store(f.used, Ordering::Relaxed);
-        *st.snaps.write() = f.snaps;
-        st.note_data_errors(errors.iter().any(|e| e.volume == rec.name));
-        volumes.insert(rec.name.clone(), Arc::new(st));
-    }
+    let volumes = volume_states(families, &errors);
     store.log = Log::new(live, newest.high_water, complete);
     store.log.set_node_bytes(store.node_record_bytes());
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
@@ -241,6 +218,39 @@ pub(super) fn build(
         "pool imported"
     );
     Ok(core)
+}
+
+/// Each volume's state as the table and the walk left it (its trees, snapshots, space, and
+/// whether a data error is listed in it).
+fn volume_states(
+    families: Vec<Family<'_>>,
+    errors: &[crate::pool::format::health::DataError],
+) -> BTreeMap<String, Arc<VolumeState>> {
+    let mut volumes = BTreeMap::new();
+    for f in families {
+        let rec = f.rec;
+        let st = VolumeState::new(
+            rec.id,
+            rec.uuid,
+            rec.name.clone(),
+            &f.opts,
+            rec.slots.clone(),
+            rec.data_keys.clone(),
+            f.tree,
+        );
+        *st.rotation.lock() = rec.rotation.clone();
+        *st.description.lock() = rec.description.clone();
+        st.readonly.store(rec.readonly, Ordering::Release);
+        st.thick.store(rec.thick, Ordering::Release);
+        st.created.store(rec.created, Ordering::Relaxed);
+        *st.origin.lock() = rec.origin.clone();
+        st.deferred.store(rec.deferred, Ordering::Release);
+        st.used_bytes.store(f.used, Ordering::Relaxed);
+        *st.snaps.write() = f.snaps;
+        st.note_data_errors(errors.iter().any(|e| e.volume == rec.name));
+        volumes.insert(rec.name.clone(), Arc::new(st));
+    }
+    volumes
 }
 
 /// Open the cache device (`serve --cache-device`, else the one `pool.json` names) and let
