@@ -12,6 +12,16 @@
 //!
 //! After the commit that follows, the victims hold nothing live and are freed.
 //!
+//! A volume with snapshots or clones is walked tree by tree, each against the one before
+//! it, so a record several trees share is found once; it is moved once and installed in
+//! every tree that holds it (clones first, each run of trees newest first), and the old
+//! copy released once, after the last. A FLUSH waiting for the commit lock the pass holds
+//! is answered by a commit between two batches (`commit_for_waiting_flushes`), so it never
+//! waits for a whole pass. The pass measures the map nodes its moves dirtied
+//! (`Log::note_clean_pass`); passes that gain nothing while writers wait make cleaning
+//! *stuck* (`core::CleanGains`). `move_for_store` moves a record whose copy in the object
+//! store `scrub --verify-store` found bad.
+//!
 //! Invariants:
 //! - The cleaner never takes the room the next commit needs: every record it moves and
 //!   every node it dirties is counted against it first (`Log::alloc_run`, `Log::hold_nodes`);

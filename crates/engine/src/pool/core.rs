@@ -1,10 +1,25 @@
 //! `Core`: the control plane, shared by the pool facade, the maintenance thread and the
-//! background workers: the volume table, devices, commits, scrub, key rotation and
-//! pool.json. It reaches the disks only through the data plane it owns (`Store`), and
-//! volume handles reach it back only through `store::Control`.
+//! background workers: the volumes, devices, the commit lock, the scrub's state and error
+//! list, the workers, the intent log's chain and log devices. It reaches the disks only
+//! through the data plane it owns (`Store`), and volume handles reach it back only
+//! through `store::Control`. Here: volume create and destroy, device offline, online and
+//! replace, fault injection, `status`, and the maintenance loop (commits on the timer,
+//! cleaning, the object tier's checks, eviction); the other rooms add their own methods.
 //!
 //! Lock order (outer first): `commit_lock` → `volumes` → a volume's stripe lock →
 //! its `tree` → `sb`; the data plane's `reuse_gate` (`Store`) is innermost.
+//!
+//! "In use" is `VolumeState::clients`: the handles clients and commands hold, never the
+//! maintenance thread's references. `quiesce_for_change` makes destroy, rollback, key
+//! unload or erase and a shrink refuse a volume in use and wait, bounded, for a scrub or
+//! rotation batch over it; the command checks everything before it changes anything.
+//!
+//! Device commands change `pool.json` (`format::config`: members taken offline stay out
+//! across restarts) one at a time, under `device_lock`.
+//!
+//! Cleaning that gains nothing while writers wait is *stuck* (`CleanGains`,
+//! `Store::set_clean_stuck`): after `CLEAN_FUTILE_PASSES` such passes, writers that need
+//! new space get ENOSPC at once and `status` says why, until space is freed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -61,12 +76,12 @@ pub struct Core {
     pub flush_waiters: std::sync::atomic::AtomicUsize,
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
     pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
-    /// The intent log chain flushes append to (`intent`); `None` with the log off.
+    /// The intent log chain flushes append to (`intentlog::block`); `None` with the log off.
     pub(crate) intent: Mutex<Option<super::intentlog::block::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
     pub intent_log: bool,
     /// The separate log devices the intent log's chain goes to, if the pool has any
-    /// (`logdev`); changed only under the commit lock (`set_log_devices`).
+    /// (`intentlog::devices`); changed only under the commit lock (`set_log_devices`).
     pub(crate) logdev: RwLock<Option<Arc<super::intentlog::devices::LogDevices>>>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may

@@ -1,8 +1,13 @@
-//! Pool creation: devices, labels, and the pool's config file.
+//! Pool creation (`pool create`): the directory (0700), the devices (files made at a
+//! size, or files and disks given, claimed), the pool key, the first labels on every
+//! device and log device, the anchor, and `pool.json` (`format::config`).
 //!
 //! `DIR/pool.json` says where to look for devices; the labels (superblocks) on
 //! the devices are the truth about membership. A device that already carries
 //! a bulwark label is refused: it may hold another pool's data.
+//!
+//! `preallocate` (`pool create --preallocate`) writes zeros into the holes of the device
+//! and log device files after checking that the file system has room for them.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -127,8 +132,8 @@ pub fn create(dir: &Path, layout: Layout, spec: DeviceSpec, name: &str) -> Resul
     create_with_log(dir, layout, spec, name, &[])
 }
 
-/// `create`, with separate intent log devices (`logdev`): existing files or disks, one,
-/// or two for the log mirrored on both.
+/// `create`, with separate intent log devices (`intentlog::devices`): existing files or
+/// disks, one, or two for the log mirrored on both.
 pub fn create_with_log(
     dir: &Path,
     layout: Layout,

@@ -26,6 +26,12 @@
 //! opening first. Map nodes and the volume table are never given back (every map walk
 //! needs them). At open, a segment that is a hole on every member holding it is marked
 //! again (`mark_holes`). Devices that cannot punch holes stop the cache's passes.
+//!
+//! The other way, `bring_back` fetches whole the given-back segments read from the store
+//! often (`Store::note_cold`) and writes them into their holes, under the log's lock while
+//! the segment is still marked (`Log::bring_back`), so their reads are local again. It
+//! runs on the maintenance thread, as `evict` does (never both at once); `bring_back_all`
+//! brings back every one (`pool object-store remove`).
 
 use std::sync::atomic::Ordering;
 

@@ -1,14 +1,22 @@
 //! A pool's life beyond create and serve, as `zpool` has it: what the devices say of
-//! themselves (`scan`, `inspect`), export, import into a pool directory, destroy.
+//! themselves (`scan`, `inspect`), export, import into a pool directory, destroy, and the
+//! upgrade of a format 1 pool.
 //!
 //! The labels (superblocks) are the truth: `scan` reads them from any devices and
-//! groups them by pool; `import_into` writes a pool directory (`pool.json`, a fresh
-//! anchor) pointing at the devices it found and imports the pool once, which takes it
-//! (its commit clears the exported mark). `export` marks every member's label exported
-//! and settles the anchor, so the devices may be moved and imported elsewhere without
-//! `--force`; `destroy` wipes every member's labels, so nothing imports the pool again.
-//! No daemon runs any of these: each takes the pool's lock or the devices' claims, and
-//! is refused while a daemon holds them.
+//! groups them by pool, each member ONLINE, STALE, SMALL, MISSING or DUPLICATE (its newest
+//! label on two devices at once: a copy, which `import_into` refuses), and claimed or not
+//! by a running daemon; `inspect` does the same for the pool of one directory.
+//! `import_into` (`pool import`) writes a pool directory (`pool.json`, a fresh anchor at
+//! the devices' generation) pointing at the devices it found and imports the pool once,
+//! which takes it (its commit clears the exported mark); it is refused while a daemon
+//! claims a member, and for a pool not exported unless forced, and undone when it fails.
+//! `export` marks every member's label exported in one last commit and settles the
+//! anchor, so the devices may be moved and imported elsewhere without `--force` (`serve`
+//! refuses an exported pool until `import_into` takes it back); `destroy` wipes every
+//! member's labels, so nothing imports the pool again. `upgrade` imports a format 1 pool
+//! as found, makes its pool key and writes format 2 labels in two commits. No daemon runs
+//! any of these: each takes the pool's lock or the devices' claims, and is refused while
+//! a daemon holds them.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -462,7 +470,7 @@ pub fn import_refusal(found: &FoundPool, force: bool) -> Option<Error> {
 /// Whatever fails after `dir` was written leaves it as it was.
 /// The log devices a pool imported into `dir` lists: those of the old pool.json
 /// (`dir`'s or `--from-dir`'s), and any of `devices` that carries this pool's log label
-/// (the import uses the ones its superblock names: `pool::logdev`).
+/// (the import uses the ones its superblock names: `intentlog::devices`).
 fn import_log_devices(
     conf: Option<(&PoolConfig, &Path)>,
     devices: &[PathBuf],

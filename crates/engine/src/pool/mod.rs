@@ -2,12 +2,14 @@
 //! import, snapshots, keys, scrub, cleaning and the object tier. ARCHITECTURE.md draws its
 //! rooms; each file's own `//!` says what lives there.
 //!
-//! Bottom up: `format` (the bytes and files the pool keeps), `options` and `status` (what
-//! goes in and comes out), `intentlog` and `tier` (the state below `Core`), `core` (the
-//! state every volume handle shares), then the rooms that act on it: `txg` (commit, the
-//! flush path), the dataset operations (`snapshot`, `props`, `keys`, `rotate`), upkeep
-//! (`scrub`, `clean`, `evict`), the pool's life (`create`, `import`, `lifecycle`), and
-//! `facade` (`Pool`, what the daemon holds). This file only declares and re-exports.
+//! Bottom up (each room uses only rooms below it; `crates/bulwark/tests/layers.rs` holds
+//! the order): `format` (the bytes and files the pool keeps), `tier` (the object tier's
+//! pool side), `options` and `status` (what goes in and comes out), `intentlog` (the
+//! intent log's blocks and devices), `core` (the state every volume handle shares), then
+//! the rooms that act on it: `txg` (commit, the flush path, log devices), the dataset
+//! operations (`snapshot`, `props`, `keys`, `rotate`), upkeep (`scrub`, `clean`, `evict`),
+//! the pool's life (`create`, `import`), `facade` (`Pool`, what the daemon holds) and
+//! `lifecycle` (a pool without a daemon). This file only declares and re-exports.
 
 mod clean;
 mod core;

@@ -1,5 +1,5 @@
 //! What `Pool::create` and `Pool::open` take: where the devices come from, and how the
-//! pool is imported and run.
+//! pool is imported and run (with the scrub's default throttle, `SCRUB_RATE_DEFAULT`).
 
 use std::path::PathBuf;
 
@@ -36,7 +36,7 @@ pub struct OpenOptions {
     /// records): the administrator accepts that those writes read as before them.
     pub accept_log_loss: bool,
     /// Make a FLUSH durable with an intent log block and one sync, not a commit
-    /// (`intent`, decision 0010). Off: every flush is a commit.
+    /// (`txg::intent`, decision 0010). Off: every flush is a commit.
     pub intent_log: bool,
     /// Take a pool that `bulwark pool export` marked exported (`bulwark pool import`); a
     /// plain `serve` refuses it, so an exported pool is not taken back by accident.

@@ -6,12 +6,13 @@
 //! under the commit lock: the map grows by levels above its root (`Tree::set_depth`),
 //! so no node moves; it shrinks by dropping top levels that hold nothing past the new
 //! end. Only the volume's own map changes: its snapshots (a clone's base among them)
-//! keep the size and depth they were taken at, and since no node's (level, index) moves
-//! when levels come or go above it, trees of different depths still share by place
-//! (decision 0009; `Tree::walk_unique` aligns them). So a volume with snapshots, a clone
-//! and the origin of clones resize like any other; a rollback brings back the size the
-//! snapshot had, a clone starts at its snapshot's size, and a shrink drops only holes of
-//! the volume itself (what its snapshots hold past the new end stays theirs).
+//! keep the size and depth they were taken at (`Snap::size_bytes`), and since no node's
+//! (level, index) moves when levels come or go above it, trees of different depths still
+//! share by place (decision 0009; `Tree::walk_unique` aligns them). So a volume with
+//! snapshots, a clone and the origin of clones resize like any other; a rollback brings
+//! back the size the snapshot had, a clone starts at its snapshot's size, and a shrink
+//! drops only holes of the volume itself (what its snapshots hold past the new end stays
+//! theirs).
 //!
 //! Thick volumes (`volume create --thick`) reserve their whole size: what they have not
 //! stored yet is kept from thin volumes' new data (`Store::thin_room`), counted at every

@@ -17,7 +17,10 @@
 //! rotation, or the next key load, starts it again from the cursor. One worker
 //! per volume at most (`RotationWorker`); like every background worker it is
 //! tracked in `Core::workers`, and it looks at `closing` between batches and
-//! while paused, so closing the pool waits for it briefly.
+//! while paused, so closing the pool waits for it briefly: `Pool::close` (or drop)
+//! joins it, and no worker writes once the pool's lock is let go. The worker holds its
+//! volume only while it tries a batch (a weak reference between them), so a paused
+//! rotation never keeps the volume from `volume destroy`, `key unload` or `key erase`.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

@@ -12,6 +12,15 @@
 //! in logical order, in batches; its cursor is saved in the volume table with
 //! every commit, so a scrub interrupted by a restart resumes where it stopped.
 //! It is throttled to `rate_bytes` per second and backs off while clients do I/O.
+//! A resilver is the same walk after a device comes back or is replaced. Start, pause and
+//! cancel commit before they answer, so a crash right after still finds them. The error
+//! list (`format::health`) loses a range once a scrub finds it good, or a client rewrites
+//! the block whole (`store::Control::clear_rewritten`).
+//!
+//! With an object store, a record only the store holds (given back, `evict`) is checked
+//! there; `scrub --verify-store` also checks the store's copies of local records
+//! (`Tier::check_records`, one ranged GET per run of records of one object) and replaces a
+//! bad one by moving the record (`clean::move_for_store`), which the next commit uploads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,4 +1,5 @@
-//! Snapshots: create, destroy, hold and release, roll back, list with their space.
+//! Snapshots: create, destroy, hold and release, roll back, list with their space (split
+//! as `zfs list -o space` does); and clones.
 //!
 //! The sharing rules and the locks are in `volume::snap`; decision 0009 says why
 //! sharing is decided by place. Every change here runs under the commit lock and ends
@@ -6,6 +7,15 @@
 //! Destroying frees, in one step, exactly what the unique walk of the snapshot against
 //! its two neighbours finds: the walk runs to its end before anything is released, so
 //! an error (a node that cannot be read) leaves everything as it was.
+//!
+//! A clone is a new volume whose map starts at a snapshot's root, with a base (its own
+//! copy of that tree) so that its writers never lock the origin. An encrypted clone has
+//! its own uuid, master key and slot, and copies of the origin's data keys with their
+//! lineage; the origin moves to a new data key generation at once. An origin destroyed
+//! while its snapshots have clones is *deferred*: its own data goes now, the snapshots
+//! clones need stay, hidden, until the last clone goes (`reap_deferred`). A clone without
+//! snapshots of its own whose rotation has dropped its inherited keys shares nothing with
+//! its origin any more and is detached: its base goes (`detach_clone`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -89,7 +89,7 @@ pub struct PoolStatus {
     /// The cache device (`--cache-device`), if one is configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_device: Option<crate::cachedev::CacheDeviceStatus>,
-    /// The separate intent log devices, when the pool has any (`logdev`).
+    /// The separate intent log devices, when the pool has any (`intentlog::devices`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<LogStatus>,
     /// Acknowledged flushes the import found lost from the intent log and took anyway

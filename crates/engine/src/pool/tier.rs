@@ -1,13 +1,18 @@
-//! The object tier (issue 22, docs/object-store.md): a pool whose durable copy is in an
-//! object store (S3 and those that speak its dialect), its local devices holding the same
-//! bytes (today every byte; later a cache of them).
+//! The object tier (issue 22, decision 0012, docs/object-store.md): a pool whose durable
+//! copy is in an object store (S3 and those that speak its dialect), its local devices
+//! holding the same bytes (every byte, or, with a cache size, the ones `evict` keeps). The
+//! store's own side is `crate::tier` (`ObjectStore`, `probe`).
 //!
 //! What the bucket holds, all written by the commit (`publish`), before the local labels:
-//! - `seg/EPOCH/SEQ`: the bytes `Store::put` wrote since the last commit, one object per
-//!   run of neighbouring writes in a segment (a *part*). Written once, never changed; a
-//!   segment emptied and reused gets new parts, and its old ones are left to collection.
+//! - `seg/EPOCH/SEQ`: the bytes `Store::put` wrote since the last commit, as *parts* (runs
+//!   of neighbouring writes in a segment, joined), packed into objects of about
+//!   `BUNDLE_BYTES` (8 MiB); a segment past `PARTS_PER_SEGMENT_MAX` parts is uploaded whole
+//!   as one. Written once, never changed; a segment emptied and reused gets new parts, and
+//!   its old ones are left to collection (`collect`).
 //! - `table/EPOCH/SEQ`: the segment table, in pages of `PAGE_SEGMENTS` segments: which
-//!   parts hold which bytes of each segment. Only pages that changed are written again.
+//!   parts hold which bytes of each segment. A commit's changes go into the superblock
+//!   object as a delta; pages are written again only once the delta passes
+//!   `DELTA_BYTES_MAX` (8 KiB).
 //! - `superblock`: the one object updated in place, always by compare-and-swap on the
 //!   version this writer last wrote: the writer's epoch and name, the generation, every
 //!   member's label (the local superblock bytes, MACed under the pool key), and the pages'
@@ -15,11 +20,23 @@
 //!   pool key, so the bucket's operator can neither forge nor alter it, and everything
 //!   else is reached from it by collision-resistant checksums (decision 0011).
 //!
-//! Fencing: a takeover (`take`) writes epoch + 1 conditionally on the version it read. A
-//! writer whose conditional write is refused has been taken over: the commit fails with
-//! `Fenced`, naming the new holder, and the pool is poisoned (no write is acknowledged
-//! again). A refusal that may be our own earlier try, whose reply was lost, is told apart
-//! by reading the object back.
+//! Fencing: a takeover (`take`) writes epoch + 1 conditionally on the version it read; it
+//! refuses another writer's pool unless exported or forced, and a local copy at another
+//! generation. A writer whose conditional write is refused has been taken over: the
+//! commit fails with `Fenced`, naming the new holder, and the pool is poisoned (no write
+//! is acknowledged again). A refusal that may be our own earlier try, whose reply was
+//! lost, is told apart by reading the object back. `check` looks for a takeover while
+//! clients come (at most every `TIER_CHECK_INTERVAL`).
+//!
+//! Also here: `catch_up` (a crash after the store took a commit and before the local
+//! labels did), the store's health for `status` (`TierStatus`: HELD, FAILING, UNREACHABLE,
+//! FENCED; the pool DEGRADED while it fails), a takeover deferred while the store does not
+//! answer and every byte is local (`attach_late`: commits stay local until it answers,
+//! then the next one catches it up), `restore` (`pool import --object-store`: device files
+//! rebuilt from the bucket and the pool key; with a cache size, client data stays in the
+//! store), and `set_opener` (how the binary lets every open reach the store `pool.json`
+//! names). `Tier` is the data plane's `store::Remote`: `Store::read_record` reads a record
+//! of a given-back segment, or one no local copy verifies, by one ranged GET.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

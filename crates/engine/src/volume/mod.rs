@@ -156,7 +156,7 @@ pub struct VolumeState {
     pub dirty_nodes: std::sync::atomic::AtomicUsize,
     pub destroyed: AtomicBool,
     /// The map changes clients made since the last durable point, in order (block, new
-    /// pointer): what a flush writes to the intent log (`pool::intent`). Appended under the
+    /// pointer): what a flush writes to the intent log (`pool::txg::intent`). Appended under the
     /// map lock; a commit clears them when it takes the leaves they are in.
     pub intents: Mutex<Vec<(u64, Blkptr)>>,
     /// Snapshots, oldest first (`snap` module: sharing, locks).

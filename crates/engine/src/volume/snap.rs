@@ -1,7 +1,7 @@
 //! Snapshots of a volume: read-only trees that share records with the volume's map.
 //!
 //! A snapshot is a saved root of the volume's map, taken by a commit that holds the
-//! map lock from its first leaf to its root (`pool::commit`), so it holds exactly the
+//! map lock from its first leaf to its root (`pool::txg::commit`), so it holds exactly the
 //! writes that finished before `snapshot create` began its commit. Nothing is copied:
 //! the snapshot and the volume share every node and record until the volume replaces
 //! them (decision 0009).

@@ -1,6 +1,7 @@
-//! The freshness anchor (decision 0011, "Freshness"): `DIR/pool.anchor`
-//! on the host names the generation this host last committed and the one it is about to
-//! write, each with a digest of its superblock. Import takes the devices only at one of
+//! The freshness anchor (decision 0011, "Freshness"): `pool.anchor`, on the host in the
+//! pool's trust root directory (`DIR`, or the `key_dir` `pool.json` names), names the
+//! generation this host last committed and the one it is about to write, each with a
+//! digest of its superblock. Import takes the devices only at one of
 //! those two: devices restored from an older copy (a rollback of the whole pool, which
 //! every superblock checksum accepts) are refused, naming both generations, unless the
 //! administrator accepts the rollback (`serve --accept-rollback`).
@@ -187,8 +188,9 @@ fn write_file(p: &Path, a: &Anchor, fresh: bool) -> Result<()> {
         .map_err(|e| Error::device(&p, e))
 }
 
-/// How far the intent log of one chain reached: `blocks` is what `intent::Chain::seq` (or,
-/// on a log device, `logdev::DevChain::seq`) was after the last flush the host recorded.
+/// How far the intent log of one chain reached: `blocks` is what
+/// `intentlog::block::Chain::seq` (or, on a log device, `intentlog::devices::DevChain::seq`)
+/// was after the last flush the host recorded.
 /// Written lazily (`ReachWriter`), after the flush returned and off its path, to a slot of
 /// its own at `REACH_AT` in the anchor file (the commit's two slots are never touched by
 /// it): a log found shorter at import lost acknowledged flushes. Flushes acknowledged

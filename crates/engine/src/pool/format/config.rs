@@ -1,8 +1,13 @@
-//! The pool directory's own files: `pool.json` (where the devices are, the pool's name,
-//! its object store, where the trust root lives) and the names of the others.
+//! The pool directory's own files: `pool.json` (where the devices are, the layout, the
+//! pool's name, the members `device offline` took out, the cache and log devices, the
+//! object store, where the trust root lives) and the names of the others (`pool.key`,
+//! with `pool.anchor` beside it, in `key_dir` when `pool.json` names one).
 //!
 //! The labels (superblocks) on the devices are the truth about membership; `pool.json`
-//! only says where to look.
+//! only says where to look, and which members stay out: an offline member stays offline
+//! across restarts, and a pool left with only offline members does not import (the import
+//! says how to go on). Device commands change it one at a time (`Core::device_lock`).
+//! Written whole to a temporary file, mode 0600, synced, then renamed over the old one.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,9 @@
 //! Reading a device's labels (superblock slots, front and back) without a pool.
+//!
+//! The newest label of a device is the newest slot `Check` accepts, front or back. When
+//! no front slot is readable (both damaged, or the device's first MiB zeroed), the back
+//! copies are found where the device's size puts them, then a segment lower at a time
+//! (`find_back_region`), and the next two commits write the front slots again.
 
 use crate::constants::*;
 use crate::device::Device;

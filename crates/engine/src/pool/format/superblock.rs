@@ -6,6 +6,12 @@
 //! import takes the valid slot with the highest generation; a torn superblock
 //! write fails its checksum and the other slot (one generation older, still
 //! complete) is used. The layout is drawn in docs/format.md.
+//!
+//! Format 2 (decision 0011) carries a key check value (a wrong `pool.key` fails it on
+//! every device, an altered label only on its own) and a MAC under the pool's superblock
+//! key in place of format 1's blake3. `Check` says how a slot is read: keyed for import;
+//! unkeyed only to list labels (`pool scan`), to recognise a device as some pool's, and
+//! to read a format 1 pool, which only `pool upgrade` does.
 
 use crate::checksum::checksum;
 use crate::constants::{
@@ -33,7 +39,7 @@ const KEY_CHECK_AT: usize = 1024;
 /// still not trusted, but a damaged one is not taken for the newest.
 const UNKEYED_SUM_AT: usize = 1056;
 /// Format 2: a random id drawn by every commit, which the blocks of the intent log chain
-/// it starts repeat under their MAC (`intent::Block::chain`).
+/// it starts repeat under their MAC (`intentlog::block::Block::chain`).
 const CHAIN_ID_AT: usize = 608;
 const KEY_CHECK_LABEL: &[u8] = b"bulwark superblock key check v2";
 
@@ -74,9 +80,10 @@ pub const NAME_BYTES_MAX: usize = 64;
 /// Intent log version (u32; 0 = none), then its head's two addresses (after the pool
 /// name, 448..513).
 const LOG_AT: usize = 520;
-/// The separate log devices (`pool::logdev`): version (u32; 0 = none), count (u32, 1 or
-/// 2), their ids (16 bytes each, two places), then the head slot of this generation's
-/// chain on them (u64; `u64::MAX` = none: the chain, if any, is on the main devices).
+/// The separate log devices (`pool::intentlog::devices`): version (u32; 0 = none), count
+/// (u32, 1 or 2), their ids (16 bytes each, two places), then the head slot of this
+/// generation's chain on them (u64; `u64::MAX` = none: the chain, if any, is on the main
+/// devices).
 /// Offsets 560..608 of the 560..1024 this feature may use.
 const LOG_DEV_AT: usize = 560;
 /// Most log devices a pool names (the log mirrored on both).
@@ -112,9 +119,10 @@ pub struct Superblock {
     /// `bulwark pool import` may take it without `--force`. Cleared by the import's commit.
     pub exported: bool,
     /// The first slot of this generation's intent log chain (two copies), if it has one
-    /// (`pool::intent`); a pool written by a bulwark without the log has none.
+    /// (`pool::intentlog`); a pool written by a bulwark without the log has none.
     pub log_head: Option<[u64; 2]>,
-    /// The ids of the pool's separate log devices (their labels, `pool::logdev`), if any.
+    /// The ids of the pool's separate log devices (their labels,
+    /// `pool::intentlog::devices`), if any.
     pub log_devices: Vec<[u8; 16]>,
     /// The slot of this generation's chain head on the log devices, when the chain is
     /// there (then `log_head` is `None`).

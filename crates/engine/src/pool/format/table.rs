@@ -1,9 +1,15 @@
 //! The volume table: the record the superblock points to.
 //!
-//! JSON inside a checksummed, lz4-compressed record, written with
-//! `METADATA_COPIES` copies at every commit. It holds no secret: key slots hold
-//! only wrapped keys. JSON keeps the table readable in a hex dump and lets
-//! fields be added without a format bump; it is small (about 1 KiB per volume).
+//! JSON, sealed with AES-256-GCM under the table key that only the superblock holds (so
+//! replacing that key erases every older table: crypto-erase, `pool::keys`), inside a
+//! checksummed, lz4-compressed record written with `METADATA_COPIES` copies at every
+//! commit. It holds no secret unwrapped: key slots and data keys are wrapped. JSON keeps
+//! the table readable once opened and lets fields be added without a format bump; it is
+//! small (about 1 KiB per volume). Its format is 1, 2 once snapshots or clones exist, 3
+//! once a snapshot's size differs from its volume's (`TABLE_FORMAT_MAX`).
+//!
+//! `TableRecord::check` refuses at open what no command writes, even sealed under the
+//! pool key: encryption off beside key slots or data keys, a name, id or uuid given twice.
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,7 @@
 //! per block, and appends them to the current generation's *chain*: 4 KiB blocks (two
 //! copies on a `single` pool, one where the layout is redundant), each naming the slot
 //! of the next, pre-allocated.
-//! Then every device is synced once. With separate log devices (`logdev`) the same blocks
+//! Then every device is synced once. With separate log devices (`devices`) the same blocks
 //! go to a ring on them instead, with the records themselves after them when the flush is
 //! small (then only the log devices are synced), else while the main devices are synced
 //! for the records the entries name. The map itself is still written by the commit, on its
@@ -89,7 +89,7 @@ pub struct Block {
     pub seq: u64,
     /// The slot of the next block (two copies).
     pub next: [u64; 2],
-    /// On a log device (`logdev`): how many slots after this block hold the stored bytes
+    /// On a log device (`devices`): how many slots after this block hold the stored bytes
     /// of its entries' records, one after another, each padded to 16 bytes (0: the
     /// records are on the main devices only). Always 0 on the main devices' chain.
     pub data_slots: u32,

@@ -1,13 +1,14 @@
 //! Separate intent log devices (issue 24 part 2): the intent log's chain blocks on one
 //! small device of their own, or mirrored on two, instead of in the main devices'
-//! metadata segments.
+//! metadata segments. Given at `pool create --log-device`; `txg::logdev` adds, removes
+//! and replaces them on a running pool (`bulwark pool log`).
 //!
 //! Layout of a log device: a label (4 KiB, two copies at the offsets of the main
 //! devices' front superblock slots) naming the pool, the device's own id and its role,
 //! then from `DEVICE_RESERVED_FRONT` on a ring of `LOG_BLOCK_BYTES` slots. A commit names
 //! the log devices (their ids) and the slot where this generation's chain starts in its
 //! superblock (`Superblock::log_devices`, `log_dev_head`); block `seq` of the chain lies in
-//! slot `(head + seq) % slots`. The blocks are the main chain's (`intent::Block`: pool id,
+//! slot `(head + seq) % slots`. The blocks are the main chain's (`block::Block`: pool id,
 //! generation, sequence number, self-checked), so a slot still holding an older
 //! generation's block is simply the end of the chain. A chain never takes the whole ring:
 //! a flush that would wrap onto the chain's own head commits instead.
@@ -154,7 +155,7 @@ fn slot_offset(slot: u64) -> u64 {
     DEVICE_RESERVED_FRONT + slot * LOG_BLOCK_BYTES as u64
 }
 
-/// What names a file or disk whatever the path to it (see `create::file_identity`).
+/// What names a file or disk whatever the path to it (see `format::config::file_identity`).
 fn identity(p: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = std::fs::metadata(p).ok()?;

@@ -11,7 +11,11 @@
 //!    the same lock as its leaves, so the record and the leaves it points to
 //!    describe one instant.
 //! 3. Flush every device: all data acknowledged so far and all new metadata are durable.
+//!    Meanwhile the host's anchor (`format::anchor`) announces generation + 1, synced.
+//!    With an object store, the commit is uploaded now (`Tier::publish`), before any
+//!    local label names it.
 //! 4. Write the superblock, generation + 1, to its slot on every device; flush again.
+//!    The anchor is settled at the new generation before anything it holds is answered.
 //! 5. Only now release the old table record and the segments of step 1.
 //!
 //! A crash before step 4 completes leaves the previous superblock, whose

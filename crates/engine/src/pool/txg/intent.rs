@@ -1,7 +1,8 @@
 //! The flush path of the intent log (decision 0010): a FLUSH appends the volume's
 //! dirty block pointers as one log block and syncs it, instead of a commit; group
 //! commit gathers concurrent flushes into one block. The block format and the chain
-//! live in `intentlog::block`, the separate log devices in `intentlog::devices`.
+//! live in `intentlog::block`, the separate log devices in `intentlog::devices`; the
+//! replay at import is in `import`.
 
 use crate::constants::METADATA_COPIES;
 use crate::log::Stream;
