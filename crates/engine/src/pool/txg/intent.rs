@@ -2,7 +2,7 @@
 //! dirty block pointers as one log block and syncs it, instead of a commit; group
 //! commit gathers concurrent flushes into one block. The block format and the chain
 //! live in `intentlog::block`, the separate log devices in `intentlog::devices`; the
-//! replay at import is in `import`.
+//! replay at import is `import::replay`.
 
 use crate::constants::METADATA_COPIES;
 use crate::log::Stream;
