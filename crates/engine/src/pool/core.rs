@@ -322,9 +322,7 @@ impl Core {
         Ok(g)
     }
 
-    /// Destroy volume `name` and free its space; a volume with snapshots only with
-    /// `recursive` (they go with it), and never while one of them is held.
-    /// Destroy volume `name`. A volume with snapshots needs `recursive` (they go with it),
+    /// Destroy volume `name` and free its space. A volume with snapshots needs `recursive` (they go with it),
     /// and none may be held. Snapshots with clones stay, hidden, until their last clone
     /// goes (the volume is *deferred*: its name stays taken, its own data is freed now);
     /// returns what stays that way, as (snapshot, referenced bytes, clones).

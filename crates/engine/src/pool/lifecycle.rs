@@ -460,14 +460,6 @@ pub fn import_refusal(found: &FoundPool, force: bool) -> Option<Error> {
     None
 }
 
-/// Import the pool on `devices` into `dir`: refused unless exactly one pool's labels are
-/// there, enough of its members, none claimed by a running daemon, and the pool exported
-/// (or `force`). Writes `dir` (0700) with a `pool.json` naming the devices found and an
-/// anchor at their generation (the devices are trusted as found: that is what an import
-/// means), imports the pool once (its commit clears the exported mark and writes the
-/// name), and closes it. `dir` may be the pool's own directory (an exported pool taken
-/// back in place); one that holds another pool, or this one not exported, is refused.
-/// Whatever fails after `dir` was written leaves it as it was.
 /// The log devices a pool imported into `dir` lists: those of the old pool.json
 /// (`dir`'s or `--from-dir`'s), and any of `devices` that carries this pool's log label
 /// (the import uses the ones its superblock names: `intentlog::devices`).
@@ -491,6 +483,14 @@ fn import_log_devices(
     out
 }
 
+/// Import the pool on `devices` into `dir`: refused unless exactly one pool's labels are
+/// there, enough of its members, none claimed by a running daemon, and the pool exported
+/// (or `force`). Writes `dir` (0700) with a `pool.json` naming the devices found and an
+/// anchor at their generation (the devices are trusted as found: that is what an import
+/// means), imports the pool once (its commit clears the exported mark and writes the
+/// name), and closes it. `dir` may be the pool's own directory (an exported pool taken
+/// back in place); one that holds another pool, or this one not exported, is refused.
+/// Whatever fails after `dir` was written leaves it as it was.
 pub fn import_into(dir: &Path, devices: &[PathBuf], opts: &ImportOptions) -> Result<ImportReport> {
     let found = one_pool(devices)?;
     if let Some(e) = import_refusal(&found, opts.force) {

@@ -2,6 +2,14 @@
 //! pool directory), read their labels under the pool key and pick the newest, then take
 //! the members that label names (missing, stale, truncated, offline, copied) and check
 //! the host's anchor. The refusals of these phases name what to do.
+//!
+//! The pool key comes from the trust-root directory (`format::config::key_path`), and
+//! only labels whose MAC verifies under it are read; where no front slot of a device
+//! verifies, its back copies are (`format::labels::find_back_region`). A format 1 pool is
+//! refused with a message naming `pool upgrade`; an upgrade needs every member present
+//! and online. A pool left with only offline members does not import, and says how to go
+//! on. The anchor's nonce reservation is where the next commit's nonces start, above
+//! anything this host ever reserved, even under `--accept-rollback`.
 
 use std::fs::{self};
 use std::path::{Path, PathBuf};

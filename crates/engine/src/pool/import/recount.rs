@@ -2,6 +2,11 @@
 //! bytes of each segment (space accounting is not stored; it is rebuilt here, bounded by
 //! the metadata's size). A map that cannot be walked leaves the accounting incomplete:
 //! segments below the high-water mark are then never reused in this run.
+//!
+//! The table and the maps are read through a `Store` whose log has every segment taken
+//! (nothing is placed during the walk); `build` gives it the log the walk counted. A map
+//! node no copy of which verifies is listed in `status` errors at once
+//! (`DataErrorKind::Map`), as a scrub would list it.
 
 use crate::constants::*;
 use crate::log::{segment_of, Log};

@@ -2,6 +2,10 @@
 //! after the last commit, from the main devices' chain or the log devices', put back in
 //! the maps; a chain that goes on past a block that cannot be applied is a loss of
 //! acknowledged flushes, said and refused without `accept_log_loss`.
+//!
+//! Format 1 chains (no MAC) are replayed only by `pool upgrade`. A record a log device
+//! carries inline is written back when the main devices lack it. With an object store,
+//! the replayed records are uploaded by the import's commit (`build`).
 
 use super::recount::{count_live, Recounted};
 use std::path::Path;
