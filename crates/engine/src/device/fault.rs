@@ -77,6 +77,8 @@ struct State {
 
 pub struct FaultyDevice {
     inner: Box<dyn Device>,
+    /// Simulated power loss (`crash.rs`): armed only by the simulator and tests.
+    journal: Option<std::sync::Arc<super::crash::CrashJournal>>,
     armed: AtomicBool,
     state: Mutex<State>,
     back_region: u64,
@@ -85,6 +87,7 @@ pub struct FaultyDevice {
 impl FaultyDevice {
     pub fn new(inner: Box<dyn Device>, back_region: u64) -> FaultyDevice {
         FaultyDevice {
+            journal: super::crash::journal_for(inner.path()),
             inner,
             armed: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -104,6 +107,14 @@ impl FaultyDevice {
 
     pub fn faults(&self) -> Vec<Fault> {
         self.state.lock().faults.clone()
+    }
+
+    /// A write that reaches the device (through the crash journal when one is armed).
+    fn put(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        match &self.journal {
+            Some(j) => j.write(&*self.inner, buf, offset),
+            None => self.inner.write_at(buf, offset),
+        }
     }
 
     fn is_label(&self, offset: u64) -> bool {
@@ -210,11 +221,11 @@ impl Device for FaultyDevice {
             FaultMode::MisdirectWrites,
         ];
         match self.fire(offset, &modes) {
-            None => self.inner.write_at(buf, offset),
+            None => self.put(buf, offset),
             Some((FaultMode::Vanish, _)) => Err(eio("device vanished")),
             Some((FaultMode::WriteError, _)) => Err(eio("write error")),
             Some((FaultMode::DropWrites, _)) => Ok(()),
-            Some((FaultMode::TearWrites, _)) => self.inner.write_at(&buf[..buf.len() / 2], offset),
+            Some((FaultMode::TearWrites, _)) => self.put(&buf[..buf.len() / 2], offset),
             Some((FaultMode::MisdirectWrites, _)) => {
                 let span = self
                     .back_region
@@ -222,7 +233,7 @@ impl Device for FaultyDevice {
                     .max(1);
                 let to = DEVICE_RESERVED_FRONT
                     + (offset - DEVICE_RESERVED_FRONT.min(offset) + (1 << 20)) % span;
-                self.inner.write_at(
+                self.put(
                     buf,
                     to.min(self.back_region.saturating_sub(buf.len() as u64)),
                 )
@@ -233,7 +244,7 @@ impl Device for FaultyDevice {
                     let bit = (r % (copy.len() as u64 * 8)) as usize;
                     copy[bit / 8] ^= 1 << (bit % 8);
                 }
-                self.inner.write_at(&copy, offset)
+                self.put(&copy, offset)
             }
         }
     }
@@ -241,7 +252,10 @@ impl Device for FaultyDevice {
         if self.fire(0, &[FaultMode::Vanish]).is_some() {
             return Err(eio("device vanished"));
         }
-        self.inner.flush()
+        match &self.journal {
+            Some(j) => j.flush(&*self.inner),
+            None => self.inner.flush(),
+        }
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<bool> {
         if self.fire(offset, &[FaultMode::Vanish]).is_some() {

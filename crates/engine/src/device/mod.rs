@@ -35,6 +35,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
+pub mod crash;
 pub mod fault;
 pub mod sync;
 

@@ -603,114 +603,134 @@ impl Core {
     }
 
     /// Background work: periodic commits (bounding what an unflushed crash loses), commits when
-    /// many map nodes are dirty, and cleaning when free segments run low.
+    /// many map nodes are dirty, and cleaning when free segments run low. One round of it is
+    /// `maintenance_round`, which the deterministic simulator drives itself
+    /// (`OpenOptions::stepped`, `pool/stepped.rs`).
     pub fn maintenance_loop(self: Arc<Self>) {
-        // The object store's fencing check: when clients came since the last one, and at
-        // most every `TIER_CHECK_INTERVAL` (an idle pool asks the store nothing).
-        let mut tier_checked = (std::time::Instant::now(), 0u64);
-        let mut gains = CleanGains::default();
+        let mut st = MaintenanceState::new();
         loop {
             self.store.wait_for_work(self.commit_interval);
             if self.store.closing.load(Ordering::SeqCst) {
                 return;
             }
-            if self.store.is_poisoned() {
-                continue;
+            self.maintenance_round(&mut st);
+        }
+    }
+
+    /// One round of the maintenance loop, after its wait.
+    pub(crate) fn maintenance_round(&self, st: &mut MaintenanceState) {
+        if self.store.is_poisoned() {
+            return;
+        }
+        if let Some(t) = &self.tier {
+            // Not taken at import (the store did not answer): try again, and once it
+            // answers, a commit catches it up.
+            if let Err(e) = t.attach_late(&self.store, false) {
+                tracing::error!("{e}");
+                self.store.poison();
+                return;
             }
-            if let Some(t) = &self.tier {
-                // Not taken at import (the store did not answer): try again, and once it
-                // answers, a commit catches it up.
-                if let Err(e) = t.attach_late(&self.store, false) {
-                    tracing::error!("{e}");
-                    self.store.poison();
-                    continue;
-                }
-                if t.take_catch_up() {
-                    self.table_dirty.store(true, Ordering::Release);
-                }
-                let ops = self.store.client_ops.load(Ordering::Relaxed);
-                if ops != tier_checked.1
-                    && tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL
-                {
-                    tier_checked = (std::time::Instant::now(), ops);
-                    match t.check() {
-                        Err(e @ Error::Fenced(_)) => {
-                            tracing::error!("{e}");
-                            self.store.poison();
-                            continue;
-                        }
-                        Err(e) => tracing::warn!("object store check failed: {e}"),
-                        Ok(()) => {}
-                    }
-                }
-                if t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
-                    if let Err(e) = t.collect() {
-                        tracing::warn!("object store garbage collection failed: {e}");
-                    }
-                }
+            if t.take_catch_up() {
+                self.table_dirty.store(true, Ordering::Release);
             }
-            // Low on space, a commit also frees the segments emptied since the last one, even
-            // when no map node is dirty (a full pool's writers wait for exactly that).
-            if self.any_dirty() || (self.low_on_space() && !self.store.log.zero_sealed().is_empty())
+            let ops = self.store.client_ops.load(Ordering::Relaxed);
+            if ops != st.tier_checked.1
+                && st.tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL
             {
-                if let Err(e) = self.commit() {
-                    tracing::error!("background commit failed: {e}");
-                    // Writers paced by the local cache wait for no room (the store took
-                    // nothing): they go on locally until a commit succeeds.
-                    self.cache_pass_done(true);
-                    continue;
-                }
-            }
-            // The local cache of the object store: segments read often brought back, and
-            // room given back once past its size.
-            if let Err(e) = self.bring_back() {
-                tracing::warn!("local cache: bringing back segments failed: {e}");
-            }
-            let evicted = self.evict();
-            if let Err(e) = &evicted {
-                tracing::warn!("local cache: giving back room failed: {e}");
-            }
-            // Writers paced by the cache wait only while a pass can give room back.
-            let cannot = match evicted {
-                Err(_) => true,
-                Ok(done) => done.free + done.data == 0,
-            };
-            self.cache_pass_done(cannot);
-            if self.low_on_space() && self.accounting_complete {
-                let wanted = self.store.take_space_wanted();
-                if self.store.clean_unstuck_if_freed() {
-                    // Stuck: no pass until something frees space; writers that find no
-                    // room are answered at once meanwhile.
-                    self.store.note_clean_round();
-                    continue;
-                }
-                let before = SpaceMark::of(&self.store.log);
-                match self.clean() {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        tracing::debug!(records = n, "cleaned");
-                        // Writers wait for space (asked before the pass or during it):
-                        // free the victims this pass emptied now, before the object
-                        // store's checks and collection at the top of the loop. Otherwise
-                        // the next round's commit (above) frees them: one commit per pass,
-                        // not one after it and another before the next. Under sustained
-                        // overwrite the cleaner runs pass after pass, and each commit
-                        // writes every leaf dirtied since the last.
-                        if wanted || self.store.space_wanted() {
-                            if let Err(e) = self.commit() {
-                                tracing::error!("commit after cleaning failed: {e}");
-                            }
-                            // Writers wait: the pass and its commit must gain them room.
-                            let after = SpaceMark::of(&self.store.log);
-                            gains.note(&self.store, &before, &after);
-                        }
-                        // More may be needed: go round again at once.
-                        self.store.wake_maintenance();
+                st.tier_checked = (std::time::Instant::now(), ops);
+                match t.check() {
+                    Err(e @ Error::Fenced(_)) => {
+                        tracing::error!("{e}");
+                        self.store.poison();
+                        return;
                     }
-                    Err(e) => tracing::error!("cleaning failed: {e}"),
+                    Err(e) => tracing::warn!("object store check failed: {e}"),
+                    Ok(()) => {}
                 }
-                self.store.note_clean_round();
             }
+            if t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
+                if let Err(e) = t.collect() {
+                    tracing::warn!("object store garbage collection failed: {e}");
+                }
+            }
+        }
+        // Low on space, a commit also frees the segments emptied since the last one, even
+        // when no map node is dirty (a full pool's writers wait for exactly that).
+        if self.any_dirty() || (self.low_on_space() && !self.store.log.zero_sealed().is_empty()) {
+            if let Err(e) = self.commit() {
+                tracing::error!("background commit failed: {e}");
+                // Writers paced by the local cache wait for no room (the store took
+                // nothing): they go on locally until a commit succeeds.
+                self.cache_pass_done(true);
+                return;
+            }
+        }
+        // The local cache of the object store: segments read often brought back, and
+        // room given back once past its size.
+        if let Err(e) = self.bring_back() {
+            tracing::warn!("local cache: bringing back segments failed: {e}");
+        }
+        let evicted = self.evict();
+        if let Err(e) = &evicted {
+            tracing::warn!("local cache: giving back room failed: {e}");
+        }
+        // Writers paced by the cache wait only while a pass can give room back.
+        let cannot = match evicted {
+            Err(_) => true,
+            Ok(done) => done.free + done.data == 0,
+        };
+        self.cache_pass_done(cannot);
+        if self.low_on_space() && self.accounting_complete {
+            let wanted = self.store.take_space_wanted();
+            if self.store.clean_unstuck_if_freed() {
+                // Stuck: no pass until something frees space; writers that find no
+                // room are answered at once meanwhile.
+                self.store.note_clean_round();
+                return;
+            }
+            let before = SpaceMark::of(&self.store.log);
+            match self.clean() {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(records = n, "cleaned");
+                    // Writers wait for space (asked before the pass or during it):
+                    // free the victims this pass emptied now, before the object
+                    // store's checks and collection at the top of the loop. Otherwise
+                    // the next round's commit (above) frees them: one commit per pass,
+                    // not one after it and another before the next. Under sustained
+                    // overwrite the cleaner runs pass after pass, and each commit
+                    // writes every leaf dirtied since the last.
+                    if wanted || self.store.space_wanted() {
+                        if let Err(e) = self.commit() {
+                            tracing::error!("commit after cleaning failed: {e}");
+                        }
+                        // Writers wait: the pass and its commit must gain them room.
+                        let after = SpaceMark::of(&self.store.log);
+                        st.gains.note(&self.store, &before, &after);
+                    }
+                    // More may be needed: go round again at once.
+                    self.store.wake_maintenance();
+                }
+                Err(e) => tracing::error!("cleaning failed: {e}"),
+            }
+            self.store.note_clean_round();
+        }
+    }
+}
+
+/// What the maintenance loop carries from one round to the next.
+pub(crate) struct MaintenanceState {
+    /// The object store's fencing check: when clients came since the last one, and at
+    /// most every `TIER_CHECK_INTERVAL` (an idle pool asks the store nothing).
+    tier_checked: (std::time::Instant, u64),
+    gains: CleanGains,
+}
+
+impl MaintenanceState {
+    pub(crate) fn new() -> MaintenanceState {
+        MaintenanceState {
+            tier_checked: (std::time::Instant::now(), 0),
+            gains: CleanGains::default(),
         }
     }
 }

@@ -20,6 +20,8 @@ use crate::{Error, Result};
 pub struct Pool {
     core: Arc<Core>,
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// What `maintenance_step` carries between rounds in stepped mode (`stepped.rs`).
+    steps: Mutex<super::core::MaintenanceState>,
     /// Holds the exclusive lock on `DIR/pool.lock` for the life of the pool.
     _lock: File,
 }
@@ -89,13 +91,18 @@ impl Pool {
         let pool = Arc::new(Pool {
             core: core.clone(),
             maintenance: Mutex::new(None),
+            steps: Mutex::new(super::core::MaintenanceState::new()),
             _lock: lock,
         });
-        let handle = std::thread::Builder::new()
-            .name("bulwark-maintenance".into())
-            .spawn(move || core.maintenance_loop())
-            .map_err(Error::Io)?;
-        *pool.maintenance.lock() = Some(handle);
+        if opts.stepped {
+            core.store.set_stepped();
+        } else {
+            let handle = std::thread::Builder::new()
+                .name("bulwark-maintenance".into())
+                .spawn(move || core.maintenance_loop())
+                .map_err(Error::Io)?;
+            *pool.maintenance.lock() = Some(handle);
+        }
         {
             // A resilver interrupted by a restart: its device's copies are still known stale.
             let s = pool.core.scrub.lock();
@@ -355,6 +362,19 @@ impl Pool {
     }
     pub fn scrub_status(&self) -> scrub::ScrubStatus {
         self.core.scrub_status()
+    }
+
+    /// Stepped pools only (`OpenOptions::stepped`, `stepped.rs`): one round of background
+    /// maintenance (commit when dirty or low on space, the object tier's work, cleaning
+    /// when low on space). Refused when a maintenance thread runs.
+    pub fn maintenance_step(&self) -> Result<()> {
+        self.core.maintenance_step(&mut self.steps.lock())
+    }
+
+    /// Stepped pools only: run a started (or resumed) scrub to its end on this thread;
+    /// nothing when none is scanning.
+    pub fn scrub_step(&self) -> Result<()> {
+        self.core.scrub_step()
     }
 
     /// Make every write completed so far durable through one commit (a client's flush,

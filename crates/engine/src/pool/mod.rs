@@ -29,6 +29,7 @@ pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
 pub mod status;
+mod stepped;
 pub mod tier;
 #[cfg(test)]
 mod tier_tests;

@@ -52,6 +52,10 @@ pub struct OpenOptions {
     /// The pool's object store (issue 22, `tier`): taken at import, published to by every
     /// commit. `None`: local devices only.
     pub tier: Option<tier::TierOpen>,
+    /// Tests and the simulator only (`crates/sim`, `pool/stepped.rs`): start no maintenance
+    /// or scrub thread; the caller drives that work with `Pool::maintenance_step` and
+    /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
+    pub stepped: bool,
 }
 
 impl Default for OpenOptions {
@@ -69,6 +73,7 @@ impl Default for OpenOptions {
             rename: None,
             cache_device: None,
             tier: None,
+            stepped: false,
         }
     }
 }

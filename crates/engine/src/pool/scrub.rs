@@ -234,6 +234,10 @@ impl Core {
     }
 
     pub(crate) fn spawn_scrub(self: &Arc<Self>) {
+        if self.store.stepped() {
+            // The simulator runs the scrub itself (`Pool::scrub_step`).
+            return;
+        }
         if self.scrub_running.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -264,7 +268,7 @@ impl Core {
             && self.scrub.lock().state == ScrubPhase::Scanning
     }
 
-    fn scrub_run(&self) -> Result<()> {
+    pub(super) fn scrub_run(&self) -> Result<()> {
         tracing::info!("scrub started");
         let run_start = Instant::now();
         let done_at_start = self.scrub.lock().bytes_done;
@@ -645,6 +649,9 @@ impl Core {
 
     /// Sleep long enough to hold the configured rate, and a little longer while clients are busy.
     fn throttle(&self, batch_start: Instant, bytes: u64) {
+        if self.store.stepped() {
+            return;
+        }
         let rate = self.scrub_rate.load(Ordering::Relaxed).max(1 << 20);
         let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
         let took = batch_start.elapsed();

@@ -126,6 +126,10 @@ pub struct Store {
     poisoned: AtomicBool,
     /// The pool is closing: writers waiting for space give up.
     pub closing: AtomicBool,
+    /// No maintenance thread runs (`pool::OpenOptions::stepped`, the simulator's mode): a
+    /// writer short of space gets `NoSpace` at once instead of waiting for one, and its
+    /// driver runs maintenance steps and tries again.
+    stepped: AtomicBool,
     /// Wakes the maintenance thread (commit, clean).
     wake: (Mutex<bool>, Condvar),
     space_wait: Mutex<()>,
@@ -222,6 +226,7 @@ impl Store {
             dirty_nodes_total: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            stepped: AtomicBool::new(false),
             wake: (Mutex::new(false), Condvar::new()),
             space_wait: Mutex::new(()),
             space_wanted: AtomicBool::new(false),
@@ -298,6 +303,16 @@ impl Store {
             self.wake.1.wait_for(&mut woken, timeout);
         }
         *woken = false;
+    }
+
+    /// Stepped mode (`pool::OpenOptions::stepped`): no thread will free space for a waiting
+    /// writer, so none waits.
+    pub fn set_stepped(&self) {
+        self.stepped.store(true, Ordering::Release);
+    }
+
+    pub fn stepped(&self) -> bool {
+        self.stepped.load(Ordering::Acquire)
     }
 
     /// Whether a writer waits for space; clears the flag (the caller cleans).
@@ -1121,6 +1136,12 @@ impl Store {
                 return Err(Error::NoSpace);
             }
             if self.clean_unstuck_if_freed() {
+                return Err(Error::NoSpace);
+            }
+            if self.stepped() {
+                // Nothing runs beside us: say what a wait would have asked for and give up;
+                // the simulator steps maintenance and tries again.
+                self.space_wanted.store(true, Ordering::Release);
                 return Err(Error::NoSpace);
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);

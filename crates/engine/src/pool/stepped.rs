@@ -1,0 +1,45 @@
+//! Stepped mode: the pool's background work driven by its caller, one step at a time.
+//!
+//! For the deterministic simulator (`crates/sim`, docs/simulation.md) and tests only. A
+//! pool opened with `OpenOptions::stepped` starts no maintenance thread and no scrub
+//! thread; whoever holds it calls `Pool::maintenance_step` (one round of
+//! `Core::maintenance_loop`: the commit it would make, the cleaning pass it would run)
+//! and `Pool::scrub_step` (a started scrub, run to its end on the caller's thread) when
+//! its schedule says so. With nothing running beside the caller, a writer short of space
+//! is answered `NoSpace` at once (`Store::set_stepped`) instead of waiting for a
+//! maintenance thread that does not exist; the simulator then steps maintenance and
+//! tries again, which is what the wait would have done. A scrub does not sleep to hold
+//! its rate (`Core::throttle`).
+//!
+//! Nothing here changes what a round does: production runs the same `maintenance_round`
+//! from its thread, so a seed that breaks a step breaks the daemon too.
+
+use super::core::{Core, MaintenanceState};
+use crate::{Error, Result};
+
+impl Core {
+    fn refuse_unless_stepped(&self, what: &str) -> Result<()> {
+        if self.store.stepped() {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "{what} needs a pool opened with OpenOptions::stepped: a thread already does it"
+        )))
+    }
+
+    /// `Pool::maintenance_step`.
+    pub(super) fn maintenance_step(&self, st: &mut MaintenanceState) -> Result<()> {
+        self.refuse_unless_stepped("maintenance_step")?;
+        self.maintenance_round(st);
+        Ok(())
+    }
+
+    /// `Pool::scrub_step`.
+    pub(super) fn scrub_step(&self) -> Result<()> {
+        self.refuse_unless_stepped("scrub_step")?;
+        if self.scrub.lock().state != super::scrub::ScrubPhase::Scanning {
+            return Ok(());
+        }
+        self.scrub_run()
+    }
+}
