@@ -228,6 +228,23 @@ const CSI: Table = Table {
     ],
 };
 
+/// `bulwark-sim`: the deterministic simulator (docs/simulation.md).
+const SIM: Table = Table {
+    src: "../sim/src",
+    root: "lib",
+    root_items: &[],
+    layers: &[
+        // The seeded generator and the trace hash.
+        ("rng", &[]),
+        // The reference model: what each cell may read as, now and after a crash.
+        ("model", &[]),
+        // The world: the pool, the driver of operations, steps and crashes.
+        ("world", &["model", "rng"]),
+        // The command line (the binary; it reaches the rest as `bulwark_sim::`).
+        ("main", &[]),
+    ],
+};
+
 /// `bulwark-engine`: the storage engine, bottom up as ARCHITECTURE.md draws it.
 const ENGINE: Table = Table {
     within: &[],
@@ -460,8 +477,13 @@ fn csi_modules_keep_their_layers() {
 }
 
 #[test]
+fn sim_modules_keep_their_layers() {
+    check(&SIM);
+}
+
+#[test]
 fn every_crate_has_a_table() {
-    let tabled = ["nbd", "bulwark", "engine", "csi"];
+    let tabled = ["nbd", "bulwark", "engine", "csi", "sim"];
     let crates = manifest_dir().join("..");
     let mut missing = Vec::new();
     for entry in fs::read_dir(&crates).expect("read crates/") {

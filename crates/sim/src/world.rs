@@ -1,0 +1,1104 @@
+//! One simulated world: a pool in a fresh directory, its volumes, the model beside them,
+//! and the driver that draws every operation from the seed.
+//!
+//! The pool is opened `stepped` (engine `pool/stepped.rs`): no maintenance or scrub thread
+//! runs, and the driver interleaves their steps with client operations itself. Every
+//! member device goes through the engine's crash journal (`device/crash.rs`), so a crash
+//! can fall between two operations or inside one (at the n-th device write), and leaves
+//! each unsynced write kept, dropped or torn, as the seed says.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bulwark_engine::device::crash::{self, CrashJournal};
+use bulwark_engine::{
+    Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, Volume, VolumeOptions,
+};
+use zeroize::Zeroizing;
+
+use crate::model::{fill_cell, value_of, Cell, Vol, CELL};
+use crate::rng::{Rng, Trace};
+
+/// Pool layouts the simulator builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimLayout {
+    Single,
+    Mirror,
+    Parity,
+}
+
+impl Kind {
+    pub fn parse(s: &str) -> Option<Kind> {
+        KINDS
+            .iter()
+            .map(|(k, _)| *k)
+            .find(|k| format!("{k:?}").eq_ignore_ascii_case(s))
+    }
+}
+
+impl SimLayout {
+    pub fn parse(s: &str) -> Option<SimLayout> {
+        match s {
+            "single" => Some(SimLayout::Single),
+            "mirror" => Some(SimLayout::Mirror),
+            "parity" => Some(SimLayout::Parity),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SimLayout::Single => "single",
+            SimLayout::Mirror => "mirror",
+            SimLayout::Parity => "parity",
+        }
+    }
+    fn engine(self) -> (Layout, usize) {
+        match self {
+            SimLayout::Single => (Layout::Single, 1),
+            SimLayout::Mirror => (Layout::Mirror(2), 2),
+            SimLayout::Parity => ("parity:2+1".parse().expect("a valid layout"), 3),
+        }
+    }
+}
+
+/// Operation kinds. Each seed turns on a random subset (swarm testing); `Write`, `Read`
+/// and `Maintenance` are always on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Write,
+    Read,
+    Maintenance,
+    Zero,
+    Trim,
+    Flush,
+    SnapCreate,
+    SnapDestroy,
+    Clone,
+    Rollback,
+    Create,
+    Destroy,
+    Resize,
+    KeyCycle,
+    Scrub,
+    Crash,
+    Restart,
+}
+
+/// Each kind and its weight when on.
+const KINDS: [(Kind, u64); 17] = [
+    (Kind::Write, 400),
+    (Kind::Read, 150),
+    (Kind::Maintenance, 80),
+    (Kind::Zero, 30),
+    (Kind::Trim, 40),
+    (Kind::Flush, 60),
+    (Kind::SnapCreate, 25),
+    (Kind::SnapDestroy, 15),
+    (Kind::Clone, 10),
+    (Kind::Rollback, 12),
+    (Kind::Create, 6),
+    (Kind::Destroy, 6),
+    (Kind::Resize, 6),
+    (Kind::KeyCycle, 8),
+    (Kind::Scrub, 4),
+    (Kind::Crash, 10),
+    (Kind::Restart, 3),
+];
+
+/// Volumes (clones included) at most, and snapshots per volume at most.
+const VOLS_MAX: usize = 5;
+const SNAPS_MAX: usize = 3;
+
+/// What a run counted (printed at the end, and the numbers in BENCHMARKS.md).
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    pub ops: u64,
+    pub writes: u64,
+    pub reads: u64,
+    pub cells_checked: u64,
+    pub flushes: u64,
+    pub snapshots: u64,
+    pub clones: u64,
+    pub rollbacks: u64,
+    pub refusals: u64,
+    pub crashes: u64,
+    pub crashes_inside_op: u64,
+    pub restarts: u64,
+    pub key_cycles: u64,
+    pub scrubs: u64,
+    pub maintenance_steps: u64,
+    pub no_space: u64,
+    pub unsynced_kept: u64,
+    pub unsynced_dropped: u64,
+    pub unsynced_torn: u64,
+}
+
+pub struct Config {
+    pub seed: u64,
+    pub ops: u64,
+    pub layout: SimLayout,
+    /// Where the pool directories go (a tmpfs keeps fsync cheap).
+    pub dir: Option<PathBuf>,
+    /// Print every operation (`--log`) to stderr.
+    pub log: bool,
+    /// Kinds of operation turned off whatever the seed draws (`--without`): to tell which
+    /// a failure needs. The seed's other draws stay as they were.
+    pub without: Vec<Kind>,
+}
+
+pub struct World {
+    rng: Rng,
+    pub trace: Trace,
+    pub stats: Stats,
+    pub op: u64,
+    on: Vec<(Kind, u64)>,
+    /// Kept alive for its directory; the pool lives in it.
+    dir: tempfile::TempDir,
+    journal: Arc<CrashJournal>,
+    pool: Option<Arc<Pool>>,
+    vols: Vec<Vol>,
+    handles: Vec<Option<Arc<Volume>>>,
+    next_value: u64,
+    next_name: u64,
+    compression: bool,
+}
+
+type R = Result<(), String>;
+
+fn secret(b: u8) -> Secret {
+    Secret::KeyFile(Zeroizing::new([b; 32]))
+}
+
+fn kind_of(e: &Error) -> &'static str {
+    match e {
+        Error::Invalid(_) => "invalid",
+        Error::NotFound(_) => "not_found",
+        Error::Exists(_) => "exists",
+        Error::Locked(_) => "locked",
+        Error::WrongKey(_) => "wrong_key",
+        Error::Busy(_) => "busy",
+        Error::NoSpace => "no_space",
+        Error::ReadOnly(_) => "read_only",
+        Error::Unrecoverable(_) => "unrecoverable",
+        Error::Corrupt(_) => "corrupt",
+        Error::Io(_) => "io",
+        _ => "other",
+    }
+}
+
+/// What the pool says of volumes and snapshots: a refusal must leave it as it was (and the
+/// cells read as before: the model is unchanged, and every later read checks them). Used
+/// bytes are not compared: a refusal may come after a commit, whose metadata moves them.
+#[derive(Debug, PartialEq, Eq)]
+struct Shape {
+    volumes: Vec<String>,
+    snapshots: Vec<String>,
+}
+
+impl World {
+    pub fn new(cfg: &Config) -> Result<World, String> {
+        let mut rng = Rng::new(cfg.seed);
+        // Swarm: this seed's operations.
+        let mut on = Vec::new();
+        for (k, w) in KINDS {
+            let always = matches!(k, Kind::Write | Kind::Read | Kind::Maintenance);
+            if (always || rng.chance(600)) && !cfg.without.contains(&k) {
+                on.push((k, w));
+            }
+        }
+        let near_full = rng.chance(300);
+        let compression = rng.chance(300);
+        let base = match &cfg.dir {
+            Some(d) => d.clone(),
+            None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
+            None => std::env::temp_dir(),
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("bulwark-sim-")
+            .tempdir_in(&base)
+            .map_err(|e| format!("temp dir in {}: {e}", base.display()))?;
+        let (layout, count) = cfg.layout.engine();
+        // Small pools: the cleaner runs, and a near-full seed runs out of room.
+        let pool_mib: u64 = if near_full { 40 } else { 64 };
+        let size_bytes = match cfg.layout {
+            SimLayout::Parity => (pool_mib / 2) << 20,
+            _ => pool_mib << 20,
+        };
+        Pool::create(dir.path(), layout, DeviceSpec::Files { count, size_bytes })
+            .map_err(|e| format!("pool create: {e}"))?;
+        let journal = crash::arm(dir.path());
+        let mut w = World {
+            rng,
+            trace: Trace::default(),
+            stats: Stats::default(),
+            op: 0,
+            on,
+            dir,
+            journal,
+            pool: None,
+            vols: Vec::new(),
+            handles: Vec::new(),
+            next_value: 0,
+            next_name: 0,
+            compression,
+        };
+        w.trace.1 = cfg.log;
+        w.trace.text(cfg.layout.name());
+        for (k, _) in &w.on {
+            w.trace.text(&format!("{k:?}"));
+        }
+        w.open()?;
+        for _ in 0..2 {
+            w.create_volume()?;
+        }
+        Ok(w)
+    }
+
+    /// The kinds of operation this seed turned on.
+    pub fn kinds(&self) -> Vec<Kind> {
+        self.on.iter().map(|(k, _)| *k).collect()
+    }
+
+    fn pool(&self) -> &Pool {
+        self.pool.as_ref().expect("the pool is open")
+    }
+
+    fn open(&mut self) -> R {
+        let opts = OpenOptions {
+            stepped: true,
+            cache_bytes: 8 << 20,
+            ..OpenOptions::default()
+        };
+        let pool = Pool::open(self.dir.path(), opts)
+            .map_err(|e| format!("the pool does not import: {e}"))?;
+        self.handles.clear();
+        for v in &self.vols {
+            if let Some(k) = v.key {
+                pool.load_key(&v.name, &secret(k))
+                    .map_err(|e| format!("key load of {} after import: {e}", v.name))?;
+            }
+            let h = pool
+                .volume(&v.name)
+                .map_err(|e| format!("open {} after import: {e}", v.name))?;
+            self.handles.push(Some(h));
+        }
+        self.pool = Some(pool);
+        Ok(())
+    }
+
+    fn shape(&self) -> Shape {
+        let p = self.pool();
+        let mut volumes: Vec<String> = p.volumes().into_iter().map(|v| v.name).collect();
+        volumes.sort();
+        let mut snapshots: Vec<String> = p
+            .snapshot_list(None)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| format!("{}@{}", s.volume, s.snapshot))
+            .collect();
+        snapshots.sort();
+        Shape { volumes, snapshots }
+    }
+
+    /// The pool's volumes and snapshots are the model's.
+    fn check_names(&self) -> R {
+        let s = self.shape();
+        let mut volumes: Vec<String> = self.vols.iter().map(|v| v.name.clone()).collect();
+        volumes.sort();
+        let mut snapshots: Vec<String> = self
+            .vols
+            .iter()
+            .flat_map(|v| v.snaps.iter().map(move |(n, _)| format!("{}@{n}", v.name)))
+            .collect();
+        snapshots.sort();
+        if s.volumes != volumes {
+            return Err(format!(
+                "volumes {:?}, the model has {volumes:?}",
+                s.volumes
+            ));
+        }
+        if s.snapshots != snapshots {
+            return Err(format!(
+                "snapshots {:?}, the model has {snapshots:?}",
+                s.snapshots
+            ));
+        }
+        Ok(())
+    }
+
+    /// A refused operation: its error kind is `want`, and nothing changed.
+    fn refused(&mut self, what: &str, got: Result<(), Error>, want: &str, before: Shape) -> R {
+        match got {
+            Err(e) if kind_of(&e) == want => {}
+            Err(e) => {
+                return Err(format!(
+                    "{what}: refused as {} ({e}), want {want}",
+                    kind_of(&e)
+                ))
+            }
+            Ok(()) => return Err(format!("{what}: accepted, want a refusal ({want})")),
+        }
+        let after = self.shape();
+        if after != before {
+            return Err(format!(
+                "{what} was refused but changed the pool: before {before:?}, after {after:?}"
+            ));
+        }
+        self.stats.refusals += 1;
+        self.trace.text(want);
+        Ok(())
+    }
+
+    fn everything_durable(&mut self) {
+        for v in &mut self.vols {
+            v.durable();
+        }
+    }
+
+    fn new_value(&mut self) -> u64 {
+        self.next_value += 1;
+        self.next_value
+    }
+
+    fn new_name(&mut self, prefix: &str) -> String {
+        self.next_name += 1;
+        format!("{prefix}{}", self.next_name)
+    }
+
+    fn handle(&self, vi: usize) -> Arc<Volume> {
+        self.handles[vi].clone().expect("a handle is open")
+    }
+
+    /// `(first cell, count)` of a range of up to `most` cells in volume `vi`.
+    fn range(&mut self, vi: usize, most: u64) -> (u64, u64) {
+        let cells = self.vols[vi].cells.len() as u64;
+        let n = match self.rng.below(10) {
+            0 => self.rng.range(1, most.min(cells)),
+            1..=3 => self.rng.range(1, 16.min(cells)),
+            _ => self.rng.range(1, 4.min(cells)),
+        };
+        (self.rng.below(cells - n + 1), n)
+    }
+
+    /// Run maintenance steps after a refusal for space, as a waiting writer would.
+    fn make_room(&mut self) -> R {
+        for _ in 0..4 {
+            self.maintenance()?;
+        }
+        Ok(())
+    }
+
+    fn create_volume(&mut self) -> R {
+        if self.vols.len() >= VOLS_MAX {
+            return Ok(());
+        }
+        let name = self.new_name("v");
+        let encrypted = self.rng.chance(500);
+        let block_size = [4096u32, 4096, 8192, 16384][self.rng.below(4) as usize];
+        let cells = self.rng.range(512, 2048) & !((block_size as u64 / CELL) - 1);
+        let key = encrypted.then(|| 1 + self.rng.below(200) as u8);
+        let opts = VolumeOptions {
+            size_bytes: cells * CELL,
+            block_size,
+            compression: if self.compression {
+                Compression::Lz4
+            } else {
+                Compression::Off
+            },
+            encryption: encrypted,
+        };
+        self.trace
+            .text(&format!("create {name} {cells} {block_size} {encrypted}"));
+        self.pool()
+            .create_volume(&name, opts, key.map(secret).as_ref())
+            .map_err(|e| format!("volume create {name}: {e}"))?;
+        let h = self
+            .pool()
+            .volume(&name)
+            .map_err(|e| format!("open {name}: {e}"))?;
+        // Its commit made everything durable.
+        self.everything_durable();
+        self.vols.push(Vol {
+            name,
+            key,
+            origin: None,
+            block_size,
+            cells: vec![Cell::zero(); cells as usize],
+            snaps: Vec::new(),
+        });
+        self.handles.push(Some(h));
+        Ok(())
+    }
+
+    fn write(&mut self, vi: usize) -> R {
+        let (c0, n) = self.range(vi, 256);
+        let fua = self.rng.chance(100);
+        let mut buf = vec![0u8; (n * CELL) as usize];
+        let mut values = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let v = self.new_value();
+            fill_cell(
+                v,
+                c0 + i,
+                &mut buf[(i * CELL) as usize..((i + 1) * CELL) as usize],
+            );
+            values.push(v);
+        }
+        self.trace
+            .text(&format!("write {vi} {c0}+{n} {fua} values {}..", values[0]));
+        let h = self.handle(vi);
+        let mut got = h.write(c0 * CELL, &buf, fua);
+        if matches!(got, Err(Error::NoSpace)) {
+            self.stats.no_space += 1;
+            self.make_room()?;
+            got = h.write(c0 * CELL, &buf, fua);
+        }
+        self.stats.writes += 1;
+        let cells = &mut self.vols[vi].cells[c0 as usize..(c0 + n) as usize];
+        match got {
+            _ if self.journal.frozen() => {
+                // The machine died inside the write: never acknowledged.
+                cells.iter_mut().zip(&values).for_each(|(c, &v)| c.maybe(v));
+            }
+            Ok(()) if fua => cells
+                .iter_mut()
+                .zip(&values)
+                .for_each(|(c, &v)| c.set_durable(v)),
+            Ok(()) => cells.iter_mut().zip(&values).for_each(|(c, &v)| c.set(v)),
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                cells.iter_mut().zip(&values).for_each(|(c, &v)| c.maybe(v));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "write of {} cells {c0}+{n}: {e}",
+                    self.vols[vi].name
+                ))
+            }
+        }
+        self.trace.text(if self.journal.frozen() {
+            "frozen"
+        } else {
+            "ok"
+        });
+        Ok(())
+    }
+
+    /// Zeroes or a trim: either way the range reads as zeros.
+    fn zero(&mut self, vi: usize, trim: bool) -> R {
+        let (c0, n) = self.range(vi, 512);
+        let fua = !trim && self.rng.chance(100);
+        self.trace.text(&format!("zero {vi} {c0}+{n} {trim} {fua}"));
+        let h = self.handle(vi);
+        let run = |h: &Volume| {
+            if trim {
+                h.trim(c0 * CELL, n * CELL)
+            } else {
+                h.write_zeroes(c0 * CELL, n * CELL, fua)
+            }
+        };
+        let mut got = run(&h);
+        if matches!(got, Err(Error::NoSpace)) {
+            self.stats.no_space += 1;
+            self.make_room()?;
+            got = run(&h);
+        }
+        // A trim frees whole blocks and leaves partial ones as they are (`Volume::trim`).
+        let per = self.vols[vi].block_size as u64 / CELL;
+        let (lo, hi) = if trim {
+            (c0.div_ceil(per) * per, (c0 + n) / per * per)
+        } else {
+            (c0, c0 + n)
+        };
+        if lo >= hi {
+            return Ok(());
+        }
+        let cells = &mut self.vols[vi].cells[lo as usize..hi as usize];
+        match got {
+            Ok(()) if fua => cells.iter_mut().for_each(|c| c.set_durable(0)),
+            Ok(()) => cells.iter_mut().for_each(|c| c.set(0)),
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                cells.iter_mut().for_each(|c| c.maybe(0));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "zero/trim of {} cells {c0}+{n}: {e}",
+                    self.vols[vi].name
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Read cells `[c0, c0+n)` of volume `vi` (or its snapshot `snap`) against the model.
+    fn check_range(&mut self, vi: usize, snap: Option<usize>, c0: u64, n: u64) -> R {
+        let (h, what) = match snap {
+            None => (self.handle(vi), self.vols[vi].name.clone()),
+            Some(k) => {
+                let name = format!("{}@{}", self.vols[vi].name, self.vols[vi].snaps[k].0);
+                let h = self
+                    .pool()
+                    .volume(&name)
+                    .map_err(|e| format!("open {name}: {e}"))?;
+                (h, name)
+            }
+        };
+        let mut buf = vec![0u8; (n * CELL) as usize];
+        h.read(c0 * CELL, &mut buf)
+            .map_err(|e| format!("read of {what} cells {c0}+{n}: {e}"))?;
+        let mut scratch = vec![0u8; CELL as usize];
+        for i in 0..n {
+            let c = c0 + i;
+            let got = &buf[(i * CELL) as usize..((i + 1) * CELL) as usize];
+            let (v, whole) = value_of(got, c, &mut scratch);
+            let may: Vec<u64> = match snap {
+                None => self.vols[vi].cells[c as usize].cur.clone(),
+                Some(k) => vec![self.vols[vi].snaps[k].1[c as usize]],
+            };
+            if !whole || !may.contains(&v) {
+                return Err(format!(
+                    "{what} cell {c} read value {v} (its own bytes: {whole}); the model allows {may:?}"
+                ));
+            }
+            if snap.is_none() {
+                self.vols[vi].cells[c as usize].pin(v);
+            }
+            self.trace.num(v);
+        }
+        self.stats.cells_checked += n;
+        Ok(())
+    }
+
+    fn read(&mut self, vi: usize) -> R {
+        self.stats.reads += 1;
+        let snaps = self.vols[vi].snaps.len() as u64;
+        let snap = (snaps > 0 && self.rng.chance(250)).then(|| self.rng.below(snaps) as usize);
+        let cells = match snap {
+            None => self.vols[vi].cells.len() as u64,
+            Some(k) => self.vols[vi].snaps[k].1.len() as u64,
+        };
+        let n = self.rng.range(1, 64.min(cells));
+        let c0 = self.rng.below(cells - n + 1);
+        self.trace.text(&format!("read {vi} {snap:?} {c0}+{n}"));
+        self.check_range(vi, snap, c0, n)
+    }
+
+    /// Every cell of every volume and snapshot against the model.
+    fn check_everything(&mut self) -> R {
+        for vi in 0..self.vols.len() {
+            let size = self.handle(vi).size();
+            let cells = self.vols[vi].cells.len() as u64;
+            if size != cells * CELL {
+                return Err(format!(
+                    "{} has {size} bytes, the model {}",
+                    self.vols[vi].name,
+                    cells * CELL
+                ));
+            }
+            let mut c = 0;
+            while c < cells {
+                let n = (cells - c).min(256);
+                self.check_range(vi, None, c, n)?;
+                c += n;
+            }
+            for k in 0..self.vols[vi].snaps.len() {
+                let cells = self.vols[vi].snaps[k].1.len() as u64;
+                let mut c = 0;
+                while c < cells {
+                    let n = (cells - c).min(256);
+                    self.check_range(vi, Some(k), c, n)?;
+                    c += n;
+                }
+            }
+        }
+        self.check_names()
+    }
+
+    fn flush(&mut self, vi: usize) -> R {
+        self.trace.text(&format!("flush {vi}"));
+        let got = self.handle(vi).flush();
+        if self.journal.frozen() && got.is_err() {
+            // Died inside the flush: not acknowledged.
+            return Ok(());
+        }
+        got.map_err(|e| format!("flush of {}: {e}", self.vols[vi].name))?;
+        self.stats.flushes += 1;
+        // A flush covers every volume's completed writes (group commit, intent log).
+        self.everything_durable();
+        Ok(())
+    }
+
+    fn maintenance(&mut self) -> R {
+        self.stats.maintenance_steps += 1;
+        self.trace.text("maintenance");
+        self.pool()
+            .maintenance_step()
+            .map_err(|e| format!("maintenance step: {e}"))?;
+        if !self.journal.frozen() && self.pool().status().state == "FAULTED" {
+            return Err("the pool is poisoned after a maintenance step".into());
+        }
+        Ok(())
+    }
+
+    /// Pin every cell a failed write left uncertain, by reading it.
+    fn settle(&mut self, vi: usize) -> R {
+        for c in 0..self.vols[vi].cells.len() as u64 {
+            if self.vols[vi].cells[c as usize].cur.len() > 1 {
+                self.check_range(vi, None, c, 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn snap_create(&mut self, vi: usize) -> R {
+        if self.vols[vi].snaps.len() >= SNAPS_MAX {
+            return Ok(());
+        }
+        self.settle(vi)?;
+        let name = self.new_name("s");
+        let vol = self.vols[vi].name.clone();
+        self.trace.text(&format!("snapshot {vol}@{name}"));
+        match self.pool().snapshot_create(&vol, &name) {
+            Ok(()) => {}
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("snapshot create {vol}@{name}: {e}")),
+        }
+        self.everything_durable();
+        let values = self.vols[vi].cells.iter().map(|c| c.cur[0]).collect();
+        self.vols[vi].snaps.push((name, values));
+        self.stats.snapshots += 1;
+        Ok(())
+    }
+
+    fn has_clones(&self, vol: &str, snap: &str) -> bool {
+        self.vols.iter().any(|v| {
+            v.origin
+                .as_ref()
+                .is_some_and(|(o, s)| o == vol && s == snap)
+        })
+    }
+
+    fn snap_destroy(&mut self, vi: usize) -> R {
+        let n = self.vols[vi].snaps.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = self.rng.below(n) as usize;
+        let vol = self.vols[vi].name.clone();
+        let name = self.vols[vi].snaps[k].0.clone();
+        self.trace.text(&format!("snapshot destroy {vol}@{name}"));
+        if self.has_clones(&vol, &name) {
+            let before = self.shape();
+            let got = self.pool().snapshot_destroy(&vol, &name).map(|_| ());
+            return self.refused(
+                &format!("destroy of {vol}@{name}, which has clones"),
+                got,
+                "busy",
+                before,
+            );
+        }
+        let used = self
+            .pool()
+            .snapshot_list(Some(&vol))
+            .map_err(|e| format!("snapshot list {vol}: {e}"))?
+            .into_iter()
+            .find(|s| s.snapshot == name)
+            .ok_or_else(|| format!("{vol}@{name} is not listed"))?
+            .used_bytes;
+        match self.pool().snapshot_destroy(&vol, &name) {
+            Ok(freed) if freed == used => {}
+            Ok(freed) => {
+                return Err(format!(
+                    "destroying {vol}@{name} freed {freed} bytes, its listed used was {used}"
+                ))
+            }
+            Err(e) => return Err(format!("snapshot destroy {vol}@{name}: {e}")),
+        }
+        self.everything_durable();
+        self.vols[vi].snaps.remove(k);
+        Ok(())
+    }
+
+    fn clone_snapshot(&mut self, vi: usize) -> R {
+        let n = self.vols[vi].snaps.len() as u64;
+        if n == 0 || self.vols.len() >= VOLS_MAX {
+            return Ok(());
+        }
+        let k = self.rng.below(n) as usize;
+        let vol = self.vols[vi].name.clone();
+        let (snap, values) = self.vols[vi].snaps[k].clone();
+        let name = self.new_name("c");
+        let key = self.vols[vi].key.map(|_| 1 + self.rng.below(200) as u8);
+        self.trace.text(&format!("clone {vol}@{snap} {name}"));
+        match self
+            .pool()
+            .volume_clone(&vol, &snap, &name, key.map(secret).as_ref())
+        {
+            Ok(()) => {}
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("clone of {vol}@{snap} as {name}: {e}")),
+        }
+        self.everything_durable();
+        let h = self
+            .pool()
+            .volume(&name)
+            .map_err(|e| format!("open clone {name}: {e}"))?;
+        let block_size = self.vols[vi].block_size;
+        self.vols.push(Vol {
+            name,
+            key,
+            origin: Some((vol, snap)),
+            block_size,
+            cells: values
+                .iter()
+                .map(|&v| Cell {
+                    cur: vec![v],
+                    dur: vec![v],
+                })
+                .collect(),
+            snaps: Vec::new(),
+        });
+        self.handles.push(Some(h));
+        self.stats.clones += 1;
+        Ok(())
+    }
+
+    /// Roll back to a random snapshot; the refusals first (newer snapshots without
+    /// `--destroy-newer`, the volume in use, a newer snapshot with clones), each of which
+    /// must change nothing.
+    fn rollback(&mut self, vi: usize) -> R {
+        let n = self.vols[vi].snaps.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let k = self.rng.below(n as u64) as usize;
+        let vol = self.vols[vi].name.clone();
+        let name = self.vols[vi].snaps[k].0.clone();
+        self.trace.text(&format!("rollback {vol}@{name}"));
+        // Settled first: a refusal may not change what the cells read.
+        self.settle(vi)?;
+        let newer_cloned = self.vols[vi].snaps[k + 1..]
+            .iter()
+            .any(|(s, _)| self.has_clones(&vol, s));
+        // In use: a handle is open.
+        let before = self.shape();
+        let got = self.pool().volume_rollback(&vol, &name, true).map(|_| ());
+        self.refused(
+            &format!("rollback of {vol} (in use) to {name}"),
+            got,
+            "busy",
+            before,
+        )?;
+        self.handles[vi] = None;
+        let result = (|| {
+            if k + 1 < n {
+                let before = self.shape();
+                let got = self.pool().volume_rollback(&vol, &name, false).map(|_| ());
+                self.refused(
+                    &format!("rollback of {vol} past newer snapshots to {name}"),
+                    got,
+                    "invalid",
+                    before,
+                )?;
+            }
+            if newer_cloned {
+                let before = self.shape();
+                let got = self.pool().volume_rollback(&vol, &name, true).map(|_| ());
+                return self
+                    .refused(
+                        &format!("rollback of {vol} to {name} --destroy-newer, a newer snapshot has clones"),
+                        got,
+                        "busy",
+                        before,
+                    )
+                    .map(|()| false);
+            }
+            match self.pool().volume_rollback(&vol, &name, true) {
+                Ok(gone) if gone.len() == n - k - 1 => Ok(true),
+                other => Err(format!("rollback of {vol} to {name}: {other:?}")),
+            }
+        })();
+        let h = self
+            .pool()
+            .volume(&vol)
+            .map_err(|e| format!("open {vol} after rollback: {e}"))?;
+        self.handles[vi] = Some(h);
+        if result? {
+            let v = &mut self.vols[vi];
+            v.snaps.truncate(k + 1);
+            v.cells = v.snaps[k]
+                .1
+                .iter()
+                .map(|&x| Cell {
+                    cur: vec![x],
+                    dur: vec![x],
+                })
+                .collect();
+            self.everything_durable();
+            self.stats.rollbacks += 1;
+        }
+        // Whatever happened, the pool says what the model says.
+        self.check_names()
+    }
+
+    /// Destroy a volume none of whose snapshots has clones (with its snapshots).
+    fn destroy(&mut self) -> R {
+        let candidates: Vec<usize> = (0..self.vols.len())
+            .filter(|&i| {
+                !self.vols[i]
+                    .snaps
+                    .iter()
+                    .any(|(s, _)| self.has_clones(&self.vols[i].name, s))
+            })
+            .collect();
+        if candidates.is_empty() || self.vols.len() <= 1 {
+            return Ok(());
+        }
+        let vi = candidates[self.rng.below(candidates.len() as u64) as usize];
+        let name = self.vols[vi].name.clone();
+        self.trace.text(&format!("destroy {name}"));
+        let before = self.shape();
+        let got = self.pool().destroy_volume(&name);
+        self.refused(&format!("destroy of {name} (in use)"), got, "busy", before)?;
+        self.handles[vi] = None;
+        match self.pool().destroy_volume_recursive(&name, true) {
+            Ok(kept) if kept.is_empty() => {}
+            other => return Err(format!("destroy of {name}: {other:?}")),
+        }
+        self.everything_durable();
+        self.vols.remove(vi);
+        self.handles.remove(vi);
+        self.check_names()
+    }
+
+    fn resize(&mut self, vi: usize) -> R {
+        let old = self.vols[vi].cells.len() as u64;
+        let step = (self.vols[vi].block_size as u64 / CELL).max(1);
+        let cells = old + self.rng.range(1, 512) * step;
+        let vol = self.vols[vi].name.clone();
+        self.trace.text(&format!("resize {vol} {cells}"));
+        match self.pool().volume_resize(&vol, cells * CELL, false) {
+            Ok(_) => {}
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("grow {vol} to {cells} cells: {e}")),
+        }
+        self.everything_durable();
+        self.vols[vi].cells.resize(cells as usize, Cell::zero());
+        Ok(())
+    }
+
+    /// Key unload (refused while in use) and load again.
+    fn key_cycle(&mut self, vi: usize) -> R {
+        let Some(key) = self.vols[vi].key else {
+            return Ok(());
+        };
+        let vol = self.vols[vi].name.clone();
+        self.trace.text(&format!("key cycle {vol}"));
+        let before = self.shape();
+        let got = self.pool().unload_key(&vol);
+        self.refused(
+            &format!("key unload of {vol} (in use)"),
+            got,
+            "busy",
+            before,
+        )?;
+        self.handles[vi] = None;
+        self.pool()
+            .unload_key(&vol)
+            .map_err(|e| format!("key unload {vol}: {e}"))?;
+        // Its commit made everything durable.
+        self.everything_durable();
+        match self.pool().volume(&vol) {
+            Err(Error::Locked(_)) => {}
+            other => {
+                return Err(format!(
+                    "{vol} opened without its key: {:?}",
+                    other.map(|_| ())
+                ))
+            }
+        }
+        if self.rng.chance(300) {
+            let before = self.shape();
+            let got = self
+                .pool()
+                .load_key(&vol, &secret(key.wrapping_add(1).max(1)));
+            self.refused(
+                &format!("key load of {vol} with a wrong key"),
+                got,
+                "wrong_key",
+                before,
+            )?;
+        }
+        if self.rng.chance(300) {
+            self.maintenance()?;
+        }
+        self.pool()
+            .load_key(&vol, &secret(key))
+            .map_err(|e| format!("key load {vol}: {e}"))?;
+        let h = self
+            .pool()
+            .volume(&vol)
+            .map_err(|e| format!("open {vol} after key load: {e}"))?;
+        self.handles[vi] = Some(h);
+        self.stats.key_cycles += 1;
+        // What it read before the unload, it reads after the load.
+        let cells = self.vols[vi].cells.len() as u64;
+        let n = 64.min(cells);
+        let c0 = self.rng.below(cells - n + 1);
+        self.check_range(vi, None, c0, n)
+    }
+
+    fn scrub(&mut self) -> R {
+        self.trace.text("scrub");
+        self.pool()
+            .scrub_start()
+            .map_err(|e| format!("scrub start: {e}"))?;
+        self.pool()
+            .scrub_step()
+            .map_err(|e| format!("scrub: {e}"))?;
+        let st = self.pool().status();
+        if st.unrecoverable_blocks > 0 || !st.errors.is_empty() {
+            return Err(format!(
+                "scrub found {} unrecoverable blocks, errors {:?}",
+                st.unrecoverable_blocks, st.errors
+            ));
+        }
+        self.stats.scrubs += 1;
+        Ok(())
+    }
+
+    fn close_handles(&mut self) {
+        for h in &mut self.handles {
+            *h = None;
+        }
+    }
+
+    /// A crash: between two operations, or inside the next write, flush or maintenance
+    /// step (at its n-th device write). Then the unsynced writes are kept, dropped or torn
+    /// by the seed, the pool is imported again, and every cell must read a value it may.
+    fn crash(&mut self) -> R {
+        let inside = self.rng.chance(500);
+        if inside {
+            let n = self.rng.below(40);
+            self.trace.text(&format!("crash inside, write {n}"));
+            self.journal.freeze_after(n);
+            let vi = self.rng.below(self.vols.len() as u64) as usize;
+            match self.rng.below(3) {
+                0 => self.write(vi)?,
+                1 => self.flush(vi)?,
+                _ => {
+                    self.stats.maintenance_steps += 1;
+                    // Its answer does not count: the machine may have died inside it.
+                    let _ = self.pool().maintenance_step();
+                }
+            }
+            if self.journal.frozen() {
+                self.stats.crashes_inside_op += 1;
+            }
+        } else {
+            self.trace.text("crash");
+        }
+        self.journal.freeze();
+        self.close_handles();
+        drop(self.pool.take());
+        let rng = &mut self.rng;
+        let out = self
+            .journal
+            .crash(&mut |n| rng.below(n))
+            .map_err(|e| format!("applying the crash: {e}"))?;
+        self.stats.unsynced_kept += out.kept;
+        self.stats.unsynced_dropped += out.dropped;
+        self.stats.unsynced_torn += out.torn;
+        self.trace.num(out.kept);
+        self.trace.num(out.dropped);
+        self.trace.num(out.torn);
+        self.stats.crashes += 1;
+        self.open()?;
+        // Every cell holds its last durable value or one acknowledged (or in flight)
+        // since: check, and pin it.
+        for vi in 0..self.vols.len() {
+            for c in &mut self.vols[vi].cells {
+                c.cur = c.dur.clone();
+            }
+        }
+        self.check_everything()?;
+        self.everything_durable();
+        Ok(())
+    }
+
+    /// A clean close and import: the import's recount of used space equals the count kept
+    /// while running, and everything reads as before.
+    fn restart(&mut self) -> R {
+        self.trace.text("restart");
+        self.pool().flush().map_err(|e| format!("flush: {e}"))?;
+        self.everything_durable();
+        let before = self.pool().status().space.used_bytes;
+        self.close_handles();
+        let pool = self.pool.take().expect("open");
+        pool.close().map_err(|e| format!("close: {e}"))?;
+        drop(pool);
+        self.open()?;
+        let after = self.pool().status().space.used_bytes;
+        if after != before {
+            return Err(format!(
+                "used bytes {before} while running, {after} recounted by the import"
+            ));
+        }
+        self.stats.restarts += 1;
+        self.check_everything()
+    }
+
+    /// One operation drawn from the seed.
+    pub fn step(&mut self) -> R {
+        self.op += 1;
+        self.stats.ops += 1;
+        let total: u64 = self.on.iter().map(|(_, w)| w).sum();
+        let mut x = self.rng.below(total);
+        let mut kind = Kind::Write;
+        for (k, w) in &self.on {
+            if x < *w {
+                kind = *k;
+                break;
+            }
+            x -= w;
+        }
+        let vi = self.rng.below(self.vols.len() as u64) as usize;
+        if self.trace.1 {
+            eprintln!("op {} {kind:?} {}", self.op, self.vols[vi].name);
+        }
+        match kind {
+            Kind::Write => self.write(vi),
+            Kind::Read => self.read(vi),
+            Kind::Maintenance => self.maintenance(),
+            Kind::Zero => self.zero(vi, false),
+            Kind::Trim => self.zero(vi, true),
+            Kind::Flush => self.flush(vi),
+            Kind::SnapCreate => self.snap_create(vi),
+            Kind::SnapDestroy => self.snap_destroy(vi),
+            Kind::Clone => self.clone_snapshot(vi),
+            Kind::Rollback => self.rollback(vi),
+            Kind::Create => self.create_volume(),
+            Kind::Destroy => self.destroy(),
+            Kind::Resize => self.resize(vi),
+            Kind::KeyCycle => self.key_cycle(vi),
+            Kind::Scrub => self.scrub(),
+            Kind::Crash => self.crash(),
+            Kind::Restart => self.restart(),
+        }
+    }
+
+    /// The end of a run: one last full check.
+    pub fn finish(&mut self) -> R {
+        self.check_everything()
+    }
+}

@@ -1,0 +1,52 @@
+//! The simulator in CI: a fixed budget of seeds per layout (a few tens of seconds in a
+//! release build). `BULWARK_SIM_SEEDS` and `BULWARK_SIM_OPS` run more; a failure names
+//! the command line that replays it.
+
+use bulwark_sim::{run, Config, SimLayout};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|s| s.parse().unwrap_or_else(|_| panic!("{name}={s} is not a number")))
+        .unwrap_or(default)
+}
+
+fn budget(layout: SimLayout) {
+    let seeds = env("BULWARK_SIM_SEEDS", 16);
+    let ops = env("BULWARK_SIM_OPS", 600);
+    let mut crashes = 0;
+    for seed in 1..=seeds {
+        let cfg = Config {
+            seed,
+            ops,
+            layout,
+            dir: None,
+            log: false,
+            without: Vec::new(),
+        };
+        match run(&cfg) {
+            Ok(r) => crashes += r.stats.crashes,
+            Err(f) => panic!(
+                "seed {} {layout:?} failed at op {}: {}\nreplay: {}",
+                f.seed, f.op, f.message, f.replay
+            ),
+        }
+    }
+    // The budget exercises crashes, or it does not test what it says it does.
+    assert!(crashes > 0, "{seeds} seeds of {layout:?} crashed no pool");
+}
+
+#[test]
+fn single_holds() {
+    budget(SimLayout::Single);
+}
+
+#[test]
+fn mirror_holds() {
+    budget(SimLayout::Mirror);
+}
+
+#[test]
+fn parity_holds() {
+    budget(SimLayout::Parity);
+}
