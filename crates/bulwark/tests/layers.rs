@@ -230,6 +230,8 @@ const CSI: Table = Table {
 
 /// `bulwark-sim`: the deterministic simulator (docs/simulation.md).
 const SIM: Table = Table {
+    within: &[],
+    tests_only: &[],
     src: "../sim/src",
     root: "lib",
     root_items: &[],
@@ -382,6 +384,8 @@ const POOL: Table = Table {
         ("scrub", &["core", "format"]),
         ("clean", &["core"]),
         ("evict", &["core", "tier"]),
+        // Upkeep driven by its caller, one step at a time (the simulator's stepped mode).
+        ("stepped", &["core", "scrub"]),
         // The pool's life: create, import (also crash recovery), the facade, and what runs
         // without a daemon (scan, export, destroy, upgrade).
         ("create", &["format", "intentlog", "options"]),
@@ -621,7 +625,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("crates/engine/src/pool/clean.rs", "find_moves", 107),
     ("crates/engine/src/pool/clean.rs", "move_records", 133),
     ("crates/engine/src/pool/core.rs", "device_replace", 108),
-    ("crates/engine/src/pool/core.rs", "maintenance_loop", 109),
     ("crates/engine/src/pool/core.rs", "status", 119),
     ("crates/engine/src/pool/create.rs", "create_in", 263),
     ("crates/engine/src/pool/format/superblock.rs", "decode", 210),

@@ -227,16 +227,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = arm(dir.path());
         let path = dir.path().join("d");
-        let f = FileDevice::create_sparse(&path, 1 << 20).unwrap();
-        let d = crate::device::fault::FaultyDevice::new(Box::new(f), 1 << 20);
-        d.write_at(&[1u8; 8192], 0).unwrap();
-        d.flush().unwrap();
-        d.write_at(&[2u8; 8192], 0).unwrap();
-        d.write_at(&[3u8; 4096], 8192).unwrap();
+        let d = FileDevice::create_sparse(&path, 1 << 20).unwrap();
+        assert!(
+            journal_for(&path).is_some(),
+            "armed for every file under the directory"
+        );
+        j.write(&d, &[1u8; 8192], 0).unwrap();
+        j.flush(&d).unwrap();
+        j.write(&d, &[2u8; 8192], 0).unwrap();
+        j.write(&d, &[3u8; 4096], 8192).unwrap();
         assert_eq!(j.unsynced(), 2);
         j.freeze();
-        assert!(d.write_at(&[9u8; 4096], 0).is_err(), "the machine is off");
-        assert!(d.flush().is_err());
+        assert!(j.write(&d, &[9u8; 4096], 0).is_err(), "the machine is off");
+        assert!(j.flush(&d).is_err());
         drop(d);
         // Tear the first write (keep its first sector only), drop the second.
         let mut picks = vec![2, 0, 1, 1].into_iter();
@@ -258,5 +261,6 @@ mod tests {
             "a dropped write left nothing"
         );
         assert_eq!(j.unsynced(), 0);
+        assert!(!j.frozen(), "thawed for the next import");
     }
 }
