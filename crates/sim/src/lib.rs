@@ -37,16 +37,22 @@ pub struct Failure {
 }
 
 /// The one line that replays a run.
-pub fn replay_line(seed: u64, ops: u64, layout: SimLayout) -> String {
-    format!(
-        "cargo run --release -p bulwark-sim -- --seed {seed} --ops {ops} --layout {}",
-        layout.name()
-    )
+pub fn replay_line(cfg: &Config) -> String {
+    let mut line = format!(
+        "cargo run --release -p bulwark-sim -- --seed {} --ops {} --layout {}",
+        cfg.seed,
+        cfg.ops,
+        cfg.layout.name()
+    );
+    for k in &cfg.without {
+        line.push_str(&format!(" --without {k:?}"));
+    }
+    line
 }
 
 /// Run one seed for `cfg.ops` operations. An engine panic is a failure like any other.
 pub fn run(cfg: &Config) -> Result<Report, Failure> {
-    let replay = replay_line(cfg.seed, cfg.ops, cfg.layout);
+    let replay = replay_line(cfg);
     let fail = |op: u64, message: String, trace_hash: u64| Failure {
         seed: cfg.seed,
         op,

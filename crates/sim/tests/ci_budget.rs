@@ -7,7 +7,10 @@ use bulwark_sim::{run, Config, SimLayout};
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
-        .map(|s| s.parse().unwrap_or_else(|_| panic!("{name}={s} is not a number")))
+        .map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("{name}={s} is not a number"))
+        })
         .unwrap_or(default)
 }
 
