@@ -1019,9 +1019,10 @@ impl World {
         self.stats.unsynced_kept += out.kept;
         self.stats.unsynced_dropped += out.dropped;
         self.stats.unsynced_torn += out.torn;
-        self.trace.num(out.kept);
-        self.trace.num(out.dropped);
-        self.trace.num(out.torn);
+        self.trace.text(&format!(
+            "unsynced writes: {} kept, {} dropped, {} torn",
+            out.kept, out.dropped, out.torn
+        ));
         self.stats.crashes += 1;
         self.open()?;
         // Every cell holds its last durable value or one acknowledged (or in flight)

@@ -7,10 +7,10 @@ use bulwark_sim::{run, Config, SimLayout};
 /// Found by the simulator's first long run (issue 37): on a near-full `single` pool with
 /// snapshots and clones, after crashes that dropped or tore unsynced writes, a background
 /// commit (`commit_snapshot_trees`, releasing a snapshot tree's replaced map node) panics
-/// with `segment 17 live count underflow (942 - 1080)` at operation 683. The same seed
-/// runs clean when every crash keeps every unsynced write, and fails the same way with
-/// the intent log off: a crash state (some unsynced writes dropped or torn) that the
-/// import counts differently from what a later release assumes. Open.
+/// with `segment 17 live count underflow (942 - 1080)` at operation 683. The crash that
+/// matters is at operation 583 and had no unsynced write (a plain kill after a FUA write
+/// synced everything); a clean close and import right after it avoids the failure, a
+/// flush does not. BENCHMARKS.md ("The deterministic simulator") has the rest. Open.
 #[test]
 #[ignore = "open bug: live count underflow after crashes (seed 10, single)"]
 fn seed_10_single_live_count_underflow() {
