@@ -35,6 +35,7 @@ pub mod pool;
 pub mod redundancy;
 pub mod size;
 pub mod store;
+pub mod sync;
 pub mod tier;
 pub mod volume;
 

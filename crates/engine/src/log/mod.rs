@@ -42,16 +42,14 @@
 
 mod victims;
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-
-use parking_lot::{Condvar, Mutex};
-
 use crate::constants::{
     CLEAN_RESERVE_MIN, MAP_DIRTY_NODES_MAX, METADATA_COPIES, RECORD_ALIGN, RECYCLE_BATCH_SEGMENTS,
     RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED, SEGMENT_BYTES, TABLE_SEGMENTS,
 };
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Condvar, Mutex};
 use crate::{Error, Result};
+use std::collections::BTreeSet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {

@@ -94,9 +94,6 @@ pub struct Core {
     /// `commits_begun` of the last commit that failed without poisoning the pool (the
     /// object store did not take it): a flush that arrived before it must commit itself.
     pub commit_failed_at: AtomicU64,
-    /// Commits in a row that did not free their empty segments because a read held the
-    /// reuse gate past `GATE_WAIT` (one waiting for the object store).
-    pub gate_deferrals: AtomicU64,
     /// Background workers (key rotations, scrubs): joined when the pool closes
     /// or is dropped, so none still writes to the devices once the pool lock is
     /// released (a second import of the pool would race it).

@@ -597,9 +597,9 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
     committed
         .expect("a commit waited for a read from the store that held the reuse gate")
         .unwrap();
-    assert!(pool.core().gate_deferrals.load(Ordering::Relaxed) >= 1);
+    assert!(pool.core().store.reuse_gate.deferrals() >= 1);
     pool.core().commit().unwrap();
-    assert_eq!(pool.core().gate_deferrals.load(Ordering::Relaxed), 0);
+    assert_eq!(pool.core().store.reuse_gate.deferrals(), 0);
     check_blocks(&pool, 16..1024, 1);
 }
 

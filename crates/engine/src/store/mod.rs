@@ -35,16 +35,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 
 pub mod ahead;
+pub mod gate;
 pub mod pace;
 
 use crate::cachedev::CacheDevice;
 use crate::checksum::checksum;
 use crate::codec::{self, Compression};
 use crate::constants::*;
-use crate::log::{Emptied, Log, Pending, Stream};
+use crate::log::{Log, Pending, Stream};
 use crate::map::{Blkptr, Node, NodeCache, NodeStore, ADDR_NONE};
 use crate::redundancy::Redundancy;
 use crate::{Error, Result};
@@ -117,10 +118,8 @@ pub struct Store {
     nonce_limit: AtomicU64,
     /// Read-held by every read of a block from the time its pointer is looked up until its
     /// bytes are verified, and write-held only while freed segments become reusable, so no
-    /// read ever sees a segment reused under it.
-    pub reuse_gate: RwLock<()>,
-    /// A batch of recyclable segments is waiting (`recycle_if_due`).
-    recycle_due: AtomicBool,
+    /// read ever sees a segment reused under it (`gate`).
+    pub reuse_gate: gate::ReuseGate,
     /// Sum of every volume's dirty node count (kept by `note_dirty`).
     dirty_nodes_total: AtomicUsize,
     poisoned: AtomicBool,
@@ -171,8 +170,6 @@ pub struct Store {
     /// written (it commits, so the store has them, and gives back room), and client
     /// writes paced past the size (`pace`).
     pub pace: pace::Pace,
-    /// Reads from the object store under way (`drain_reads` does not wait for them).
-    remote_in_flight: AtomicUsize,
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -221,8 +218,7 @@ impl Store {
             },
             nonce_next: AtomicU64::new(nonce_reserved),
             nonce_limit: AtomicU64::new(nonce_reserved),
-            reuse_gate: RwLock::new(()),
-            recycle_due: AtomicBool::new(false),
+            reuse_gate: gate::ReuseGate::new(),
             dirty_nodes_total: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -242,7 +238,6 @@ impl Store {
             ahead: Mutex::new(Default::default()),
             cold: Mutex::new(Default::default()),
             pace: Default::default(),
-            remote_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -840,13 +835,13 @@ impl Store {
         len: usize,
         want: usize,
     ) -> Result<Vec<u8>> {
-        self.remote_in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = if want > len {
-            remote.read_ahead(addr, len, want)
-        } else {
-            remote.read(addr, len)
-        };
-        self.remote_in_flight.fetch_sub(1, Ordering::AcqRel);
+        let r = self.reuse_gate.remote_read(|| {
+            if want > len {
+                remote.read_ahead(addr, len, want)
+            } else {
+                remote.read(addr, len)
+            }
+        });
         if let Ok(b) = &r {
             self.remote_reads[1].fetch_add(b.len() as u64, Ordering::Relaxed);
         }
@@ -1045,51 +1040,29 @@ impl Store {
         if addr == ADDR_NONE {
             return;
         }
-        match self.log.release_bytes(addr, self.red.footprint(len) as u32) {
-            Emptied::Nothing => {}
-            Emptied::Commit => self.wake_maintenance(),
-            Emptied::Recycle => self.recycle_due.store(true, Ordering::Release),
+        let footprint = self.red.footprint(len) as u32;
+        if self.reuse_gate.release(&self.log, addr, footprint) {
+            self.wake_maintenance();
         }
     }
 
-    /// Free the recyclable segments (`log` module docs) if a batch is waiting. Called by
-    /// writers after they released what they replaced, holding no map lock and not the
-    /// reuse gate: it waits out every read that looked up a pointer before the segments
-    /// emptied.
+    /// Free the recyclable segments (`log` module docs) if a batch is waiting
+    /// (`gate::ReuseGate::recycle_if_due`). Called by writers after they released what they
+    /// replaced, holding no map lock and not the reuse gate.
     pub fn recycle_if_due(&self) {
-        if !self.recycle_due.swap(false, Ordering::AcqRel) {
-            return;
-        }
-        let (segs, epoch) = self.log.take_recyclable();
-        if segs.is_empty() {
-            return;
-        }
-        // A read held up by the object store: the segments stay sealed and empty, and the
-        // next commit frees them.
-        if !self.drain_reads(false) {
-            return;
-        }
-        self.log.recycle(&segs, epoch);
+        self.reuse_gate.recycle_if_due(&self.log, self.has_remote());
     }
 
-    /// Wait out every read that looked up a pointer before the call (the reuse gate,
-    /// write-held once). A read may be waiting for the object store (up to its deadline):
-    /// unless `patient`, when the gate is not free within `GATE_WAIT` and a read from the
-    /// store is under way, give up and answer false (new readers queue behind a waiting
-    /// writer, so waiting on would stall every read). Long local reads are waited out.
+    /// Wait out every read that looked up a pointer before the call
+    /// (`gate::ReuseGate::drain`): false when a read waits for the object store and
+    /// `patient` is not set.
     pub fn drain_reads(&self, patient: bool) -> bool {
-        if patient || self.remote.get().is_none() {
-            drop(self.reuse_gate.write());
-            return true;
-        }
-        if self.reuse_gate.try_write_for(GATE_WAIT).is_some() {
-            return true;
-        }
-        if self.remote_in_flight.load(Ordering::Acquire) > 0 {
-            return false;
-        }
-        drop(self.reuse_gate.write());
-        true
+        self.reuse_gate.drain(patient, self.has_remote())
+    }
+
+    /// Whether records may be read from an object store (`set_remote`).
+    pub fn has_remote(&self) -> bool {
+        self.remote.get().is_some()
     }
 
     // --- back-pressure ---

@@ -169,7 +169,6 @@ pub(super) fn build(
         commits_begun: AtomicU64::new(0),
         commits_done: AtomicU64::new(0),
         commit_failed_at: AtomicU64::new(0),
-        gate_deferrals: AtomicU64::new(0),
         workers: Mutex::new(Vec::new()),
         table_dirty: AtomicBool::new(true),
         accounting_complete: complete,

@@ -361,13 +361,8 @@ impl Core {
         // Wait out reads that looked up a pointer before this commit. A read waiting for
         // the object store holds them up: the empty segments then stay sealed and the next
         // commit frees them (it finds them again), unless too many commits in a row gave up.
-        let deferred = self.gate_deferrals.load(Ordering::Relaxed);
-        let patient = deferred >= crate::constants::GATE_WAIT_DEFERRALS_MAX;
-        if self.store.drain_reads(patient) {
-            self.gate_deferrals.store(0, Ordering::Relaxed);
-            self.store.log.release(&zero);
-        } else {
-            self.gate_deferrals.fetch_add(1, Ordering::Relaxed);
+        let gate = &self.store.reuse_gate;
+        if !gate.free_committed(&self.store.log, &zero, self.store.has_remote()) {
             tracing::debug!(
                 segments = zero.len(),
                 "empty segments freed by a later commit: a read holds the reuse gate"
