@@ -7,8 +7,8 @@
 //! engine's `crate::sync`, so their locks and atomics are shuttle's and every lock, wait
 //! and atomic step is a point where the scheduler may switch threads. Nothing else of the
 //! engine is built here: a protocol is checked only once its synchronization lives in files
-//! that name nothing above them (today `log` and `store::gate`, over `constants` and
-//! `error`). The tests (`tests/`) drive those files from shuttle threads playing the parts
+//! that name nothing above them (today `log`, `store::gate` and `pool::group`, over
+//! `constants` and `error`). The tests (`tests/`) drive those files from shuttle threads playing the parts
 //! of readers, writers and commits, and check the property a user relies on.
 //!
 //! The engine files carry their own unit tests, which need the real primitives: this
@@ -36,3 +36,32 @@ pub mod log;
 /// The reuse gate (`crates/engine/src/store/gate.rs`).
 #[path = "../../engine/src/store/gate.rs"]
 pub mod gate;
+
+/// Group commit: which commit covers a FLUSH (`crates/engine/src/pool/group.rs`).
+#[path = "../../engine/src/pool/group.rs"]
+pub mod group;
+
+/// Run `f` under shuttle's randomized scheduler, then under PCT (depth 3: a bug that needs
+/// two preemptions at the right steps is found with good odds), both seeded, each for
+/// `BULWARK_SHUTTLE_ITERATIONS` schedules (default 1000). `BULWARK_SHUTTLE_SEED` sets the
+/// seed (fixed by default: every run explores the same schedules, so a failure in CI
+/// replays as it is); `BULWARK_SHUTTLE_SCHEDULERS=random` or `pct` runs one alone.
+pub fn check(f: impl Fn() + Send + Sync + 'static) {
+    let iterations = env("BULWARK_SHUTTLE_ITERATIONS").unwrap_or(1000) as usize;
+    let seed = env("BULWARK_SHUTTLE_SEED").unwrap_or(0x0062_756c_7761_726b);
+    let wants =
+        |s: &str| std::env::var("BULWARK_SHUTTLE_SCHEDULERS").map_or(true, |v| v.contains(s));
+    let f = std::sync::Arc::new(f);
+    if wants("random") {
+        let g = f.clone();
+        shuttle::check_random_with_seed(move || g(), seed, iterations);
+    }
+    if wants("pct") {
+        let pct = shuttle::scheduler::PctScheduler::new_from_seed(seed, 3, iterations);
+        shuttle::Runner::new(pct, shuttle::Config::new()).run(move || f());
+    }
+}
+
+fn env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}

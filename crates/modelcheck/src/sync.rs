@@ -3,8 +3,9 @@
 //! `RwLock::try_write_for` take a duration) on shuttle's primitives.
 //!
 //! Time does not pass under shuttle: a wait with a deadline is a choice the scheduler
-//! makes. `try_write_for` tries, yields (any other thread may run, readers may leave),
-//! and tries once more before it answers that the time ran out; `Condvar::wait_for` waits
+//! makes. `try_write_for` and `try_lock_for` try, yield (any other thread may run, the
+//! holder may leave; PCT lowers the yielding thread), and try once more before they
+//! answer that the time ran out; `Condvar::wait_for` waits
 //! for a notification (shuttle's timed wait never times out) and so models no timeout.
 
 use std::ops::{Deref, DerefMut};
@@ -31,6 +32,15 @@ impl<T> Mutex<T> {
 
     pub fn lock(&self) -> MutexGuard<'_, T> {
         MutexGuard(Some(self.0.lock().expect("no thread panics holding it")))
+    }
+
+    /// Tries, lets the scheduler run any other thread, and tries again (`RwLock::try_write_for`).
+    pub fn try_lock_for(&self, _timeout: Duration) -> Option<MutexGuard<'_, T>> {
+        if let Ok(g) = self.0.try_lock() {
+            return Some(MutexGuard(Some(g)));
+        }
+        shuttle::thread::yield_now();
+        self.0.try_lock().ok().map(|g| MutexGuard(Some(g)))
     }
 }
 

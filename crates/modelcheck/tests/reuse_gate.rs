@@ -19,18 +19,17 @@
 //!   commit lock, and a writer that finds no room commits (back-pressure).
 //!
 //! Budget: `BULWARK_SHUTTLE_ITERATIONS` schedules per scheduler and test (default 1000;
-//! each test runs the randomized scheduler and PCT, both seeded by `BULWARK_SHUTTLE_SEED`,
-//! fixed by default; `BULWARK_SHUTTLE_SCHEDULERS=random` or `pct` runs one). A failure
-//! prints the schedule that replays it (`shuttle::replay`).
+//! each test runs the randomized scheduler and PCT, both seeded: `bulwark_modelcheck::check`).
+//! A failure prints the schedule that replays it (`shuttle::replay`).
 
 use std::collections::{HashMap, HashSet};
 
+use bulwark_modelcheck::check;
 use bulwark_modelcheck::constants::{RECYCLE_BATCH_SEGMENTS, SEGMENT_BYTES};
 use bulwark_modelcheck::gate::ReuseGate;
 use bulwark_modelcheck::log::{segment_of, Log, Stream};
-use shuttle::scheduler::PctScheduler;
 use shuttle::sync::{Arc, Mutex};
-use shuttle::{thread, Config, Runner};
+use shuttle::thread;
 
 /// Segments in the model's pool: enough for the recycle batch twice over, above the
 /// floors client data may not take (`Log::reserve`).
@@ -146,41 +145,6 @@ impl Model {
         // The superblock is durable: older commits are no longer found by a crash.
         self.named.lock().unwrap().retain(|(k, _)| *k >= n);
         self.gate.free_committed(&self.log, &zero, false);
-    }
-}
-
-/// Schedules per scheduler (`BULWARK_SHUTTLE_ITERATIONS`, default 1000).
-fn iterations() -> usize {
-    env("BULWARK_SHUTTLE_ITERATIONS").unwrap_or(1000) as usize
-}
-
-/// The schedulers' seed (`BULWARK_SHUTTLE_SEED`, default fixed: every run explores the
-/// same schedules, so a failure in CI replays as it is).
-fn seed() -> u64 {
-    env("BULWARK_SHUTTLE_SEED").unwrap_or(0x6275_6c77_6172_6b)
-}
-
-fn env(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// Which schedulers `check` runs (`BULWARK_SHUTTLE_SCHEDULERS`: `random`, `pct`, or both,
-/// the default), to measure each alone.
-fn wants(scheduler: &str) -> bool {
-    std::env::var("BULWARK_SHUTTLE_SCHEDULERS").map_or(true, |v| v.contains(scheduler))
-}
-
-/// `f` under the randomized scheduler, then under PCT (depth 3: a bug that needs two
-/// preemptions at the right steps is found with good odds), both seeded.
-fn check(f: impl Fn() + Send + Sync + 'static) {
-    let f = std::sync::Arc::new(f);
-    if wants("random") {
-        let g = f.clone();
-        shuttle::check_random_with_seed(move || g(), seed(), iterations());
-    }
-    if wants("pct") {
-        let pct = PctScheduler::new_from_seed(seed(), 3, iterations());
-        Runner::new(pct, Config::new()).run(move || f());
     }
 }
 

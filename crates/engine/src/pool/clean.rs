@@ -162,7 +162,7 @@ impl Core {
     /// looked up under the reuse gate, and no snapshot comes or goes while the pass holds
     /// the lock.
     fn commit_for_waiting_flushes(&self) -> Result<()> {
-        if self.flush_waiters.load(Ordering::Acquire) > 0 {
+        if self.group.waiting() {
             self.commit_held()?;
         }
         Ok(())
@@ -913,7 +913,7 @@ mod tests {
                 let _ = tx.send(v.flush());
             });
         }
-        while pool.core().flush_waiters.load(Ordering::Acquire) == 0 {
+        while !pool.core().group.waiting() {
             std::thread::yield_now();
         }
         batch.release();

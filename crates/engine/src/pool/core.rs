@@ -70,10 +70,10 @@ pub struct Core {
     /// Records how far the intent log reached, after flushes (`anchor::ReachWriter`).
     pub(crate) reach: super::format::anchor::ReachWriter,
     pub commit_lock: Mutex<()>,
-    /// Flushes waiting for `commit_lock` (`flush_since`): a cleaning pass that holds it
-    /// commits between two batches of moves when any wait, which answers them, so a FLUSH
-    /// never waits for a whole pass (issue 36).
-    pub flush_waiters: std::sync::atomic::AtomicUsize,
+    /// Commits begun, done and failed, and flushes waiting for `commit_lock`
+    /// (`flush_since`): a cleaning pass that holds it commits between two batches of moves
+    /// when any wait, which answers them, so a FLUSH never waits for a whole pass (issue 36).
+    pub group: super::group::GroupCommit,
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
     pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
     /// The intent log chain flushes append to (`intentlog::block`); `None` with the log off.
@@ -87,13 +87,6 @@ pub struct Core {
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may
     /// (taking the last two copies offline), or lose one another's pool.json change.
     pub device_lock: Mutex<()>,
-    /// Commits begun and finished, for group commit: a flush that arrives while a commit
-    /// runs waits for the next one; one that finds a newer commit finished returns.
-    pub commits_begun: AtomicU64,
-    pub commits_done: AtomicU64,
-    /// `commits_begun` of the last commit that failed without poisoning the pool (the
-    /// object store did not take it): a flush that arrived before it must commit itself.
-    pub commit_failed_at: AtomicU64,
     /// Background workers (key rotations, scrubs): joined when the pool closes
     /// or is dropped, so none still writes to the devices once the pool lock is
     /// released (a second import of the pool would race it).
@@ -527,35 +520,18 @@ impl Core {
 
     /// Durable point for everything completed before the call (group commit).
     pub fn flush(&self) -> Result<()> {
-        self.flush_since(self.commits_begun.load(Ordering::Acquire))
+        self.flush_since(self.group.arrive())
     }
 
     /// `flush` by a caller that arrived when `arrived` commits had begun.
     pub(crate) fn flush_since(&self, arrived: u64) -> Result<()> {
         // A commit or log flush that began after we arrived has finished: it covered us,
-        // unless one that began after we arrived failed (then it may not have).
-        let covered = || {
-            self.commits_done.load(Ordering::Acquire) > arrived
-                && self.commit_failed_at.load(Ordering::Acquire) <= arrived
-        };
-        // Waiting, a flush is counted so that a cleaning pass holding the lock commits for
-        // it between two batches (`clean`), and looks for that commit as it waits.
-        self.flush_waiters.fetch_add(1, Ordering::AcqRel);
-        let got = loop {
-            if let Some(g) = self.commit_lock.try_lock_for(FLUSH_LOOK_EVERY) {
-                break Some(g);
-            }
-            if covered() {
-                break None;
-            }
-        };
-        self.flush_waiters.fetch_sub(1, Ordering::AcqRel);
-        let Some(_g) = got else {
+        // unless one that began after we arrived failed (then it may not have). Waiting,
+        // a flush is counted so that a cleaning pass holding the lock commits for it
+        // between two batches (`clean`), and looks for that commit as it waits.
+        let Some(_g) = self.group.lock_or_covered(&self.commit_lock, arrived) else {
             return self.store.check_poisoned();
         };
-        if covered() {
-            return self.store.check_poisoned();
-        }
         // Near full, a commit instead: it gives back the room the dirty map holds and frees
         // the segments emptied since the last one, which a log write would not. Likewise
         // while thick volumes hold reservations: the room thin volumes may take is counted
@@ -563,10 +539,8 @@ impl Core {
         let thick = self.store.thick_unused.load(Ordering::Relaxed) > 0;
         if self.intent_log && !thick && !self.low_on_space() {
             self.store.check_poisoned()?;
-            self.commits_begun.fetch_add(1, Ordering::AcqRel);
             let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
-            let logged = self.log_flush_held(&volumes);
-            self.commits_done.fetch_add(1, Ordering::AcqRel);
+            let logged = self.group.log_flush(|| self.log_flush_held(&volumes));
             match logged {
                 Ok(true) => return Ok(()),
                 // No chain, or no room for a block: a commit makes it all durable.
@@ -1114,10 +1088,6 @@ impl Control for Core {
         Core::clear_rewritten(self, volume, offset, length)
     }
 }
-
-/// How often a flush waiting for the commit lock looks whether a commit made for it by a
-/// cleaning pass has answered it.
-const FLUSH_LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Free space as a cleaning pass changes it: segments free or emptied (the next commit
 /// frees those), and the bytes each stream has placed.

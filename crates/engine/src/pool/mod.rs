@@ -17,6 +17,7 @@ pub mod create;
 pub mod evict;
 mod facade;
 pub mod format;
+pub mod group;
 #[cfg(test)]
 mod hostile;
 mod import;

@@ -214,7 +214,7 @@ fn a_flush_never_rides_on_a_commit_that_failed() {
     let v = pool.volume("v").unwrap();
     v.write(0, &[0x5a; 4096], false).unwrap();
     // The flush arrives; a commit then begins after it and fails at the store.
-    let arrived = core.commits_begun.load(Ordering::Acquire);
+    let arrived = core.group.arrive();
     store.fail_cas.store(true, Ordering::SeqCst);
     assert!(matches!(core.commit(), Err(Error::StoreUnavailable(_))));
     assert!(

@@ -157,7 +157,7 @@ pub(super) fn build(
         sb_key,
         log_key,
         commit_lock: Mutex::new(()),
-        flush_waiters: Default::default(),
+        group: Default::default(),
         clean_dirtied: Default::default(),
         intent: Mutex::new(None),
         // With an object store a flush is a commit, durable once the store has it, unless
@@ -166,9 +166,6 @@ pub(super) fn build(
         tier,
         logdev: RwLock::new(logdev.clone()),
         device_lock: Mutex::new(()),
-        commits_begun: AtomicU64::new(0),
-        commits_done: AtomicU64::new(0),
-        commit_failed_at: AtomicU64::new(0),
         workers: Mutex::new(Vec::new()),
         table_dirty: AtomicBool::new(true),
         accounting_complete: complete,

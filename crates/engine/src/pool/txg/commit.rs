@@ -43,14 +43,14 @@ impl Core {
     /// `commit`, by a caller that holds the commit lock.
     pub(crate) fn commit_held(&self) -> Result<()> {
         self.store.check_poisoned()?;
-        let begun = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
+        let begun = self.group.begin();
         let result = self.commit_locked();
         match &result {
             // Nothing local names this commit yet: the next one tries again. A flush that
             // arrived before it began must not count on it (`Core::flush`), and the table is
             // left dirty so the background commit retries even when no client writes.
             Err(e @ Error::StoreUnavailable(_)) => {
-                self.commit_failed_at.fetch_max(begun, Ordering::AcqRel);
+                self.group.failed(begun);
                 self.table_dirty.store(true, Ordering::Release);
                 tracing::error!(
                     "commit failed (the pool serves on; the next flush tries again): {e}"
@@ -62,7 +62,7 @@ impl Core {
             }
             Ok(()) => {}
         }
-        self.commits_done.fetch_add(1, Ordering::AcqRel);
+        self.group.finish();
         // Writers waiting for space re-check now: a commit hands back the room kept for its
         // map nodes even when it frees no segment.
         self.store.log.space.notify_all();
