@@ -47,6 +47,9 @@ pub(crate) struct SbState {
     pub back_region: u64,
 }
 
+/// A volume and the notes a commit took from it (`Core::notes_taken`).
+pub(crate) type NotesTaken = (Arc<VolumeState>, Vec<(u64, Blkptr)>);
+
 pub struct Core {
     pub dir: PathBuf,
     /// The data plane: placement, the log, nonces, the node cache.
@@ -76,6 +79,10 @@ pub struct Core {
     pub group: super::group::GroupCommit,
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
     pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
+    /// The notes (`VolumeState::intents`) the commit under way took as it read each
+    /// volume's leaves: put back if the object store refuses it (`commit_held`), so that
+    /// a log flush after it still writes them.
+    pub(crate) notes_taken: Mutex<Vec<NotesTaken>>,
     /// The intent log chain flushes append to (`intentlog::block`); `None` with the log off.
     pub(crate) intent: Mutex<Option<super::intentlog::block::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).

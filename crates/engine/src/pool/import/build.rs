@@ -158,6 +158,7 @@ pub(super) fn build(
         log_key,
         commit_lock: Mutex::new(()),
         group: Default::default(),
+        notes_taken: Default::default(),
         clean_dirtied: Default::default(),
         intent: Mutex::new(None),
         // With an object store a flush is a commit, durable once the store has it, unless

@@ -62,6 +62,17 @@ impl Core {
             }
             Ok(()) => {}
         }
+        // The notes the commit took: durable with it, or (refused by the store, the pool
+        // serving on) put back before the newer ones, for the next log flush to write: the
+        // map they describe is in no durable commit.
+        let taken = std::mem::take(&mut *self.notes_taken.lock());
+        if matches!(result, Err(Error::StoreUnavailable(_))) {
+            for (v, mut notes) in taken {
+                let mut intents = v.intents.lock();
+                notes.append(&mut intents);
+                *intents = notes;
+            }
+        }
         self.group.finish();
         // Writers waiting for space re-check now: a commit hands back the room kept for its
         // map nodes even when it frees no segment.
@@ -115,8 +126,10 @@ impl Core {
             let wanted = v.snapshot_wanted.lock().take();
             let mut whole = wanted.as_ref().map(|_| v.tree.lock());
             let mut read = |tree: &crate::map::Tree| {
-                // Under the map lock: the client changes noted so far are in these leaves.
-                v.intents.lock().clear();
+                // Under the map lock: the client changes noted so far are in these leaves
+                // (kept until the commit is durable: `commit_held`).
+                let notes = std::mem::take(&mut *v.intents.lock());
+                self.notes_taken.lock().push((v.clone(), notes));
                 nodes_written += tree.dirty_nodes();
                 let slots = v.slots.lock().clone();
                 let data_keys = v.data_keys.lock().clone();
