@@ -39,6 +39,9 @@
 //! take the commit's; a commit's own metadata may take every segment. So a full pool can
 //! always clean and commit. The cleaning policy (which sealed segments to clean next) is
 //! `victims.rs`; the worker that moves their records is `pool::clean`.
+//!
+//! Its locks and atomics come from `crate::sync`: `crates/modelcheck` compiles this module
+//! against shuttle and checks recycling and a commit's freeing against readers and commits.
 
 mod victims;
 
