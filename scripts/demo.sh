@@ -15,6 +15,11 @@ ROOT=$PWD
 
 DEMO=$ROOT/demo
 POOL=$DEMO/pool
+# The pool's trust root (pool.key, pool.anchor) apart from the device files: on a real
+# host, on another disk than the devices (say /etc/bulwark/trust/NAME on the system disk),
+# so that a copy of the devices' file system carries neither (docs/runbook.md, "Where the
+# trust root lives"). The demo has one disk, so `pool create` warns that they share it.
+TRUST=$DEMO/trust
 KEY=$DEMO/keys/vm1.key
 MNT=$DEMO/mnt          # nbdfuse shows the volume as the file $MNT/vm1
 FS=$DEMO/fs            # where the ext4 filesystem is mounted
@@ -50,9 +55,9 @@ mkdir -p "$DEMO/keys" "$MNT" "$FS"
 
 # The demo's pool is registered in a registry of its own ('bulwark pool list'), not the host's.
 export BULWARK_REGISTRY=$DEMO/registry.json
-say "bulwark pool create $POOL --layout mirror:2 --devices 2 --device-size 1G"
-"$BIN" pool create "$POOL" --layout mirror:2 --devices 2 --device-size 1G
-ls -ls "$POOL"
+say "bulwark pool create $POOL --layout mirror:2 --devices 2 --device-size 1G --key-dir $TRUST"
+"$BIN" pool create "$POOL" --layout mirror:2 --devices 2 --device-size 1G --key-dir "$TRUST"
+ls -ls "$POOL" "$TRUST"
 
 say "bulwark serve $POOL &"
 "$BIN" serve "$POOL" >"$DEMO/serve.log" 2>&1 &
@@ -129,7 +134,8 @@ echo "daemon stopped cleanly"
 
 cat <<EOT
 
-The pool stays in $POOL. To use it again:
+The pool stays in $POOL, its trust root in $TRUST (back up pool.key, away
+from the devices). To use it again:
   $BIN serve $POOL &
   $BIN --pool $POOL key load vm1 --key-file $KEY
 EOT

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HELPERS, Pool, make_key_file, nbd_python, run
+from conftest import HELPERS, Pool, make_key_file, nbd_python, run, stderr_lines
 
 sys.path.insert(0, str(HELPERS))
 from s3proxy import FaultProxy  # noqa: E402
@@ -731,3 +731,109 @@ def test_a_pool_with_a_store_takes_no_log_device(versitygw, tmp_path):
     p.start()
     assert p.status()["state"] == "ONLINE"
     p.kill()
+
+
+def test_bucket_rolled_back_under_a_newer_host(versitygw, tmp_path):
+    """Issue 41 part 3: the bucket's operator puts back an older (authentic) superblock
+    object while this host's devices hold a newer commit. `serve` refuses, in one line
+    naming both generations and which side is newer; it never advises a plain import from
+    the store (that takes the older state and fences this host): the import it names
+    carries --min-generation. The command it gives to keep the newer devices works: the
+    pool serves again, with the newer write, from a store that holds it."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "bucketrb").create().start()
+    try:
+        key = p.create_volume("v", size="8M")
+        nbd_script(p, "h.pwrite(b'A' * 4096, 0)\nh.flush()\n")
+        c = srv.client()
+        old = c.get_object(Bucket=srv.bucket, Key="bucketrb/superblock")["Body"].read()
+        nbd_script(p, "h.pwrite(b'B' * 4096, 0)\nh.flush()\n")
+        p.stop()
+    finally:
+        p.kill()
+    local = json.loads(p.bulwark("pool", "status", p.dir, "--json").stdout)["generation"]
+    c.put_object(Bucket=srv.bucket, Key="bucketrb/superblock", Body=old)
+
+    r = run([str(p.bin), "serve", str(p.dir)], check=False, env=p._env(), timeout=60)
+    assert r.returncode != 0, f"a pool whose bucket was rolled back was served:\n{r.stderr}"
+    lines = [l for l in stderr_lines(r) if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    msg = lines[0]
+    import re
+    gens = {int(g) for g in re.findall(r"generation (\d+)", msg)}
+    assert local in gens and len(gens) == 2 and min(gens) < local, msg
+    assert "this host's devices are newer" in msg, msg
+    # Every import from the store it names refuses the older copy.
+    for cmd in re.findall(r"'(bulwark [^']*)'", msg):
+        if "import" in cmd:
+            assert f"--min-generation {local}" in cmd, msg
+    # The command that keeps the newer devices, run as given (DIR and a new prefix filled
+    # in), brings the pool back with the second write.
+    keep = [cmd for cmd in re.findall(r"'(bulwark [^']*)'", msg) if "object-store" in cmd
+            and "import" not in cmd]
+    assert len(keep) == 2 and "remove" in keep[0] and "add" in keep[1], msg
+    assert f"--pool {p.dir}" in keep[0], msg
+    p.cli("pool", "object-store", "remove", "--force")
+    newer = StorePool(tmp_path, srv, "bucketrb2")
+    p.cli("pool", "object-store", "add", newer.url, "--object-store-credentials", p.creds)
+    p.start()
+    try:
+        p.load_key("v", key)
+        assert read_back(p, tmp_path / "v.img")[:4096] == b"B" * 4096
+        assert p.status()["object_store"]["state"] == "HELD"
+        p.stop()
+    finally:
+        p.kill()
+    p.bulwark("pool", "export", p.dir)
+    p.url = newer.url
+    p.prefix = newer.prefix
+    got = rebuilt_elsewhere(p, p.dir / "pool.key", key, tmp_path / "b.img")
+    assert got[:4096] == b"B" * 4096, "the new prefix lacks the newer write"
+
+
+def test_devices_older_than_the_bucket_name_the_import_that_keeps_it(versitygw, tmp_path):
+    """Issue 41 part 3, the other side: this host's whole directory (devices and anchor)
+    is put back from an older copy while the bucket holds a newer commit. `serve` refuses,
+    names both generations and the store as the newer side, and the import it gives
+    (with --min-generation at the store's generation), run as given, serves the newer
+    write."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "devsold").create().start()
+    try:
+        key = p.create_volume("v", size="8M")
+        nbd_script(p, "h.pwrite(b'A' * 4096, 0)\nh.flush()\n")
+        p.stop()
+        saved = tmp_path / "saved"
+        run(["cp", "-a", "--sparse=always", str(p.dir), str(saved)])
+        p.start()
+        p.load_key("v", key)
+        nbd_script(p, "h.pwrite(b'B' * 4096, 0)\nh.flush()\n")
+        p.stop()
+    finally:
+        p.kill()
+    store_gen = json.loads(p.bulwark("pool", "status", p.dir, "--json").stdout)["generation"]
+    shutil.rmtree(p.dir)
+    run(["cp", "-a", "--sparse=always", str(saved), str(p.dir)])
+
+    r = run([str(p.bin), "serve", str(p.dir)], check=False, env=p._env(), timeout=60)
+    assert r.returncode != 0, f"devices older than the bucket were served:\n{r.stderr}"
+    lines = [l for l in stderr_lines(r) if l.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    msg = lines[0]
+    import re
+    gens = {int(g) for g in re.findall(r"generation (\d+)", msg)}
+    assert store_gen in gens and len(gens) == 2 and max(gens) == store_gen, msg
+    assert "the store is newer" in msg, msg
+    cmds = [c for c in re.findall(r"'(bulwark [^']*)'", msg) if "pool import" in c]
+    assert len(cmds) == 1 and f"--min-generation {store_gen}" in cmds[0], msg
+    q = tmp_path / "q"
+    argv = cmds[0].replace("FILE", str(p.creds)).replace("NEWDIR", str(q)).split()
+    r = p.bulwark(*argv[1:], check=False)
+    assert r.returncode == 0, f"the import the refusal gave failed:\n{r.stdout}\n{r.stderr}"
+    qp = StorePool(tmp_path, srv, "devsold", dir_name="q")
+    qp.start()
+    try:
+        qp.load_key("v", key)
+        assert read_back(qp, tmp_path / "v.img")[:4096] == b"B" * 4096
+    finally:
+        qp.kill()

@@ -63,3 +63,58 @@ def test_devices_restored_from_an_older_copy_are_refused(make_pool, tmp_path):
     p.start()
     p.load_key("v", key)
     qemu_io_ok(p.uri("v"), "read -P 0xa 0 64k")
+
+
+def test_device_import_of_an_older_copy_names_min_generation(make_pool, tmp_path):
+    """Issue 41 part 3, device imports: an exported pool's devices put back from an older
+    copy. `pool import --min-generation N` (the generation the last host showed) refuses
+    them and imports nothing; an import into the pool's old directory (whose anchor knows
+    the newer generation) refuses them naming both generations, the newer side, the
+    import that keeps it (with --min-generation) and what --accept-rollback would drop;
+    an import with neither anchor nor --min-generation takes them, and warns so, naming
+    --min-generation."""
+    import re
+
+    p = make_pool(layout="single", devices=1, device_size="64M").create().start()
+    key = p.create_volume("v", size="16M")
+    qemu_io_ok(p.uri("v"), "write -P 0xa 0 64k", "flush")
+    devices = p.device_paths()
+    p.stop()
+    p.bulwark("pool", "export", p.dir)
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for d in devices:
+        shutil.copy2(d, saved)
+    # The pool goes on: imported again, one more write, exported at a newer generation.
+    p.bulwark("pool", "import", "--dir", p.dir, *devices)
+    p.start()
+    p.load_key("v", key)
+    qemu_io_ok(p.uri("v"), "write -P 0xb 0 64k", "flush")
+    newer = p.status()["generation"]
+    p.stop()
+    p.bulwark("pool", "export", p.dir)
+    last = json.loads(p.bulwark("pool", "status", p.dir, "--json").stdout)["generation"]
+    for d in devices:
+        shutil.copy2(saved / d.split("/")[-1], d)
+
+    new = tmp_path / "new"
+    r = p.bulwark("pool", "import", "--dir", new, "--pool-key", p.dir / "pool.key",
+                  "--min-generation", str(newer), *devices, check=False)
+    assert r.returncode != 0, r.stdout
+    assert f"older than --min-generation {newer}" in r.stderr, r.stderr
+    assert not (new / "pool.json").exists()
+
+    r = p.bulwark("pool", "import", "--dir", p.dir, *devices, check=False)
+    assert r.returncode != 0, r.stdout
+    err = [l for l in stderr_lines(r) if l.startswith("error:")]
+    assert len(err) == 1, r.stderr
+    gens = {int(g) for g in re.findall(r"generation (\d+)", err[0])}
+    assert last in gens and min(gens) < newer, err[0]
+    assert "the anchor's side is newer" in err[0], err[0]
+    assert f"--min-generation {last}" in err[0], err[0]
+    assert "--accept-rollback would import this copy and drop every commit" in err[0], err[0]
+
+    r = p.bulwark("pool", "import", "--dir", new, "--pool-key", p.dir / "pool.key",
+                  *devices, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "no --min-generation" in r.stderr, r.stderr

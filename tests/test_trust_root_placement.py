@@ -90,3 +90,73 @@ def test_the_warning_names_key_dir(make_pool):
                   "--device-size", "64M", check=False)
     assert r.returncode == 0, r.stderr
     assert "--key-dir" in r.stderr, r.stderr
+
+
+def test_pool_import_key_dir_moves_the_trust_root_off_the_devices(make_pool):
+    """`pool import --key-dir K` (issue 41 part 2, as `pool create --key-dir`): the
+    imported pool's key and anchor are in K, not beside the devices; the pool serves from
+    there with its data; an import without it warns as `pool create` does."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from conftest import qemu_io_ok
+
+    p = make_pool(layout="single", devices=1, device_size="64M")
+    p.create().start()
+    key = p.create_volume("v", size="16M")
+    qemu_io_ok(p.uri("v"), "write -P 0x5c 0 64k", "flush")
+    p.stop()
+    p.bulwark("pool", "export", p.dir)
+    keys = Path(_other_fs_dir(p.tmp)) / "moved-root"
+    new = p.tmp / "new"
+    try:
+        r = p.bulwark("pool", "import", "--dir", new, "--from-dir", p.dir,
+                      "--key-dir", keys, check=False)
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+        assert f"trust root: {keys.resolve()}" in r.stdout, r.stdout
+        assert not [l for l in r.stderr.splitlines() if l.startswith("warning:")], r.stderr
+        assert (keys / "pool.key").exists() and (keys / "pool.anchor").exists()
+        assert not (new / "pool.key").exists() and not (new / "pool.anchor").exists()
+        assert json.loads((new / "pool.json").read_text())["key_dir"] == str(keys.resolve())
+        q = make_pool(layout="single", devices=1, device_size="64M")
+        q.dir = new
+        q.start()
+        try:
+            st = q.status()
+            assert st["trust_root"]["key_dir"] is True, st["trust_root"]
+            assert st["trust_root"]["anchor"] == str(keys.resolve() / "pool.anchor")
+            q.load_key("v", key)
+            qemu_io_ok(q.uri("v"), "read -P 0x5c 0 64k")
+            q.stop()
+        finally:
+            q.kill()
+        # Back again without --key-dir: the trust root lands in the directory, beside the
+        # devices, and the import says so.
+        q.bulwark("pool", "export", new)
+        again = p.tmp / "again"
+        r = p.bulwark("pool", "import", "--dir", again, "--from-dir", new, check=False)
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+        warnings = [l for l in r.stderr.splitlines() if l.startswith("warning:")]
+        assert any("pool.key" in l and "same file system" in l and "--key-dir" in l
+                   for l in warnings), r.stderr
+    finally:
+        shutil.rmtree(keys.parent, ignore_errors=True)
+
+
+def test_pool_import_key_dir_refuses_another_pools_trust_root(make_pool):
+    """A key directory that already holds another pool's pool.key is refused before
+    anything is imported: the other pool's trust root is never overwritten."""
+    p = make_pool(layout="single", devices=1, device_size="64M")
+    p.create()
+    other = p.tmp / "other-root"
+    other.mkdir(mode=0o700)
+    (other / "pool.key").write_bytes(b"\x01" * 32)
+    p.bulwark("pool", "export", p.dir)
+    new = p.tmp / "new"
+    r = p.bulwark("pool", "import", "--dir", new, "--from-dir", p.dir,
+                  "--pool-key", p.dir / "pool.key", "--key-dir", other, check=False)
+    assert r.returncode != 0, r.stdout
+    assert "another pool's trust root" in r.stderr, r.stderr
+    assert not (new / "pool.json").exists()
+    assert (other / "pool.key").read_bytes() == b"\x01" * 32

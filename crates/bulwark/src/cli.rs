@@ -584,6 +584,12 @@ pub struct PoolImportArgs {
     /// taken as found.
     #[arg(long, value_name = "N")]
     pub min_generation: Option<u64>,
+    /// Keep the imported pool's trust root (pool.key and pool.anchor) in this directory
+    /// (made 0700 if missing) instead of --dir, as 'pool create --key-dir' does: on
+    /// another disk than the devices. Remembered in DIR/pool.json; see docs/runbook.md,
+    /// "Where the trust root lives".
+    #[arg(long, value_name = "KEY_DIR", requires = "dir")]
+    pub key_dir: Option<PathBuf>,
     #[command(flatten)]
     pub store: ObjectStoreArgs,
     /// Print what was found (and imported) as JSON.

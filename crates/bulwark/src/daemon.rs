@@ -152,6 +152,15 @@ fn raise_open_files_limit() {
     }
 }
 
+/// A refusal's commands name the pool as DIR and its key as DIR/pool.key (the engine
+/// knows neither place): this pool's own, so that the command can be run as given.
+fn name_dir(message: &str, dir: &std::path::Path) -> String {
+    let key = bulwark_engine::pool::format::config::key_path(dir);
+    message
+        .replace(" DIR/pool.key", &format!(" {}", key.display()))
+        .replace(" DIR ", &format!(" {} ", dir.display()))
+}
+
 async fn run(
     dir: PathBuf,
     args: &ServeArgs,
@@ -171,10 +180,10 @@ async fn run(
     };
     service_state(&format!("STATUS=importing pool {}", dir.display()));
     let pool = {
-        let dir = dir.clone();
-        blocking(move || Ok(Pool::open(&dir, opts)?))
+        let d = dir.clone();
+        blocking(move || Ok(Pool::open(&d, opts)?))
             .await
-            .map_err(|e| Error::msg(e.message))?
+            .map_err(|e| Error::msg(name_dir(&e.message, &dir)))?
     };
     if let Some((devices, host)) = pool.rollback_accepted() {
         let detail = serde_json::json!({

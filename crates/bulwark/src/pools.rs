@@ -426,35 +426,151 @@ pub fn create(args: &PoolCreateArgs) -> Result<()> {
              the devices; without it the pool cannot be imported)\n",
             key.display()
         ));
-        // Every device file of the pool, file-backed pools' DIR/devN.img included (issue
-        // 41): a copy of that file system (a backup of DIR, a snapshot of its disk) holds
-        // the devices with the trust root, and restoring it rolls the pool back with its
-        // anchor, silently.
-        let mut devices: Vec<std::path::PathBuf> =
-            bulwark_engine::pool::format::config::PoolConfig::read(&dir)
-                .map(|c| c.devices.iter().map(|d| dir.join(d)).collect())
-                .unwrap_or_else(|_| args.device.clone());
+        let mut devices: Vec<std::path::PathBuf> = PoolConfig::read(&dir)
+            .map(|c| c.devices.iter().map(|d| dir.join(d)).collect())
+            .unwrap_or_else(|_| args.device.clone());
         devices.extend(args.log_device.iter().cloned());
-        let anchor = root.join("pool.anchor");
-        for root in [&key, &anchor] {
-            if let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(root, &devices) {
-                if !beside.is_empty() {
-                    eprintln!(
-                        "warning: {} lies on the same file system as {} device file(s) of the \
-                         pool: whoever copies that file system (a backup of {}, a snapshot of \
-                         its disk) gets the key with the devices, and restoring it rolls the \
-                         pool back with its anchor, unseen; put them on another disk with \
-                         'pool create --key-dir DIR' (docs/runbook.md, \"Where the trust root \
-                         lives\")",
-                        root.display(),
-                        beside.len(),
-                        dir.display()
-                    );
-                }
-            }
-        }
+        warn_trust_root_beside(&dir, &devices, "pool create --key-dir DIR");
     }
     print(&out)
+}
+
+/// Every device file of the pool, file-backed pools' DIR/devN.img included (issue 41): a
+/// copy of the file system holding the trust root and a device (a backup of DIR, a
+/// snapshot of its disk) holds the devices with the key, and restoring it rolls the pool
+/// back with its anchor, silently. A warning per trust-root file that shares one.
+fn warn_trust_root_beside(dir: &Path, devices: &[PathBuf], fix: &str) {
+    let root = bulwark_engine::pool::format::config::trust_root_dir(dir);
+    for f in [root.join("pool.key"), root.join("pool.anchor")] {
+        let Ok(beside) = bulwark_engine::keys::pool_key::devices_beside(&f, devices) else {
+            continue;
+        };
+        if !beside.is_empty() {
+            eprintln!(
+                "warning: {} lies on the same file system as {} device file(s) of the pool: \
+                 whoever copies that file system (a backup of {}, a snapshot of its disk) gets \
+                 the key with the devices, and restoring it rolls the pool back with its \
+                 anchor, unseen; put them on another disk with '{fix}' (docs/runbook.md, \
+                 \"Where the trust root lives\")",
+                f.display(),
+                beside.len(),
+                dir.display()
+            );
+        }
+    }
+}
+
+/// After an import: the trust root moved to `key_dir` when given, and where it lies, as a
+/// line for the report (with the same warning `pool create` gives when it shares a file
+/// system with a device file).
+fn place_trust_root(dir: &Path, key_dir: Option<&Path>) -> Result<String> {
+    if let Some(k) = key_dir {
+        move_trust_root(dir, k).map_err(|e| {
+            Error::msg(format!(
+                "the pool was imported into {}, but its trust root could not be moved: {}",
+                dir.display(),
+                e
+            ))
+        })?;
+    }
+    let root = bulwark_engine::pool::format::config::trust_root_dir(dir);
+    if let Ok(c) = PoolConfig::read(dir) {
+        let devices: Vec<PathBuf> = c.devices.iter().map(|d| dir.join(d)).collect();
+        warn_trust_root_beside(dir, &devices, "pool import --key-dir DIR");
+    }
+    Ok(format!(
+        "trust root: {} (pool.key, pool.anchor): keep it off the devices' disk and back up \
+         pool.key\n",
+        root.display()
+    ))
+}
+
+/// `pool import --key-dir K`: before the import, what would stop the trust root from
+/// moving there (a file in its place, another pool's key), so that a refusal changes
+/// nothing.
+fn check_key_dir(k: &Path, pool_key: Option<&Path>) -> Result<()> {
+    if k.exists() && !k.is_dir() {
+        return Err(Error::usage(format!(
+            "--key-dir {} is not a directory",
+            k.display()
+        )));
+    }
+    let held = k.join("pool.key");
+    if let (true, Some(given)) = (held.exists(), pool_key) {
+        let same = std::fs::read(&held).ok() == std::fs::read(given).ok();
+        if !same {
+            return Err(Error::msg(format!(
+                "--key-dir {} already holds a pool.key that is not {}: another pool's trust \
+                 root; give each pool a directory of its own",
+                k.display(),
+                given.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `pool import --key-dir K`: the imported pool's trust root (pool.key, pool.anchor) moved
+/// from DIR into K (made 0700 when missing): each file written whole and synced there,
+/// then pool.json names K, then DIR's copies go. A crash between leaves pool.json naming
+/// a directory that holds both. Returns K as an absolute path.
+fn move_trust_root(dir: &Path, k: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let io = |p: &Path, e: std::io::Error| Error::msg(format!("{}: {e}", p.display()));
+    if !k.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(k)
+            .map_err(|e| io(k, e))?;
+    }
+    let k = std::fs::canonicalize(k).map_err(|e| io(k, e))?;
+    let from = bulwark_engine::pool::format::config::trust_root_dir(dir);
+    if std::fs::canonicalize(&from).ok().as_deref() == Some(k.as_path()) {
+        return Ok(k);
+    }
+    let names = ["pool.key", "pool.anchor"];
+    for name in names {
+        let src = from.join(name);
+        if !src.exists() {
+            continue;
+        }
+        let bytes = std::fs::read(&src).map_err(|e| io(&src, e))?;
+        let dst = k.join(name);
+        if name == "pool.key"
+            && dst.exists()
+            && std::fs::read(&dst).ok().as_deref() != Some(&bytes[..])
+        {
+            return Err(Error::msg(format!(
+                "{} already holds another pool's pool.key: the trust root stays in {}",
+                k.display(),
+                from.display()
+            )));
+        }
+        let tmp = k.join(format!(".{name}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &dst)
+        };
+        write().map_err(|e| io(&dst, e))?;
+    }
+    std::fs::File::open(&k)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(&k, e))?;
+    let mut conf = PoolConfig::read(dir)?;
+    conf.key_dir = Some(k.clone());
+    conf.write(dir)?;
+    for name in names {
+        let _ = std::fs::remove_file(from.join(name));
+    }
+    Ok(k)
 }
 
 /// `pool create --preallocate`: zeros into the holes of the new pool's device files, with
@@ -467,7 +583,7 @@ fn preallocate(dir: &Path) -> Result<u64> {
         )
         .expect("a valid template"),
     );
-    let r = bulwark_engine::pool::create::preallocate(dir, &mut |done, total| {
+    let r = bulwark_engine::pool::format::config::preallocate(dir, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -1062,7 +1178,7 @@ pub fn cache(cmd: &PoolCacheCommand) -> Result<()> {
 }
 
 fn set_cache_device(dir: &Path, cache: Option<&Path>) -> Result<()> {
-    Ok(bulwark_engine::pool::create::set_cache_device(dir, cache)?)
+    Ok(bulwark_engine::pool::format::config::set_cache_device(dir, cache)?)
 }
 
 /// Appends one record to the pool's audit log (`DIR/audit.log`); a failure is a warning.
@@ -1115,6 +1231,9 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
         )
     })?;
     let key = bulwark_engine::keys::pool_key::PoolKey::load(key_path)?;
+    if let Some(k) = &args.key_dir {
+        check_key_dir(k, Some(key_path))?;
+    }
     let config = crate::objects::config(&dir, url, &args.store)?;
     let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
     crate::objects::probe(&*store, config.single_host)?;
@@ -1152,6 +1271,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
             dir.display()
         )));
     }
+    let trust = place_trust_root(&dir, args.key_dir.as_deref())?;
     let name = args.name.clone().unwrap_or_else(|| {
         if report.name.is_empty() {
             default_pool_name(&dir)
@@ -1185,7 +1305,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
     print(&format!(
         "imported pool {name} (id {}) from {} into {} at generation {}: {} in {} parts{left}\n\
          it was held by '{}' (epoch {}); this host holds it now, and that one is fenced\n\
-         serve it with 'bulwark serve {}'\n",
+         {trust}serve it with 'bulwark serve {}'\n",
         report.pool_id,
         config.url,
         dir.display(),
@@ -1241,6 +1361,9 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
         (None, true) => default_pool_name(&dir),
     };
     check_name_free(&name, &dir, Some(&found.pool_id))?;
+    if let Some(k) = &args.key_dir {
+        check_key_dir(k, args.pool_key.as_deref())?;
+    }
     let report = lifecycle::import_into(
         &dir,
         &devices,
@@ -1253,6 +1376,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
             min_generation: args.min_generation,
         },
     )?;
+    let trust = place_trust_root(&dir, args.key_dir.as_deref())?;
     register(&report.name, &dir, &report.found.pool_id);
     let carried = match &args.from_dir {
         Some(old) => carry(old, &dir)?,
@@ -1273,7 +1397,7 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
         return print_json(&report);
     }
     let mut out = format!(
-        "imported pool {} (id {}) into {} at generation {}\n",
+        "imported pool {} (id {}) into {} at generation {}\n{trust}",
         report.name,
         report.found.pool_id,
         dir.display(),

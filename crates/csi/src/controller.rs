@@ -10,11 +10,12 @@
 //!   with the secret's `originPassphrase`/`originKey`, or else its own
 //!   `passphrase`/`key` (a StorageClass-wide Secret opens both), and unloads it after.
 //! - A volume from a volume goes through an implicit snapshot of the source.
-//! - A clone keeps its snapshot's size (bulwark does not grow clones): a larger
-//!   request is OUT_OF_RANGE. Snapshots depend on their volume: `DeleteVolume` of a
-//!   volume with snapshots is FAILED_PRECONDITION (the spec's "has snapshots and the
-//!   plugin doesn't treat them as independent entities"), as is `DeleteSnapshot` of a
-//!   snapshot with clones, and expanding a volume with snapshots or a clone.
+//! - A clone starts at its snapshot's size and is grown to a larger request; a limit
+//!   below the snapshot's size is OUT_OF_RANGE. Any volume expands, with snapshots, as
+//!   a clone or as an origin of clones (snapshots keep their size). Snapshots depend on
+//!   their volume: `DeleteVolume` of a volume with snapshots is FAILED_PRECONDITION (the
+//!   spec's "has snapshots and the plugin doesn't treat them as independent entities"),
+//!   as is `DeleteSnapshot` of a snapshot with clones.
 //! - Pagination tokens are offsets into the list sorted by id (as csi-driver-host-path).
 
 use std::collections::HashMap;
@@ -281,14 +282,9 @@ impl Driver {
                 if params.encryption { "on" } else { "off" }
             )));
         }
+        // A clone starts at its snapshot's size and is grown to the request (bulwark grows
+        // any volume, a clone too); it never shrinks below what its snapshot holds.
         let wanted = size_for(range, from_volume.block_size as u64)?;
-        if wanted > from_volume.size_bytes || !fits(from_volume.size_bytes, range) {
-            return Err(Status::out_of_range(format!(
-                "a clone has the size of its origin, {} bytes, and bulwark does not resize \
-                 clones; the request asks for {wanted}",
-                from_volume.size_bytes
-            )));
-        }
         let own = match (&secrets.own, from_volume.encryption) {
             (Some(s), true) => Some(self.secret_file(s)?),
             (None, true) => {
@@ -337,6 +333,21 @@ impl Driver {
                 &name,
                 own.as_ref().map(SecretFile::as_ref),
             )?;
+            let made = self.pool.volume(&name)?.map(|v| v.size_bytes).unwrap_or(0);
+            let sized = if !fits(made.max(wanted), range) {
+                Err(Status::out_of_range(format!(
+                    "the snapshot {from}@{snapshot} is {made} bytes, more than the request's \
+                     limit: a clone is never smaller than its snapshot"
+                )))
+            } else if wanted > made {
+                self.pool.resize_volume(&name, wanted).map_err(Status::from)
+            } else {
+                Ok(())
+            };
+            if let Err(e) = sized {
+                let _ = self.pool.destroy_volume(&name, false);
+                return Err(e);
+            }
             Ok(())
         })();
         if loaded_here {

@@ -488,12 +488,22 @@ impl Core {
             let head = st.tree.lock();
             let snaps = st.snaps.read();
             let referenced = st.used_bytes.load(Ordering::Relaxed);
+            // A clone's USED is what destroying it frees (issue 42): not what its base
+            // (the origin's snapshot) holds, which stays.
+            let base = snaps.first().filter(|s| s.base).map(|s| &s.tree);
             let mut by_snapshots = 0;
             for (k, s) in snaps.iter().enumerate().filter(|(_, s)| !s.base) {
-                let next = snap::next_of(&snaps, &head, k);
+                let others: Vec<&Tree> = [snap::next_of(&snaps, &head, k)]
+                    .into_iter()
+                    .chain(base)
+                    .collect();
                 by_snapshots +=
-                    snap::unique_data_bytes(&*self.store, &self.store.cache, &s.tree, &[next])?;
+                    snap::unique_data_bytes(&*self.store, &self.store.cache, &s.tree, &others)?;
             }
+            let own = match base {
+                Some(b) => snap::unique_data_bytes(&*self.store, &self.store.cache, &head, &[b])?,
+                None => referenced,
+            };
             let written = match snaps.last() {
                 Some(s) => {
                     snap::unique_data_bytes(&*self.store, &self.store.cache, &head, &[&s.tree])?
@@ -502,7 +512,7 @@ impl Core {
             };
             out.push(VolumeSpace {
                 name: st.name.clone(),
-                used_bytes: referenced + by_snapshots,
+                used_bytes: own + by_snapshots,
                 referenced_bytes: referenced,
                 used_by_snapshots_bytes: by_snapshots,
                 written_bytes: written,

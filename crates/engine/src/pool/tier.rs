@@ -1096,14 +1096,32 @@ impl Tier {
             }
             if head.generation != generation {
                 if !late || head.writer != open.writer {
-                    return Err(Error::Invalid(format!(
-                        "the object store {} is at generation {}, this host's devices at \
-                         {generation}: the local copy is not the pool's. Import the pool from \
-                         the store into a new directory ('bulwark pool import --object-store \
-                         URL --dir NEW')",
-                        store.describe(),
-                        head.generation,
-                    )));
+                    // Issue 41: name the newer side and the command that keeps it; an
+                    // import from the store names --min-generation (the binary fills DIR).
+                    let (url, s) = (store.describe(), head.generation);
+                    let imp = format!(
+                        "bulwark pool import --object-store {url} \
+                        --object-store-credentials FILE --pool-key DIR/pool.key --dir NEWDIR \
+                        --force --min-generation"
+                    );
+                    return Err(Error::Invalid(if s < generation {
+                        format!("the object store {url} is at generation {s}, this host's devices \
+                         at generation {generation}: this host's devices are newer (the store was rolled \
+                         back: an older copy of its superblock object was put back). To keep \
+                         the newer devices, give the pool a store that holds them: 'bulwark \
+                         --pool DIR pool object-store remove --force', then 'bulwark --pool DIR \
+                         pool object-store add URL2 --object-store-credentials FILE' (URL2: a \
+                         new prefix, or this one emptied). Do not import from this store: that \
+                         takes generation {s} and fences this host ('{imp} {generation}' \
+                         refuses it)")
+                    } else {
+                        format!("the object store {url} is at generation {s}, this host's devices \
+                         at generation {generation}: the store is newer (it took commits these devices do \
+                         not have: another host, or these devices were restored from an older \
+                         copy). To keep the store's newer state, import it into a new \
+                         directory: '{imp} {s}', and serve NEWDIR (this directory's copy is \
+                         stale)")
+                    }));
                 }
                 // A commit of ours reached the store before the restart without its local
                 // labels (its answer was lost): this run's local commits went on from the

@@ -79,7 +79,8 @@ pub struct SnapshotStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct VolumeSpace {
     pub name: String,
-    /// `referenced + used_by_snapshots`: what destroying the volume with its snapshots frees.
+    /// What destroying the volume with its snapshots frees: `referenced + used_by_snapshots`,
+    /// less, for a clone, what its base (the origin's snapshot) holds and keeps.
     pub used_bytes: u64,
     /// Bytes the volume's current data references.
     pub referenced_bytes: u64,
