@@ -118,3 +118,45 @@ def test_device_import_of_an_older_copy_names_min_generation(make_pool, tmp_path
                   *devices, check=False)
     assert r.returncode == 0, r.stderr
     assert "no --min-generation" in r.stderr, r.stderr
+
+
+def test_damaged_newest_labels_are_not_called_a_plain_rollback(make_pool):
+    """Issue 41 part 3: someone without the key damages the newest generation's label
+    slots on every device (a MAC byte each). The pool falls back to the generation
+    before, which the anchor refuses; the refusal says the newest labels fail
+    authentication (not a rollback), names both generations, and says what
+    --accept-rollback would drop before anyone runs it."""
+    import re
+    import sys
+
+    from conftest import HELPERS
+    sys.path.insert(0, str(HELPERS))
+    import bwforge
+
+    p = make_pool(layout="mirror:2", devices=2, device_size="128M").create().start()
+    p.create_volume("v", size="16M")
+    qemu_io_ok(p.uri("v"), "write -P 0xa 0 64k", "flush")
+    devices = p.device_paths()
+    p.stop()
+    newest = max(s.generation for d in devices for s in bwforge.read_slots(d))
+    damaged = 0
+    for d in devices:
+        for s in bwforge.read_slots(d):
+            if s.generation == newest:
+                with open(d, "r+b") as f:
+                    f.seek(s.offset + bwforge.MAC_AT)
+                    b = f.read(1)
+                    f.seek(s.offset + bwforge.MAC_AT)
+                    f.write(bytes([b[0] ^ 0xFF]))
+                damaged += 1
+    assert damaged >= 2, "no newest label slot found to damage"
+
+    r = p.bulwark("serve", p.dir, check=False, timeout=60)
+    assert r.returncode != 0, f"a pool whose newest labels were damaged was served:\n{r.stderr}"
+    err = [l for l in stderr_lines(r) if l.startswith("error:")]
+    assert len(err) == 1, r.stderr
+    gens = {int(g) for g in re.findall(r"generation (\d+)", err[0])}
+    assert newest in gens and newest - 1 in gens, err[0]
+    assert f"{damaged} label slot(s) of this pool fail authentication" in err[0], err[0]
+    assert "which is not a rollback" in err[0], err[0]
+    assert "--accept-rollback" in err[0] and "drop every commit" in err[0], err[0]

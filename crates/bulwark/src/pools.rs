@@ -583,7 +583,7 @@ fn preallocate(dir: &Path) -> Result<u64> {
         )
         .expect("a valid template"),
     );
-    let r = bulwark_engine::pool::format::config::preallocate(dir, &mut |done, total| {
+    let r = bulwark_engine::pool::create::preallocate(dir, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -1178,7 +1178,7 @@ pub fn cache(cmd: &PoolCacheCommand) -> Result<()> {
 }
 
 fn set_cache_device(dir: &Path, cache: Option<&Path>) -> Result<()> {
-    Ok(bulwark_engine::pool::format::config::set_cache_device(dir, cache)?)
+    Ok(bulwark_engine::pool::create::set_cache_device(dir, cache)?)
 }
 
 /// Appends one record to the pool's audit log (`DIR/audit.log`); a failure is a warning.
