@@ -837,3 +837,33 @@ def test_devices_older_than_the_bucket_name_the_import_that_keeps_it(versitygw, 
         assert read_back(qp, tmp_path / "v.img")[:4096] == b"B" * 4096
     finally:
         qp.kill()
+
+
+def test_import_from_the_store_with_key_dir(versitygw, tmp_path):
+    """`pool import --object-store ... --key-dir K` (issue 41 part 2): the imported pool's
+    key and anchor are in K, not in the new directory beside its device files; the pool
+    serves from there with the data."""
+    srv = versitygw
+    p = StorePool(tmp_path, srv, "keydir").create().start()
+    try:
+        key = p.create_volume("v", size="8M")
+        nbd_script(p, "h.pwrite(b'K' * 4096, 0)\nh.flush()\n")
+        p.stop()
+    finally:
+        p.kill()
+    p.bulwark("pool", "export", p.dir)
+    q = StorePool(tmp_path, srv, "keydir", dir_name="q")
+    keys = tmp_path / "trust" / "q"
+    r = q.import_from_store(p.dir / "pool.key", "--key-dir", keys)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    assert f"trust root: {keys.resolve()}" in r.stdout, r.stdout
+    assert (keys / "pool.key").exists() and (keys / "pool.anchor").exists()
+    assert not (q.dir / "pool.key").exists() and not (q.dir / "pool.anchor").exists()
+    q.start()
+    try:
+        assert q.status()["trust_root"]["key_dir"] is True
+        q.load_key("v", key)
+        assert read_back(q, tmp_path / "k.img")[:4096] == b"K" * 4096
+        q.stop()
+    finally:
+        q.kill()

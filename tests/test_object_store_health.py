@@ -177,3 +177,53 @@ def test_a_fenced_daemon_names_what_takes_the_pool_back(tmp_path):
             assert "pool import --object-store" in a.cli("status").stdout
         finally:
             a.kill()
+
+
+def test_a_late_takeover_never_overwrites_a_newer_store(tmp_path):
+    """Issue 41 part 3, the late path: this host's directory is put back from an older
+    copy and `serve` starts while the store is down (it serves from the local devices).
+    When the store answers, it holds commits newer than these devices: the daemon must
+    not upload its older state over them (a silent rollback of the bucket). It refuses
+    the takeover, `status` says why and names the import that keeps the store's state,
+    and the bucket still holds the newer write."""
+    import json
+    import shutil
+    with start_server("versitygw", tmp_path / "vgw") as srv:
+        p = StorePool(tmp_path, srv, "latetake").create().start()
+        key = p.create_volume("v", size="8M")
+        nbd_script(p, "h.pwrite(b'A' * 65536, 0)\nh.flush()\n")
+        p.stop()
+        saved = tmp_path / "saved"
+        run(["cp", "-a", "--sparse=always", str(p.dir), str(saved)])
+        p.start()
+        p.load_key("v", key)
+        nbd_script(p, "h.pwrite(b'B' * 65536, 0)\nh.flush()\n")
+        p.stop()
+        store_gen = json.loads(p.bulwark("pool", "status", p.dir, "--json").stdout)["generation"]
+        shutil.rmtree(p.dir)
+        run(["cp", "-a", "--sparse=always", str(saved), str(p.dir)])
+        srv.kill()
+        try:
+            p.start()
+            assert p.status()["object_store"]["state"] == "UNREACHABLE"
+            srv.restart()
+            t = wait_until(lambda: p.status()["object_store"],
+                           lambda t: t["state"] == "HELD" or "the store is newer" in (t.get("last_error") or ""),
+                           timeout=60)
+            assert t["state"] != "HELD", f"the older local copy took the newer store: {t}"
+            assert "the store is newer" in t["last_error"], t
+            assert f"--min-generation {store_gen}" in t["last_error"], t
+            # The daemon stops writing its stale copy then (as a fenced one does), so a
+            # clean stop has no final commit to make: killed, not stopped.
+        finally:
+            p.kill()
+        q = StorePool(tmp_path, srv, "latetake", dir_name="q")
+        r = q.import_from_store(p.dir / "pool.key", "--force")
+        assert r.returncode == 0, r.stderr
+        q.start()
+        try:
+            q.load_key("v", key)
+            got = read_back(q, tmp_path / "q.img")
+            assert got[:65536] == b"B" * 65536, "the bucket lost its newer write"
+        finally:
+            q.kill()

@@ -1095,7 +1095,9 @@ impl Tier {
                 )));
             }
             if head.generation != generation {
-                if !late || head.writer != open.writer {
+                // Late, ours, and one commit ahead: its answer was lost (below). Further ahead,
+                // the store is newer than these devices: refused, never overwritten.
+                if !late || head.writer != open.writer || head.generation > generation + 1 {
                     // Issue 41: name the newer side and the command that keeps it; an
                     // import from the store names --min-generation (the binary fills DIR).
                     let (url, s) = (store.describe(), head.generation);
