@@ -488,7 +488,10 @@ fn place_trust_root(dir: &Path, key_dir: Option<&Path>) -> Result<String> {
 /// `pool import --key-dir K`: before the import, what would stop the trust root from
 /// moving there (a file in its place, another pool's key), so that a refusal changes
 /// nothing.
-fn check_key_dir(k: &Path, pool_key: Option<&Path>) -> Result<()> {
+fn check_key_dir(k: Option<&Path>, pool_key: Option<&Path>) -> Result<()> {
+    let Some(k) = k else {
+        return Ok(());
+    };
     if k.exists() && !k.is_dir() {
         return Err(Error::usage(format!(
             "--key-dir {} is not a directory",
@@ -1231,9 +1234,7 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
         )
     })?;
     let key = bulwark_engine::keys::pool_key::PoolKey::load(key_path)?;
-    if let Some(k) = &args.key_dir {
-        check_key_dir(k, Some(key_path))?;
-    }
+    check_key_dir(args.key_dir.as_deref(), Some(key_path))?;
     let config = crate::objects::config(&dir, url, &args.store)?;
     let store = crate::objects::open_store(&config.url, config.credentials.as_deref())?;
     crate::objects::probe(&*store, config.single_host)?;
@@ -1318,6 +1319,18 @@ fn import_from_store(args: &PoolImportArgs, url: &str) -> Result<()> {
     ))
 }
 
+/// What `pool import` from devices asks of the engine's `import_into`.
+fn import_options(args: &PoolImportArgs) -> ImportOptions {
+    ImportOptions {
+        force: args.force,
+        rename: args.name.clone(),
+        from_dir: args.from_dir.clone(),
+        pool_key: args.pool_key.clone(),
+        accept_rollback: args.accept_rollback,
+        min_generation: args.min_generation,
+    }
+}
+
 pub fn import(args: &PoolImportArgs) -> Result<()> {
     if let Some(url) = &args.object_store {
         return import_from_store(args, url);
@@ -1361,21 +1374,8 @@ pub fn import(args: &PoolImportArgs) -> Result<()> {
         (None, true) => default_pool_name(&dir),
     };
     check_name_free(&name, &dir, Some(&found.pool_id))?;
-    if let Some(k) = &args.key_dir {
-        check_key_dir(k, args.pool_key.as_deref())?;
-    }
-    let report = lifecycle::import_into(
-        &dir,
-        &devices,
-        &ImportOptions {
-            force: args.force,
-            rename: args.name.clone(),
-            from_dir: args.from_dir.clone(),
-            pool_key: args.pool_key.clone(),
-            accept_rollback: args.accept_rollback,
-            min_generation: args.min_generation,
-        },
-    )?;
+    check_key_dir(args.key_dir.as_deref(), args.pool_key.as_deref())?;
+    let report = lifecycle::import_into(&dir, &devices, &import_options(args))?;
     let trust = place_trust_root(&dir, args.key_dir.as_deref())?;
     register(&report.name, &dir, &report.found.pool_id);
     let carried = match &args.from_dir {

@@ -333,22 +333,7 @@ impl Driver {
                 &name,
                 own.as_ref().map(SecretFile::as_ref),
             )?;
-            let made = self.pool.volume(&name)?.map(|v| v.size_bytes).unwrap_or(0);
-            let sized = if !fits(made.max(wanted), range) {
-                Err(Status::out_of_range(format!(
-                    "the snapshot {from}@{snapshot} is {made} bytes, more than the request's \
-                     limit: a clone is never smaller than its snapshot"
-                )))
-            } else if wanted > made {
-                self.pool.resize_volume(&name, wanted).map_err(Status::from)
-            } else {
-                Ok(())
-            };
-            if let Err(e) = sized {
-                let _ = self.pool.destroy_volume(&name, false);
-                return Err(e);
-            }
-            Ok(())
+            self.size_clone(&name, &format!("{from}@{snapshot}"), wanted, range)
         })();
         if loaded_here {
             self.unload_quietly(&from);
@@ -370,6 +355,33 @@ impl Driver {
         Ok(proto::CreateVolumeResponse {
             volume: Some(self.volume_message(&v, source)),
         })
+    }
+
+    /// A clone just made from `origin` grown to `wanted` bytes (it starts at its
+    /// snapshot's size), or destroyed again when its snapshot is larger than the request's
+    /// limit (a clone is never smaller than its snapshot).
+    fn size_clone(
+        &self,
+        name: &str,
+        origin: &str,
+        wanted: u64,
+        range: Option<&proto::CapacityRange>,
+    ) -> Result<(), Status> {
+        let made = self.pool.volume(name)?.map(|v| v.size_bytes).unwrap_or(0);
+        let sized = if !fits(made.max(wanted), range) {
+            Err(Status::out_of_range(format!(
+                "the snapshot {origin} is {made} bytes, more than the request's limit: a \
+                 clone is never smaller than its snapshot"
+            )))
+        } else if wanted > made {
+            self.pool.resize_volume(name, wanted).map_err(Status::from)
+        } else {
+            Ok(())
+        };
+        if sized.is_err() {
+            let _ = self.pool.destroy_volume(name, false);
+        }
+        sized
     }
 
     fn delete_volume(&self, req: proto::DeleteVolumeRequest) -> Result<(), Status> {

@@ -805,6 +805,36 @@ pub const TAKE_BACK: &str = "This directory's copy is stale and will not serve a
     --object-store-credentials FILE --pool-key DIR/pool.key --dir NEWDIR' and serve NEWDIR \
     (docs/runbook.md, \"fenced\")";
 
+/// Issue 41: the store and this host's devices at different generations, refused in one
+/// line naming both, which side is newer, and the command that keeps it; an import from
+/// the store names --min-generation (the binary fills DIR in).
+fn generation_refusal(url: &str, s: u64, generation: u64) -> Error {
+    let imp = format!(
+        "bulwark pool import --object-store {url} --object-store-credentials FILE --pool-key \
+         DIR/pool.key --dir NEWDIR --force --min-generation"
+    );
+    Error::Invalid(if s < generation {
+        format!(
+            "the object store {url} is at generation {s}, this host's devices at generation \
+             {generation}: this host's devices are newer (the store was rolled back: an older \
+             copy of its superblock object was put back). To keep the newer devices, give the \
+             pool a store that holds them: 'bulwark --pool DIR pool object-store remove \
+             --force', then 'bulwark --pool DIR pool object-store add URL2 \
+             --object-store-credentials FILE' (URL2: a new prefix, or this one emptied). Do not \
+             import from this store: that takes generation {s} and fences this host ('{imp} \
+             {generation}' refuses it)"
+        )
+    } else {
+        format!(
+            "the object store {url} is at generation {s}, this host's devices at generation \
+             {generation}: the store is newer (it took commits these devices do not have: \
+             another host, or these devices were restored from an older copy). To keep the \
+             store's newer state, import it into a new directory: '{imp} {s}', and serve NEWDIR \
+             (this directory's copy is stale)"
+        )
+    })
+}
+
 /// How often a pool that could not reach its store at import tries again.
 const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -1098,32 +1128,11 @@ impl Tier {
                 // Late, ours, and one commit ahead: its answer was lost (below). Further ahead,
                 // the store is newer than these devices: refused, never overwritten.
                 if !late || head.writer != open.writer || head.generation > generation + 1 {
-                    // Issue 41: name the newer side and the command that keeps it; an
-                    // import from the store names --min-generation (the binary fills DIR).
-                    let (url, s) = (store.describe(), head.generation);
-                    let imp = format!(
-                        "bulwark pool import --object-store {url} \
-                        --object-store-credentials FILE --pool-key DIR/pool.key --dir NEWDIR \
-                        --force --min-generation"
-                    );
-                    return Err(Error::Invalid(if s < generation {
-                        format!("the object store {url} is at generation {s}, this host's devices \
-                         at generation {generation}: this host's devices are newer (the store was rolled \
-                         back: an older copy of its superblock object was put back). To keep \
-                         the newer devices, give the pool a store that holds them: 'bulwark \
-                         --pool DIR pool object-store remove --force', then 'bulwark --pool DIR \
-                         pool object-store add URL2 --object-store-credentials FILE' (URL2: a \
-                         new prefix, or this one emptied). Do not import from this store: that \
-                         takes generation {s} and fences this host ('{imp} {generation}' \
-                         refuses it)")
-                    } else {
-                        format!("the object store {url} is at generation {s}, this host's devices \
-                         at generation {generation}: the store is newer (it took commits these devices do \
-                         not have: another host, or these devices were restored from an older \
-                         copy). To keep the store's newer state, import it into a new \
-                         directory: '{imp} {s}', and serve NEWDIR (this directory's copy is \
-                         stale)")
-                    }));
+                    return Err(generation_refusal(
+                        &store.describe(),
+                        head.generation,
+                        generation,
+                    ));
                 }
                 // A commit of ours reached the store before the restart without its local
                 // labels (its answer was lost): this run's local commits went on from the
