@@ -32,8 +32,6 @@ pub mod snapshot;
 pub mod status;
 mod stepped;
 pub mod tier;
-#[cfg(test)]
-mod tier_tests;
 pub mod txg;
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use parking_lot::Mutex;
 use zeroize::Zeroizing;
 
-use super::tier::{TierOpen, SUPERBLOCK_OBJECT};
+use super::{TierOpen, SUPERBLOCK_OBJECT};
 use crate::keys::Secret;
 use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
 use crate::tier::{Cond, Listed, ObjectStore, PutIf, Version};
@@ -156,8 +156,8 @@ fn new_pool(dir: &std::path::Path, store: &Arc<Mem>) -> Arc<Pool> {
         },
     )
     .unwrap();
-    let mut conf = super::format::config::PoolConfig::read(dir).unwrap();
-    conf.object_store = Some(super::format::config::ObjectStoreConfig {
+    let mut conf = crate::pool::format::config::PoolConfig::read(dir).unwrap();
+    conf.object_store = Some(crate::pool::format::config::ObjectStoreConfig {
         url: "mem://test".into(),
         credentials: None,
         writer: "host-a".into(),
@@ -196,9 +196,9 @@ fn commit_with_lost_answer(pool: &Pool, store: &Mem, fill: u8) -> Result<()> {
     pool.core().commit()
 }
 
-fn store_generation(store: &Mem, sb_key: &super::format::superblock::SbKey) -> u64 {
+fn store_generation(store: &Mem, sb_key: &crate::pool::format::superblock::SbKey) -> u64 {
     let (b, _) = store.get(SUPERBLOCK_OBJECT, 16 << 20).unwrap().unwrap();
-    super::tier::Head::open(&b, &super::tier::object_key(sb_key))
+    super::Head::open(&b, &super::object_key(sb_key))
         .unwrap()
         .generation
 }
@@ -284,7 +284,7 @@ fn two_takeovers_from_one_version_never_both_win() {
             defer_unreachable: false,
             single_host: false,
         };
-        super::tier::Tier::take(&open, &sb_key, &local)
+        super::Tier::take(&open, &sb_key, &local)
     };
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(take);
@@ -335,7 +335,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
     drop(pool);
     // Every page of the table decodes (at most 64 parts a segment) and restores.
     let new = tempfile::tempdir().unwrap();
-    let conf = super::format::config::ObjectStoreConfig {
+    let conf = crate::pool::format::config::ObjectStoreConfig {
         url: "mem://test".into(),
         credentials: None,
         writer: "host-b".into(),
@@ -343,8 +343,7 @@ fn many_small_flushes_keep_a_segment_to_a_bounded_number_of_parts() {
         local_flush: false,
         cache_bytes: None,
     };
-    let report =
-        super::tier::restore(new.path(), &*store, &key, conf, true, None, &|_, _| {}).unwrap();
+    let report = super::restore(new.path(), &*store, &key, conf, true, None, &|_, _| {}).unwrap();
     assert!(report.parts > 0);
     let pool = Pool::open(
         new.path(),
@@ -679,7 +678,7 @@ fn small_commits_carry_the_table_in_the_superblock_object() {
     let held = pool.core().tier.as_ref().unwrap().slot_segments();
     let sb_key = pool.core().sb_key.clone();
     drop(pool);
-    let found = super::tier::load(&*store, &super::tier::object_key(&sb_key))
+    let found = super::load(&*store, &super::object_key(&sb_key))
         .unwrap()
         .unwrap();
     assert!(
