@@ -3,8 +3,8 @@
 Between a crash and the restart, someone who can write the device files (or the log
 device) but holds nothing of the host alters the intent log, as docs/format.md draws it
 (tests/helpers/bwforge.py): a chain block zeroed, the record an entry names zeroed, a
-block of an earlier run's chain put back in its place, the same on a log device, the
-log's last block zeroed. Before, the replay stopped there and every later acknowledged
+block of an earlier run's chain put back in its place, the same three on a log device,
+the log's last block zeroed. Before, the replay stopped there and every later acknowledged
 flush read its older data with no error (an INFO line, or a "flush that never
 finished"). Now `serve` refuses, naming the volume and the flushes lost and the flag
 that takes the pool anyway; with `--accept-log-loss` it serves, `status` shows the loss
@@ -119,6 +119,65 @@ def test_a_zeroed_block_on_a_log_device(make_pool, tmp_path):
     chain = bwforge.read_logdev_chain(logdev, sb)
     assert len(chain) >= 3, chain
     bwforge.write_logdev_slot(logdev, chain[1][0], b"\0" * 4096)
+    refused_then_taken(p, 1)
+
+
+def a_pool_with_a_log_device(make_pool, tmp_path):
+    logdev = tmp_path / "log.img"
+    with open(logdev, "wb") as f:
+        f.truncate(16 << 20)
+    p = crashed_with_three_flushes(make_pool, log_device=logdev)
+    return p, logdev
+
+
+def logdev_chain(p, logdev):
+    sb = bwforge.newest_slot(p.device_paths()[0], (p.dir / "pool.key").read_bytes())
+    return bwforge.read_logdev_chain(logdev, sb)
+
+
+def test_a_corrupted_named_record_on_a_log_device(make_pool, tmp_path):
+    """The record the middle flush's entry names, damaged in both places it lies: on the
+    main devices and in the copy the log device carries after its block (a small flush's
+    record rides in the log, so that only the log device is synced). Lost, and said so,
+    not taken for a flush that never finished."""
+    p, logdev = a_pool_with_a_log_device(make_pool, tmp_path)
+    chain = logdev_chain(p, logdev)
+    assert len(chain) >= 3, chain
+    (slot, raw), (next_slot, _) = chain[1], chain[2]
+    # The block's record copy lies in the slots between it and the next block.
+    assert next_slot > slot + 1, f"the log device carries no record copy after block 1: {chain}"
+    bwforge.write_logdev_slot(logdev, slot + 1, b"\xee" * 4096)
+    (_, _, ptr), = bwforge.LogBlock(bytearray(raw), (bwforge.NONE, bwforge.NONE)).entries()
+    image(p).write_at(ptr.addr1, b"\xee" * 4096)
+    r = p.bulwark("serve", p.dir, check=False, timeout=60)
+    line = " ".join(stderr_lines(r))
+    assert r.returncode != 0 and "never finished" not in line, line
+    refused_then_taken(p, 1)
+
+
+def test_a_block_of_an_earlier_run_put_back_on_a_log_device(make_pool, tmp_path):
+    """The log device's middle block replaced by the block an earlier run wrote in the
+    same slot of its own chain: well formed and checksummed, but of another generation
+    and chain, so the replay stops there while later blocks verify: a loss."""
+    p, logdev = a_pool_with_a_log_device(make_pool, tmp_path)
+    earlier = logdev_chain(p, logdev)
+    assert len(earlier) >= 3, earlier
+    p.start()
+    for blk, pat in FLUSHES:
+        qemu_io_ok(p.uri("v"), f"write -P {pat:#x} {blk * 4}k 4k", "flush")
+    gen = p.status()["generation"]
+    reach = wait_until(lambda: bwforge.read_log_reach(p.dir),
+                       lambda r: r is not None and r["generation"] == gen and r["blocks"] >= 1)
+    assert reach and reach["generation"] == gen, reach
+    p.kill()
+    chain = logdev_chain(p, logdev)
+    assert len(chain) >= 3, chain
+    old = dict(earlier)
+    # An earlier block put where this run's middle block lies (the one from the same
+    # slot when the ring put one there, else the earlier middle block).
+    put_back = old.get(chain[1][0], earlier[1][1])
+    assert put_back != chain[1][1]
+    bwforge.write_logdev_slot(logdev, chain[1][0], put_back)
     refused_then_taken(p, 1)
 
 
