@@ -41,9 +41,14 @@ log "cargo build --release"
 cargo build --release --workspace
 cargo_rc=0
 # clippy is part of the test: a warning fails it like a failing test.
-if ! cargo clippy --version >/dev/null 2>&1 && have rustup; then
+if ! cargo clippy --version >/dev/null 2>&1; then
     log "installing clippy"
-    rustup component add clippy
+    if have rustup; then
+        rustup component add clippy
+    else
+        $SUDO apt-get update -q
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends rust-clippy
+    fi
 fi
 log "cargo clippy --release --workspace --all-targets -- -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings || cargo_rc=$?
