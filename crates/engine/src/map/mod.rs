@@ -536,7 +536,13 @@ impl Tree {
         Ok(std::mem::replace(&mut leaf.ptrs[slot(lba, 0)], ptr))
     }
 
-    /// Force the node at (`level`, `index`) — and its path — to be rewritten at the next commit.
+    /// Force the node at (`level`, `index`) — and its ancestors — to be rewritten at the
+    /// next commit. Nothing below it is dirtied: a node under it may be shared with trees
+    /// that do not share it (a snapshot, the head, a clone's base holding another copy of
+    /// the node above), and each tree that rewrote it would give it a copy of its own,
+    /// leaving the trees that still hold the old one no longer in one unbroken run
+    /// (`volume::snap`): a commit would then release it while a tree past the gap still
+    /// points at it (issue F1: a live count underflow).
     pub fn touch(
         &mut self,
         store: &dyn NodeStore,
@@ -544,10 +550,26 @@ impl Tree {
         level: u8,
         index: u64,
     ) -> Result<()> {
+        if level >= self.depth {
+            return Ok(());
+        }
         let lba = index << (MAP_FANOUT_SHIFT * (level as u32 + 1));
-        // dirty_path dirties every level down to the leaf; touching a leaf's ancestors is enough
-        // to move the node itself, and dirtying the leaf below it costs one copy.
-        self.dirty_path(store, cache, lba).map(|_| ())
+        let mut ptr = self.root;
+        for l in (level..self.depth).rev() {
+            let i = node_index(lba, l);
+            let key = (l, i);
+            if !self.dirty.contains_key(&key) {
+                let node = match self.get(store, cache, l, i, &ptr)? {
+                    Some(n) => Node::clone(&n),
+                    None => Node::empty(l, i),
+                };
+                self.dirty.insert(key, Box::new(node));
+            }
+            if l > level {
+                ptr = self.dirty[&key].ptrs[slot(lba, l)];
+            }
+        }
+        Ok(())
     }
 
     /// Write every dirty node bottom-up, one level at a time: `write` stores the non-empty
@@ -1068,6 +1090,65 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seen, lbas);
+    }
+
+    /// `touch` rewrites the node and its ancestors only: a node below it stays shared with
+    /// the trees that hold it (issue F1). Dirtying the first leaf below too gave each tree
+    /// of the cleaner's run its own copy of that leaf, while a tree outside the run (the
+    /// head, a clone's base) kept the old one: the trees holding it were no longer one
+    /// unbroken run, and commits released it twice (a segment live count underflow).
+    #[test]
+    fn touch_leaves_the_nodes_below_shared() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(0);
+        let mut next = 1u64 << 40;
+        let mut write = |nodes: &[&Node]| -> Result<Vec<Blkptr>> {
+            Ok(nodes
+                .iter()
+                .map(|n| {
+                    next += 16;
+                    store.0.borrow_mut().insert(next, n.encode());
+                    Blkptr {
+                        addr: [next, ADDR_NONE],
+                        len: NODE_BYTES as u32,
+                        ..Blkptr::HOLE
+                    }
+                })
+                .collect())
+        };
+        let depth = depth_for(1 << 16);
+        assert_eq!(depth, 3);
+        let mut t = Tree::new(1, depth, Blkptr::HOLE);
+        for l in [0u64, 70, 5000] {
+            t.set(&store, &cache, l, data(l + 1)).unwrap();
+        }
+        let root = t.commit(&cache, &mut write, &mut |_, _, _| {}).unwrap();
+        // A snapshot, and a newer tree the cleaner moves the level-1 node of.
+        let older = Tree::new(2, depth, root);
+        let mut moved = Tree::new(3, depth, root);
+        moved.touch(&store, &cache, 1, 0).unwrap();
+        let mut freed = Vec::new();
+        moved
+            .commit(&cache, &mut write, &mut |l, i, _| freed.push((l, i)))
+            .unwrap();
+        freed.sort_unstable();
+        assert_eq!(
+            freed,
+            vec![(1, 0), (2, 0)],
+            "only the node and its parent move"
+        );
+        let slot = |t: &Tree, l: u8, i: u64| t.node_slot(&store, &cache, l, i).unwrap();
+        assert_ne!(slot(&moved, 1, 0), slot(&older, 1, 0));
+        for (l, i) in [(0, 0), (0, 1), (1, 1), (0, 78)] {
+            assert_eq!(
+                slot(&moved, l, i),
+                slot(&older, l, i),
+                "({l}, {i}) stays shared"
+            );
+        }
+        for l in [0u64, 70, 5000] {
+            assert_eq!(moved.lookup(&store, &cache, l).unwrap(), data(l + 1));
+        }
     }
 
     /// `next_mapped` steps over hole subtrees of any size, dirty or committed, and stops
