@@ -34,15 +34,21 @@ def crashed_with_three_flushes(make_pool, log_device=None):
         extra += ["--log-device", str(log_device)]
     p.create(*extra).start()
     p.create_volume("v", size="16M", encryption=False)
+    flush_three_and_kill(p, want_blocks=3 if not log_device else 1)
+    return p
+
+
+def flush_three_and_kill(p, want_blocks):
+    """Three flushes, then a kill once the host has recorded that its log reached
+    `want_blocks` blocks of this generation's chain."""
     for blk, pat in FLUSHES:
         qemu_io_ok(p.uri("v"), f"write -P {pat:#x} {blk * 4}k 4k", "flush")
     gen = p.status()["generation"]
-    want = 3 if not log_device else 1
     reach = wait_until(lambda: bwforge.read_log_reach(p.dir),
-                       lambda r: r is not None and r["generation"] == gen and r["blocks"] >= want)
+                       lambda r: r is not None and r["generation"] == gen
+                       and r["blocks"] >= want_blocks)
     assert reach and reach["generation"] == gen, f"the host never recorded the log's reach: {reach}"
     p.kill()
-    return p
 
 
 def image(p):
@@ -94,31 +100,13 @@ def test_a_block_of_an_earlier_run_put_back(make_pool):
     earlier = bytes(bwforge.read_log(image(p))[1].raw)
     # The next run replays and commits (a new chain), then flushes three times again.
     p.start()
-    for blk, pat in FLUSHES:
-        qemu_io_ok(p.uri("v"), f"write -P {pat:#x} {blk * 4}k 4k", "flush")
-    gen = p.status()["generation"]
-    reach = wait_until(lambda: bwforge.read_log_reach(p.dir),
-                       lambda r: r is not None and r["generation"] == gen and r["blocks"] >= 3)
-    assert reach and reach["generation"] == gen, reach
-    p.kill()
+    flush_three_and_kill(p, want_blocks=3)
     img = image(p)
     log = bwforge.read_log(img)
     assert len(log) == 3
     for a in log[1].addrs:
         if a != bwforge.NONE:
             img.write_at(a, earlier)
-    refused_then_taken(p, 1)
-
-
-def test_a_zeroed_block_on_a_log_device(make_pool, tmp_path):
-    logdev = tmp_path / "log.img"
-    with open(logdev, "wb") as f:
-        f.truncate(16 << 20)
-    p = crashed_with_three_flushes(make_pool, log_device=logdev)
-    sb = bwforge.newest_slot(p.device_paths()[0], (p.dir / "pool.key").read_bytes())
-    chain = bwforge.read_logdev_chain(logdev, sb)
-    assert len(chain) >= 3, chain
-    bwforge.write_logdev_slot(logdev, chain[1][0], b"\0" * 4096)
     refused_then_taken(p, 1)
 
 
@@ -133,6 +121,14 @@ def a_pool_with_a_log_device(make_pool, tmp_path):
 def logdev_chain(p, logdev):
     sb = bwforge.newest_slot(p.device_paths()[0], (p.dir / "pool.key").read_bytes())
     return bwforge.read_logdev_chain(logdev, sb)
+
+
+def test_a_zeroed_block_on_a_log_device(make_pool, tmp_path):
+    p, logdev = a_pool_with_a_log_device(make_pool, tmp_path)
+    chain = logdev_chain(p, logdev)
+    assert len(chain) >= 3, chain
+    bwforge.write_logdev_slot(logdev, chain[1][0], b"\0" * 4096)
+    refused_then_taken(p, 1)
 
 
 def test_a_corrupted_named_record_on_a_log_device(make_pool, tmp_path):
@@ -163,13 +159,7 @@ def test_a_block_of_an_earlier_run_put_back_on_a_log_device(make_pool, tmp_path)
     earlier = logdev_chain(p, logdev)
     assert len(earlier) >= 3, earlier
     p.start()
-    for blk, pat in FLUSHES:
-        qemu_io_ok(p.uri("v"), f"write -P {pat:#x} {blk * 4}k 4k", "flush")
-    gen = p.status()["generation"]
-    reach = wait_until(lambda: bwforge.read_log_reach(p.dir),
-                       lambda r: r is not None and r["generation"] == gen and r["blocks"] >= 1)
-    assert reach and reach["generation"] == gen, reach
-    p.kill()
+    flush_three_and_kill(p, want_blocks=1)
     chain = logdev_chain(p, logdev)
     assert len(chain) >= 3, chain
     old = dict(earlier)
