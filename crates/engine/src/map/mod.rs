@@ -1102,20 +1102,7 @@ mod tests {
         let store = MemStore(RefCell::new(HashMap::new()));
         let cache = new_cache(0);
         let mut next = 1u64 << 40;
-        let mut write = |nodes: &[&Node]| -> Result<Vec<Blkptr>> {
-            Ok(nodes
-                .iter()
-                .map(|n| {
-                    next += 16;
-                    store.0.borrow_mut().insert(next, n.encode());
-                    Blkptr {
-                        addr: [next, ADDR_NONE],
-                        len: NODE_BYTES as u32,
-                        ..Blkptr::HOLE
-                    }
-                })
-                .collect())
-        };
+        let mut write = store_nodes(&store, &mut next);
         let depth = depth_for(1 << 16);
         assert_eq!(depth, 3);
         let mut t = Tree::new(1, depth, Blkptr::HOLE);
