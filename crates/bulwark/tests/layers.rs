@@ -378,6 +378,9 @@ const POOL: Table = Table {
         ("intentlog", &["format", "status"]),
         // Group commit: which commit covers a FLUSH (model-checked: `crates/modelcheck`).
         ("group", &[]),
+        // The cleaner's move against client writes: swap where the map still points at the
+        // old copy (model-checked: `crates/modelcheck`).
+        ("relocate", &[]),
         // The state every volume handle shares.
         ("core", &["format", "group", "intentlog", "status", "tier"]),
         // Commit, the flush path, log-device administration.
@@ -389,7 +392,7 @@ const POOL: Table = Table {
         ("rotate", &["core"]),
         // Upkeep: scrub and resilver, the cleaner, eviction to the object store.
         ("scrub", &["core", "format"]),
-        ("clean", &["core"]),
+        ("clean", &["core", "relocate"]),
         ("evict", &["core", "tier"]),
         // Upkeep driven by its caller, one step at a time (the simulator's stepped mode).
         ("stepped", &["core", "scrub"]),
@@ -462,7 +465,7 @@ const NOT_YET_TABLED: &[(&str, &str)] = &[
     (
         "modelcheck",
         "no modules of its own to order: `sync` (shuttle's primitives) and the engine's own \
-         files (`constants`, `error`, `log`, `store/gate.rs`, `pool/group.rs`) included by #[path], whose \
+         files (`constants`, `error`, `log`, `store/gate.rs`, `pool/group.rs`, `pool/relocate.rs`) included by #[path], whose \
          order the engine's table keeps",
     ),
 ];

@@ -7,7 +7,7 @@
 //! engine's `crate::sync`, so their locks and atomics are shuttle's and every lock, wait
 //! and atomic step is a point where the scheduler may switch threads. Nothing else of the
 //! engine is built here: a protocol is checked only once its synchronization lives in files
-//! that name nothing above them (today `log`, `store::gate` and `pool::group`, over
+//! that name nothing above them (today `log`, `store::gate`, `pool::group` and `pool::relocate`, over
 //! `constants` and `error`). The tests (`tests/`) drive those files from shuttle threads playing the parts
 //! of readers, writers and commits, and check the property a user relies on.
 //!
@@ -40,6 +40,11 @@ pub mod gate;
 /// Group commit: which commit covers a FLUSH (`crates/engine/src/pool/group.rs`).
 #[path = "../../engine/src/pool/group.rs"]
 pub mod group;
+
+/// The cleaner's move against client writes: the swap where the map still points at the
+/// old copy (`crates/engine/src/pool/relocate.rs`).
+#[path = "../../engine/src/pool/relocate.rs"]
+pub mod relocate;
 
 /// Run `f` under shuttle's randomized scheduler, then under PCT (depth 3: a bug that needs
 /// two preemptions at the right steps is found with good odds), both seeded, each for

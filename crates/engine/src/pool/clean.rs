@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::Core;
+use super::relocate::{swap_where_held, Relocation};
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN, SEGMENT_BYTES};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
@@ -63,6 +64,37 @@ const MOVE_READ_GAP: u64 = 16 << 10;
 /// are counted as it dirties them: `Core::clean_dirtied`).
 struct PassCost {
     clean_at_start: u64,
+}
+
+/// A batch's moves into volume `v`'s own map (`relocate::swap_where_held`): a swap notes
+/// the move for the intent log and releases the old copy; a copy not swapped in is
+/// released.
+struct Mover<'a> {
+    core: &'a Core,
+    v: &'a VolumeState,
+}
+
+impl Relocation for Mover<'_> {
+    type Map = crate::map::Tree;
+    type Ptr = Blkptr;
+
+    fn lookup(&self, tree: &crate::map::Tree, lba: u64) -> Result<Blkptr> {
+        tree.lookup(&*self.core.store, &self.core.store.cache, lba)
+    }
+
+    fn set(&self, tree: &mut crate::map::Tree, lba: u64, ptr: Blkptr) -> Result<()> {
+        tree.set(&*self.core.store, &self.core.store.cache, lba, ptr)
+            .map(|_| ())
+    }
+
+    fn swapped(&self, _tree: &crate::map::Tree, lba: u64, old: &Blkptr, new: &Blkptr) {
+        note_move(self.v, lba, new);
+        self.core.store.release(old);
+    }
+
+    fn not_swapped(&self, new: &Blkptr) {
+        self.core.store.release(new);
+    }
 }
 
 /// A data record to move: its victim's rank in the pass (best first), its volume, its block.
@@ -779,41 +811,16 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        let mut tree = v.tree.lock();
-        let mut moved = 0;
-        for (k, (&(lba, old), put)) in recs.iter().zip(&puts).enumerate() {
-            let new = put.ptr;
-            let swapped = tree
-                .lookup(&*self.store, &self.store.cache, lba)
-                .and_then(|now| {
-                    if now != old {
-                        return Ok(false);
-                    }
-                    tree.set(&*self.store, &self.store.cache, lba, new)?;
-                    Ok(true)
-                });
-            match swapped {
-                Ok(true) => {
-                    note_move(v, lba, &new);
-                    self.store.release(&old);
-                    moved += 1;
-                }
-                Ok(false) => self.store.release(&new),
-                Err(e) => {
-                    // What was swapped in stays (counted dirty below); the copies not
-                    // swapped in are given back.
-                    for p in &puts[k..] {
-                        self.store.release(&p.ptr);
-                    }
-                    self.note_dirty_cleaning(&v.dirty_nodes, tree.dirty_nodes());
-                    return Err(e);
-                }
-            }
-        }
+        let moves: Vec<(u64, Blkptr, Blkptr)> = recs
+            .iter()
+            .zip(&puts)
+            .map(|(&(lba, old), put)| (lba, old, put.ptr))
+            .collect();
+        let (tree, moved) = swap_where_held(&Mover { core: self, v }, &v.tree, &moves);
         self.note_dirty_cleaning(&v.dirty_nodes, tree.dirty_nodes());
         drop(tree);
         drop(pending);
-        Ok(moved)
+        moved
     }
 }
 

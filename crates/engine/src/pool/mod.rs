@@ -26,6 +26,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod options;
 pub mod props;
+pub mod relocate;
 pub mod rotate;
 pub mod scrub;
 pub mod snapshot;
