@@ -1,6 +1,7 @@
 //! The locks and atomics of the protocols that are model-checked (`crates/modelcheck`):
-//! the log's segment states (`log`) and the reuse gate (`store::gate`) take theirs from
-//! here, not from `parking_lot` or `std` directly.
+//! the log's segment states (`log`), the reuse gate (`store::gate`), group commit
+//! (`pool::group`), the cleaner's swap (`pool::relocate`) and a volume's uses
+//! (`volume::uses`) take theirs from here, not from `parking_lot` or `std` directly.
 //!
 //! In the engine these are `parking_lot`'s and `std`'s, unchanged. `bulwark-modelcheck`
 //! compiles those same source files a second time, with its own `sync` module in this
@@ -11,7 +12,7 @@
 //!
 //! Keep this module's surface small: every name here needs its twin there.
 
-pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Atomics (`std`'s).
 pub mod atomic {

@@ -7,7 +7,7 @@
 //! engine's `crate::sync`, so their locks and atomics are shuttle's and every lock, wait
 //! and atomic step is a point where the scheduler may switch threads. Nothing else of the
 //! engine is built here: a protocol is checked only once its synchronization lives in files
-//! that name nothing above them (today `log`, `store::gate`, `pool::group` and `pool::relocate`, over
+//! that name nothing above them (today `log`, `store::gate`, `pool::group`, `pool::relocate` and `volume::uses`, over
 //! `constants` and `error`). The tests (`tests/`) drive those files from shuttle threads playing the parts
 //! of readers, writers and commits, and check the property a user relies on.
 //!
@@ -45,6 +45,11 @@ pub mod group;
 /// old copy (`crates/engine/src/pool/relocate.rs`).
 #[path = "../../engine/src/pool/relocate.rs"]
 pub mod relocate;
+
+/// Who uses a volume: handles, background batches, and the changes that wait for none
+/// (`crates/engine/src/volume/uses.rs`).
+#[path = "../../engine/src/volume/uses.rs"]
+pub mod uses;
 
 /// Run `f` under shuttle's randomized scheduler, then under PCT (depth 3: a bug that needs
 /// two preemptions at the right steps is found with good odds), both seeded, each for

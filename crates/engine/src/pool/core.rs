@@ -37,6 +37,7 @@ use crate::keys::{wrap, Secret};
 use crate::map::{Blkptr, Tree};
 use crate::redundancy::DeviceState;
 use crate::store::{Control, Store};
+use crate::volume::uses::Refused;
 use crate::volume::{Volume, VolumeOptions, VolumeState};
 use crate::{Error, Result};
 
@@ -286,14 +287,24 @@ impl Core {
     pub(crate) fn quiesce_for_change<'a>(
         &self,
         st: &'a VolumeState,
-    ) -> Result<parking_lot::RwLockWriteGuard<'a, ()>> {
-        let clients = st.clients();
-        if clients > 0 {
-            return Err(self.volume_in_use(&st.name, clients));
-        }
+    ) -> Result<crate::sync::RwLockWriteGuard<'a, ()>> {
         let g = st
             .quiesce(crate::constants::QUIESCE_WAIT_MAX)
-            .ok_or_else(|| {
+            .map_err(|why| self.refused(st, why))?;
+        if st.destroyed.load(Ordering::Acquire) {
+            return Err(Error::NotFound(format!(
+                "volume '{}' does not exist",
+                st.name
+            )));
+        }
+        Ok(g)
+    }
+
+    /// The error for a change to volume `st` that `Uses` refused.
+    pub(crate) fn refused(&self, st: &VolumeState, why: Refused) -> Error {
+        match why {
+            Refused::InUse(clients) => self.volume_in_use(&st.name, clients),
+            Refused::Busy => {
                 let by = if self.scrub_running.load(Ordering::Acquire) {
                     "a scrub or resilver batch"
                 } else {
@@ -305,18 +316,8 @@ impl Core {
                     st.name,
                     crate::constants::QUIESCE_WAIT_MAX.as_secs()
                 ))
-            })?;
-        if st.destroyed.load(Ordering::Acquire) {
-            return Err(Error::NotFound(format!(
-                "volume '{}' does not exist",
-                st.name
-            )));
+            }
         }
-        let clients = st.clients();
-        if clients > 0 {
-            return Err(self.volume_in_use(&st.name, clients));
-        }
-        Ok(g)
     }
 
     /// Destroy volume `name` and free its space. A volume with snapshots needs `recursive` (they go with it),
@@ -386,14 +387,11 @@ impl Core {
     pub fn volume_handle(self: &Arc<Self>, name: &str) -> Result<Arc<Volume>> {
         self.store.check_poisoned()?;
         let st = self.find(name)?;
-        if st.encryption && st.ring.read().is_none() {
-            return Err(st.locked());
-        }
         Ok(Arc::new(Volume::for_client(
             self.store.clone(),
             self.clone(),
             st,
-        )))
+        )?))
     }
 
     pub fn volume_statuses(&self) -> Vec<VolumeStatus> {

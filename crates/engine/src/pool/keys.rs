@@ -165,7 +165,8 @@ impl Core {
         let _w = self.quiesce_for_change(&st)?;
         // Its writes must reach the disk under the key before the key goes.
         self.flush()?;
-        *st.ring.write() = None;
+        // Taken under the key's lock, refused if a handle opened meanwhile (`Uses`).
+        st.take_key().map_err(|why| self.refused(&st, why))?;
         *st.vmk.lock() = None;
         tracing::info!(volume = name, "key unloaded");
         Ok(())
@@ -285,10 +286,11 @@ impl Core {
     pub fn key_erase(&self, name: &str) -> Result<()> {
         let st = self.encrypted(name)?;
         let w = self.quiesce_for_change(&st)?;
+        // The key first, refused if a handle opened meanwhile (`Uses`): nothing changed yet.
+        st.take_key().map_err(|why| self.refused(&st, why))?;
         st.slots.lock().clear();
         st.data_keys.lock().clear();
         *st.rotation.lock() = None;
-        *st.ring.write() = None;
         *st.vmk.lock() = None;
         drop(w);
         self.table_dirty.store(true, Ordering::Release);

@@ -38,6 +38,7 @@ use crate::{Error, Result};
 
 pub mod rotation;
 pub mod snap;
+pub mod uses;
 
 pub use crate::codec::Compression;
 
@@ -175,17 +176,10 @@ pub struct VolumeState {
     /// It changes under `snaps` (read), inside the lifetime of the handle's reference, so
     /// that under `snaps` (write) `strong_count - snapshot_views` never undercounts.
     pub snapshot_views: std::sync::atomic::AtomicUsize,
-    /// Open handles on the volume itself that a client or a command took
-    /// (`Volume::for_client`): what "in use" means to `volume destroy`, `rollback`,
-    /// `key unload`, `key erase` and a shrink. The maintenance thread's references to the
-    /// state (commits, cleaning passes, intent-log flushes) are not counted: they used to
-    /// make a volume nobody had opened "in use" whenever the pool was busy.
-    clients: std::sync::atomic::AtomicUsize,
-    /// Background passes over this volume that a command changing what the volume is
-    /// (destroy, rollback, key unload or erase, shrink) must wait for: a scrub batch and a
-    /// key rotation batch hold it for read, the command takes it for write with a bounded
-    /// wait (`VolumeState::quiesce`). A waiting command keeps new batches out.
-    work: RwLock<()>,
+    /// Who uses the volume: the handles clients and commands hold (what "in use" means
+    /// to `volume destroy`, `rollback`, `key unload`, `key erase` and a shrink) and the
+    /// background batches over it a change waits for (`uses`: model-checked).
+    uses: uses::Uses,
     /// The control plane lists a data error in this volume (`note_data_errors`): only then
     /// does a write tell it which blocks were replaced whole (`Control::clear_rewritten`),
     /// so a write to a volume without errors never calls up into the control plane.
@@ -251,8 +245,7 @@ impl VolumeState {
             origin: Mutex::new(None),
             deferred: AtomicBool::new(false),
             snapshot_views: Default::default(),
-            clients: Default::default(),
-            work: RwLock::new(()),
+            uses: uses::Uses::new(),
             data_errors: AtomicBool::new(false),
             guess: Default::default(),
             read_streams: Default::default(),
@@ -272,22 +265,29 @@ impl VolumeState {
 
     /// How many client or command handles hold the volume itself open.
     pub fn clients(&self) -> usize {
-        self.clients.load(Ordering::Acquire)
+        self.uses.clients()
     }
 
     /// A background batch over this volume (scrub, key rotation): held while it reads or
     /// rewrites the volume's records, so that no command changes the volume under it.
-    pub fn background_batch(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
-        self.work.read()
+    pub fn background_batch(&self) -> crate::sync::RwLockReadGuard<'_, ()> {
+        self.uses.background_batch()
     }
 
-    /// Wait, at most `max`, for the background batch over this volume to end, and keep
-    /// new ones out while the guard lives. `None`: one was still running at `max`.
+    /// Before a command changes what the volume is: refused while a handle holds it open;
+    /// a background batch over it is waited for, at most `max`, and kept out while the
+    /// guard lives.
     pub fn quiesce(
         &self,
         max: std::time::Duration,
-    ) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
-        self.work.try_write_for(max)
+    ) -> std::result::Result<crate::sync::RwLockWriteGuard<'_, ()>, uses::Refused> {
+        self.uses.quiesce(max)
+    }
+
+    /// Key unload and erase: the key ring taken away, refused while a handle holds the
+    /// volume open (`Uses::take_key_unused`).
+    pub fn take_key(&self) -> std::result::Result<Option<Arc<KeyRing>>, uses::Refused> {
+        self.uses.take_key_unused(&self.ring)
     }
 
     /// The volume's size in bytes.
@@ -394,7 +394,7 @@ pub struct Volume {
 impl Drop for Volume {
     fn drop(&mut self) {
         if self.client {
-            self.st.clients.fetch_sub(1, Ordering::AcqRel);
+            self.st.uses.close();
         }
         if self.view.is_some() {
             // Under the snapshot list's lock, before `st` is dropped (`snapshot_views`).
@@ -426,21 +426,24 @@ impl Volume {
     }
 
     /// A handle for a client or a command: counted as a use of the volume
-    /// (`VolumeState::clients`) until it is dropped.
+    /// (`VolumeState::clients`) until it is dropped; refused while an encrypted volume's
+    /// key is not loaded.
     pub(crate) fn for_client(
         store: Arc<Store>,
         control: Arc<dyn Control>,
         st: Arc<VolumeState>,
-    ) -> Volume {
-        st.clients.fetch_add(1, Ordering::AcqRel);
-        Volume {
+    ) -> Result<Volume> {
+        if !st.uses.open_while_loaded(&st.ring, st.encryption) {
+            return Err(st.locked());
+        }
+        Ok(Volume {
             store,
             control,
             st,
             view: None,
             view_bytes: 0,
             client: true,
-        }
+        })
     }
 
     /// A read-only handle on snapshot `snap` of the volume.
