@@ -12,7 +12,10 @@
 //! handle is counted (`take_key_unused`). So a handle either was counted before the key
 //! was taken (and the unload refuses: in use), or finds the key gone (and is refused:
 //! locked): no handle opened while an unload was under way writes under a key the unload
-//! said it took, and no unload returns while a handle could still write.
+//! said it took, and no unload returns while a handle could still write. (Before, the key
+//! was checked and the handle counted apart, and unload took the key without looking at
+//! the count again: a handle opened while unload flushed wrote under the key after unload
+//! returned; `crates/modelcheck/tests/key_unload.rs` found it.)
 //!
 //! The maintenance thread's references (commits, cleaning, intent-log flushes) are not
 //! handles: they used to make a volume nobody had opened "in use" whenever the pool was
@@ -54,7 +57,8 @@ impl Uses {
     /// Count a handle, if the volume needs no key or its `key` is loaded (checked and
     /// counted under the key's read lock). False: the volume is locked, nothing counted.
     pub fn open_while_loaded<K>(&self, key: &RwLock<Option<K>>, needs_key: bool) -> bool {
-        if needs_key && key.read().is_none() {
+        let k = key.read();
+        if needs_key && k.is_none() {
             return false;
         }
         self.clients.fetch_add(1, Ordering::AcqRel);
@@ -85,7 +89,9 @@ impl Uses {
     /// handle is counted: a handle opening now waits, and then finds no key. The caller
     /// holds `quiesce`'s guard.
     pub fn take_key_unused<K>(&self, key: &RwLock<Option<K>>) -> Result<Option<K>, Refused> {
-        Ok(key.write().take())
+        let mut k = key.write();
+        self.unused()?;
+        Ok(k.take())
     }
 
     fn unused(&self) -> Result<(), Refused> {
