@@ -306,7 +306,8 @@ const ENGINE: Table = Table {
             ],
         ),
         // Byte-addressed reads and writes of one volume, through the store only (`size`:
-        // sizes in its messages; `sync`: the locks of `volume/uses.rs`, model-checked).
+        // sizes in its messages; `sync`: the locks of `volume/uses.rs` and `stripes.rs`,
+        // model-checked).
         (
             "volume",
             &[
@@ -466,7 +467,7 @@ const NOT_YET_TABLED: &[(&str, &str)] = &[
     (
         "modelcheck",
         "no modules of its own to order: `sync` (shuttle's primitives) and the engine's own \
-         files (`constants`, `error`, `log`, `store/gate.rs`, `pool/group.rs`, `pool/relocate.rs`, `volume/uses.rs`) included by #[path], whose \
+         files (`constants`, `error`, `log`, `store/gate.rs`, `pool/group.rs`, `pool/relocate.rs`, `volume/uses.rs`, `volume/stripes.rs`) included by #[path], whose \
          order the engine's table keeps",
     ),
 ];

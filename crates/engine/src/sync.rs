@@ -1,7 +1,8 @@
 //! The locks and atomics of the protocols that are model-checked (`crates/modelcheck`):
 //! the log's segment states (`log`), the reuse gate (`store::gate`), group commit
-//! (`pool::group`), the cleaner's swap (`pool::relocate`) and a volume's uses
-//! (`volume::uses`) take theirs from here, not from `parking_lot` or `std` directly.
+//! (`pool::group`), the cleaner's swap (`pool::relocate`), a volume's uses
+//! (`volume::uses`) and its stripe locks (`volume::stripes`) take theirs from here, not
+//! from `parking_lot` or `std` directly.
 //!
 //! In the engine these are `parking_lot`'s and `std`'s, unchanged. `bulwark-modelcheck`
 //! compiles those same source files a second time, with its own `sync` module in this

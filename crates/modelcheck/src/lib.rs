@@ -7,7 +7,7 @@
 //! engine's `crate::sync`, so their locks and atomics are shuttle's and every lock, wait
 //! and atomic step is a point where the scheduler may switch threads. Nothing else of the
 //! engine is built here: a protocol is checked only once its synchronization lives in files
-//! that name nothing above them (today `log`, `store::gate`, `pool::group`, `pool::relocate` and `volume::uses`, over
+//! that name nothing above them (today `log`, `store::gate`, `pool::group`, `pool::relocate`, `volume::uses` and `volume::stripes`, over
 //! `constants` and `error`). The tests (`tests/`) drive those files from shuttle threads playing the parts
 //! of readers, writers and commits, and check the property a user relies on.
 //!
@@ -50,6 +50,11 @@ pub mod relocate;
 /// (`crates/engine/src/volume/uses.rs`).
 #[path = "../../engine/src/volume/uses.rs"]
 pub mod uses;
+
+/// A volume's stripe locks: client writes against key rotation's rewrites
+/// (`crates/engine/src/volume/stripes.rs`).
+#[path = "../../engine/src/volume/stripes.rs"]
+pub mod stripes;
 
 /// Run `f` under shuttle's randomized scheduler, then under PCT (depth 3: a bug that needs
 /// two preemptions at the right steps is found with good odds), both seeded, each for

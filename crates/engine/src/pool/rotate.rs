@@ -2,7 +2,8 @@
 //! re-encrypted in the background, the old key dropped when no block uses it.
 //!
 //! `key_rotate` adds a data key generation and makes it current before it
-//! returns. A worker then walks the map; each block of an older generation is
+//! returns, and waits for the client writes under way (`VolumeState::drain_writes`: one
+//! that read the older key lands in the map before the walk). A worker then walks the map; each block of an older generation is
 //! read and rewritten under its stripe lock (the same lock client writes take,
 //! so a client write in between wins). The cursor is saved with every commit:
 //! after a crash, loading the key resumes the rotation. When the walk ends,
@@ -83,6 +84,11 @@ impl Core {
             )?));
             g
         };
+        // A write that read the key ring before may still be sealing under the older key:
+        // it must land in the map before the worker walks it, or it would land behind the
+        // walk (in a block the walk found a hole) and stay under a key the rotation drops
+        // (`volume::stripes`; crates/modelcheck/tests/rotation_writers.rs).
+        st.drain_writes();
         let total = st.used_bytes.load(Ordering::Relaxed) / st.block_size.max(1) as u64;
         *st.rotation.lock() = Some(Rotation {
             to_generation: generation,

@@ -38,6 +38,7 @@ use crate::{Error, Result};
 
 pub mod rotation;
 pub mod snap;
+pub mod stripes;
 pub mod uses;
 
 pub use crate::codec::Compression;
@@ -150,7 +151,8 @@ pub struct VolumeState {
     pub rotation: Mutex<Option<rotation::Rotation>>,
     /// Whether a worker runs that rotation (never persisted).
     pub(crate) rotation_worker: Arc<rotation::RotationWorker>,
-    stripes: Box<[Mutex<()>]>,
+    /// The stripe locks client writes and key rotation's rewrites take (`stripes`).
+    stripes: stripes::Stripes,
     /// Stored bytes of the data blocks this volume references (one copy).
     pub used_bytes: AtomicU64,
     /// The tree's dirty node count as of its last change (`Store::note_dirty`).
@@ -234,7 +236,7 @@ impl VolumeState {
             ring: RwLock::new(None),
             rotation: Mutex::new(None),
             rotation_worker: Default::default(),
-            stripes: (0..STRIPE_LOCKS).map(|_| Mutex::new(())).collect(),
+            stripes: stripes::Stripes::new(STRIPE_LOCKS),
             used_bytes: AtomicU64::new(0),
             dirty_nodes: Default::default(),
             destroyed: AtomicBool::new(false),
@@ -282,6 +284,12 @@ impl VolumeState {
         max: std::time::Duration,
     ) -> std::result::Result<crate::sync::RwLockWriteGuard<'_, ()>, uses::Refused> {
         self.uses.quiesce(max)
+    }
+
+    /// Wait for every client write under way to end (`Stripes::drain`): after a new data
+    /// key is made current, none sealed under an older one is still to land in the map.
+    pub fn drain_writes(&self) {
+        self.stripes.drain();
     }
 
     /// Key unload and erase: the key ring taken away, refused while a handle holds the
@@ -584,8 +592,8 @@ impl Volume {
         })
     }
 
-    fn stripe(&self, lba: u64) -> parking_lot::MutexGuard<'_, ()> {
-        self.st.stripes[(lba as usize) % STRIPE_LOCKS].lock()
+    fn stripe(&self, lba: u64) -> crate::sync::MutexGuard<'_, ()> {
+        self.st.stripes.one(lba)
     }
 
     fn aad(&self, lba: u64) -> [u8; 24] {
@@ -865,12 +873,7 @@ impl Volume {
     fn write_blocks(&self, first: u64, data: &[u8]) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = data.len() / bs;
-        let mut stripes: Vec<usize> = (0..n as u64)
-            .map(|i| ((first + i) as usize) % STRIPE_LOCKS)
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let _locks: Vec<_> = stripes.iter().map(|&s| self.st.stripes[s].lock()).collect();
+        let _locks = self.st.stripes.run(first, n as u64);
         self.write_blocks_locked(first, data)
     }
 
