@@ -325,3 +325,80 @@ def test_image_list(pool, tmp_path, seed):
     assert listed == ["odd"], listed
     r = pool.cli("image", "forget", "vm4", check=False)
     assert r.returncode != 0 and "no image named vm4" in r.stderr, r.stderr
+
+
+GiB = 1024 * MiB
+
+
+def make_sparse_qcow2(tmp_path, seed):
+    """(issue 42) A qcow2 of 1 GiB + 3 * 64 KiB + 1536 bytes: random data at odd offsets (one run across
+    the 1 GiB line, one in the last, partial block), zeros written as data, zero clusters
+    (qemu-io write -z), and holes everywhere else."""
+    rng = random.Random(seed)
+    size = GiB + 3 * 65536 + 1536
+    raw = tmp_path / "sparse-src.img"
+    with open(raw, "wb") as f:
+        f.truncate(size)
+        for off, length in [(12345, 70_001), (5 * MiB + 777, 3 * MiB + 5),
+                            (GiB - 100_003, 200_000), (size - 1000, 1000)]:
+            f.seek(off)
+            f.write(rng.randbytes(length))
+        f.seek(300 * MiB + 4096)
+        f.write(bytes(2 * MiB + 512))  # zeros as data
+    src = tmp_path / "sparse.qcow2"
+    run(["qemu-img", "convert", "-S", "0", "-f", "raw", "-O", "qcow2", raw, src])
+    for cmd in ("write -z 5M 64k", "write -z 512M 1M", f"write -P 0x5a {GiB - 65536} 512"):
+        qemu_io_ok_file(src, cmd)
+    info = json.loads(run(["qemu-img", "info", "--output=json", src]).stdout)
+    assert info["virtual-size"] == size, info
+    return src, size
+
+
+def qemu_io_ok_file(path, command):
+    r = run(["qemu-io", "-f", "qcow2", "-c", command, path])
+    assert "error" not in (r.stdout + r.stderr).lower(), f"qemu-io {command}: {r.stdout}{r.stderr}"
+
+
+def raw_sha256(tmp_path, image):
+    """sha256sum of the image's virtual disk, as `qemu-img convert -O raw` writes it."""
+    out = tmp_path / "as-raw.img"
+    run(["qemu-img", "convert", "-O", "raw", image, out])
+    sha = run(["sha256sum", out]).stdout.split()[0]
+    out.unlink()
+    return sha
+
+
+def test_digest_of_a_sparse_qcow2(pool, tmp_path, seed):
+    """(issue 42) The digest is hashed in process from block status and reads, zeros
+    never read: it still equals sha256sum of the raw virtual disk, across the 1 GiB
+    block-status window, through zero clusters, zeros held as data, and the partial
+    last block (the volume rounds up to 64K)."""
+    require_tools("qemu-img", "qemu-io", "sha256sum")
+    src, size = make_sparse_qcow2(tmp_path, seed)
+    want = raw_sha256(tmp_path, src)
+    sha = import_image(pool, src, "sparse", "--block-size", "64K")
+    assert sha == want, "the recorded sha256 is not sha256sum of the raw virtual disk"
+    assert pool.volume_status("sparse")["size_bytes"] > size  # a tail past the image
+    listed = {e["name"]: e for e in json.loads(pool.cli("image", "list", "--json").stdout)}
+    assert listed["sparse"]["sha256"] == want and listed["sparse"]["virtual_size"] == size
+
+
+def test_import_without_digest(pool, tmp_path, seed):
+    """(issue 42) `--no-digest` records no sha256 (`-` in the table, null in JSON) and
+    the volume still holds the image."""
+    require_tools("qemu-img", "qemu-io", "sha256sum")
+    src, size = make_sparse_qcow2(tmp_path, seed)
+    want = raw_sha256(tmp_path, src)
+    r = pool.cli("image", "import", src, "nod", "--no-digest", "--encryption", "off")
+    assert r.stdout.strip().splitlines()[-1].endswith(
+        "no sha256 recorded (--no-digest)"), r.stdout
+    assert not any(n in r.stdout + r.stderr for n in NOISE), r.stderr
+    record = json.loads((pool.dir / "images" / "nod.json").read_text())
+    assert "sha256" in record and record["sha256"] is None, record
+    listed = {e["name"]: e for e in json.loads(pool.cli("image", "list", "--json").stdout)}
+    assert listed["nod"]["sha256"] is None and listed["nod"]["present"] is True
+    row = next(l for l in pool.cli("image", "list").stdout.splitlines() if l.startswith("nod "))
+    assert row.split()[3] == "-", row
+    out = tmp_path / "nod.qcow2"
+    pool.cli("image", "export", "nod@image", out, "--format", "qcow2")
+    assert raw_sha256(tmp_path, out) == want, "the volume does not hold the image"

@@ -28,6 +28,7 @@ mod image;
 mod keys;
 mod maintenance;
 mod metrics;
+mod nbd_reader;
 mod notify;
 mod objects;
 mod pools;

@@ -147,10 +147,20 @@ const BULWARK: Table = Table {
         ("volume", &["cli", "client", "control", "display", "error"]),
         // `bulwark csi`: the CSI driver's `Pool` answered over the control socket.
         ("csi", &["cli", "client", "control", "error"]),
-        // Disk images in and out of volumes (qemu-img, nbdcopy): the CLI side only.
+        // A blocking NBD client that reads one export (block status, reads).
+        ("nbd_reader", &[]),
+        // Disk images in and out of volumes (qemu-img, NBD): the CLI side only.
         (
             "image",
-            &["cli", "client", "control", "display", "error", "snapshot"],
+            &[
+                "cli",
+                "client",
+                "control",
+                "display",
+                "error",
+                "nbd_reader",
+                "snapshot",
+            ],
         ),
         // The object store from the binary's side: the client a pool names, the probe.
         ("objects", &["cli", "error"]),
