@@ -8,7 +8,7 @@
 //! create the volume NAME as `volume create` does, sized to the image's virtual
 //! size rounded up to the block size, copy with `qemu-img convert -n
 //! --target-is-zero` (the volume is new, so zeros are skipped and stay holes),
-//! take the snapshot NAME@image, read it back over NBD in process (`nbd_reader`)
+//! take the snapshot NAME@image, read it back over NBD in process (`bulwark_nbd::reader`)
 //! to hash its first virtual-size bytes (sha256), and record that in
 //! `DIR/images/NAME.json` (tmp + rename, mode 0600). A failure after the volume
 //! was created destroys it, snapshot and all, so a failed import leaves nothing.
@@ -36,6 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bulwark_engine::pool::SnapshotStatus;
 use bulwark_engine::size::format_size;
+use bulwark_nbd::reader::{NbdReader, READ_BYTES_MAX};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -45,7 +46,6 @@ use crate::client::{self, print, print_json, Client};
 use crate::control::{KeyStatus, Request, StatusReport, VolumeEntry};
 use crate::display::{self, Align, Table};
 use crate::error::{Error, Result};
-use crate::nbd_reader::{NbdReader, READ_BYTES_MAX};
 use crate::snapshot;
 
 /// The snapshot an import leaves: NAME@image.
@@ -406,7 +406,7 @@ enum HashError {
     Other(Error),
 }
 
-/// The reader's side: extents in order, data read into recycled buffers.
+/// The reader's side: runs in order, data read into recycled buffers.
 fn read_pieces(
     mut reader: NbdReader,
     pieces: &mpsc::SyncSender<std::io::Result<Piece>>,
@@ -415,14 +415,14 @@ fn read_pieces(
     let total = reader.size_bytes();
     let mut offset = 0u64;
     while offset < total {
-        let extents = match reader.extents(offset) {
+        let runs = match reader.runs(offset) {
             Ok(e) => e,
             Err(e) => return drop(pieces.send(Err(e))),
         };
-        for extent in extents {
-            let end = offset + extent.length_bytes;
-            if extent.zero {
-                if pieces.send(Ok(Piece::Zeros(extent.length_bytes))).is_err() {
+        for run in runs {
+            let end = offset + run.length_bytes;
+            if run.zero {
+                if pieces.send(Ok(Piece::Zeros(run.length_bytes))).is_err() {
                     return;
                 }
                 offset = end;

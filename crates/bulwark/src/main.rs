@@ -28,7 +28,6 @@ mod image;
 mod keys;
 mod maintenance;
 mod metrics;
-mod nbd_reader;
 mod notify;
 mod objects;
 mod pools;

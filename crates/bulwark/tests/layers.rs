@@ -54,6 +54,8 @@ const NBD: Table = Table {
         ("backend", &[]),
         // The wire: constants and a pure codec.
         ("proto", &["limits"]),
+        // A blocking client that reads one export (`bulwark image import`'s digest).
+        ("reader", &["proto"]),
         // Parts the phases share.
         ("buffers", &["limits"]),
         ("ratelimit", &["limits"]),
@@ -147,20 +149,10 @@ const BULWARK: Table = Table {
         ("volume", &["cli", "client", "control", "display", "error"]),
         // `bulwark csi`: the CSI driver's `Pool` answered over the control socket.
         ("csi", &["cli", "client", "control", "error"]),
-        // A blocking NBD client that reads one export (block status, reads).
-        ("nbd_reader", &[]),
         // Disk images in and out of volumes (qemu-img, NBD): the CLI side only.
         (
             "image",
-            &[
-                "cli",
-                "client",
-                "control",
-                "display",
-                "error",
-                "nbd_reader",
-                "snapshot",
-            ],
+            &["cli", "client", "control", "display", "error", "snapshot"],
         ),
         // The object store from the binary's side: the client a pool names, the probe.
         ("objects", &["cli", "error"]),

@@ -1,7 +1,7 @@
 //! `bulwark-nbd`: an NBD server (fixed newstyle, structured replies, block
-//! status) over a [`Backend`] trait. It knows nothing of volumes,
-//! encryption or the engine; it turns NBD requests into calls on a
-//! `Backend` and back.
+//! status) over a [`Backend`] trait, and a small blocking client that reads
+//! one export. It knows nothing of volumes, encryption or the engine; it
+//! turns NBD requests into calls on a `Backend` and back.
 //!
 //! Data path: socket → `handshake` (options, export choice) → on a plain
 //! Unix or TCP socket, `direct`: each of the connection's threads in turn
@@ -27,6 +27,8 @@
 //! - `tls.rs`: [`TlsConfig`] (X.509 directory or PSK file), TLS accept and
 //!   the client's identity.
 //! - `ratelimit.rs`: exponential back-off per address and identity.
+//! - `reader.rs`: [`reader::NbdReader`], a blocking client that reads one
+//!   export (block status, reads); `bulwark image import` hashes with it.
 //! - `buffers.rs`: one shelf of payload buffers, kept for reuse by all
 //!   connections.
 //! - `workers.rs`: per-connection blocking threads that run backend calls
@@ -35,7 +37,8 @@
 //!
 //! Module order, bottom-up: `limits`, `backend` → `proto`, `buffers`,
 //! `ratelimit`, `workers`, `tls` → `handshake` → `request` →
-//! `transmission`, `direct` → `server`. A module uses only modules before
+//! `transmission`, `direct` → `server`; `reader` (the client) uses only
+//! `proto`. A module uses only modules before
 //! it: the table in `crates/bulwark/tests/layers.rs` makes
 //! `cargo test -p bulwark` fail on any other import.
 //!
@@ -68,6 +71,7 @@ mod handshake;
 pub mod limits;
 pub mod proto;
 mod ratelimit;
+pub mod reader;
 mod request;
 mod server;
 pub mod tls;

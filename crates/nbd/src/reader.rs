@@ -1,5 +1,6 @@
 //! A blocking NBD client that reads one export: just enough of the protocol for
-//! `image import` to hash a snapshot without a pipe and without reading its holes.
+//! `bulwark image import` to hash a snapshot without a pipe and without reading
+//! its holes. The server's side is the rest of this crate; this is its only client.
 //!
 //! Fixed newstyle handshake on a Unix socket, structured replies and the
 //! `base:allocation` meta context when the server offers them, `NBD_OPT_GO`,
@@ -9,13 +10,13 @@
 //!
 //! Bytes from the server are input: every malformed or unexpected reply is an
 //! `InvalidData` error naming what was wrong, never a panic. The codec is
-//! `bulwark_nbd::proto`'s, the one the server uses.
+//! `proto`'s, the one the server uses.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use bulwark_nbd::proto::{
+use crate::proto::{
     self, ChunkHeader, Descriptor, InfoRequest, MetaRequest, OptionHeader, OptionReplyHeader,
     Request, SimpleReply,
 };
@@ -27,9 +28,9 @@ pub const READ_BYTES_MAX: usize = 4 << 20;
 /// The most one block-status request covers (a request length is 32 bits).
 const STATUS_BYTES_MAX: u64 = 1 << 30;
 
-/// One run of an export as block status describes it.
+/// A run of an export's bytes as block status describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Extent {
+pub struct Run {
     pub length_bytes: u64,
     /// Reads of the run return zeros (`NBD_STATE_ZERO`): no need to read it.
     pub zero: bool,
@@ -43,6 +44,8 @@ pub struct NbdReader {
     allocation_id: Option<u32>,
     structured: bool,
     cookie: u64,
+    /// The last chunk's payload, kept for the next (reads are up to 4 MiB each).
+    payload: Vec<u8>,
 }
 
 fn invalid(what: impl std::fmt::Display) -> io::Error {
@@ -70,6 +73,7 @@ impl NbdReader {
             allocation_id: None,
             structured: false,
             cookie: 0,
+            payload: Vec::new(),
         };
         reader.structured = reader.simple_option(proto::OPT_STRUCTURED_REPLY)?;
         if reader.structured {
@@ -191,13 +195,13 @@ impl NbdReader {
     /// How the export's bytes from `offset` on are held: at least one extent, none
     /// past the export's end; they cover at most `STATUS_BYTES_MAX` bytes. Without block
     /// status, one data extent.
-    pub fn extents(&mut self, offset: u64) -> io::Result<Vec<Extent>> {
+    pub fn runs(&mut self, offset: u64) -> io::Result<Vec<Run>> {
         let wanted = self.size_bytes.saturating_sub(offset).min(STATUS_BYTES_MAX);
         if wanted == 0 {
             return Err(invalid("block status asked past the export's end"));
         }
         let Some(id) = self.allocation_id else {
-            return Ok(vec![Extent {
+            return Ok(vec![Run {
                 length_bytes: wanted,
                 zero: false,
             }]);
@@ -216,7 +220,7 @@ impl NbdReader {
             }
             Ok(())
         })?;
-        clamp_extents(&descriptors, wanted)
+        clamp_runs(&descriptors, wanted)
     }
 
     /// Reads `buf.len()` (at most `READ_BYTES_MAX`) bytes at `offset`.
@@ -287,7 +291,19 @@ impl NbdReader {
         what: &str,
         mut chunk: impl FnMut(u16, &[u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        let mut payload = Vec::new();
+        let mut payload = std::mem::take(&mut self.payload);
+        let done = self.chunks(cookie, what, &mut payload, &mut chunk);
+        self.payload = payload;
+        done
+    }
+
+    fn chunks(
+        &mut self,
+        cookie: u64,
+        what: &str,
+        payload: &mut Vec<u8>,
+        chunk: &mut impl FnMut(u16, &[u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
         loop {
             let mut head = [0u8; ChunkHeader::LEN];
             self.stream.read_exact(&mut head[..SimpleReply::LEN])?;
@@ -311,19 +327,19 @@ impl NbdReader {
                 )));
             }
             payload.resize(h.length as usize, 0);
-            self.stream.read_exact(&mut payload)?;
+            self.stream.read_exact(payload)?;
             match h.kind {
                 proto::REPLY_TYPE_NONE => {}
                 proto::REPLY_TYPE_ERROR | proto::REPLY_TYPE_ERROR_OFFSET => {
                     let (error, message) = proto::parse_error_chunk(
-                        &payload[..payload.len().min(6 + read_u16(&payload, 4) as usize)],
+                        &payload[..payload.len().min(6 + read_u16(payload, 4) as usize)],
                     )
                     .map_err(invalid)?;
                     return Err(io::Error::other(format!(
                         "{what}: error {error}: {message}"
                     )));
                 }
-                kind => chunk(kind, &payload)?,
+                kind => chunk(kind, payload)?,
             }
             if h.flags & proto::REPLY_FLAG_DONE != 0 {
                 return Ok(());
@@ -355,7 +371,7 @@ fn payload_offset(payload: &[u8]) -> io::Result<u64> {
 
 /// The descriptors of one block-status reply as extents covering at most `wanted`
 /// bytes (a server may describe more than was asked); an empty reply is an error.
-fn clamp_extents(descriptors: &[Descriptor], wanted: u64) -> io::Result<Vec<Extent>> {
+fn clamp_runs(descriptors: &[Descriptor], wanted: u64) -> io::Result<Vec<Run>> {
     let mut out = Vec::with_capacity(descriptors.len());
     let mut covered = 0u64;
     for d in descriptors {
@@ -364,7 +380,7 @@ fn clamp_extents(descriptors: &[Descriptor], wanted: u64) -> io::Result<Vec<Exte
         }
         let length_bytes = u64::from(d.length).min(wanted - covered);
         covered += length_bytes;
-        out.push(Extent {
+        out.push(Run {
             length_bytes,
             zero: d.flags & proto::STATE_ZERO != 0,
         });
@@ -380,25 +396,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extents_are_cut_at_what_was_asked() {
+    fn runs_are_cut_at_what_was_asked() {
         let d = |length, flags| Descriptor { length, flags };
-        let got = clamp_extents(&[d(4096, 3), d(8192, 0), d(4096, 2)], 10_000).unwrap();
+        let got = clamp_runs(&[d(4096, 3), d(8192, 0), d(4096, 2)], 10_000).unwrap();
         assert_eq!(
             got,
             vec![
-                Extent {
+                Run {
                     length_bytes: 4096,
                     zero: true
                 },
-                Extent {
+                Run {
                     length_bytes: 5904,
                     zero: false
                 },
             ]
         );
         // HOLE without ZERO reads as data: only STATE_ZERO promises zeros.
-        let got = clamp_extents(&[d(512, proto::STATE_HOLE)], 512).unwrap();
+        let got = clamp_runs(&[d(512, proto::STATE_HOLE)], 512).unwrap();
         assert!(!got[0].zero);
-        assert!(clamp_extents(&[], 512).is_err());
+        assert!(clamp_runs(&[], 512).is_err());
     }
 }
