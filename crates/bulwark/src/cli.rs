@@ -205,10 +205,10 @@ const IMAGE_AFTER_HELP: &str = "\
 (rounded up to the block size), copies the image into it with qemu-img \
 (zeros stay holes), takes the snapshot NAME@image, and records the sha256 of \
 the image's virtual disk in DIR/images/NAME.json (what 'sha256sum' prints for \
-the raw image, as 'qemu-img convert -O raw' writes it). The sha256 costs about \
-what 'sha256sum' of the virtual size costs (SHA-256 runs at ~2 GB/s: about 10 s \
-for 20 GiB, holes included, as there is no shortcut for zeros); --no-digest skips \
-it and records none. An import that fails leaves no volume behind. qemu-img must \
+the raw image, as 'qemu-img convert -O raw' writes it). The sha256 costs SHA-256 \
+over the whole virtual size, holes included (no shortcut for zeros): ~2 GB/s on one \
+core with SHA-NI, about 10 s for 20 GiB however sparse; --no-digest skips it and \
+records none. An import that fails leaves no volume behind. qemu-img must \
 be installed.
   bulwark image import debian-12.qcow2 vm1 --key-file /etc/bulwark/vm1.key
   bulwark image export vm1@image /tmp/vm1.qcow2 --format qcow2
@@ -1171,9 +1171,8 @@ pub struct ImageImportArgs {
     #[arg(long, value_enum)]
     pub format: Option<ImageFormat>,
 
-    /// Record no sha256: skips reading the snapshot back to hash it, which takes about
-    /// as long as 'sha256sum' over the image's virtual size (~10 s for 20 GiB), even
-    /// for a sparse image.
+    /// Record no sha256: skips hashing the snapshot, which costs SHA-256 over the
+    /// image's whole virtual size (~10 s for 20 GiB), even for a sparse image.
     #[arg(long)]
     pub no_digest: bool,
 
