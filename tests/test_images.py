@@ -402,3 +402,22 @@ def test_import_without_digest(pool, tmp_path, seed):
     out = tmp_path / "nod.qcow2"
     pool.cli("image", "export", "nod@image", out, "--format", "qcow2")
     assert raw_sha256(tmp_path, out) == want, "the volume does not hold the image"
+
+
+def test_long_hash_is_not_silent(pool, tmp_path):
+    """(issue 42) Without a terminal for the progress bar, an import whose hash runs over
+    4 GiB or more says so on stderr, naming --no-digest; with --no-digest it does not
+    hash and says nothing of it. An empty 4 GiB qcow2: its digest is that of 4 GiB of zeros."""
+    require_tools("qemu-img")
+    src = tmp_path / "empty.qcow2"
+    run(["qemu-img", "create", "-f", "qcow2", src, "4G"])
+    r = pool.cli("image", "import", src, "big", "--encryption", "off")
+    said = [l for l in stderr_lines(r) if l.startswith("hashing the 4G virtual disk")]
+    assert len(said) == 1 and "--no-digest" in said[0], r.stderr
+    zeros = hashlib.sha256()
+    block = bytes(1 << 20)
+    for _ in range(4096):
+        zeros.update(block)
+    assert r.stdout.strip().endswith(f"sha256 {zeros.hexdigest()}"), r.stdout
+    r = pool.cli("image", "import", src, "big2", "--encryption", "off", "--no-digest")
+    assert "hashing" not in r.stderr, r.stderr
