@@ -25,6 +25,9 @@ pub enum SimLayout {
     Single,
     Mirror,
     Parity,
+    /// `single` with a separate intent log device (`pool log add`): a FLUSH is a log
+    /// block on it, and an import after a crash replays it.
+    Log,
 }
 
 impl Kind {
@@ -42,6 +45,7 @@ impl SimLayout {
             "single" => Some(SimLayout::Single),
             "mirror" => Some(SimLayout::Mirror),
             "parity" => Some(SimLayout::Parity),
+            "log" => Some(SimLayout::Log),
             _ => None,
         }
     }
@@ -50,11 +54,26 @@ impl SimLayout {
             SimLayout::Single => "single",
             SimLayout::Mirror => "mirror",
             SimLayout::Parity => "parity",
+            SimLayout::Log => "log",
         }
+    }
+    /// Every layout (`--layout all`).
+    pub fn all() -> Vec<SimLayout> {
+        vec![
+            SimLayout::Single,
+            SimLayout::Mirror,
+            SimLayout::Parity,
+            SimLayout::Log,
+        ]
+    }
+    /// A separate intent log device, a file in the pool's directory (so the crash journal
+    /// keeps its unsynced writes apart like the members').
+    fn log_device(self) -> bool {
+        self == SimLayout::Log
     }
     fn engine(self) -> (Layout, usize) {
         match self {
-            SimLayout::Single => (Layout::Single, 1),
+            SimLayout::Single | SimLayout::Log => (Layout::Single, 1),
             SimLayout::Mirror => (Layout::Mirror(2), 2),
             SimLayout::Parity => ("parity:2+1".parse().expect("a valid layout"), 3),
         }
@@ -110,6 +129,9 @@ const KINDS: [(Kind, u64); 17] = [
 /// varies by a few bytes (the volume table, compressed, with keys sealed in it). The
 /// engine's own model test (`engine_model_snapshots.rs`) allows the same.
 const USED_RECOUNT_SLACK: u64 = 64 << 10;
+
+/// The log device's size (`log` layout): small, so its ring wraps within a run.
+const LOG_DEVICE_BYTES: u64 = 8 << 20;
 
 /// Volumes (clones included) at most, and snapshots per volume at most.
 const VOLS_MAX: usize = 5;
@@ -167,6 +189,8 @@ pub struct World {
     next_value: u64,
     next_name: u64,
     compression: bool,
+    /// The pool has a separate log device (`SimLayout::Log`).
+    log_device: bool,
 }
 
 type R = Result<(), String>;
@@ -230,7 +254,16 @@ impl World {
             SimLayout::Parity => (pool_mib / 2) << 20,
             _ => pool_mib << 20,
         };
-        Pool::create(dir.path(), layout, DeviceSpec::Files { count, size_bytes })
+        let spec = DeviceSpec::Files { count, size_bytes };
+        let mut logs = Vec::new();
+        if cfg.layout.log_device() {
+            let log = dir.path().join("log-device.img");
+            std::fs::File::create(&log)
+                .and_then(|f| f.set_len(LOG_DEVICE_BYTES))
+                .map_err(|e| format!("log device file: {e}"))?;
+            logs.push(log);
+        }
+        Pool::create_with_log(dir.path(), layout, spec, "sim", &logs)
             .map_err(|e| format!("pool create: {e}"))?;
         let journal = crash::arm(dir.path());
         let mut w = World {
@@ -247,6 +280,7 @@ impl World {
             next_value: 0,
             next_name: 0,
             compression,
+            log_device: cfg.layout.log_device(),
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -277,6 +311,13 @@ impl World {
         };
         let pool = Pool::open(self.dir.path(), opts)
             .map_err(|e| format!("the pool does not import: {e}"))?;
+        if self.log_device {
+            // FLUSH goes through the log device only while it is in use.
+            match pool.status().log {
+                Some(l) if l.state == "ONLINE" && l.devices.len() == 1 => {}
+                other => return Err(format!("the log device is not in use at import: {other:?}")),
+            }
+        }
         self.handles.clear();
         for v in &self.vols {
             if let Some(k) = v.key {

@@ -53,3 +53,8 @@ fn mirror_holds() {
 fn parity_holds() {
     budget(SimLayout::Parity);
 }
+
+#[test]
+fn log_device_holds() {
+    budget(SimLayout::Log);
+}

@@ -20,6 +20,7 @@ fn a_seed_replays_identically() {
         (7, SimLayout::Single),
         (8, SimLayout::Mirror),
         (9, SimLayout::Parity),
+        (10, SimLayout::Log),
     ] {
         let a = run(&config(seed, layout)).unwrap_or_else(|f| panic!("{f:?}"));
         let b = run(&config(seed, layout)).unwrap_or_else(|f| panic!("{f:?}"));
