@@ -65,7 +65,7 @@ fn rotation_done(pool: &Pool, seconds: u64) -> bulwark_engine::VolumeStatus {
     );
     st
 }
-fn check(pool: &Pool, chunks: std::ops::Range<u64>) {
+fn check(pool: &Pool, chunks: impl Iterator<Item = u64>) {
     let v = pool.volume("v").unwrap();
     for i in chunks {
         let mut b = vec![0u8; 65536];
@@ -189,6 +189,47 @@ fn rotation_survives_a_crash_and_retires_the_old_key() {
             "block {lba} still under the old key"
         );
     }
+}
+
+/// Stepped mode (the simulator's): a rotation starts no worker; each `rotation_step` runs
+/// one batch (1024 blocks), client writes between batches win, and the step after the
+/// last batch retires the old key.
+#[test]
+fn a_stepped_rotation_runs_one_batch_per_step() {
+    let t = tempfile::tempdir().unwrap();
+    drop(new_pool(t.path()));
+    let opts = OpenOptions {
+        stepped: true,
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open(t.path(), opts).unwrap();
+    pool.load_key("v", &kf(1)).unwrap();
+    let v = pool.volume("v").unwrap();
+    // 8 MiB of 4 KiB blocks: two batches.
+    for i in 0..128 {
+        v.write(i * 65536, &data(i), false).unwrap();
+    }
+    assert_eq!(pool.key_rotate("v").unwrap(), 1);
+    let progress = || pool.volumes()[0].rotation.clone();
+    assert_eq!(progress().unwrap().blocks_done, 0, "no worker ran it");
+    assert_eq!(pool.rotation_step().unwrap(), 1);
+    assert_eq!(progress().unwrap().lba, 1024);
+    // A client write between two batches: it stays, under the new key.
+    v.write(100 * 65536, &data(1000), false).unwrap();
+    assert_eq!(pool.rotation_step().unwrap(), 1);
+    assert_eq!(progress().unwrap().lba, 2048);
+    // The next finds the walk at the end and retires the old key.
+    assert_eq!(pool.rotation_step().unwrap(), 1);
+    assert!(progress().is_none(), "the rotation ended");
+    assert_eq!(pool.rotation_step().unwrap(), 0);
+    let mut b = vec![0u8; 65536];
+    v.read(100 * 65536, &mut b).unwrap();
+    assert!(b == data(1000));
+    for lba in (0..2048).step_by(5) {
+        assert_eq!(v.debug_block_ptr(lba).unwrap().key_gen, 1, "block {lba}");
+    }
+    drop(v);
+    check(&pool, (0..100).chain(101..128));
 }
 
 #[test]

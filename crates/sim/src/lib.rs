@@ -13,7 +13,7 @@ pub mod model;
 pub mod rng;
 pub mod world;
 
-pub use world::{Config, Kind, SimLayout, Stats};
+pub use world::{Config, Kind, SimLayout, Stats, LATER_KINDS};
 
 /// A run that held.
 #[derive(Debug, Clone)]

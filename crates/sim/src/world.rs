@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bulwark_engine::device::crash::{self, CrashJournal};
+use bulwark_engine::device::fault::{Fault, FaultMode};
 use bulwark_engine::{
     Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, Volume, VolumeOptions,
 };
@@ -34,6 +35,7 @@ impl Kind {
     pub fn parse(s: &str) -> Option<Kind> {
         KINDS
             .iter()
+            .chain(LATER_KINDS.iter())
             .map(|(k, _)| *k)
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(s))
     }
@@ -101,6 +103,10 @@ pub enum Kind {
     Scrub,
     Crash,
     Restart,
+    KeyRotate,
+    RotateStep,
+    KeyErase,
+    Fault,
 }
 
 /// Each kind and its weight when on.
@@ -123,6 +129,30 @@ const KINDS: [(Kind, u64); 17] = [
     (Kind::Crash, 10),
     (Kind::Restart, 3),
 ];
+
+/// Kinds added after the first long runs (F1's seeds), drawn from a generator of their
+/// own so that a seed run `--without` each of them replays as it did before they came
+/// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
+/// rotation worker does) is on whenever `KeyRotate` is.
+pub const LATER_KINDS: [(Kind, u64); 4] = [
+    (Kind::KeyRotate, 6),
+    (Kind::RotateStep, 40),
+    (Kind::KeyErase, 3),
+    (Kind::Fault, 12),
+];
+
+/// Faults a window arms on one member of a redundant pool (`World::fault`): every one
+/// leaves the other members whole, so every read must still return the right bytes.
+const WINDOW_FAULTS: [FaultMode; 5] = [
+    FaultMode::ReadFlip,
+    FaultMode::ReadError,
+    FaultMode::WriteFlip,
+    FaultMode::DropWrites,
+    FaultMode::MisdirectWrites,
+];
+
+/// How often an armed fault hits an I/O, per mille (drawn per window).
+const FAULT_ODDS: [u64; 4] = [10, 50, 200, 600];
 
 /// How far the used bytes an import recounts may lie from those counted while running, at
 /// a clean restart (`World::restart`): the close's commit rewrites metadata whose size
@@ -153,6 +183,16 @@ pub struct Stats {
     pub crashes_inside_op: u64,
     pub restarts: u64,
     pub key_cycles: u64,
+    pub rotations: u64,
+    pub rotation_batches: u64,
+    pub erases: u64,
+    pub fault_windows: u64,
+    pub faulty_reads: u64,
+    pub faulty_reads_refused: u64,
+    /// Read, checksum and write errors a member counted when its window closed.
+    pub device_errors_seen: u64,
+    /// The most blocks one import's scrubs and reads repaired (`status`).
+    pub repaired_blocks: u64,
     pub scrubs: u64,
     pub maintenance_steps: u64,
     pub no_space: u64,
@@ -191,6 +231,13 @@ pub struct World {
     compression: bool,
     /// The pool has a separate log device (`SimLayout::Log`).
     log_device: bool,
+    /// The pool keeps a second copy of everything (mirror, parity).
+    redundant: bool,
+    /// A fault window open: the member (index in `status().devices`) and the fault armed.
+    window: Option<(usize, FaultMode)>,
+    /// A member that may hold damage a write fault left (until a scrub repairs it): the
+    /// only one a window may arm, so a block never lacks a good copy.
+    damaged: Option<usize>,
 }
 
 type R = Result<(), String>;
@@ -238,6 +285,17 @@ impl World {
         }
         let near_full = rng.chance(300);
         let compression = rng.chance(300);
+        // From a generator of their own: the main one's draws stay where they were.
+        let mut later = Rng::new(cfg.seed ^ 0x5eed_1a7e_4b1d_0001);
+        for (k, w) in LATER_KINDS {
+            let drawn = match k {
+                Kind::RotateStep => on.iter().any(|(k, _)| *k == Kind::KeyRotate),
+                _ => later.chance(600),
+            };
+            if drawn && !cfg.without.contains(&k) {
+                on.push((k, w));
+            }
+        }
         let base = match &cfg.dir {
             Some(d) => d.clone(),
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
@@ -281,6 +339,9 @@ impl World {
             next_name: 0,
             compression,
             log_device: cfg.layout.log_device(),
+            redundant: matches!(cfg.layout, SimLayout::Mirror | SimLayout::Parity),
+            window: None,
+            damaged: None,
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -306,6 +367,7 @@ impl World {
     fn open(&mut self) -> R {
         let opts = OpenOptions {
             stepped: true,
+            allow_fault_injection: true,
             cache_bytes: 8 << 20,
             ..OpenOptions::default()
         };
@@ -319,6 +381,8 @@ impl World {
             }
         }
         self.handles.clear();
+        // Fresh device layers: no fault armed (what a window damaged stays damaged).
+        self.window = None;
         for v in &self.vols {
             if let Some(k) = v.key {
                 pool.load_key(&v.name, &secret(k))
@@ -594,6 +658,20 @@ impl World {
         let mut buf = vec![0u8; (n * CELL) as usize];
         h.read(c0 * CELL, &mut buf)
             .map_err(|e| format!("read of {what} cells {c0}+{n}: {e}"))?;
+        self.check_bytes(vi, snap, c0, n, &buf, &what)
+    }
+
+    /// What a read of cells `[c0, c0+n)` of volume `vi` (or its snapshot) returned, in
+    /// `buf`, against the model.
+    fn check_bytes(
+        &mut self,
+        vi: usize,
+        snap: Option<usize>,
+        c0: u64,
+        n: u64,
+        buf: &[u8],
+        what: &str,
+    ) -> R {
         let mut scratch = vec![0u8; CELL as usize];
         for i in 0..n {
             let c = c0 + i;
@@ -721,6 +799,14 @@ impl World {
         Ok(())
     }
 
+    /// A key rotation of `vol` is under way (clone and rollback refuse it).
+    fn rotating(&self, vol: &str) -> bool {
+        self.pool()
+            .volumes()
+            .iter()
+            .any(|v| v.name == vol && v.rotation.is_some())
+    }
+
     fn has_clones(&self, vol: &str, snap: &str) -> bool {
         self.vols.iter().any(|v| {
             v.origin
@@ -781,6 +867,18 @@ impl World {
         let name = self.new_name("c");
         let key = self.vols[vi].key.map(|_| 1 + self.rng.below(200) as u8);
         self.trace.text(&format!("clone {vol}@{snap} {name}"));
+        if self.rotating(&vol) {
+            let before = self.shape();
+            let got = self
+                .pool()
+                .volume_clone(&vol, &snap, &name, key.map(secret).as_ref());
+            return self.refused(
+                &format!("clone of {vol}@{snap} during its key rotation"),
+                got,
+                "busy",
+                before,
+            );
+        }
         match self
             .pool()
             .volume_clone(&vol, &snap, &name, key.map(secret).as_ref())
@@ -845,6 +943,18 @@ impl World {
         )?;
         self.handles[vi] = None;
         let result = (|| {
+            if self.rotating(&vol) {
+                let before = self.shape();
+                let got = self.pool().volume_rollback(&vol, &name, true).map(|_| ());
+                return self
+                    .refused(
+                        &format!("rollback of {vol} to {name} during its key rotation"),
+                        got,
+                        "busy",
+                        before,
+                    )
+                    .map(|()| false);
+            }
             if k + 1 < n {
                 let before = self.shape();
                 let got = self.pool().volume_rollback(&vol, &name, false).map(|_| ());
@@ -1005,8 +1115,204 @@ impl World {
         self.check_range(vi, None, c0, n)
     }
 
+    /// Start a key rotation (or resume one): a commit, so a durable point. Its batches
+    /// are `rotate_step`s; what the cells read never changes.
+    fn key_rotate(&mut self, vi: usize) -> R {
+        if self.vols[vi].key.is_none() {
+            return Ok(());
+        }
+        let vol = self.vols[vi].name.clone();
+        self.trace.text(&format!("key rotate {vol}"));
+        match self.pool().key_rotate(&vol) {
+            Ok(_) => {}
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("key rotate {vol}: {e}")),
+        }
+        self.everything_durable();
+        self.stats.rotations += 1;
+        Ok(())
+    }
+
+    /// One batch of every rotation under way (what the rotation worker does between
+    /// client writes). A batch may pause for space; any other reason is a failure.
+    fn rotate_step(&mut self) -> R {
+        self.trace.text("rotate step");
+        let rotating: Vec<String> = self
+            .pool()
+            .volumes()
+            .into_iter()
+            .filter(|v| v.rotation.is_some())
+            .map(|v| v.name)
+            .collect();
+        let ran = self
+            .pool()
+            .rotation_step()
+            .map_err(|e| format!("rotation step: {e}"))?;
+        self.stats.rotation_batches += ran as u64;
+        for v in self.pool().volumes() {
+            if let Some(r) = &v.rotation {
+                if let Some(e) = r.error.as_ref().filter(|_| !r.retrying) {
+                    return Err(format!("the key rotation of {} paused: {e}", v.name));
+                }
+            }
+            // A clone whose rotation finished shares nothing with its origin any more.
+            let Some(m) = self.vols.iter_mut().find(|m| m.name == v.name) else {
+                continue;
+            };
+            if m.origin.is_some() && v.origin.is_none() {
+                if !rotating.contains(&v.name) || v.rotation.is_some() {
+                    return Err(format!("{} lost its origin {:?}", v.name, m.origin));
+                }
+                m.origin = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Crypto-erase an encrypted volume none of whose snapshots has clones (refused while
+    /// in use): it no longer opens, its key no longer loads; then it is destroyed, and the
+    /// model drops it.
+    fn key_erase(&mut self, vi: usize) -> R {
+        let vol = self.vols[vi].name.clone();
+        let cloned = self.vols[vi]
+            .snaps
+            .iter()
+            .any(|(s, _)| self.has_clones(&vol, s));
+        let Some(key) = self.vols[vi].key.filter(|_| !cloned && self.vols.len() > 1) else {
+            return Ok(());
+        };
+        self.trace.text(&format!("key erase {vol}"));
+        let before = self.shape();
+        let got = self.pool().key_erase(&vol);
+        self.refused(&format!("key erase of {vol} (in use)"), got, "busy", before)?;
+        self.handles[vi] = None;
+        self.pool()
+            .key_erase(&vol)
+            .map_err(|e| format!("key erase {vol}: {e}"))?;
+        self.everything_durable();
+        match self.pool().volume(&vol) {
+            Err(Error::Invalid(_) | Error::Locked(_)) => {}
+            other => {
+                return Err(format!(
+                    "{vol} opened after its keys were erased: {:?}",
+                    other.map(|_| ())
+                ))
+            }
+        }
+        if self.pool().load_key(&vol, &secret(key)).is_ok() {
+            return Err(format!("{vol}'s key loaded after its keys were erased"));
+        }
+        match self.pool().destroy_volume_recursive(&vol, true) {
+            Ok(kept) if kept.is_empty() => {}
+            other => return Err(format!("destroy of {vol} after erase: {other:?}")),
+        }
+        self.vols.remove(vi);
+        self.handles.remove(vi);
+        self.stats.erases += 1;
+        self.check_names()
+    }
+
+    fn member(&self, i: usize) -> PathBuf {
+        self.pool().status().devices[i].path.clone()
+    }
+
+    /// A fault window on a mirror or parity pool: open one (a fault armed on one member,
+    /// the damaged one if any) or close the open one. While it is open every operation
+    /// goes on and every read must return the right bytes (repaired from the other
+    /// members); a write fault leaves the member damaged until a scrub.
+    fn fault(&mut self) -> R {
+        if let Some((d, mode)) = self.window.take() {
+            self.trace
+                .text(&format!("fault window closed {d} {mode:?}"));
+            let dev = &self.pool().status().devices[d];
+            self.stats.device_errors_seen += dev.read_errors + dev.cksum_errors + dev.write_errors;
+            let path = self.member(d);
+            self.pool()
+                .set_faults(&path, Vec::new())
+                .map_err(|e| format!("clearing faults: {e}"))?;
+            return Ok(());
+        }
+        let members = self.pool().status().devices.len() as u64;
+        let d = match self.damaged {
+            Some(d) => d,
+            None => self.rng.below(members) as usize,
+        };
+        let mode = WINDOW_FAULTS[self.rng.below(WINDOW_FAULTS.len() as u64) as usize];
+        let odds = FAULT_ODDS[self.rng.below(FAULT_ODDS.len() as u64) as usize];
+        let seed = self.rng.next_u64();
+        self.trace
+            .text(&format!("fault window {d} {mode:?} {odds}"));
+        let path = self.member(d);
+        let fault = Fault {
+            mode,
+            probability: odds as f64 / 1000.0,
+            seed,
+            include_labels: false,
+        };
+        self.pool()
+            .set_faults(&path, vec![fault])
+            .map_err(|e| format!("arming {mode:?} on {}: {e}", path.display()))?;
+        if !matches!(mode, FaultMode::ReadFlip | FaultMode::ReadError) {
+            self.damaged = Some(d);
+        }
+        self.window = Some((d, mode));
+        self.stats.fault_windows += 1;
+        Ok(())
+    }
+
+    /// A read with bit flips or read errors armed on the only copy (single, log): it may
+    /// fail (EIO, a checksum error), never return wrong bytes. Disarmed after it.
+    fn faulty_read(&mut self, vi: usize) -> R {
+        let mode = [FaultMode::ReadFlip, FaultMode::ReadError][self.rng.below(2) as usize];
+        let odds = FAULT_ODDS[self.rng.below(FAULT_ODDS.len() as u64) as usize];
+        let seed = self.rng.next_u64();
+        let cells = self.vols[vi].cells.len() as u64;
+        let n = self.rng.range(1, 64.min(cells));
+        let c0 = self.rng.below(cells - n + 1);
+        self.trace
+            .text(&format!("faulty read {vi} {mode:?} {odds} {c0}+{n}"));
+        let path = self.member(0);
+        let fault = Fault {
+            mode,
+            probability: odds as f64 / 1000.0,
+            seed,
+            include_labels: false,
+        };
+        self.pool()
+            .set_faults(&path, vec![fault])
+            .map_err(|e| format!("arming {mode:?}: {e}"))?;
+        let h = self.handle(vi);
+        let mut buf = vec![0u8; (n * CELL) as usize];
+        let got = h.read(c0 * CELL, &mut buf);
+        self.pool()
+            .set_faults(&path, Vec::new())
+            .map_err(|e| format!("clearing faults: {e}"))?;
+        self.stats.faulty_reads += 1;
+        match got {
+            Ok(()) => {}
+            Err(e) if matches!(kind_of(&e), "io" | "corrupt" | "unrecoverable") => {
+                self.stats.faulty_reads_refused += 1;
+                self.trace.text(kind_of(&e));
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(format!(
+                    "a read under {mode:?} failed as {}: {e}",
+                    kind_of(&e)
+                ))
+            }
+        }
+        self.check_bytes(vi, None, c0, n, &buf, "a read under injected faults")
+    }
+
     fn scrub(&mut self) -> R {
         self.trace.text("scrub");
+        // The count of unrecoverable blocks includes reads that failed under injected
+        // faults on a single device: the scrub must add none.
+        let before = self.pool().status().unrecoverable_blocks;
         self.pool()
             .scrub_start()
             .map_err(|e| format!("scrub start: {e}"))?;
@@ -1014,13 +1320,19 @@ impl World {
             .scrub_step()
             .map_err(|e| format!("scrub: {e}"))?;
         let st = self.pool().status();
-        if st.unrecoverable_blocks > 0 || !st.errors.is_empty() {
+        if st.unrecoverable_blocks > before || !st.errors.is_empty() {
             return Err(format!(
                 "scrub found {} unrecoverable blocks, errors {:?}",
-                st.unrecoverable_blocks, st.errors
+                st.unrecoverable_blocks - before,
+                st.errors
             ));
         }
+        self.stats.repaired_blocks = self.stats.repaired_blocks.max(st.repaired_blocks);
         self.stats.scrubs += 1;
+        if self.window.is_none() {
+            // Repaired: every live block has its copies again.
+            self.damaged = None;
+        }
         Ok(())
     }
 
@@ -1142,6 +1454,11 @@ impl World {
             Kind::Scrub => self.scrub(),
             Kind::Crash => self.crash(),
             Kind::Restart => self.restart(),
+            Kind::KeyRotate => self.key_rotate(vi),
+            Kind::RotateStep => self.rotate_step(),
+            Kind::KeyErase => self.key_erase(vi),
+            Kind::Fault if self.redundant => self.fault(),
+            Kind::Fault => self.faulty_read(vi),
         }
     }
 

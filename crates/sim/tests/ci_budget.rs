@@ -16,7 +16,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 fn budget(layout: SimLayout) {
     let seeds = env("BULWARK_SIM_SEEDS", 16);
-    let ops = env("BULWARK_SIM_OPS", 600);
+    let ops = env("BULWARK_SIM_OPS", 500);
     let mut crashes = 0;
     for seed in 1..=seeds {
         let cfg = Config {

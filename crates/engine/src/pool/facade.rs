@@ -377,6 +377,12 @@ impl Pool {
         self.core.scrub_step()
     }
 
+    /// Stepped pools only: one batch of every key rotation under way (a rotation starts
+    /// no worker in stepped mode); how many rotations ran a batch.
+    pub fn rotation_step(&self) -> Result<usize> {
+        self.core.rotation_step()
+    }
+
     /// Make every write completed so far durable through one commit (a client's flush,
     /// `Volume::flush`, takes the intent log instead when it is on).
     pub fn flush(&self) -> Result<()> {

@@ -44,6 +44,16 @@ const ROTATE_RETRY_MIN: Duration = Duration::from_secs(1);
 const ROTATE_PAUSE_POLL: Duration = Duration::from_millis(200);
 
 pub use crate::volume::rotation::Rotation;
+
+/// What one batch of a rotation's walk came to (`Core::rotate_batch`).
+enum Batch {
+    /// More of the volume to walk.
+    More,
+    /// No rotation, or it cannot go on now (closing, key unloaded, volume destroyed).
+    Stopped,
+    /// The walk reached the end: `rotate_finish`.
+    End,
+}
 use crate::volume::rotation::RotationWorker;
 
 impl Core {
@@ -113,6 +123,10 @@ impl Core {
             r.error = None;
             r.retrying = false;
         }
+        if self.store.stepped() {
+            // No worker: `Pool::rotation_step` runs its batches (`stepped.rs`).
+            return;
+        }
         {
             let mut w = st.rotation_worker.state.lock();
             if w.running {
@@ -137,6 +151,39 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// `Pool::rotation_step`: one batch of every key rotation under way; how many ran.
+    pub(super) fn rotation_step(self: &Arc<Self>) -> Result<usize> {
+        if !self.store.stepped() {
+            return Err(Error::Invalid(
+                "rotation_step needs a pool opened with OpenOptions::stepped: a worker already rotates".into(),
+            ));
+        }
+        let vols: Vec<_> = self.volumes.read().values().cloned().collect();
+        let mut ran = 0;
+        for st in vols {
+            let paused = match st.rotation.lock().as_ref() {
+                None => continue,
+                Some(r) => r.error.is_some(),
+            };
+            if paused && !st.rotation.lock().as_ref().is_some_and(|r| r.retrying) {
+                continue;
+            }
+            let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
+            let mut buf = vec![0u8; st.block_size as usize];
+            let mut was_paused = paused;
+            ran += 1;
+            let done = match self.rotate_batch(&st, &vol, &mut buf, &mut was_paused) {
+                Ok(Batch::End) => self.rotate_finish(&st),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = done {
+                self.note_rotation_paused(&st, &e);
+            }
+        }
+        Ok(ran)
     }
 
     /// The worker: runs the rotation, waits out a full pool, and ends when the rotation is
@@ -233,20 +280,38 @@ impl Core {
     /// `paused`: the rotation was paused; the first batch that goes through says it resumed.
     fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>, paused: &mut bool) -> Result<()> {
         let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
-        let blocks = st.size() / st.block_size as u64;
         let mut buf = vec![0u8; st.block_size as usize];
         loop {
+            match self.rotate_batch(st, &vol, &mut buf, paused)? {
+                Batch::More => {}
+                Batch::Stopped => return Ok(()), // resumes on the next key load
+                Batch::End => return self.rotate_finish(st),
+            }
+        }
+    }
+
+    /// One batch of the walk from the cursor (`ROTATE_BATCH_BLOCKS` blocks): each block
+    /// under an older data key rewritten, the cursor moved past them.
+    fn rotate_batch(
+        self: &Arc<Self>,
+        st: &Arc<VolumeState>,
+        vol: &Volume,
+        buf: &mut [u8],
+        paused: &mut bool,
+    ) -> Result<Batch> {
+        let blocks = st.size() / st.block_size as u64;
+        {
             // No command changes the volume under a batch (`quiesce_for_change`): a key
             // unload or a destroy waits for it, and the next one sees it stopped.
             let _batch = st.background_batch();
             let Some(rot) = st.rotation.lock().clone() else {
-                return Ok(());
+                return Ok(Batch::Stopped);
             };
             if self.rotation_stopped(st) {
-                return Ok(()); // resumes on the next key load
+                return Ok(Batch::Stopped);
             }
             if rot.lba >= blocks {
-                break;
+                return Ok(Batch::End);
             }
             // Holes are stepped over, not walked a batch at a time (a thin volume of 1E).
             let mut old: Vec<u64> = Vec::new();
@@ -276,7 +341,7 @@ impl Core {
                 if !self.store.log.background_space_available() {
                     return Err(Error::NoSpace);
                 }
-                vol.rewrite_block(lba, &mut buf)?;
+                vol.rewrite_block(lba, buf)?;
                 done += 1;
                 Ok::<(), Error>(())
             });
@@ -297,7 +362,12 @@ impl Core {
                 tracing::info!(volume = %st.name, "key rotation resumed");
             }
         }
-        // Every block is under the new generation: drop the others.
+        Ok(Batch::More)
+    }
+
+    /// The walk reached the end: every block is under the new generation, so drop the
+    /// others (unless snapshots still hold blocks under them) and forget the old tables.
+    fn rotate_finish(self: &Arc<Self>, st: &Arc<VolumeState>) -> Result<()> {
         let to = st
             .rotation
             .lock()

@@ -9,7 +9,11 @@
 //! is answered `NoSpace` at once (`Store::set_stepped`) instead of waiting for a
 //! maintenance thread that does not exist; the simulator then steps maintenance and
 //! tries again, which is what the wait would have done. A scrub does not sleep to hold
-//! its rate (`Core::throttle`).
+//! its rate (`Core::throttle`). A key rotation starts no worker (`spawn_rotation`):
+//! `Pool::rotation_step` (`rotate.rs`) runs one batch of each rotation under way, as the worker would
+//! (a batch that fails pauses it with its reason in `Rotation::error`; one paused for
+//! space is tried again at the next step, any other waits for `key_rotate` or a key load,
+//! which clear the reason).
 //!
 //! Nothing here changes what a round does: production runs the same `maintenance_round`
 //! from its thread, so a seed that breaks a step breaks the daemon too.
