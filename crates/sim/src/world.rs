@@ -1115,14 +1115,16 @@ impl World {
         self.check_range(vi, None, c0, n)
     }
 
-    /// Start a key rotation (or resume one): a commit, so a durable point. Its batches
-    /// are `rotate_step`s; what the cells read never changes.
+    /// Start a key rotation (a commit, so a durable point) or resume the one under way (no
+    /// commit). Its batches are `rotate_step`s; what the cells read never changes.
     fn key_rotate(&mut self, vi: usize) -> R {
         if self.vols[vi].key.is_none() {
             return Ok(());
         }
         let vol = self.vols[vi].name.clone();
         self.trace.text(&format!("key rotate {vol}"));
+        // A rotation under way is resumed, with no commit: no durable point then.
+        let resumed = self.rotating(&vol);
         match self.pool().key_rotate(&vol) {
             Ok(_) => {}
             Err(Error::NoSpace) => {
@@ -1131,7 +1133,9 @@ impl World {
             }
             Err(e) => return Err(format!("key rotate {vol}: {e}")),
         }
-        self.everything_durable();
+        if !resumed {
+            self.everything_durable();
+        }
         self.stats.rotations += 1;
         Ok(())
     }
