@@ -107,6 +107,19 @@ pub enum Kind {
     RotateStep,
     KeyErase,
     Fault,
+    Device,
+}
+
+/// A member out of a redundant pool (`World::device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// `device offline`.
+    Offline,
+    /// Every I/O to it fails (`vanish` armed): unplugged.
+    Vanished,
+    /// Back (online, or replaced by a blank device) and resilvering: the scrub steps
+    /// bring its copies up to date.
+    Resilvering,
 }
 
 /// Each kind and its weight when on.
@@ -134,11 +147,12 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 4] = [
+pub const LATER_KINDS: [(Kind, u64); 5] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
     (Kind::Fault, 12),
+    (Kind::Device, 8),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -193,6 +207,10 @@ pub struct Stats {
     pub device_errors_seen: u64,
     /// The most blocks one import's scrubs and reads repaired (`status`).
     pub repaired_blocks: u64,
+    /// Members taken offline or vanished, replaced, and resilvers run to their end.
+    pub devices_out: u64,
+    pub devices_replaced: u64,
+    pub resilvers: u64,
     pub scrubs: u64,
     pub maintenance_steps: u64,
     pub no_space: u64,
@@ -238,6 +256,9 @@ pub struct World {
     /// A member that may hold damage a write fault left (until a scrub repairs it): the
     /// only one a window may arm, so a block never lacks a good copy.
     damaged: Option<usize>,
+    /// A member out (offline, vanished) or resilvering: no fault window meanwhile, and no
+    /// other member may go.
+    out: Option<(usize, Out)>,
 }
 
 type R = Result<(), String>;
@@ -342,6 +363,7 @@ impl World {
             redundant: matches!(cfg.layout, SimLayout::Mirror | SimLayout::Parity),
             window: None,
             damaged: None,
+            out: None,
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -1228,6 +1250,9 @@ impl World {
     /// goes on and every read must return the right bytes (repaired from the other
     /// members); a write fault leaves the member damaged until a scrub.
     fn fault(&mut self) -> R {
+        if self.out.is_some() {
+            return Ok(());
+        }
         if let Some((d, mode)) = self.window.take() {
             self.trace
                 .text(&format!("fault window closed {d} {mode:?}"));
@@ -1312,6 +1337,96 @@ impl World {
         self.check_bytes(vi, None, c0, n, &buf, "a read under injected faults")
     }
 
+    /// A member goes (offline, or vanishes: every I/O fails), comes back (online, or
+    /// replaced by a blank device) and is resilvered, one step per operation, on a mirror
+    /// or parity pool with no fault window and no damage; every read must stay right
+    /// throughout, and no second member may go. On one device: `offline` refused.
+    fn device(&mut self) -> R {
+        if !self.redundant {
+            self.trace.text("offline of the only device");
+            let before = self.shape();
+            let got = self.pool().device_offline(&self.member(0));
+            return self.refused("offline of the only device", got, "invalid", before);
+        }
+        if self.window.is_some() || self.damaged.is_some() {
+            return Ok(());
+        }
+        let members = self.pool().status().devices.len();
+        match self.out {
+            None => {
+                let d = self.rng.below(members as u64) as usize;
+                let path = self.member(d);
+                if self.rng.chance(400) {
+                    self.trace.text(&format!("device {d} vanishes"));
+                    let fault = Fault {
+                        mode: FaultMode::Vanish,
+                        probability: 1.0,
+                        seed: 1,
+                        include_labels: true,
+                    };
+                    self.pool()
+                        .set_faults(&path, vec![fault])
+                        .map_err(|e| format!("vanish {}: {e}", path.display()))?;
+                    self.out = Some((d, Out::Vanished));
+                    self.stats.devices_out += 1;
+                    return Ok(());
+                }
+                self.trace.text(&format!("device {d} offline"));
+                self.pool()
+                    .device_offline(&path)
+                    .map_err(|e| format!("offline {}: {e}", path.display()))?;
+                self.out = Some((d, Out::Offline));
+                self.stats.devices_out += 1;
+                let other = self.member((d + 1) % members);
+                let before = self.shape();
+                let got = self.pool().device_offline(&other);
+                self.refused("offline of a second member", got, "invalid", before)
+            }
+            Some((d, how @ (Out::Offline | Out::Vanished))) => {
+                let path = self.member(d);
+                if how == Out::Vanished {
+                    // Plugged in again, with whatever it missed. After an import it has
+                    // no fault armed, and may have been left out as stale (`NotFound`).
+                    match self.pool().set_faults(&path, Vec::new()) {
+                        Ok(()) | Err(Error::NotFound(_)) => {}
+                        Err(e) => return Err(format!("clearing faults: {e}")),
+                    }
+                }
+                if self.rng.chance(400) {
+                    let size = self.pool().status().devices[d].size_bytes;
+                    let name = format!("{}.img", self.new_name("new"));
+                    let new = self.dir.path().join(name);
+                    self.trace.text(&format!("device {d} replaced"));
+                    self.stats.devices_replaced += 1;
+                    std::fs::File::create(&new)
+                        .and_then(|f| f.set_len(size))
+                        .map_err(|e| format!("new device file: {e}"))?;
+                    self.pool().device_replace(&path, &new).map_err(|e| {
+                        format!("replace {} by {}: {e}", path.display(), new.display())
+                    })?;
+                } else {
+                    self.trace.text(&format!("device {d} online"));
+                    match self.pool().device_online(&path) {
+                        Ok(()) => {}
+                        // Vanished and back before any I/O found it gone: a scrub
+                        // repairs whatever it missed.
+                        Err(Error::Invalid(_)) if how == Out::Vanished => {
+                            self.out = None;
+                            self.pool()
+                                .scrub_start()
+                                .map_err(|e| format!("scrub start: {e}"))?;
+                            return self.scrub();
+                        }
+                        Err(e) => return Err(format!("online {}: {e}", path.display())),
+                    }
+                }
+                self.out = Some((d, Out::Resilvering));
+                Ok(())
+            }
+            Some((_, Out::Resilvering)) => self.scrub(),
+        }
+    }
+
     fn scrub(&mut self) -> R {
         self.trace.text("scrub");
         // The count of unrecoverable blocks includes reads that failed under injected
@@ -1333,6 +1448,19 @@ impl World {
         }
         self.stats.repaired_blocks = self.stats.repaired_blocks.max(st.repaired_blocks);
         self.stats.scrubs += 1;
+        if let Some((d, Out::Resilvering)) = self.out {
+            // The scrub step ran the resilver to its end.
+            let dev = &self.pool().status().devices[d];
+            if !dev.state.eq_ignore_ascii_case("online") {
+                return Err(format!(
+                    "{} is {} after its resilver",
+                    dev.path.display(),
+                    dev.state
+                ));
+            }
+            self.out = None;
+            self.stats.resilvers += 1;
+        }
         if self.window.is_none() {
             // Repaired: every live block has its copies again.
             self.damaged = None;
@@ -1463,6 +1591,7 @@ impl World {
             Kind::KeyErase => self.key_erase(vi),
             Kind::Fault if self.redundant => self.fault(),
             Kind::Fault => self.faulty_read(vi),
+            Kind::Device => self.device(),
         }
     }
 
