@@ -177,6 +177,9 @@ const USED_RECOUNT_SLACK: u64 = 64 << 10;
 /// The log device's size (`log` layout): small, so its ring wraps within a run.
 const LOG_DEVICE_BYTES: u64 = 8 << 20;
 
+/// The cache device's size, when a seed draws one: small, so its ring wraps.
+const CACHE_DEVICE_BYTES: u64 = 4 << 20;
+
 /// Volumes (clones included) at most, and snapshots per volume at most.
 const VOLS_MAX: usize = 5;
 const SNAPS_MAX: usize = 3;
@@ -211,6 +214,8 @@ pub struct Stats {
     pub devices_out: u64,
     pub devices_replaced: u64,
     pub resilvers: u64,
+    /// Stretches of the cache device overwritten with garbage.
+    pub cache_spoiled: u64,
     pub scrubs: u64,
     pub maintenance_steps: u64,
     pub no_space: u64,
@@ -259,6 +264,10 @@ pub struct World {
     /// A member out (offline, vanished) or resilvering: no fault window meanwhile, and no
     /// other member may go.
     out: Option<(usize, Out)>,
+    /// A cache device (`OpenOptions::cache_device`), drawn per seed: its writer runs on
+    /// its own thread, but every copy it returns is verified, so what a read returns (and
+    /// the trace) does not depend on when it ran.
+    cache: Option<PathBuf>,
 }
 
 type R = Result<(), String>;
@@ -317,6 +326,7 @@ impl World {
                 on.push((k, w));
             }
         }
+        let cache_device = later.chance(300);
         let base = match &cfg.dir {
             Some(d) => d.clone(),
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
@@ -344,6 +354,12 @@ impl World {
         }
         Pool::create_with_log(dir.path(), layout, spec, "sim", &logs)
             .map_err(|e| format!("pool create: {e}"))?;
+        let cache = cache_device.then(|| dir.path().join("cache-device.img"));
+        if let Some(c) = &cache {
+            std::fs::File::create(c)
+                .and_then(|f| f.set_len(CACHE_DEVICE_BYTES))
+                .map_err(|e| format!("cache device file: {e}"))?;
+        }
         let journal = crash::arm(dir.path());
         let mut w = World {
             rng,
@@ -364,6 +380,7 @@ impl World {
             window: None,
             damaged: None,
             out: None,
+            cache,
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -390,11 +407,18 @@ impl World {
         let opts = OpenOptions {
             stepped: true,
             allow_fault_injection: true,
+            cache_device: self.cache.clone(),
             cache_bytes: 8 << 20,
             ..OpenOptions::default()
         };
         let pool = Pool::open(self.dir.path(), opts)
             .map_err(|e| format!("the pool does not import: {e}"))?;
+        if self.cache.is_some() {
+            match pool.status().cache_device {
+                Some(c) if c.state == "ONLINE" || c.state == "SCANNING" => {}
+                other => return Err(format!("the cache device is not in use: {other:?}")),
+            }
+        }
         if self.log_device {
             // FLUSH goes through the log device only while it is in use.
             match pool.status().log {
@@ -1250,6 +1274,9 @@ impl World {
     /// goes on and every read must return the right bytes (repaired from the other
     /// members); a write fault leaves the member damaged until a scrub.
     fn fault(&mut self) -> R {
+        if self.cache.is_some() && self.rng.chance(250) {
+            return self.corrupt_cache();
+        }
         if self.out.is_some() {
             return Ok(());
         }
@@ -1289,6 +1316,38 @@ impl World {
         }
         self.window = Some((d, mode));
         self.stats.fault_windows += 1;
+        Ok(())
+    }
+
+    /// Garbage written over a stretch of the cache device's ring (behind the engine's
+    /// back): a copy it spoils must fail verification and be read from the pool; every
+    /// read must stay right.
+    fn corrupt_cache(&mut self) -> R {
+        use std::os::unix::fs::FileExt;
+        let path = self.cache.clone().expect("a cache device");
+        let len = self.rng.range(4096, 256 << 10) as usize;
+        // Somewhere in what the ring holds: how much that is depends on when the cache's
+        // writer ran, so only the fraction is the seed's (and the trace's).
+        let per_mille = self.rng.below(1000);
+        let used = self
+            .pool()
+            .status()
+            .cache_device
+            .map_or(0, |c| c.used_bytes)
+            .clamp(len as u64, CACHE_DEVICE_BYTES - 4096);
+        let at = 4096 + (used - len as u64) * per_mille / 1000;
+        self.trace
+            .text(&format!("cache device garbage {per_mille} {len}"));
+        let mut junk = vec![0u8; len];
+        for b in junk.iter_mut() {
+            *b = self.rng.below(256) as u8;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.write_at(&junk, at))
+            .map_err(|e| format!("spoiling the cache device: {e}"))?;
+        self.stats.cache_spoiled += 1;
         Ok(())
     }
 
@@ -1590,6 +1649,7 @@ impl World {
             Kind::RotateStep => self.rotate_step(),
             Kind::KeyErase => self.key_erase(vi),
             Kind::Fault if self.redundant => self.fault(),
+            Kind::Fault if self.cache.is_some() && self.rng.chance(250) => self.corrupt_cache(),
             Kind::Fault => self.faulty_read(vi),
             Kind::Device => self.device(),
         }
@@ -1597,6 +1657,10 @@ impl World {
 
     /// The end of a run: one last full check.
     pub fn finish(&mut self) -> R {
+        if self.trace.1 {
+            // Not in the trace or the stats: when the cache's writer ran is not the seed's.
+            eprintln!("cache device: {:?}", self.pool().status().cache_device);
+        }
         self.check_everything()
     }
 }
