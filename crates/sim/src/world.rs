@@ -216,6 +216,8 @@ pub struct Stats {
     pub resilvers: u64,
     /// Stretches of the cache device overwritten with garbage.
     pub cache_spoiled: u64,
+    /// Fault windows on the log device.
+    pub log_faults: u64,
     pub scrubs: u64,
     pub maintenance_steps: u64,
     pub no_space: u64,
@@ -268,6 +270,8 @@ pub struct World {
     /// its own thread, but every copy it returns is verified, so what a read returns (and
     /// the trace) does not depend on when it ran.
     cache: Option<PathBuf>,
+    /// A fault armed on the log device (`log` layout, `World::log_fault`).
+    log_window: bool,
 }
 
 type R = Result<(), String>;
@@ -381,6 +385,7 @@ impl World {
             damaged: None,
             out: None,
             cache,
+            log_window: false,
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -429,6 +434,7 @@ impl World {
         self.handles.clear();
         // Fresh device layers: no fault armed (what a window damaged stays damaged).
         self.window = None;
+        self.log_window = false;
         for v in &self.vols {
             if let Some(k) = v.key {
                 pool.load_key(&v.name, &secret(k))
@@ -1319,6 +1325,40 @@ impl World {
         Ok(())
     }
 
+    /// The log device fails (`log` layout): every write to it, or every I/O, fails, for
+    /// a window of operations. The pool must notice and make FLUSH durable another way
+    /// (a commit): a FLUSH that answers success is durable whatever the log device did,
+    /// which the next crash checks. Closing the window leaves the log device as the pool
+    /// left it (an import takes it again).
+    fn log_fault(&mut self) -> R {
+        let path = self.dir.path().join("log-device.img");
+        if self.log_window {
+            self.trace.text("log device fault cleared");
+            self.log_window = false;
+            return self
+                .pool()
+                .set_faults(&path, Vec::new())
+                .map_err(|e| format!("clearing the log device's faults: {e}"));
+        }
+        let mode = [FaultMode::WriteError, FaultMode::Vanish][self.rng.below(2) as usize];
+        let odds = [300u64, 1000][self.rng.below(2) as usize];
+        let seed = self.rng.next_u64();
+        self.trace
+            .text(&format!("log device fault {mode:?} {odds}"));
+        let fault = Fault {
+            mode,
+            probability: odds as f64 / 1000.0,
+            seed,
+            include_labels: false,
+        };
+        self.pool()
+            .set_faults(&path, vec![fault])
+            .map_err(|e| format!("arming {mode:?} on the log device: {e}"))?;
+        self.log_window = true;
+        self.stats.log_faults += 1;
+        Ok(())
+    }
+
     /// Garbage written over a stretch of the cache device's ring (behind the engine's
     /// back): a copy it spoils must fail verification and be read from the pool; every
     /// read must stay right.
@@ -1650,6 +1690,9 @@ impl World {
             Kind::KeyErase => self.key_erase(vi),
             Kind::Fault if self.redundant => self.fault(),
             Kind::Fault if self.cache.is_some() && self.rng.chance(250) => self.corrupt_cache(),
+            Kind::Fault if self.log_device && (self.log_window || self.rng.chance(400)) => {
+                self.log_fault()
+            }
             Kind::Fault => self.faulty_read(vi),
             Kind::Device => self.device(),
         }
