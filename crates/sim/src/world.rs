@@ -108,6 +108,7 @@ pub enum Kind {
     KeyErase,
     Fault,
     Device,
+    LogChange,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -147,12 +148,13 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 5] = [
+pub const LATER_KINDS: [(Kind, u64); 6] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
     (Kind::Fault, 12),
     (Kind::Device, 8),
+    (Kind::LogChange, 4),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -218,6 +220,8 @@ pub struct Stats {
     pub cache_spoiled: u64,
     /// Fault windows on the log device.
     pub log_faults: u64,
+    /// `pool log add` and `remove`.
+    pub log_changes: u64,
     pub scrubs: u64,
     pub maintenance_steps: u64,
     pub no_space: u64,
@@ -254,7 +258,7 @@ pub struct World {
     next_value: u64,
     next_name: u64,
     compression: bool,
-    /// The pool has a separate log device (`SimLayout::Log`).
+    /// The pool has a separate log device (`SimLayout::Log`, or `Kind::LogChange`).
     log_device: bool,
     /// The pool keeps a second copy of everything (mirror, parity).
     redundant: bool,
@@ -1325,6 +1329,34 @@ impl World {
         Ok(())
     }
 
+    /// `pool log add` / `pool log remove`: a pool without a separate log device gets one
+    /// (a file in its directory), one with it goes back to the main devices' log. Durable
+    /// when it returns (a commit), so a durable point.
+    fn log_change(&mut self) -> R {
+        let path = self.dir.path().join("log-device.img");
+        let add = !self.log_device;
+        self.trace.text(if add { "log add" } else { "log remove" });
+        if add && !path.exists() {
+            std::fs::File::create(&path)
+                .and_then(|f| f.set_len(LOG_DEVICE_BYTES))
+                .map_err(|e| format!("log device file: {e}"))?;
+        }
+        let paths = if add { vec![path] } else { Vec::new() };
+        match self.pool().set_log_devices(&paths) {
+            Ok(()) => {}
+            Err(Error::NoSpace) => {
+                self.stats.no_space += 1;
+                return Ok(());
+            }
+            Err(e) => return Err(format!("log {}: {e}", if add { "add" } else { "remove" })),
+        }
+        self.everything_durable();
+        self.log_device = add;
+        self.log_window = false;
+        self.stats.log_changes += 1;
+        Ok(())
+    }
+
     /// The log device fails (`log` layout): every write to it, or every I/O, fails, for
     /// a window of operations. The pool must notice and make FLUSH durable another way
     /// (a commit): a FLUSH that answers success is durable whatever the log device did,
@@ -1695,6 +1727,7 @@ impl World {
             }
             Kind::Fault => self.faulty_read(vi),
             Kind::Device => self.device(),
+            Kind::LogChange => self.log_change(),
         }
     }
 
