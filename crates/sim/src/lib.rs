@@ -3,9 +3,12 @@
 //! One seed is one run: a seeded generator (`rng.rs`) picks which kinds of operation the
 //! run uses (swarm testing), then every operation, its arguments, every background step
 //! and every crash, against a pool opened in the engine's stepped mode (no background
-//! thread: `Pool::maintenance_step`, `Pool::scrub_step`) on devices whose unsynced writes
-//! the engine's crash journal keeps apart. Every read is checked against the reference
-//! model (`model.rs`); refusals must change nothing; a clean restart must recount the
+//! thread: `Pool::maintenance_step`, `Pool::scrub_step`, `Pool::rotation_step`) on
+//! devices whose unsynced writes the engine's crash journal keeps apart, with faults
+//! armed through the engine's fault layer (one copy's bit flips, read errors, lost and
+//! misdirected writes, a member that goes and comes back, a failing log device) and
+//! garbage on a cache device. Every read is checked against the reference model
+//! (`model.rs`); refusals must change nothing; a clean restart must recount the
 //! space it counted. A run folds every operation and answer into a trace hash: the same
 //! seed prints the same hash.
 

@@ -5,7 +5,9 @@
 //! runs, and the driver interleaves their steps with client operations itself. Every
 //! member device goes through the engine's crash journal (`device/crash.rs`), so a crash
 //! can fall between two operations or inside one (at the n-th device write), and leaves
-//! each unsynced write kept, dropped or torn, as the seed says.
+//! each unsynced write kept, dropped or torn, as the seed says. Faults (`Kind::Fault`,
+//! `Kind::Device`) are armed through `Pool::set_faults`, only ever on what leaves every
+//! block a good copy, or on the only copy for one read (docs/simulation.md).
 
 use std::path::PathBuf;
 use std::sync::Arc;
