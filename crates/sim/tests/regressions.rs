@@ -35,6 +35,28 @@ fn f1_seed_3003_parity() {
     holds(3003, 1500, SimLayout::Parity);
 }
 
+/// F2 (found by the long run of 2026-12-03 once faults and device operations came):
+/// after a power loss a mirror or parity pool with a separate log device could hold a
+/// flushed record whole on one member only, and losing that member before a scrub lost
+/// it. Seed 2040 on `mirror:2`: member 0 vanishes at operation 792 (`Kind::Device`);
+/// from then on `v1` bytes 2908160..2916352 read "unrecoverable block: no copy verified"
+/// (member 1's copy fails its checksum). A small flush puts its records' bytes into the
+/// log device block and does not sync the main devices; the import's replay wrote them
+/// back only when no copy verified, so a copy torn on one member (the crash keeping it on
+/// the other) stayed torn. The replay now writes them back on every member.
+/// `txg::logdev::tests::a_replay_rewrites_a_small_flush_on_every_member` tests the cause.
+#[test]
+fn f2_seed_2040_mirror() {
+    holds_all(2040, 900, SimLayout::Mirror);
+}
+
+/// F2 on `parity:2+1`: member 2 vanishes at operation 1586; after the restart at 1589
+/// `v37` bytes 819200..835584 read "no copy verified".
+#[test]
+fn f2_seed_2040_parity() {
+    holds_all(2040, 1600, SimLayout::Parity);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,
@@ -44,6 +66,21 @@ fn holds(seed: u64, ops: u64, layout: SimLayout) {
         log: false,
         // The run as it was when the bug was found: without the kinds added since.
         without: LATER_KINDS.iter().map(|(k, _)| *k).collect(),
+    };
+    if let Err(f) = run(&cfg) {
+        panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
+    }
+}
+
+/// A seed with every kind of operation the seed draws (F2 needs the later ones).
+fn holds_all(seed: u64, ops: u64, layout: SimLayout) {
+    let cfg = Config {
+        seed,
+        ops,
+        layout,
+        dir: None,
+        log: false,
+        without: Vec::new(),
     };
     if let Err(f) = run(&cfg) {
         panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);

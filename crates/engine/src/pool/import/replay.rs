@@ -254,10 +254,12 @@ pub(super) fn replay(
                         )
                         .unwrap_or(false);
                     match inline.get(i) {
-                        _ if on_devices => {}
                         // The log device carries it (the flush did not sync the main
                         // devices): written back where its pointer says, made durable by
                         // the import's commit. Replay again after a crash writes the same.
+                        // Even when a copy verifies: the others (or shards) were never
+                        // synced either, and one torn there would leave the pool one
+                        // member from losing a flushed write (F2, simulator seed 2040).
                         Some(Some(bytes)) => {
                             for &a in e.ptr.addrs() {
                                 if let Err(err) = store.red.write(a, bytes) {
@@ -270,6 +272,7 @@ pub(super) fn replay(
                             }
                             rewritten += 1;
                         }
+                        _ if on_devices => {}
                         _ => {
                             break 'replay format!(
                                 "block {} entry {i}: the record it names is not on the devices \

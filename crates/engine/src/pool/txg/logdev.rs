@@ -582,6 +582,79 @@ mod tests {
         assert_eq!(pool.status().unrecoverable_blocks, 0);
     }
 
+    /// F2 (simulator seed 2040, crates/sim/tests/known_failures.rs): a small flush's
+    /// records reach the main devices unsynced (the log device carries them). A power loss
+    /// may then keep a record whole on one member of a mirror and lose it on the other;
+    /// the replay must put it back on every member, not only when no copy verifies, or
+    /// the pool runs on with one copy of a flushed write and loses it with that member.
+    #[test]
+    fn a_replay_rewrites_a_small_flush_on_every_member() {
+        use crate::device::fault::{Fault, FaultMode};
+        use crate::pool::{Layout, OpenOptions, Pool};
+        let dir = tempfile::tempdir().unwrap();
+        let (pdir, _log) = test_pool_with_log(dir.path(), Layout::Mirror(2), 2, 16 << 20);
+        let opts = OpenOptions {
+            commit_interval: std::time::Duration::from_secs(3600),
+            allow_fault_injection: true,
+            ..OpenOptions::default()
+        };
+        let (records, footprint) = {
+            let pool = Pool::open(&pdir, opts.clone()).unwrap();
+            pool.create_volume("v", plain_volume(), None).unwrap();
+            let v = pool.volume("v").unwrap();
+            for lba in 0..10u64 {
+                v.write(lba * 4096, &vec![0xD4; 4096], false).unwrap();
+            }
+            v.flush().unwrap();
+            let l = pool.core().logdev.read().clone().unwrap();
+            let chain = l.state.lock().chain.unwrap();
+            let (pool_id, chain_id) = {
+                let sb = pool.core().sb.lock();
+                (sb.sb.pool_id, sb.sb.chain_id)
+            };
+            let (b, _) = l
+                .read_block(
+                    chain.head,
+                    0,
+                    &pool_id,
+                    &chain_id,
+                    chain.generation,
+                    Some(&pool.core().log_key),
+                )
+                .unwrap()
+                .unwrap();
+            let footprint = pool.core().store.red.footprint(4096 + 16);
+            drop(v);
+            drop(pool); // a crash: no close, no commit
+            (b.entries, footprint)
+        };
+        // The power loss kept every record on dev0 and lost each on dev1.
+        let d = FileDevice::open(&pdir.join("dev1.img")).unwrap();
+        for e in &records {
+            let zero = vec![0u8; footprint.min(e.ptr.len as usize)];
+            d.write_at(&zero, DEVICE_RESERVED_FRONT + e.ptr.addr[0])
+                .unwrap();
+        }
+        drop(d);
+        let pool = Pool::open(&pdir, opts).unwrap();
+        // dev0 fails: every block must still read from dev1.
+        let fault = Fault {
+            mode: FaultMode::ReadError,
+            probability: 1.0,
+            seed: 1,
+            include_labels: false,
+        };
+        pool.set_faults(&pdir.join("dev0.img"), vec![fault])
+            .unwrap();
+        let v = pool.volume("v").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in 0..10u64 {
+            v.read(lba * 4096, &mut buf)
+                .unwrap_or_else(|e| panic!("block {lba}: {e}"));
+            assert!(buf.iter().all(|&b| b == 0xD4), "block {lba}");
+        }
+    }
+
     #[test]
     fn label_decode_never_panics() {
         let b = Label {
