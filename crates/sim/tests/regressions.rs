@@ -57,6 +57,14 @@ fn f2_seed_2040_parity() {
     holds_all(2040, 1600, SimLayout::Parity);
 }
 
+/// F2 on `parity:2+1` again (the long run, chunk from seed 2075): member 1 vanishes,
+/// a crash at operation 221 leaves it stale, and `v1` bytes 135168..139264 read "no copy
+/// verified".
+#[test]
+fn f2_seed_2089_parity() {
+    holds_all(2089, 230, SimLayout::Parity);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,
