@@ -771,6 +771,11 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
+    /// Never write into holes (free extents of partly-used segments) when free segments
+    /// run short: every write takes a free segment and the cleaner makes them (for
+    /// comparison in benchmarks; decision 0014).
+    #[arg(long)]
+    pub no_fill_holes: bool,
 
     /// With an object store: delete objects no commit references once they are this many
     /// seconds old (an import elsewhere may still read them until then) [default: 3600].

@@ -242,6 +242,51 @@ pub fn key_slot_table(slots: &[SlotInfo]) -> String {
 }
 
 /// `status`: pool header, device table, repair counters, space, volumes, errors.
+/// `status`'s lines about space: used, free, reserved, overcommit, holes, the cleaner.
+fn space_lines(out: &mut String, space: &SpaceStatus) {
+    let thick = if space.thick_reserved_bytes > 0 {
+        format!(
+            ", {} reserved by thick volumes",
+            format_size(space.thick_reserved_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "space: {} used, {} free, {} total ({} reserved for commits and cleaning{thick})",
+        format_size(space.used_bytes),
+        format_size(space.free_bytes),
+        format_size(space.total_bytes),
+        format_size(space.reserved_bytes),
+    );
+    if let Some(line) = overcommit_line(space) {
+        let _ = writeln!(out, "{line}");
+    }
+    if space.hole_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "holes: {} free in {} extents of partly-used segments (filled by writes when free \
+             segments run short)",
+            format_size(space.hole_bytes),
+            space.holes
+        );
+    }
+    if space.clean_cost >= 0.05 {
+        let _ = writeln!(
+            out,
+            "cleaner cost: {:.2} bytes of map nodes per byte moved (random small writes: \
+             writes that need new space may be refused before {} is used, when no segment \
+             is empty enough for cleaning it to gain)",
+            space.clean_cost,
+            format_size(space.usable_bytes)
+        );
+    }
+    if let Some(why) = &space.cleaning {
+        let _ = writeln!(out, "cleaning: {why}");
+    }
+}
+
 pub fn status_text(report: &StatusReport) -> String {
     let p = &report.pool;
     let d = &report.daemon;
@@ -373,38 +418,7 @@ pub fn status_text(report: &StatusReport) -> String {
         "unrecoverable reads: {} (reads that found no good copy; the ranges are under errors:)",
         p.unrecoverable_blocks
     );
-    let thick = if p.space.thick_reserved_bytes > 0 {
-        format!(
-            ", {} reserved by thick volumes",
-            format_size(p.space.thick_reserved_bytes)
-        )
-    } else {
-        String::new()
-    };
-    let _ = writeln!(
-        out,
-        "space: {} used, {} free, {} total ({} reserved for commits and cleaning{thick})",
-        format_size(p.space.used_bytes),
-        format_size(p.space.free_bytes),
-        format_size(p.space.total_bytes),
-        format_size(p.space.reserved_bytes),
-    );
-    if let Some(line) = overcommit_line(&p.space) {
-        let _ = writeln!(out, "{line}");
-    }
-    if p.space.clean_cost >= 0.05 {
-        let _ = writeln!(
-            out,
-            "cleaner cost: {:.2} bytes of map nodes per byte moved (random small writes: \
-             writes that need new space may be refused before {} is used, when no segment \
-             is empty enough for cleaning it to gain)",
-            p.space.clean_cost,
-            format_size(p.space.usable_bytes)
-        );
-    }
-    if let Some(why) = &p.space.cleaning {
-        let _ = writeln!(out, "cleaning: {why}");
-    }
+    space_lines(&mut out, &p.space);
     out.push('\n');
 
     if p.volumes.is_empty() {

@@ -230,6 +230,9 @@ pub struct Stats {
     pub unsynced_kept: u64,
     pub unsynced_dropped: u64,
     pub unsynced_torn: u64,
+    /// The most bytes client writes had placed into holes (decision 0014) in one process
+    /// of the pool, as a maintenance step saw it: whether the run filled holes at all.
+    pub hole_filled_max: u64,
 }
 
 pub struct Config {
@@ -818,9 +821,11 @@ impl World {
         self.pool()
             .maintenance_step()
             .map_err(|e| format!("maintenance step: {e}"))?;
-        if !self.journal.frozen() && self.pool().status().state == "FAULTED" {
+        let st = self.pool().status();
+        if !self.journal.frozen() && st.state == "FAULTED" {
             return Err("the pool is poisoned after a maintenance step".into());
         }
+        self.stats.hole_filled_max = self.stats.hole_filled_max.max(st.space.hole_filled_bytes);
         Ok(())
     }
 

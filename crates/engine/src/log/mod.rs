@@ -43,11 +43,13 @@
 //! Its locks and atomics come from `crate::sync`: `crates/modelcheck` compiles this module
 //! against shuttle and checks recycling and a commit's freeing against readers and commits.
 
+mod holes;
 mod victims;
 
 use crate::constants::{
-    CLEAN_RESERVE_MIN, MAP_DIRTY_NODES_MAX, METADATA_COPIES, RECORD_ALIGN, RECYCLE_BATCH_SEGMENTS,
-    RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_RESERVED, SEGMENT_BYTES, TABLE_SEGMENTS,
+    CLEAN_RESERVE_MIN, FREE_PERCENT_LOW, MAP_DIRTY_NODES_MAX, METADATA_COPIES, RECORD_ALIGN,
+    RECYCLE_BATCH_SEGMENTS, RELEASE_COMMIT_SEGMENTS_MAX, SEGMENTS_FREE_LOW, SEGMENTS_RESERVED,
+    SEGMENT_BYTES, TABLE_SEGMENTS,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Condvar, Mutex};
@@ -84,6 +86,28 @@ struct Inner {
     high_water: u32,
     /// Client-data segments emptied in the epoch they were opened in, not yet recycled.
     recyclable: Vec<u32>,
+    /// Where each head's room ends: `SEGMENT_BYTES` for a segment taken free, the end of
+    /// the hole for a head filling a hole (`hole_head`).
+    limits: [u32; STREAMS],
+    /// Whether each head is filling a hole of a sealed segment (`holes`) rather than a
+    /// segment taken free: closing it gives what is left of the hole back.
+    hole_head: [bool; STREAMS],
+    /// Free extents of sealed client-data segments (`holes.rs`).
+    holes: holes::Holes,
+    /// Records released before the commit now under way began (`zero_sealed_for_commit`):
+    /// holes once it is durable (`release`).
+    committing: Vec<Released>,
+}
+
+/// A record's bytes released by the in-memory state: a hole after the next commit.
+#[derive(Debug, Clone, Copy)]
+struct Released {
+    addr: u64,
+    /// Its bytes in the log, aligned as `alloc_run` laid it out.
+    len: u32,
+    /// Its segment's incarnation (`stamp`) at the release: a segment freed and opened again
+    /// before the commit holds other bytes there now.
+    inc: u64,
 }
 
 /// What emptying a record's bytes calls for.
@@ -159,6 +183,13 @@ pub struct Log {
     /// asked to: `track_freed`): their parts leave the store's segment table.
     freed: Mutex<Vec<u32>>,
     track_freed: AtomicBool,
+    /// Client writes fill holes when free segments run short (decision 0014); off with an
+    /// object tier (`track_freed`: its uploads are whole segments).
+    fill_holes: AtomicBool,
+    /// Records released since the last commit began: holes after the next one.
+    released: Mutex<Vec<Released>>,
+    /// Footprint bytes placed into holes since start.
+    filled: AtomicU64,
     inner: Mutex<Inner>,
     /// Signalled when segments become free.
     pub space: Condvar,
@@ -200,6 +231,11 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         self.log.pending_nodes.fetch_sub(self.n, Ordering::Relaxed);
     }
+}
+
+/// Bytes a record of `len` bytes takes in the log: records start `RECORD_ALIGN`-aligned.
+fn aligned(len: usize) -> u64 {
+    (len as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
 }
 
 pub fn segment_of(addr: u64) -> u32 {
@@ -250,6 +286,9 @@ impl Log {
             touched: (0..segments).map(|_| AtomicU64::new(0)).collect(),
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
+            fill_holes: AtomicBool::new(true),
+            released: Mutex::new(Vec::new()),
+            filled: AtomicU64::new(0),
             reuse_floor: if trust_zero {
                 0
             } else {
@@ -262,6 +301,10 @@ impl Log {
                 heads: [None; 4],
                 high_water: high_water.min(segments),
                 recyclable: Vec::new(),
+                limits: [SEGMENT_BYTES as u32; STREAMS],
+                hole_head: [false; STREAMS],
+                holes: holes::Holes::default(),
+                committing: Vec::new(),
             }),
             space: Condvar::new(),
         }
@@ -501,70 +544,61 @@ impl Log {
     /// when a head opens: records added to an open head raise what the commit needs too.
     pub fn alloc_run(&self, stream: Stream, lens: &[usize]) -> Result<(u64, usize)> {
         assert!(!lens.is_empty());
-        let aligned = |l: usize| (l as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
         let counted = matches!(stream, Stream::Data | Stream::Clean);
         let mut g = self.inner.lock();
         let h = stream as usize;
         let room = g.heads[h]
-            .map(|(_, off)| SEGMENT_BYTES - off as u64)
+            .map(|(_, off)| (g.limits[h] - off) as u64)
             .unwrap_or(0);
         let opens = room < lens[0] as u64;
+        // Short of free segments, client data fills a hole instead of opening one.
+        let hole = if opens && stream == Stream::Data && self.fills_holes(g.free.len() as u32) {
+            self.take_hole(&mut g, lens)
+        } else {
+            None
+        };
+        let takes_segment = opens && hole.is_none();
         if counted {
             // At most this call's records (bounded by what fits in a segment).
             let extra = lens
                 .len()
                 .min(SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
-            let free_after = g.free.len() as u32 - u32::from(opens && !g.free.is_empty());
-            if opens && g.free.is_empty() || free_after < self.reserve(stream, extra) {
+            let free_after = g.free.len() as u32 - u32::from(takes_segment && !g.free.is_empty());
+            // Data in a hole takes no segment: it needs only the commit's room for the map
+            // leaves it dirties (the cleaner's room stays as it is).
+            let floor = match hole {
+                Some(_) => self.reserve(Stream::Clean, extra),
+                None => self.reserve(stream, extra),
+            };
+            if takes_segment && g.free.is_empty() || free_after < floor {
+                if let Some((seg, start, end)) = hole {
+                    let added = g.holes.insert(seg, start, end);
+                    debug_assert_eq!(added, holes::Added::Yes, "a hole taken and given back");
+                }
                 return Err(Error::NoSpace);
             }
         }
         if opens {
-            if let Some((seg, _)) = g.heads[h].take() {
-                g.state[seg as usize] = SegState::Sealed;
-                // Emptied while it was still the head (trimmed, or its writes failed).
-                if stream == Stream::Data
-                    && self.live[seg as usize].load(Ordering::Acquire) == 0
-                    && self.in_this_epoch(seg)
-                {
-                    g.recyclable.push(seg);
+            self.close_head(&mut g, h, stream);
+            match hole {
+                Some((seg, start, end)) => {
+                    // A sealed segment that still holds live records: its incarnation,
+                    // epoch and stream stay (commits have seen it; it is never recycled).
+                    g.state[seg as usize] = SegState::Open;
+                    g.heads[h] = Some((seg, start));
+                    g.limits[h] = end;
+                    g.hole_head[h] = true;
                 }
+                None => self.open_segment(&mut g, h, stream)?,
             }
-            let seg = match g.recent.pop() {
-                Some(s) => {
-                    let was_free = g.free.remove(&s);
-                    debug_assert!(was_free, "segment {s} in `recent` but not free");
-                    s
-                }
-                None => match g.free.pop_first() {
-                    Some(s) => s,
-                    // Metadata may take the very last segment; past it the pool is full.
-                    None => return Err(Error::NoSpace),
-                },
-            };
-            g.state[seg as usize] = SegState::Open;
-            g.high_water = g.high_water.max(seg + 1);
-            g.heads[h] = Some((seg, 0));
-            self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
-            self.evictable[seg as usize].store(
-                matches!(stream, Stream::Data | Stream::Clean),
-                Ordering::Relaxed,
-            );
-            // A segment given back is a hole again: written from here on, read locally.
-            if self.evicted[seg as usize].swap(false, Ordering::AcqRel) {
-                self.evicted_count.fetch_sub(1, Ordering::Relaxed);
-            }
-            self.stamp[seg as usize].store(self.written_total(), Ordering::Relaxed);
-            // SeqCst pairs with `begin_snapshot`: a commit whose snapshot could see records
-            // placed here either bumped the epoch before this load, or bumps it later.
-            self.born[seg as usize].store(self.epoch.load(Ordering::SeqCst), Ordering::Relaxed);
         }
         let (seg, off) = g.heads[h].expect("head is open");
+        let limit = g.limits[h] as u64;
         let mut end = off as u64;
         let mut n = 0;
         let mut bytes = 0u64;
         for &l in lens {
-            if end + l as u64 > SEGMENT_BYTES {
+            if end + l as u64 > limit {
                 break;
             }
             end += aligned(l);
@@ -576,7 +610,11 @@ impl Log {
             "a record of {} bytes does not fit a segment",
             lens[0]
         );
-        g.heads[h] = Some((seg, end.min(SEGMENT_BYTES) as u32));
+        debug_assert!(
+            !g.holes.overlaps(seg, off, end.min(limit) as u32),
+            "segment {seg}: placing {off}..{end} over a known hole"
+        );
+        g.heads[h] = Some((seg, end.min(limit) as u32));
         if counted {
             self.pending_nodes.fetch_add(n, Ordering::Relaxed);
         }
@@ -586,9 +624,127 @@ impl Log {
             self.inflight[seg as usize].fetch_add(1, Ordering::AcqRel);
         }
         self.written[h].fetch_add(end - off as u64, Ordering::Relaxed);
+        if g.hole_head[h] {
+            self.filled.fetch_add(end - off as u64, Ordering::Relaxed);
+        }
         self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
         self.live_total.fetch_add(bytes, Ordering::Relaxed);
         Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
+    }
+
+    /// Seal the head of `stream` (if any). A head that filled a hole gives back what is
+    /// left of it; one emptied while it was the head (trimmed, or its writes failed) in the
+    /// epoch it opened in is recyclable.
+    fn close_head(&self, g: &mut Inner, h: usize, stream: Stream) {
+        let Some((seg, off)) = g.heads[h].take() else {
+            return;
+        };
+        g.state[seg as usize] = SegState::Sealed;
+        if std::mem::take(&mut g.hole_head[h]) {
+            let limit = std::mem::replace(&mut g.limits[h], SEGMENT_BYTES as u32);
+            if off < limit {
+                let added = g.holes.insert(seg, off, limit);
+                debug_assert_eq!(added, holes::Added::Yes, "the rest of a hole given back");
+            }
+            return;
+        }
+        if stream == Stream::Data
+            && self.live[seg as usize].load(Ordering::Acquire) == 0
+            && self.in_this_epoch(seg)
+        {
+            g.recyclable.push(seg);
+        }
+    }
+
+    /// Open a free segment as the head of `stream`: the most recently freed first, else
+    /// the lowest never used.
+    fn open_segment(&self, g: &mut Inner, h: usize, stream: Stream) -> Result<()> {
+        let seg = match g.recent.pop() {
+            Some(s) => {
+                let was_free = g.free.remove(&s);
+                debug_assert!(was_free, "segment {s} in `recent` but not free");
+                s
+            }
+            None => match g.free.pop_first() {
+                Some(s) => s,
+                // Metadata may take the very last segment; past it the pool is full.
+                None => return Err(Error::NoSpace),
+            },
+        };
+        g.state[seg as usize] = SegState::Open;
+        g.high_water = g.high_water.max(seg + 1);
+        g.heads[h] = Some((seg, 0));
+        g.limits[h] = SEGMENT_BYTES as u32;
+        self.holds_data[seg as usize].store(stream == Stream::Data, Ordering::Relaxed);
+        self.evictable[seg as usize].store(
+            matches!(stream, Stream::Data | Stream::Clean),
+            Ordering::Relaxed,
+        );
+        // A segment given back is a hole again: written from here on, read locally.
+        if self.evicted[seg as usize].swap(false, Ordering::AcqRel) {
+            self.evicted_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.stamp[seg as usize].store(self.written_total(), Ordering::Relaxed);
+        // SeqCst pairs with `begin_snapshot`: a commit whose snapshot could see records
+        // placed here either bumped the epoch before this load, or bumps it later.
+        self.born[seg as usize].store(self.epoch.load(Ordering::SeqCst), Ordering::Relaxed);
+        Ok(())
+    }
+
+    // --- holes (`holes.rs`, decision 0014) ---
+
+    /// Whether client data fills holes now, with `free` segments free: below the fill at
+    /// which the cleaner would otherwise start (`low_free_segments`).
+    fn fills_holes(&self, free: u32) -> bool {
+        self.fill_holes.load(Ordering::Relaxed)
+            && !self.track_freed.load(Ordering::Relaxed)
+            && free < self.low_free_segments()
+    }
+
+    /// Free segments below which space is short: `SEGMENTS_FREE_LOW` or `FREE_PERCENT_LOW`
+    /// of the pool, whichever is more, above what client data may not take. Below it client
+    /// data fills holes, and the cleaner runs when they run short too (`pool::core`).
+    pub fn low_free_segments(&self) -> u32 {
+        SEGMENTS_FREE_LOW.max(self.segments * FREE_PERCENT_LOW / 100) + self.reserved_segments()
+    }
+
+    /// Take a hole for the run `lens` (its first record at least), in a sealed segment
+    /// that still holds live records: one with none is freed whole by the next commit, and
+    /// the commit under way may have collected it already.
+    fn take_hole(&self, g: &mut Inner, lens: &[usize]) -> Option<(u32, u32, u32)> {
+        let want: u64 = lens.iter().map(|&l| aligned(l)).sum();
+        let want = want.min(SEGMENT_BYTES) as u32;
+        let min = lens[0] as u32;
+        let Inner { holes, state, .. } = g;
+        holes.take(want, min, |seg| self.usable_for_holes(state, seg))
+    }
+
+    /// Whether a hole of `seg` may be filled now (`take_hole`).
+    fn hole_usable(&self, g: &Inner, seg: u32) -> bool {
+        self.usable_for_holes(&g.state, seg)
+    }
+
+    fn usable_for_holes(&self, state: &[SegState], seg: u32) -> bool {
+        state[seg as usize] == SegState::Sealed
+            && seg >= self.reuse_floor
+            && self.live[seg as usize].load(Ordering::Acquire) > 0
+    }
+
+    /// Client writes fill holes when free segments run short (on unless set off: tests that
+    /// measure the cleaner alone).
+    pub fn set_fill_holes(&self, on: bool) {
+        self.fill_holes.store(on, Ordering::Relaxed);
+    }
+
+    /// Free bytes in holes, and how many holes.
+    pub fn holes(&self) -> (u64, usize) {
+        let g = self.inner.lock();
+        (g.holes.bytes(), g.holes.count())
+    }
+
+    /// Footprint bytes client writes placed into holes since start.
+    pub fn hole_filled_bytes(&self) -> u64 {
+        self.filled.load(Ordering::Relaxed)
     }
 
     /// Segments `stream` may not take: for client data the commit's room (`commit_need`,
@@ -620,11 +776,25 @@ impl Log {
         (per_copy * METADATA_COPIES as u64).min(u32::MAX as u64) as u32
     }
 
-    /// Whether `records` records of `stream` can be placed (or, for `Stream::Clean`, map
-    /// leaves dirtied) without waiting for a commit or the cleaner.
-    pub fn space_available(&self, stream: Stream, records: usize) -> bool {
+    /// Whether the run `lens` (footprints, as `alloc_run` takes them) of `stream` can be
+    /// placed (or, for `Stream::Clean`, that many map leaves dirtied) without waiting for a
+    /// commit or the cleaner: exactly what `alloc_run` checks, so a writer woken by this
+    /// finds its room.
+    pub fn space_available(&self, stream: Stream, lens: &[usize]) -> bool {
         let g = self.inner.lock();
-        g.free.len() as u32 > self.reserve(stream, records.max(1))
+        let free = g.free.len() as u32;
+        let extra = lens
+            .len()
+            .clamp(1, SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
+        if free > self.reserve(stream, extra) {
+            return true;
+        }
+        stream == Stream::Data
+            && self.fills_holes(free)
+            && free >= self.reserve(Stream::Clean, extra)
+            && lens
+                .first()
+                .is_some_and(|&l| g.holes.fits(l as u32, |seg| self.hole_usable(&g, seg)))
     }
 
     /// Whether background rewrites (key rotation) may go on: free segments exceed what
@@ -763,6 +933,9 @@ impl Log {
             "segment {seg} live count underflow ({prev} - {len})"
         );
         self.live_total.fetch_sub(len as u64, Ordering::Relaxed);
+        if prev != len {
+            self.note_released(seg as u32, addr, len);
+        }
         if prev != len || !self.holds_data[seg].load(Ordering::Relaxed) {
             return Emptied::Nothing;
         }
@@ -780,6 +953,24 @@ impl Log {
         } else {
             Emptied::Nothing
         }
+    }
+
+    /// A record of client data at `addr` (`len` bytes) was released from `seg`, which still
+    /// holds others: its bytes become a hole once the next commit is durable (`release`).
+    /// A segment that empties instead is freed whole.
+    fn note_released(&self, seg: u32, addr: u64, len: u32) {
+        if !self.fill_holes.load(Ordering::Relaxed)
+            || self.track_freed.load(Ordering::Relaxed)
+            || seg < self.reuse_floor
+            || !self.evictable[seg as usize].load(Ordering::Relaxed)
+        {
+            return;
+        }
+        self.released.lock().push(Released {
+            addr,
+            len: aligned(len as usize) as u32,
+            inc: self.stamp[seg as usize].load(Ordering::Relaxed),
+        });
     }
 
     /// Whether `seg` was opened after the last commit's snapshot and no commit began since.
@@ -838,6 +1029,7 @@ impl Log {
                 g.state[s as usize] = SegState::Free;
                 g.free.insert(s);
                 g.recent.push(s);
+                g.holes.forget(s);
                 freed += 1;
                 if self.track_freed.load(Ordering::Relaxed) {
                     self.freed.lock().push(s);
@@ -862,7 +1054,13 @@ impl Log {
     /// `begin_snapshot`: none of them can be recycled any more).
     pub fn zero_sealed_for_commit(&self) -> Vec<u32> {
         self.emptied.store(0, Ordering::Relaxed);
-        self.inner.lock().recyclable.clear();
+        // Released before this commit's snapshot: no pointer of it names them, so they are
+        // holes once it is durable (a commit that gives up freeing keeps them for the next).
+        let released = std::mem::take(&mut *self.released.lock());
+        let mut g = self.inner.lock();
+        g.recyclable.clear();
+        g.committing.extend(released);
+        drop(g);
         self.zero_sealed()
     }
 
@@ -888,9 +1086,6 @@ impl Log {
 
     /// Free segments collected by `zero_sealed` before a commit that is now durable.
     pub fn release(&self, segs: &[u32]) {
-        if segs.is_empty() {
-            return;
-        }
         let mut g = self.inner.lock();
         let mut freed = 0;
         for &s in segs {
@@ -900,15 +1095,56 @@ impl Log {
                 g.state[s as usize] = SegState::Free;
                 g.free.insert(s);
                 g.recent.push(s);
+                g.holes.forget(s);
                 freed += 1;
                 if self.track_freed.load(Ordering::Relaxed) {
                     self.freed.lock().push(s);
                 }
             }
         }
+        let holes = self.free_released(&mut g);
         drop(g);
         self.freed_total.fetch_add(freed, Ordering::AcqRel);
-        self.space.notify_all();
+        if freed > 0 || holes {
+            self.space.notify_all();
+        }
+    }
+
+    /// The records released before the commit now durable become holes, except in segments
+    /// freed (and perhaps opened again) since: those hold other bytes, or none. Answers
+    /// whether any became one.
+    fn free_released(&self, g: &mut Inner) -> bool {
+        let mut any = false;
+        for r in std::mem::take(&mut g.committing) {
+            let seg = segment_of(r.addr);
+            if g.state[seg as usize] == SegState::Free
+                || self.stamp[seg as usize].load(Ordering::Relaxed) != r.inc
+            {
+                continue;
+            }
+            let start = (r.addr % SEGMENT_BYTES) as u32;
+            let end = start + r.len;
+            // The rest of a hole a head is filling is not in the table: nothing released
+            // can lie there.
+            for h in 0..STREAMS {
+                if let (true, Some((hs, off))) = (g.hole_head[h], g.heads[h]) {
+                    assert!(
+                        hs != seg || end <= off || start >= g.limits[h],
+                        "segment {seg}: released {start}..{end} inside a hole being filled"
+                    );
+                }
+            }
+            match g.holes.insert(seg, start, end) {
+                holes::Added::Yes => any = true,
+                holes::Added::Full => {}
+                holes::Added::Overlaps => {
+                    // The same bytes released twice: a live count was wrong somewhere. Not
+                    // added (placing two records there would lose one).
+                    debug_assert!(false, "segment {seg}: {start}..{end} released twice");
+                }
+            }
+        }
+        any
     }
 
     /// Sealed segments worth cleaning, best first (`victims::pick`: cost-benefit of their
@@ -1097,6 +1333,148 @@ mod tests {
     }
 
     /// Allocates `n` whole segments of client data and seals the last one.
+    /// A commit's freeing, as `pool::txg::commit` drives it (the snapshot, the collection,
+    /// then, durable and the reads drained, `release`).
+    fn commit(log: &Log) {
+        log.begin_snapshot();
+        let zero = log.zero_sealed_for_commit();
+        log.end_snapshot();
+        log.release(&zero);
+    }
+
+    /// Half-segment records until free segments fall below where holes are filled: the
+    /// addresses, two per sealed segment.
+    fn fill_to_holes(log: &Log) -> Vec<u64> {
+        let half = SEGMENT_BYTES as usize / 2;
+        let mut addrs = Vec::new();
+        while log.free_segments() >= log.low_free_segments() || addrs.len() % 2 == 1 {
+            addrs.push(log.alloc(Stream::Data, half).unwrap());
+        }
+        addrs
+    }
+
+    #[test]
+    fn a_released_record_is_filled_only_after_the_commit_that_follows_its_release() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let half = SEGMENT_BYTES as usize / 2;
+        let addrs = fill_to_holes(&log);
+        let hole = addrs[4];
+        log.release_bytes(hole, half as u32);
+        // The last commit may still name it: a fresh segment, not the hole.
+        let a = log.alloc(Stream::Data, half).unwrap();
+        assert_ne!(a, hole);
+        log.alloc(Stream::Data, half).unwrap();
+        assert_eq!(log.holes(), (0, 0));
+        commit(&log);
+        assert_eq!(log.holes(), (half as u64, 1));
+        let free = log.free_segments();
+        assert_eq!(
+            log.alloc(Stream::Data, half).unwrap(),
+            hole,
+            "the hole is filled"
+        );
+        assert_eq!(log.free_segments(), free, "no segment taken");
+        assert_eq!(log.live_of(segment_of(hole)), SEGMENT_BYTES as u32);
+        assert_eq!(log.holes(), (0, 0));
+    }
+
+    #[test]
+    fn a_hole_takes_a_write_that_free_segments_no_longer_can() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let half = SEGMENT_BYTES as usize / 2;
+        let mut addrs = Vec::new();
+        // Fill until client data may take no more segments (the commit's and the
+        // cleaner's room are left).
+        while let Ok(a) = log.alloc(Stream::Data, half) {
+            addrs.push(a);
+        }
+        assert!(!log.space_available(Stream::Data, &[half]));
+        log.release_bytes(addrs[10], half as u32);
+        commit(&log);
+        // The hole needs no segment: the write neither waits nor fails.
+        assert!(log.space_available(Stream::Data, &[half]));
+        assert!(!log.space_available(Stream::Data, &[half + 16]), "no hole holds it");
+        let free = log.free_segments();
+        assert_eq!(log.alloc(Stream::Data, half).unwrap(), addrs[10]);
+        assert_eq!(log.free_segments(), free);
+        assert!(matches!(log.alloc(Stream::Data, half), Err(Error::NoSpace)));
+    }
+
+    #[test]
+    fn holes_wait_while_free_segments_are_plenty() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let half = SEGMENT_BYTES as usize / 2;
+        let a = log.alloc(Stream::Data, half).unwrap();
+        log.alloc(Stream::Data, half).unwrap();
+        log.release_bytes(a, half as u32);
+        commit(&log);
+        assert_eq!(log.holes(), (half as u64, 1));
+        assert_ne!(log.alloc(Stream::Data, half).unwrap(), a);
+        // Off: released bytes are not even noted.
+        log.set_fill_holes(false);
+        let b = log.alloc(Stream::Data, half).unwrap();
+        log.alloc(Stream::Data, half).unwrap();
+        log.release_bytes(b, half as u32);
+        commit(&log);
+        assert_eq!(log.holes(), (half as u64, 1));
+    }
+
+    #[test]
+    fn a_segment_that_empties_is_freed_whole_never_filled() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let half = SEGMENT_BYTES as u32 / 2;
+        let addrs = fill_to_holes(&log);
+        let (a, b) = (addrs[4], addrs[5]);
+        assert_eq!(segment_of(a), segment_of(b));
+        log.release_bytes(a, half);
+        commit(&log);
+        assert_eq!(log.holes(), (half as u64, 1));
+        // Its last record goes: the segment is empty, the next commit frees it whole (the
+        // one under way may have collected it), so its hole is not taken meanwhile.
+        log.release_bytes(b, half);
+        let c = log.alloc(Stream::Data, half as usize).unwrap();
+        assert_ne!(segment_of(c), segment_of(a));
+        commit(&log);
+        assert!(log.is_free(segment_of(a)));
+        assert_eq!(log.holes(), (0, 0), "a free segment has no holes");
+    }
+
+    #[test]
+    fn bytes_released_from_a_segment_recycled_before_the_commit_never_become_a_hole() {
+        let log = Log::new(vec![0; 256], 0, true);
+        let whole = SEGMENT_BYTES as u32;
+        let quarter = whole / 4;
+        // A segment of this epoch with four records: one released (noted for the next
+        // commit), then the rest, so it is recycled and opened again before any commit.
+        let recs: Vec<u64> = (0..4)
+            .map(|_| log.alloc(Stream::Data, quarter as usize).unwrap())
+            .collect();
+        let seg = segment_of(recs[0]);
+        let mut others = whole_segments(&log, RECYCLE_BATCH_SEGMENTS - 1);
+        others.iter().for_each(|&a| {
+            log.release_bytes(a, whole);
+        });
+        for &r in &recs {
+            log.release_bytes(r, quarter);
+        }
+        let (segs, epoch) = log.take_recyclable();
+        assert!(segs.contains(&seg));
+        log.recycle(&segs, epoch);
+        assert!(log.is_free(seg));
+        others.clear();
+        // Opened again (most recently freed first) and written whole.
+        let again = (0..RECYCLE_BATCH_SEGMENTS)
+            .map(|_| log.alloc(Stream::Data, whole as usize).unwrap())
+            .find(|&a| segment_of(a) == seg);
+        assert!(again.is_some(), "segment {seg} opened again");
+        commit(&log);
+        assert_eq!(
+            log.holes(),
+            (0, 0),
+            "the released bytes are another record's now"
+        );
+    }
+
     fn whole_segments(log: &Log, n: usize) -> Vec<u64> {
         let whole = SEGMENT_BYTES as usize;
         let addrs = (0..n)

@@ -451,6 +451,43 @@ impl Core {
             Some(t) if state == "ONLINE" && t.is_failing() => "DEGRADED",
             _ => state,
         };
+        PoolStatus {
+            pool_id: crate::hex::to_hex(&sb.sb.pool_id),
+            name: if sb.sb.name.is_empty() {
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                sb.sb.name.clone()
+            },
+            dir: self.dir.clone(),
+            state: if self.store.is_poisoned() {
+                "FAULTED".into()
+            } else {
+                state.into()
+            },
+            layout: self.store.red.layout.to_string(),
+            generation: sb.sb.generation,
+            devices,
+            repaired_blocks: self.store.red.repaired_blocks.load(Ordering::Relaxed),
+            unrecoverable_blocks: self.store.red.unrecoverable_blocks.load(Ordering::Relaxed),
+            space: self.space_status(),
+            volumes: self.volume_statuses(),
+            scrub: self.scrub_status(),
+            errors: self.data_errors(),
+            cache_device: match self.store.cachedev() {
+                Some(c) => Some(c.status()),
+                None => self.cachedev_unavailable.lock().clone(),
+            },
+            log,
+            lost_flushes: self.log_loss.clone(),
+            object_store: self.tier.as_ref().map(|t| t.status(&self.store)),
+        }
+    }
+
+    /// The pool's space numbers (`status`).
+    fn space_status(&self) -> SpaceStatus {
         let per = self.store.red.data_per_segment_byte();
         let total = self.store.log.segments() as u64 * SEGMENT_BYTES * per;
         let used = (self.store.log.live_bytes_total() * per).min(total);
@@ -474,52 +511,23 @@ impl Core {
             .map(|v| v.reservation_unused())
             .sum::<u64>()
             .min(total - used - reserved);
-        PoolStatus {
-            pool_id: crate::hex::to_hex(&sb.sb.pool_id),
-            name: if sb.sb.name.is_empty() {
-                self.dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            } else {
-                sb.sb.name.clone()
-            },
-            dir: self.dir.clone(),
-            state: if self.store.is_poisoned() {
-                "FAULTED".into()
-            } else {
-                state.into()
-            },
-            layout: self.store.red.layout.to_string(),
-            generation: sb.sb.generation,
-            devices,
-            repaired_blocks: self.store.red.repaired_blocks.load(Ordering::Relaxed),
-            unrecoverable_blocks: self.store.red.unrecoverable_blocks.load(Ordering::Relaxed),
-            space: SpaceStatus {
-                total_bytes: total,
-                used_bytes: used,
-                free_bytes: total - used - reserved - thick,
-                reserved_bytes: reserved,
-                thick_reserved_bytes: thick,
-                usable_bytes: (self.store.log.usable_bytes() * per).min(total),
-                provisioned_bytes: provisioned,
-                data_written_bytes: written.data * per,
-                clean_written_bytes: written.clean * per,
-                meta_written_bytes: written.meta * per,
-                write_amplification: written.amplification(),
-                cleaning: self.store.clean_stuck().map(|s| s.why),
-                clean_cost: self.store.log.clean_cost(),
-            },
-            volumes: self.volume_statuses(),
-            scrub: self.scrub_status(),
-            errors: self.data_errors(),
-            cache_device: match self.store.cachedev() {
-                Some(c) => Some(c.status()),
-                None => self.cachedev_unavailable.lock().clone(),
-            },
-            log,
-            lost_flushes: self.log_loss.clone(),
-            object_store: self.tier.as_ref().map(|t| t.status(&self.store)),
+        SpaceStatus {
+            total_bytes: total,
+            used_bytes: used,
+            free_bytes: total - used - reserved - thick,
+            reserved_bytes: reserved,
+            thick_reserved_bytes: thick,
+            usable_bytes: (self.store.log.usable_bytes() * per).min(total),
+            provisioned_bytes: provisioned,
+            data_written_bytes: written.data * per,
+            clean_written_bytes: written.clean * per,
+            meta_written_bytes: written.meta * per,
+            write_amplification: written.amplification(),
+            cleaning: self.store.clean_stuck().map(|s| s.why),
+            clean_cost: self.store.log.clean_cost(),
+            hole_bytes: self.store.log.holes().0 * per,
+            holes: self.store.log.holes().1 as u64,
+            hole_filled_bytes: self.store.log.hole_filled_bytes() * per,
         }
     }
 
@@ -563,10 +571,19 @@ impl Core {
 
     /// Whether the cleaner should run: free segments are low, or a writer waits for space.
     fn low_on_space(&self) -> bool {
-        let free = self.store.log.free_segments();
-        let low = SEGMENTS_FREE_LOW.max(self.store.log.segments() * FREE_PERCENT_LOW / 100)
-            + self.store.log.reserved_segments();
-        free < low || self.store.space_wanted()
+        let log = &self.store.log;
+        let free = log.free_segments();
+        let low = log.low_free_segments();
+        if free >= low || self.store.space_wanted() {
+            return self.store.space_wanted();
+        }
+        // Below `low` client writes fill holes (decision 0014): the cleaner runs once those
+        // run short, or once free segments (which commits and the cleaner take) fall half
+        // way from `low` to what client writes may not take.
+        let reserved = log.reserved_segments();
+        let margin = low.saturating_sub(reserved);
+        let (hole_bytes, _) = log.holes();
+        free < reserved + margin / 2 || hole_bytes < margin as u64 * SEGMENT_BYTES
     }
 
     pub fn any_dirty(&self) -> bool {

@@ -56,6 +56,10 @@ pub struct OpenOptions {
     /// or scrub thread; the caller drives that work with `Pool::maintenance_step` and
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
+    /// Client writes fill holes (free extents of partly-live segments) when free segments
+    /// run short, instead of waiting for the cleaner (decision 0014). Off only for tests of
+    /// the cleaner itself, and `serve --no-fill-holes` for comparison in benchmarks.
+    pub fill_holes: bool,
 }
 
 impl Default for OpenOptions {
@@ -74,6 +78,7 @@ impl Default for OpenOptions {
             cache_device: None,
             tier: None,
             stepped: false,
+            fill_holes: true,
         }
     }
 }

@@ -62,6 +62,17 @@ pub struct SpaceStatus {
     /// not yet).
     #[serde(default)]
     pub clean_cost: f64,
+    /// Free bytes inside partly-live segments that client writes fill when free segments
+    /// run short (decision 0014), and how many free extents they are in: known since the
+    /// pool was imported (memory only).
+    #[serde(default)]
+    pub hole_bytes: u64,
+    #[serde(default)]
+    pub holes: u64,
+    /// Bytes client writes placed into holes since the daemon started (each copy's worth
+    /// of space counted once, as the `*_written_bytes`).
+    #[serde(default)]
+    pub hole_filled_bytes: u64,
 }
 
 pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};

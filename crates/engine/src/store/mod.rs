@@ -448,22 +448,16 @@ impl Store {
         let result = (|| {
             while placed < recs.len() {
                 let rest = &recs[placed..];
+                // Footprints: a run's records end to end, or one record's shard.
                 let lens: Vec<usize> = if runs {
                     rest.iter().map(|r| r.ptr.len as usize).collect()
                 } else {
-                    vec![rest[0].ptr.len as usize]
+                    vec![self.red.footprint(rest[0].ptr.len as usize)]
                 };
                 let (addr, count) = loop {
-                    let placed_run = if runs {
-                        self.log.alloc_run(stream, &lens)
-                    } else {
-                        self.log
-                            .alloc(stream, self.red.footprint(lens[0]))
-                            .map(|a| (a, 1))
-                    };
-                    match placed_run {
+                    match self.log.alloc_run(stream, &lens) {
                         Err(Error::NoSpace) if stream == Stream::Data => {
-                            self.wait_for(stream, lens.len())?
+                            self.wait_for(stream, &lens)?
                         }
                         other => break other?,
                     }
@@ -1080,15 +1074,15 @@ impl Store {
         }
     }
 
-    /// Wait until `records` records can be placed on `stream`, asking the maintenance
+    /// Wait until the run `lens` (footprints) can be placed on `stream`, asking the maintenance
     /// thread to commit and clean: back-pressure, never a failure, while space can still be
     /// reclaimed. Answers `NoSpace` when nothing can be: no sealed segment holds dead bytes
     /// worth cleaning, no commit would free a segment or hand back its room (the pool's live
     /// data fills it), or the maintenance thread's rounds of committing and cleaning have
     /// freed nothing `SPACE_WAIT_FUTILE` times in a row, or after `SPACE_WAIT_MAX` without
     /// any progress.
-    fn wait_for(&self, stream: Stream, records: usize) -> Result<()> {
-        self.wait_until(|| self.log.space_available(stream, records))
+    fn wait_for(&self, stream: Stream, lens: &[usize]) -> Result<()> {
+        self.wait_until(|| self.log.space_available(stream, lens))
     }
 
     /// `wait_for` until `ready`. Progress is free space gained net: the deadline

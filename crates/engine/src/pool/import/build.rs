@@ -71,6 +71,7 @@ pub(super) fn build(
     let volumes = volume_states(families, &errors);
     store.log = Log::new(live, newest.high_water, complete);
     store.log.set_node_bytes(store.node_record_bytes());
+    store.log.set_fill_holes(opts.fill_holes);
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
         store.log.mark_data(seg as u32);
     }
