@@ -14,6 +14,9 @@
 #   nbdkit-file          nbdkit's file plugin, raw image
 #   bulwark-single       bulwark layout single, encrypted, lz4 (the defaults)
 #   bulwark-single-nolz4 bulwark layout single, encrypted, compression off
+#   bulwark-single-noholes, bulwark-mirror2-noholes
+#                        as bulwark-single / bulwark-mirror2, served with
+#                        --no-fill-holes (the cleaner alone makes room: decision 0014)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on
@@ -93,7 +96,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes
 
 FULL=0
 REPEAT=1
@@ -345,8 +348,9 @@ start_nbdkit_file() {
     URI=$(nbd_uri "$d" "")
 }
 
-start_bulwark() { # DIR LAYOUT COMPRESSION [log]
-    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=()
+start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes]
+    local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=() serve_opts=()
+    [ "${4:-}" = noholes ] && serve_opts=(--no-fill-holes)
     [ "$PREALLOCATE" = 1 ] && prealloc=(--preallocate)
     if [ "${4:-}" = log ]; then
         truncate -s 64M "$d/log.img"
@@ -365,7 +369,7 @@ start_bulwark() { # DIR LAYOUT COMPRESSION [log]
     local tcp=()
     # Plaintext TCP is opt-in and loopback-only; its client is "anonymous".
     [ "$TCP" = 1 ] && tcp=(--nbd-listen "127.0.0.1:$PORT" --nbd-plaintext)
-    "$BULWARK" serve "$d/pool" "${tcp[@]}" >"$d/server.log" 2>&1 &
+    "$BULWARK" serve "$d/pool" "${tcp[@]}" "${serve_opts[@]}" >"$d/server.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 300); do
         "$BULWARK" --pool "$d/pool" status >/dev/null 2>&1 && break
@@ -488,6 +492,8 @@ start_server() { # NAME DIR
         bulwark-mirror2) start_bulwark "$2" mirror:2 lz4 ;;
         bulwark-single-log) start_bulwark "$2" single lz4 log ;;
         bulwark-mirror2-log) start_bulwark "$2" mirror:2 lz4 log ;;
+        bulwark-single-noholes) start_bulwark "$2" single lz4 noholes ;;
+        bulwark-mirror2-noholes) start_bulwark "$2" mirror:2 lz4 noholes ;;
     esac
     wait_ready "$URI" "$2/server.log"
     [ "${#BENCH_TARGET[@]}" -gt 0 ] || BENCH_TARGET=(bench --uri "$URI")

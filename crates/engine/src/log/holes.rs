@@ -93,7 +93,8 @@ impl Holes {
 
     /// Take a hole for a run of `want` bytes whose first record needs `min`: the smallest
     /// hole of at least `want` in the segment whose largest hole is the smallest that
-    /// holds `want`; failing that the largest hole there is, if it holds `min`. Segments
+    /// holds `want`; failing that, likewise for `min` (`fits` answers whether this finds
+    /// one). Segments
     /// `usable` refuses are passed over (and kept: a head may be open in one). Returns the
     /// segment and the extent, now out of the table.
     pub fn take(
@@ -108,15 +109,7 @@ impl Holes {
             .map(|&(_, seg)| seg)
             .take(CANDIDATES_MAX)
             .find(|&seg| usable(seg));
-        let seg = fit.or_else(|| {
-            self.by_size
-                .iter()
-                .rev()
-                .take_while(|&&(size, _)| size >= min)
-                .map(|&(_, seg)| seg)
-                .take(CANDIDATES_MAX)
-                .find(|&seg| usable(seg))
-        })?;
+        let seg = fit.or_else(|| self.fitting(min).find(|&seg| usable(seg)))?;
         let m = self
             .by_seg
             .get_mut(&seg)
@@ -144,13 +137,16 @@ impl Holes {
     /// Whether `take` would find a hole for a record of `min` bytes (its fallback: the
     /// largest holes first, in segments `usable` accepts).
     pub fn fits(&self, min: u32, usable: impl Fn(u32) -> bool) -> bool {
+        self.fitting(min).any(usable)
+    }
+
+    /// The segments `take` looks at for a record of `min` bytes, smallest largest-hole
+    /// first (`CANDIDATES_MAX` of them).
+    fn fitting(&self, min: u32) -> impl Iterator<Item = u32> + '_ {
         self.by_size
-            .iter()
-            .rev()
-            .take_while(|&&(size, _)| size >= min)
+            .range((min, 0)..)
             .map(|&(_, seg)| seg)
             .take(CANDIDATES_MAX)
-            .any(usable)
     }
 
     /// Segment `seg` became free whole (or its bytes cannot be trusted as holes any more):
@@ -220,11 +216,16 @@ mod tests {
         assert_eq!(h.take(65_792, 4112, |_| true), Some((3, 0, 66_000)));
         // Segment 2's best fit for it is its 70,000, not its 200,000.
         assert_eq!(h.take(65_792, 4112, |_| true), Some((2, 0, 70_000)));
-        // A run of 1 MiB fits nowhere: its first record takes the largest hole.
+        // A run of 1 MiB fits nowhere: its first record takes the best fit for itself
+        // (segment 1's 10,000), and the next the one after.
+        assert_eq!(h.take(1 << 20, 4112, |_| true), Some((1, 0, 10_000)));
         assert_eq!(h.take(1 << 20, 4112, |_| true), Some((2, 100_000, 300_000)));
         // Segments the caller cannot use are passed over and kept.
-        assert_eq!(h.take(4112, 4112, |s| s != 1), None);
-        assert_eq!(h.take(4112, 4112, |_| true), Some((1, 0, 10_000)));
+        h.insert(5, 0, 8224);
+        assert!(!h.fits(4112, |s| s != 5));
+        assert_eq!(h.take(4112, 4112, |s| s != 5), None);
+        assert!(h.fits(4112, |_| true));
+        assert_eq!(h.take(4112, 4112, |_| true), Some((5, 0, 8224)));
         assert_eq!((h.count(), h.bytes()), (0, 0));
     }
 

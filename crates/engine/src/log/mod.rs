@@ -99,6 +99,17 @@ struct Inner {
     committing: Vec<Released>,
 }
 
+/// Where `Log::alloc_run` places a run (`Log::plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// The head of its stream has room.
+    Head,
+    /// A hole of a partly-live segment becomes the head (client data, free segments short).
+    Hole,
+    /// A free segment becomes the head.
+    Segment,
+}
+
 /// A record's bytes released by the in-memory state: a hole after the next commit.
 #[derive(Debug, Clone, Copy)]
 struct Released {
@@ -547,49 +558,24 @@ impl Log {
         let counted = matches!(stream, Stream::Data | Stream::Clean);
         let mut g = self.inner.lock();
         let h = stream as usize;
-        let room = g.heads[h]
-            .map(|(_, off)| (g.limits[h] - off) as u64)
-            .unwrap_or(0);
-        let opens = room < lens[0] as u64;
-        // Short of free segments, client data fills a hole instead of opening one.
-        let hole = if opens && stream == Stream::Data && self.fills_holes(g.free.len() as u32) {
-            self.take_hole(&mut g, lens)
-        } else {
-            None
-        };
-        let takes_segment = opens && hole.is_none();
-        if counted {
-            // At most this call's records (bounded by what fits in a segment).
-            let extra = lens
-                .len()
-                .min(SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
-            let free_after = g.free.len() as u32 - u32::from(takes_segment && !g.free.is_empty());
-            // Data in a hole takes no segment: it needs only the commit's room for the map
-            // leaves it dirties (the cleaner's room stays as it is).
-            let floor = match hole {
-                Some(_) => self.reserve(Stream::Clean, extra),
-                None => self.reserve(stream, extra),
-            };
-            if takes_segment && g.free.is_empty() || free_after < floor {
-                if let Some((seg, start, end)) = hole {
-                    let added = g.holes.insert(seg, start, end);
-                    debug_assert_eq!(added, holes::Added::Yes, "a hole taken and given back");
-                }
-                return Err(Error::NoSpace);
+        match self.plan(&g, stream, lens)? {
+            Plan::Head => {}
+            Plan::Hole => {
+                let Some((seg, start, end)) = self.take_hole(&mut g, lens) else {
+                    debug_assert!(false, "`plan` found a hole `take` did not");
+                    return Err(Error::NoSpace);
+                };
+                self.close_head(&mut g, h, stream);
+                // A sealed segment that still holds live records: its incarnation, epoch
+                // and stream stay (commits have seen it; it is never recycled).
+                g.state[seg as usize] = SegState::Open;
+                g.heads[h] = Some((seg, start));
+                g.limits[h] = end;
+                g.hole_head[h] = true;
             }
-        }
-        if opens {
-            self.close_head(&mut g, h, stream);
-            match hole {
-                Some((seg, start, end)) => {
-                    // A sealed segment that still holds live records: its incarnation,
-                    // epoch and stream stay (commits have seen it; it is never recycled).
-                    g.state[seg as usize] = SegState::Open;
-                    g.heads[h] = Some((seg, start));
-                    g.limits[h] = end;
-                    g.hole_head[h] = true;
-                }
-                None => self.open_segment(&mut g, h, stream)?,
+            Plan::Segment => {
+                self.close_head(&mut g, h, stream);
+                self.open_segment(&mut g, h, stream)?;
             }
         }
         let (seg, off) = g.heads[h].expect("head is open");
@@ -630,6 +616,46 @@ impl Log {
         self.live[seg as usize].fetch_add(bytes as u32, Ordering::Relaxed);
         self.live_total.fetch_add(bytes, Ordering::Relaxed);
         Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
+    }
+
+    /// Where the run `lens` of `stream` goes now, or `NoSpace`: the one decision behind
+    /// `alloc_run` and `space_available`, so a writer woken by the second finds room in
+    /// the first. Client data and the cleaner's moves may not eat into what the next commit
+    /// needs (`reserve`): each record they place may dirty one map leaf, so it is counted
+    /// (`extra`) on every call, not only when a head opens. Data in a hole, or in the rest of
+    /// one, takes no segment: it needs only the commit's room, not the cleaner's.
+    fn plan(&self, g: &Inner, stream: Stream, lens: &[usize]) -> Result<Plan> {
+        let h = stream as usize;
+        let free = g.free.len() as u32;
+        let fits_head = g.heads[h].is_some_and(|(_, off)| g.limits[h] - off >= lens[0] as u32);
+        if !matches!(stream, Stream::Data | Stream::Clean) {
+            // Metadata may take the very last segment; past it the pool is full.
+            return match (fits_head, free) {
+                (true, _) => Ok(Plan::Head),
+                (false, 0) => Err(Error::NoSpace),
+                (false, _) => Ok(Plan::Segment),
+            };
+        }
+        // At most this call's records (bounded by what fits in a segment).
+        let extra = lens
+            .len()
+            .clamp(1, SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
+        let floor = self.reserve(stream, extra);
+        let commit_floor = self.reserve(Stream::Clean, extra);
+        if fits_head && (free >= floor || (g.hole_head[h] && free >= commit_floor)) {
+            return Ok(Plan::Head);
+        }
+        if stream == Stream::Data
+            && self.fills_holes(free)
+            && free >= commit_floor
+            && g.holes.fits(lens[0] as u32, |seg| self.hole_usable(g, seg))
+        {
+            return Ok(Plan::Hole);
+        }
+        if !fits_head && free > floor {
+            return Ok(Plan::Segment);
+        }
+        Err(Error::NoSpace)
     }
 
     /// Seal the head of `stream` (if any). A head that filled a hole gives back what is
@@ -782,19 +808,7 @@ impl Log {
     /// finds its room.
     pub fn space_available(&self, stream: Stream, lens: &[usize]) -> bool {
         let g = self.inner.lock();
-        let free = g.free.len() as u32;
-        let extra = lens
-            .len()
-            .clamp(1, SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
-        if free > self.reserve(stream, extra) {
-            return true;
-        }
-        stream == Stream::Data
-            && self.fills_holes(free)
-            && free >= self.reserve(Stream::Clean, extra)
-            && lens
-                .first()
-                .is_some_and(|&l| g.holes.fits(l as u32, |seg| self.hole_usable(&g, seg)))
+        self.plan(&g, stream, lens).is_ok()
     }
 
     /// Whether background rewrites (key rotation) may go on: free segments exceed what
@@ -1393,11 +1407,70 @@ mod tests {
         commit(&log);
         // The hole needs no segment: the write neither waits nor fails.
         assert!(log.space_available(Stream::Data, &[half]));
-        assert!(!log.space_available(Stream::Data, &[half + 16]), "no hole holds it");
+        assert!(
+            !log.space_available(Stream::Data, &[half + 16]),
+            "no hole holds it"
+        );
         let free = log.free_segments();
         assert_eq!(log.alloc(Stream::Data, half).unwrap(), addrs[10]);
         assert_eq!(log.free_segments(), free);
         assert!(matches!(log.alloc(Stream::Data, half), Err(Error::NoSpace)));
+    }
+
+    /// A writer woken because `space_available` says its run fits must find room in
+    /// `alloc_run`, and one told to wait must not: else it spins (a first version did, at
+    /// 90% fill, while its head still had room but not the floor and a hole fit).
+    #[test]
+    fn space_available_and_alloc_run_always_agree() {
+        let mut filled = 0;
+        for seed in 1..=20u64 {
+            let log = Log::new(vec![0; 48], 0, true);
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut next = |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let mut live: Vec<(u64, u32)> = Vec::new();
+            for step in 0..4000 {
+                let lens: Vec<usize> = (0..1 + next(16))
+                    .map(|_| [4112usize, 8224, 65536 + 256, 131_072][next(4) as usize])
+                    .collect();
+                let said = log.space_available(Stream::Data, &lens);
+                match log.alloc_run(Stream::Data, &lens) {
+                    Ok((addr, n)) => {
+                        assert!(said, "seed {seed} step {step}: placed after a 'wait'");
+                        let mut a = addr;
+                        for &l in &lens[..n] {
+                            live.push((a, l as u32));
+                            a += aligned(l);
+                        }
+                    }
+                    Err(Error::NoSpace) => {
+                        assert!(!said, "seed {seed} step {step}: refused after 'room'")
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                // The placer's leaves counted dirty and committed (what `Pending` settles).
+                log.pending_nodes.store(0, Ordering::Relaxed);
+                // Fewer records released than placed, on average: the log fills, and stays
+                // near full once the floors refuse.
+                for _ in 0..next(10) {
+                    if live.is_empty() {
+                        break;
+                    }
+                    let i = next(live.len() as u64) as usize;
+                    let (a, l) = live.swap_remove(i);
+                    log.release_bytes(a, l);
+                }
+                if next(8) == 0 {
+                    commit(&log);
+                }
+            }
+            filled += log.hole_filled_bytes();
+        }
+        assert!(filled > 0, "no run filled a hole: the test proves nothing");
     }
 
     #[test]
