@@ -745,6 +745,81 @@ fn functions_stay_short() {
     );
 }
 
+/// Types whose state stays behind methods (issue 38): callers ask, they do not reach in.
+/// Each is the file that defines it and the struct's name; a `pub` field (of any
+/// visibility that reaches past the file's module: `pub`, `pub(crate)`, `pub(in …)`)
+/// fails. `pub(super)` is allowed where a sibling file needs a field.
+const PRIVATE_STATE: &[(&str, &str)] = &[("crates/engine/src/store/mod.rs", "Store")];
+
+#[test]
+fn private_state_stays_private() {
+    let crates = manifest_dir().join("..");
+    let mut problems = Vec::new();
+    for (file, name) in PRIVATE_STATE {
+        let path = crates.join(file.trim_start_matches("crates/"));
+        let text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let Some(fields) = visible_fields(&text, name) else {
+            problems.push(format!("{file}: no `pub struct {name} {{` found"));
+            continue;
+        };
+        for (line, field) in fields {
+            problems.push(format!(
+                "{file}:{line}: `{name}` has a visible field `{field}`: keep it private and \
+                 give callers a method named for what they want"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The fields of `pub struct name { … }` in `text` that are visible past their module
+/// (`pub` other than `pub(super)`), each with its line; `None` when there is no such struct.
+fn visible_fields(text: &str, name: &str) -> Option<Vec<(usize, String)>> {
+    let code = code_only(text);
+    let b = code.as_bytes();
+    let head = format!("pub struct {name} {{");
+    let start = code.find(&head)?;
+    let open = start + head.len() - 1;
+    let close = matching_brace(b, open);
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut at = open + 1;
+    for line in code[open + 1..close].split_inclusive('\n') {
+        let field = line.trim_start();
+        if depth == 0 && field.starts_with("pub") && !field.starts_with("pub(super)") {
+            let rest = field.trim_start_matches("pub").trim_start();
+            let rest = match rest.strip_prefix('(') {
+                Some(r) => r.split_once(')').map_or("", |(_, r)| r).trim_start(),
+                None => rest,
+            };
+            let ident = leading_ident(rest).unwrap_or_default();
+            out.push((line_of(&code, at), ident));
+        }
+        for c in line.bytes() {
+            match c {
+                b'{' | b'(' | b'[' => depth += 1,
+                b'}' | b')' | b']' => depth -= 1,
+                _ => {}
+            }
+        }
+        at += line.len();
+    }
+    Some(out)
+}
+
+/// The field reader itself.
+#[test]
+fn visible_fields_are_found() {
+    let text =
+        "/// `pub` in a comment\npub struct S {\n    a: u8,\n    pub b: Vec<(u8, u8)>,\n    \
+                pub(crate) c: u8,\n    pub(super) d: u8,\n    e: std::sync::Mutex<Option<u8>>,\n}\n\
+                pub struct T { pub x: u8 }\n";
+    let found = visible_fields(text, "S").expect("S is there");
+    assert_eq!(found, vec![(4, "b".to_string()), (5, "c".to_string())]);
+    assert!(visible_fields(text, "U").is_none());
+}
+
 /// Each function with a body outside test code: its name and its lines from `fn` to the
 /// closing brace.
 fn function_lengths(text: &str) -> Vec<(String, usize)> {

@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use super::core::Core;
 use super::relocate::{swap_where_held, Relocation};
-use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN, SEGMENT_BYTES};
+use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
 use crate::store::Put;
@@ -79,11 +79,11 @@ impl Relocation for Mover<'_> {
     type Ptr = Blkptr;
 
     fn lookup(&self, tree: &crate::map::Tree, lba: u64) -> Result<Blkptr> {
-        tree.lookup(&*self.core.store, &self.core.store.cache, lba)
+        tree.lookup(&*self.core.store, self.core.store.nodes(), lba)
     }
 
     fn set(&self, tree: &mut crate::map::Tree, lba: u64, ptr: Blkptr) -> Result<()> {
-        tree.set(&*self.core.store, &self.core.store.cache, lba, ptr)
+        tree.set(&*self.core.store, self.core.store.nodes(), lba, ptr)
             .map(|_| ())
     }
 
@@ -210,11 +210,10 @@ impl Core {
     }
 
     fn clean_held(&self) -> Result<usize> {
-        let budget = self.store.log.clean_budget_for_records() as u64 * SEGMENT_BYTES;
-        let victims = self.store.log.victims(CLEAN_BATCH_SEGMENTS, budget);
+        let (victims, budget_segments) = self.store.clean_victims(CLEAN_BATCH_SEGMENTS);
         tracing::debug!(
-            free = self.store.log.free_segments(),
-            budget_segments = budget / SEGMENT_BYTES,
+            free = self.store.free_segments(),
+            budget_segments,
             victims = victims.len(),
             "cleaning pass"
         );
@@ -223,7 +222,7 @@ impl Core {
         }
         let rank = Victims::new(&victims);
         let cost = PassCost {
-            clean_at_start: self.store.log.written().clean,
+            clean_at_start: self.store.written().clean,
         };
         self.clean_dirtied.store(0, Ordering::Relaxed);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
@@ -291,9 +290,9 @@ impl Core {
             self.table_dirty.store(true, Ordering::Release);
         }
         self.commit_for_waiting_flushes()?;
-        let moved = self.store.log.written().clean - cost.clean_at_start;
+        let moved = self.store.written().clean - cost.clean_at_start;
         let dirtied = self.clean_dirtied.swap(0, Ordering::Relaxed);
-        self.store.log.note_clean_pass(moved, dirtied as u64);
+        self.store.note_clean_pass(moved, dirtied as u64);
         Ok(done)
     }
 
@@ -329,7 +328,7 @@ impl Core {
                 Some(j) => vec![&snaps[j].tree],
                 None => origin.clone(),
             };
-            t.walk_unique(&*self.store, &self.store.cache, &prev, &mut |visit| {
+            t.walk_unique(&*self.store, self.store.nodes(), &prev, &mut |visit| {
                 match visit {
                     Visit::Unreadable { error, .. } => {
                         return Err(Error::Corrupt(format!("cleaner: {error}")))
@@ -364,20 +363,20 @@ impl Core {
                 };
                 if !t.holds(
                     &*self.store,
-                    &self.store.cache,
+                    self.store.nodes(),
                     At::Node(level, index),
                     &ptr,
                 )? {
                     break;
                 }
-                let _held = match self.store.log.hold_nodes(1) {
+                let _held = match self.store.try_hold_nodes(1) {
                     Ok(held) => held,
                     Err(e) => {
                         result = Err(e);
                         break 'nodes;
                     }
                 };
-                t.touch(&*self.store, &self.store.cache, level, index)?;
+                t.touch(&*self.store, self.store.nodes(), level, index)?;
                 let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
                 self.store.note_dirty(&v.snap_dirty_nodes, dirty);
                 self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
@@ -404,7 +403,7 @@ impl Core {
             } else {
                 head
             };
-            t.holds(&*self.store, &self.store.cache, At::Data(lba), &old)
+            t.holds(&*self.store, self.store.nodes(), At::Data(lba), &old)
         };
         let held = || {
             let head = v.tree.lock();
@@ -452,7 +451,7 @@ impl Core {
                     } else {
                         head
                     };
-                    if !t.holds(&*self.store, &self.store.cache, At::Data(lba), old)? {
+                    if !t.holds(&*self.store, self.store.nodes(), At::Data(lba), old)? {
                         break;
                     }
                     holders.push(j);
@@ -481,7 +480,7 @@ impl Core {
             return Ok(changed);
         }
         // Each tree's leaf is one more dirty node for the next commit.
-        let _held = self.store.log.hold_nodes(holders.len())?;
+        let _held = self.store.try_hold_nodes(holders.len())?;
         let n = snaps.len();
         for &j in holders.iter().rev() {
             let t = if j < n {
@@ -489,7 +488,7 @@ impl Core {
             } else {
                 &mut *head
             };
-            t.set(&*self.store, &self.store.cache, lba, *new)?;
+            t.set(&*self.store, self.store.nodes(), lba, *new)?;
             if j == n {
                 note_move(v, lba, new);
             }
@@ -539,12 +538,12 @@ impl Core {
         {
             // Like a client read: a block replaced since the walk may lie in a segment a
             // writer has recycled (`Store::recycle_if_due`) and rewritten.
-            let _gate = self.store.reuse_gate.read();
+            let _gate = self.store.hold_reads();
             if !held()? || !self.read_to_move(v, lba, old, stored)? {
                 return Ok(None);
             }
         }
-        let mut pending = self.store.log.pending();
+        let mut pending = self.store.pending();
         let mut rec = [Put { at: 0, ptr: *old }];
         self.store
             .put(Stream::Clean, 0, stored, &mut rec, Some(&mut pending))?;
@@ -576,7 +575,7 @@ impl Core {
                 };
                 v.tree
                     .lock()
-                    .next_mapped(&cached, &self.store.cache, lo, blocks)
+                    .next_mapped(&cached, self.store.nodes(), lo, blocks)
                     .unwrap_or(lo)
             };
             // Chunks start at multiples of the chunk (upper nodes are touched once, by
@@ -597,7 +596,7 @@ impl Core {
                 let store: &dyn NodeStore = if disk_ok { &*self.store } else { &cached };
                 let mut touch: Vec<(u8, u64)> = Vec::new();
                 let mut tree = v.tree.lock();
-                tree.walk(store, &self.store.cache, lo, hi, &mut |visit| {
+                tree.walk(store, self.store.nodes(), lo, hi, &mut |visit| {
                     match visit {
                         Visit::Unreadable { error, .. } if disk_ok => {
                             return Err(Error::Corrupt(format!("cleaner: {error}")))
@@ -633,14 +632,14 @@ impl Core {
                     // One node at a time, each within the commit's room: a victim full of
                     // map nodes is cleaned as far as the room goes, not refused whole.
                     for &(level, index) in &touch {
-                        let _held = match self.store.log.hold_nodes(1) {
+                        let _held = match self.store.try_hold_nodes(1) {
                             Ok(held) => held,
                             Err(e) => {
                                 self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                                 return Err(e);
                             }
                         };
-                        tree.touch(&*self.store, &self.store.cache, level, index)?;
+                        tree.touch(&*self.store, self.store.nodes(), level, index)?;
                         self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
                         *done += 1;
                     }
@@ -651,7 +650,7 @@ impl Core {
                 for (level, index, ptr) in misses {
                     if let Ok(node) = self.store.load_node(&ptr, level, index) {
                         self.store
-                            .cache
+                            .nodes()
                             .insert((tree_id, level, index), Arc::new(node));
                     }
                 }
@@ -681,14 +680,14 @@ impl Core {
         let k = {
             let head = v.tree.lock();
             let snaps = v.snaps.read();
-            if !head.holds(&*self.store, &self.store.cache, At::Data(lba), &old)? {
+            if !head.holds(&*self.store, self.store.nodes(), At::Data(lba), &old)? {
                 return Ok(false);
             }
             let mut k = snaps.len();
             while k > 0
                 && snaps[k - 1]
                     .tree
-                    .holds(&*self.store, &self.store.cache, At::Data(lba), &old)?
+                    .holds(&*self.store, self.store.nodes(), At::Data(lba), &old)?
             {
                 k -= 1;
             }
@@ -728,13 +727,13 @@ impl Core {
             // Like a client read: a block replaced since the walk may lie in a segment a
             // writer has recycled (`Store::recycle_if_due`) and rewritten; so what is
             // still held is read before the gate is let go.
-            let _gate = self.store.reuse_gate.read();
+            let _gate = self.store.hold_reads();
             let held: Vec<bool> = {
                 let tree = v.tree.lock();
                 batch
                     .iter()
                     .map(|(lba, old)| {
-                        Ok(tree.lookup(&*self.store, &self.store.cache, *lba)? == *old)
+                        Ok(tree.lookup(&*self.store, self.store.nodes(), *lba)? == *old)
                     })
                     .collect::<Result<_>>()?
             };
@@ -792,7 +791,7 @@ impl Core {
         if recs.is_empty() {
             return Ok(0);
         }
-        let mut pending = self.store.log.pending();
+        let mut pending = self.store.pending();
         // Near the end of the cleaner's room a whole batch may not fit where part of it
         // does (`Log::alloc_run` counts every record of a run against the reserve): halve
         // it until it fits, so a pass moves as much as the room allows (the records kept
@@ -827,6 +826,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::constants::SEGMENT_BYTES;
     use crate::map::ADDR_NONE;
 
     fn at(segs: &[u64]) -> Blkptr {

@@ -138,7 +138,7 @@ impl Core {
     /// maintenance thread (`maintenance`, if given) and every worker. Each
     /// checks `closing` between batches, so this waits for one batch at most.
     pub(crate) fn stop_background(&self, maintenance: Option<std::thread::JoinHandle<()>>) {
-        self.store.closing.store(true, Ordering::SeqCst);
+        self.store.close();
         self.store.wake_maintenance();
         if let Some(h) = maintenance {
             let _ = h.join();
@@ -167,7 +167,7 @@ impl Core {
                 leaves + leaves / 63 + v.tree.lock().depth as u64
             })
             .sum();
-        self.store.log.set_map_nodes(nodes);
+        self.store.set_map_nodes(nodes);
     }
 
     pub(crate) fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
@@ -219,7 +219,7 @@ impl Core {
         }
         let uuid = wrap::random_bytes::<16>();
         let keys = secret
-            .map(|s| crate::keys::ring::new_volume_keys(s, &uuid, self.store.run_salt))
+            .map(|s| crate::keys::ring::new_volume_keys(s, &uuid, self.store.run_salt()))
             .transpose()?;
         // Held from the reservation check to the commit (after the keys' slow KDF): two
         // thick creates cannot both take the last room.
@@ -405,11 +405,10 @@ impl Core {
 
     pub fn status(&self) -> PoolStatus {
         let sb = self.sb.lock();
-        let states: Vec<DeviceState> = self.store.red.members.iter().map(|m| m.state()).collect();
+        let states: Vec<DeviceState> = self.store.members().iter().map(|m| m.state()).collect();
         let devices: Vec<DeviceStatus> = self
             .store
-            .red
-            .members
+            .members()
             .iter()
             .zip(&states)
             .map(|(m, state)| DeviceStatus {
@@ -433,7 +432,7 @@ impl Core {
             .count();
         let state = if states.iter().all(|s| *s == DeviceState::Online) {
             "ONLINE"
-        } else if usable >= self.store.red.layout.members_needed(devices.len()) {
+        } else if usable >= self.store.layout().members_needed(devices.len()) {
             "DEGRADED"
         } else {
             "FAULTED"
@@ -467,11 +466,11 @@ impl Core {
             } else {
                 state.into()
             },
-            layout: self.store.red.layout.to_string(),
+            layout: self.store.layout().to_string(),
             generation: sb.sb.generation,
             devices,
-            repaired_blocks: self.store.red.repaired_blocks.load(Ordering::Relaxed),
-            unrecoverable_blocks: self.store.red.unrecoverable_blocks.load(Ordering::Relaxed),
+            repaired_blocks: self.store.repair_counts().0,
+            unrecoverable_blocks: self.store.repair_counts().1,
             space: self.space_status(),
             volumes: self.volume_statuses(),
             scrub: self.scrub_status(),
@@ -488,12 +487,12 @@ impl Core {
 
     /// The pool's space numbers (`status`).
     fn space_status(&self) -> SpaceStatus {
-        let per = self.store.red.data_per_segment_byte();
-        let total = self.store.log.segments() as u64 * SEGMENT_BYTES * per;
-        let used = (self.store.log.live_bytes_total() * per).min(total);
+        let per = self.store.data_per_segment_byte();
+        let total = self.store.segments() as u64 * SEGMENT_BYTES * per;
+        let used = (self.store.live_bytes_total() * per).min(total);
         // The segments client data may not take (`Log::alloc`).
         let reserved =
-            (self.store.log.reserved_segments() as u64 * SEGMENT_BYTES * per).min(total - used);
+            (self.store.reserved_segments() as u64 * SEGMENT_BYTES * per).min(total - used);
         let provisioned: u64 = self
             .volumes
             .read()
@@ -501,7 +500,7 @@ impl Core {
             .filter(|v| !v.deferred.load(Ordering::Acquire))
             .map(|v| v.size())
             .sum();
-        let written = self.store.log.written();
+        let written = self.store.written();
         // What thick volumes reserved and have not stored: kept from thin volumes' data.
         let thick = self
             .volumes
@@ -511,23 +510,24 @@ impl Core {
             .map(|v| v.reservation_unused())
             .sum::<u64>()
             .min(total - used - reserved);
+        let holes = self.store.holes();
         SpaceStatus {
             total_bytes: total,
             used_bytes: used,
             free_bytes: total - used - reserved - thick,
             reserved_bytes: reserved,
             thick_reserved_bytes: thick,
-            usable_bytes: (self.store.log.usable_bytes() * per).min(total),
+            usable_bytes: (self.store.usable_bytes() * per).min(total),
             provisioned_bytes: provisioned,
             data_written_bytes: written.data * per,
             clean_written_bytes: written.clean * per,
             meta_written_bytes: written.meta * per,
             write_amplification: written.amplification(),
             cleaning: self.store.clean_stuck().map(|s| s.why),
-            clean_cost: self.store.log.clean_cost(),
-            hole_bytes: self.store.log.holes().0 * per,
-            holes: self.store.log.holes().1 as u64,
-            hole_filled_bytes: self.store.log.hole_filled_bytes() * per,
+            clean_cost: self.store.clean_cost(),
+            hole_bytes: holes.0 * per,
+            holes: holes.1 as u64,
+            hole_filled_bytes: holes.2 * per,
         }
     }
 
@@ -549,7 +549,7 @@ impl Core {
         // the segments emptied since the last one, which a log write would not. Likewise
         // while thick volumes hold reservations: the room thin volumes may take is counted
         // against the map's size as of the last commit, which must stay recent.
-        let thick = self.store.thick_unused.load(Ordering::Relaxed) > 0;
+        let thick = self.store.thick_unused() > 0;
         if self.intent_log && !thick && !self.low_on_space() {
             self.store.check_poisoned()?;
             let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
@@ -571,18 +571,17 @@ impl Core {
 
     /// Whether the cleaner should run: free segments are low, or a writer waits for space.
     fn low_on_space(&self) -> bool {
-        let log = &self.store.log;
-        let free = log.free_segments();
-        let low = log.low_free_segments();
+        let free = self.store.free_segments();
+        let low = self.store.low_free_segments();
         if free >= low || self.store.space_wanted() {
             return self.store.space_wanted();
         }
         // Below `low` client writes fill holes (decision 0014): the cleaner runs once those
         // run short, or once free segments (which commits and the cleaner take) fall half
         // way from `low` to what client writes may not take.
-        let reserved = log.reserved_segments();
+        let reserved = self.store.reserved_segments();
         let margin = low.saturating_sub(reserved);
-        let (hole_bytes, _) = log.holes();
+        let (hole_bytes, _, _) = self.store.holes();
         free < reserved + margin / 2 || hole_bytes < margin as u64 * SEGMENT_BYTES
     }
 
@@ -603,7 +602,7 @@ impl Core {
         let mut st = MaintenanceState::new();
         loop {
             self.store.wait_for_work(self.commit_interval);
-            if self.store.closing.load(Ordering::SeqCst) {
+            if self.store.is_closing() {
                 return;
             }
             self.maintenance_round(&mut st);
@@ -626,7 +625,7 @@ impl Core {
             if t.take_catch_up() {
                 self.table_dirty.store(true, Ordering::Release);
             }
-            let ops = self.store.client_ops.load(Ordering::Relaxed);
+            let ops = self.store.client_ops();
             if ops != st.tier_checked.1
                 && st.tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL
             {
@@ -649,12 +648,12 @@ impl Core {
         }
         // Low on space, a commit also frees the segments emptied since the last one, even
         // when no map node is dirty (a full pool's writers wait for exactly that).
-        if self.any_dirty() || (self.low_on_space() && !self.store.log.zero_sealed().is_empty()) {
+        if self.any_dirty() || (self.low_on_space() && !self.store.zero_sealed().is_empty()) {
             if let Err(e) = self.commit() {
                 tracing::error!("background commit failed: {e}");
                 // Writers paced by the local cache wait for no room (the store took
                 // nothing): they go on locally until a commit succeeds.
-                self.cache_pass_done(true);
+                self.store.cache_pass_done(true);
                 return;
             }
         }
@@ -672,7 +671,7 @@ impl Core {
             Err(_) => true,
             Ok(done) => done.free + done.data == 0,
         };
-        self.cache_pass_done(cannot);
+        self.store.cache_pass_done(cannot);
         if self.low_on_space() && self.accounting_complete {
             let wanted = self.store.take_space_wanted();
             if self.store.clean_unstuck_if_freed() {
@@ -681,7 +680,7 @@ impl Core {
                 self.store.note_clean_round();
                 return;
             }
-            let before = SpaceMark::of(&self.store.log);
+            let before = SpaceMark::of(&self.store);
             match self.clean() {
                 Ok(0) => {}
                 Ok(n) => {
@@ -698,7 +697,7 @@ impl Core {
                             tracing::error!("commit after cleaning failed: {e}");
                         }
                         // Writers wait: the pass and its commit must gain them room.
-                        let after = SpaceMark::of(&self.store.log);
+                        let after = SpaceMark::of(&self.store);
                         st.gains.note(&self.store, &before, &after);
                     }
                     // More may be needed: go round again at once.
@@ -729,23 +728,10 @@ impl MaintenanceState {
 }
 
 impl Core {
-    /// The end of a pass of the local cache: writers it paces look at the room again
-    /// (`store::pace`). `stalled`: the pass could not give room back (its commit failed,
-    /// or it gave back nothing: also always on devices that cannot punch holes); the
-    /// writers then go on while the devices are still past the cap.
-    fn cache_pass_done(&self, stalled: bool) {
-        let pace = &self.store.pace;
-        if pace.cap() > 0 {
-            let now = self.store.red.allocated_bytes();
-            pace.pass_done(now, stalled && now > pace.cap());
-        }
-    }
-
     fn member_index(&self, path: &std::path::Path) -> Result<usize> {
         let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         self.store
-            .red
-            .members
+            .members()
             .iter()
             .position(|m| {
                 m.path() == path
@@ -783,8 +769,7 @@ impl Core {
     pub fn list_faults(&self) -> Vec<(std::path::PathBuf, Vec<Fault>)> {
         let mut out: Vec<_> = self
             .store
-            .red
-            .members
+            .members()
             .iter()
             .zip(self.faults.read().iter())
             .map(|(m, f)| (m.path(), f.as_ref().map(|f| f.faults()).unwrap_or_default()))
@@ -814,7 +799,7 @@ impl Core {
 
 impl Core {
     fn check_redundant(&self, verb: &str) -> Result<()> {
-        if self.store.red.layout == crate::redundancy::Layout::Single {
+        if self.store.layout() == crate::redundancy::Layout::Single {
             return Err(Error::Invalid(format!(
                 "cannot {verb} a device of a single-layout pool: there is no other copy of its data"
             )));
@@ -827,7 +812,7 @@ impl Core {
         let _d = self.device_lock.lock();
         self.check_redundant("take offline")?;
         let i = self.member_index(path)?;
-        let m = &self.store.red.members[i];
+        let m = &self.store.members()[i];
         if m.offline.load(Ordering::Acquire) {
             return Err(Error::Invalid(format!(
                 "device {} is already offline",
@@ -836,8 +821,7 @@ impl Core {
         }
         let others = self
             .store
-            .red
-            .members
+            .members()
             .iter()
             .enumerate()
             // A member still being resilvered is not a whole copy yet.
@@ -849,7 +833,7 @@ impl Core {
             })
             .count();
         // Single layouts are refused above (`check_redundant`).
-        let needed = self.store.red.layout.members_needed(1);
+        let needed = self.store.layout().members_needed(1);
         if others < needed {
             return Err(Error::Invalid(format!(
                 "device {} holds the last online copy; it cannot go offline",
@@ -884,7 +868,7 @@ impl Core {
     pub fn device_online(self: &Arc<Self>, path: &std::path::Path) -> Result<()> {
         let _d = self.device_lock.lock();
         let i = self.member_index(path)?;
-        let m = &self.store.red.members[i];
+        let m = &self.store.members()[i];
         if !m.present() {
             // Left out at import (missing then, or stale): reopen it, if it is still ours.
             self.reattach(i, path)?;
@@ -949,7 +933,7 @@ impl Core {
         }
         let faulty = Arc::new(FaultyDevice::new(Box::new(dev), back_region));
         let _c = self.commit_lock.lock();
-        self.store.red.members[i].replace(path.to_path_buf(), faulty.clone());
+        self.store.members()[i].replace(path.to_path_buf(), faulty.clone());
         self.faults.write()[i] = Some(faulty);
         Ok(())
     }
@@ -1004,7 +988,7 @@ impl Core {
                 let s = self.sb.lock();
                 sb.pool_id == s.sb.pool_id && sb.device_id == s.sb.member_ids[i]
             };
-            let m = &self.store.red.members[i];
+            let m = &self.store.members()[i];
             let healthy = m.dev().is_some()
                 && !m.faulted.load(Ordering::Acquire)
                 && !m.resilvering.load(Ordering::Acquire);
@@ -1033,7 +1017,7 @@ impl Core {
         self.remember_offline(i, false)?;
         {
             let _c = self.commit_lock.lock();
-            let m = &self.store.red.members[i];
+            let m = &self.store.members()[i];
             m.resilvering.store(true, Ordering::Release);
             m.offline.store(false, Ordering::Release);
             m.replace(new_abs.clone(), faulty.clone());
@@ -1043,8 +1027,7 @@ impl Core {
         let mut conf = super::format::config::PoolConfig::read(&self.dir)?;
         conf.devices = self
             .store
-            .red
-            .members
+            .members()
             .iter()
             .map(|m| {
                 let p = m.path();
@@ -1119,10 +1102,10 @@ struct SpaceMark {
 }
 
 impl SpaceMark {
-    fn of(log: &crate::log::Log) -> SpaceMark {
+    fn of(store: &crate::store::Store) -> SpaceMark {
         SpaceMark {
-            free_or_empty: (log.free_segments() as usize + log.zero_sealed().len()) as i64,
-            written: log.written(),
+            free_or_empty: (store.free_segments() as usize + store.zero_sealed().len()) as i64,
+            written: store.written(),
         }
     }
 }
@@ -1154,7 +1137,7 @@ impl CleanGains {
             gained,
             moved,
             meta,
-            cost = store.log.clean_cost(),
+            cost = store.clean_cost(),
             "cleaning pass while writers wait"
         );
         let window = crate::constants::CLEAN_FUTILE_PASSES as usize;
@@ -1170,7 +1153,7 @@ impl CleanGains {
                  writes that need new space get ENOSPC until space is freed (destroy \
                  snapshots or volumes, or trim)",
                 crate::constants::CLEAN_FUTILE_PASSES,
-                store.log.clean_cost()
+                store.clean_cost()
             ));
         }
     }

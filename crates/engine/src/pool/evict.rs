@@ -71,31 +71,27 @@ impl Core {
             return Ok(done);
         };
         let store = &self.store;
-        if tier.cache_unsupported.load(Ordering::Relaxed) || store.red.allocated_bytes() <= limit {
+        if tier.cache_unsupported.load(Ordering::Relaxed) || store.local_bytes() <= limit {
             return Ok(done);
         }
         // Room left below the limit: for a while of writes, and for segments read often
         // to come back (`bring_back` only uses room the cache has).
         let headroom = (limit / 100 * (100 - EVICT_TO_PERCENT))
-            .max(REFILL_ROOM_SEGMENTS * store.red.bytes_per_segment());
+            .max(REFILL_ROOM_SEGMENTS * store.bytes_per_segment());
         let target = limit.saturating_sub(headroom);
         let _c = self.commit_lock.lock();
         let _one = tier.cache_lock.lock();
         store.check_poisoned()?;
         // How many segments are still to give back to reach the target.
         let wanted = || {
-            let now = store.red.allocated_bytes();
+            let now = store.local_bytes();
             now.saturating_sub(target)
-                .div_ceil(store.red.bytes_per_segment()) as usize
+                .div_ceil(store.bytes_per_segment()) as usize
         };
         // Free segments first: nothing reads them. Each is marked only if still free, and
         // punched only if not opened since (`Log::give_back`).
-        let free: Vec<(u32, Option<u64>)> = store
-            .log
-            .free_held()
-            .into_iter()
-            .map(|s| (s, None))
-            .collect();
+        let free: Vec<(u32, Option<u64>)> =
+            store.free_held().into_iter().map(|s| (s, None)).collect();
         done.free = self.give_back(&free, &wanted, false)?;
         if tier.cache_unsupported.load(Ordering::Relaxed) {
             return Ok(done);
@@ -103,7 +99,7 @@ impl Core {
         // Then client data, oldest opening first, each only as it was checked: sealed,
         // of the opening whose slot the store holds, with no put under way.
         let pending = store.pending_upload_segments();
-        let candidates = store.log.eviction_candidates();
+        let candidates = store.eviction_candidates();
         let stored: Vec<(u32, Option<u64>)> = tier
             .stored_segments(store, &candidates, &pending)
             .into_iter()
@@ -116,7 +112,7 @@ impl Core {
             tracing::debug!(
                 segments = done.data,
                 free = done.free,
-                local_bytes = store.red.allocated_bytes(),
+                local_bytes = store.local_bytes(),
                 limit,
                 "local cache: segments given back to the object store"
             );
@@ -145,12 +141,12 @@ impl Core {
             // Only into room the cache has: bringing back never gives back others (a
             // working set larger than the cache would only churn).
             if let Some(limit) = tier.cache_bytes {
-                if store.red.allocated_bytes() + store.red.bytes_per_segment() > limit {
+                if store.local_bytes() + store.bytes_per_segment() > limit {
                     break;
                 }
             }
             done += 1;
-            if !store.log.is_evicted(seg) || store.log.is_free(seg) {
+            if !store.is_evicted(seg) || store.is_free(seg) {
                 continue;
             }
             match self.write_back(tier, seg) {
@@ -169,7 +165,7 @@ impl Core {
             }
         }
         store.return_wanted_back(&wanted[done..]);
-        self.settle_written_back(&written)?;
+        self.store.settle_written_back(&written)?;
         tier.refilled_total
             .fetch_add(written.len() as u64, Ordering::Relaxed);
         tracing::debug!(
@@ -187,7 +183,7 @@ impl Core {
         };
         let _one = tier.cache_lock.lock();
         let mut written = Vec::new();
-        for seg in self.store.log.evicted_live() {
+        for seg in self.store.evicted_live() {
             match self.write_back(tier, seg)? {
                 Some(true) => written.push(seg),
                 Some(false) => {}
@@ -199,7 +195,7 @@ impl Core {
                 }
             }
         }
-        self.settle_written_back(&written)?;
+        self.store.settle_written_back(&written)?;
         Ok(written.len())
     }
 
@@ -209,31 +205,11 @@ impl Core {
     /// of this opening; `Some(false)`: the segment changed meanwhile, nothing written.
     fn write_back(&self, tier: &super::tier::Tier, seg: u32) -> Result<Option<bool>> {
         let store = &self.store;
-        let opening = store.log.incarnation(seg);
+        let opening = store.incarnation(seg);
         let Some(parts) = tier.segment_bytes(store, seg)? else {
             return Ok(None);
         };
-        let base = seg as u64 * crate::constants::SEGMENT_BYTES;
-        let wrote = store.log.bring_back(seg, opening, || {
-            for (off, bytes) in &parts {
-                store.red.write(base + *off as u64, bytes)?;
-            }
-            Ok(())
-        })?;
-        Ok(Some(wrote))
-    }
-
-    /// Make the segments `write_back` wrote durable, then read them locally again (one
-    /// flush for the batch; none read locally before it).
-    fn settle_written_back(&self, written: &[u32]) -> Result<()> {
-        if written.is_empty() {
-            return Ok(());
-        }
-        self.store.red.flush()?;
-        for &seg in written {
-            self.store.log.unmark(seg);
-        }
-        Ok(())
+        Ok(Some(store.write_back(seg, opening, &parts)?))
     }
 
     /// Give back `segs` (each with the opening checked, `None` for a free one), batch by
@@ -259,18 +235,18 @@ impl Core {
             rest = tail;
             let marked: Vec<u32> = chunk
                 .iter()
-                .filter(|(seg, opening)| store.log.mark_for_eviction(*seg, *opening))
+                .filter(|(seg, opening)| store.mark_for_eviction(*seg, *opening))
                 .map(|(seg, _)| *seg)
                 .collect();
             if readers && !store.drain_reads(false) {
                 for &seg in &marked {
-                    store.log.unmark(seg);
+                    store.unmark(seg);
                 }
                 break;
             }
             let mut none_could = !marked.is_empty();
             for seg in marked {
-                match store.log.give_back(seg, || store.red.discard_segment(seg)) {
+                match store.give_back_segment(seg) {
                     Ok(true) => {
                         given += 1;
                         none_could = false;
@@ -303,14 +279,12 @@ pub(crate) fn mark_holes(store: &crate::store::Store, data_segments: &[bool]) ->
     let mut n = 0;
     for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
         let seg = seg as u32;
-        if store.red.segment_is_hole(seg) && store.log.set_evicted(seg) {
+        if store.mark_if_hole(seg) {
             n += 1;
         }
     }
-    for seg in store.log.free_held() {
-        if store.red.segment_is_hole(seg) {
-            store.log.set_evicted(seg);
-        }
+    for seg in store.free_held() {
+        store.mark_if_hole(seg);
     }
     n
 }

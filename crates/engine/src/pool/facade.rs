@@ -108,7 +108,7 @@ impl Pool {
             let s = pool.core.scrub.lock();
             if s.state == scrub::ScrubPhase::Scanning && s.kind == scrub::ScanKind::Resilver {
                 if let Some(dev) = &s.device {
-                    for m in &pool.core.store.red.members {
+                    for m in pool.core.store.members() {
                         if &m.path() == dev {
                             m.resilvering
                                 .store(true, std::sync::atomic::Ordering::Release);
@@ -272,8 +272,8 @@ impl Pool {
     /// Segments of data only the object store holds (given back by the local cache, or
     /// never downloaded), and the local bytes bringing them all back would take.
     pub fn given_back(&self) -> (usize, u64) {
-        let n = self.core.store.log.evicted_live().len();
-        (n, n as u64 * self.core.store.red.bytes_per_segment())
+        let n = self.core.store.evicted_live().len();
+        (n, n as u64 * self.core.store.bytes_per_segment())
     }
 
     /// Bring back every segment only the object store holds (`pool object-store remove`).

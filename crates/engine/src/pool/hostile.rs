@@ -63,7 +63,7 @@ fn plaintext_pointed_at_from_an_encrypted_volume_is_refused() {
         let old = st
             .tree
             .lock()
-            .set(&*core.store, &core.store.cache, 0, forged)
+            .set(&*core.store, core.store.nodes(), 0, forged)
             .unwrap();
         assert!(!old.is_hole());
         core.store

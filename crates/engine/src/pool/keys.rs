@@ -144,7 +144,7 @@ impl Core {
         let (_, vmk) = self
             .open_slot(&st, secret)
             .inspect_err(|e| tracing::warn!(volume = name, "key load refused: {e}"))?;
-        let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock(), self.store.run_salt)?;
+        let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock(), self.store.run_salt())?;
         *st.ring.write() = Some(Arc::new(ring));
         *st.vmk.lock() = Some(vmk);
         tracing::info!(volume = name, "key loaded");

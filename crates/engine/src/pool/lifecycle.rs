@@ -1015,8 +1015,7 @@ impl Pool {
             generation: sb.sb.generation,
             devices: core
                 .store
-                .red
-                .members
+                .members()
                 .iter()
                 .filter(|m| m.present())
                 .map(|m| m.path())

@@ -224,7 +224,7 @@ impl Core {
                 self.check_reservation(size - old)?;
             }
             let mut tree = st.tree.lock();
-            tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |_, _| {})?;
+            tree.set_depth(&*self.store, self.store.nodes(), new_depth, &mut |_, _| {})?;
             st.set_size(size);
             self.store.note_dirty(&st.dirty_nodes, tree.dirty_nodes());
         } else {
@@ -264,12 +264,12 @@ impl Core {
             {
                 let mut tree = st.tree.lock();
                 let snaps = st.snaps.read();
-                tree.set_depth(&*self.store, &self.store.cache, new_depth, &mut |l, p| {
+                tree.set_depth(&*self.store, self.store.nodes(), new_depth, &mut |l, p| {
                     // A top the newest snapshot still holds (taken at the larger size,
                     // with nothing changed past the new end since) stays its.
                     let kept = crate::volume::snap::head_keeps(
                         &*self.store,
-                        &self.store.cache,
+                        self.store.nodes(),
                         &snaps,
                         crate::map::At::Node(l, 0),
                         p,
@@ -303,7 +303,7 @@ impl Core {
     fn mapped_past(&self, st: &crate::volume::VolumeState, lo: u64, hi: u64) -> Result<(u64, u64)> {
         let tree = st.tree.lock();
         let (mut blocks, mut bytes) = (0u64, 0u64);
-        tree.walk(&*self.store, &self.store.cache, lo, hi, &mut |v| {
+        tree.walk(&*self.store, self.store.nodes(), lo, hi, &mut |v| {
             match v {
                 Visit::Unreadable { error, .. } => {
                     return Err(Error::Corrupt(format!("volume '{}': {error}", st.name)))
@@ -328,14 +328,14 @@ impl Core {
             .filter(|v| !v.deferred.load(Ordering::Acquire))
             .map(|v| v.reservation_unused())
             .sum();
-        self.store.thick_unused.store(unused, Ordering::Relaxed);
+        self.store.set_thick_unused(unused);
     }
 
     /// Refuses a new reservation of `bytes` when the pool cannot hold it: live data, what
     /// thick volumes already keep and it must fit in what live data may fill.
     pub(crate) fn check_reservation(&self, bytes: u64) -> Result<()> {
         self.count_reservations();
-        let unused = self.store.thick_unused.load(Ordering::Relaxed);
+        let unused = self.store.thick_unused();
         let (used, usable) = self.store.used_and_usable();
         let room = usable.saturating_sub(used).saturating_sub(unused);
         if bytes > room {

@@ -90,7 +90,7 @@ impl Core {
                 &vmk,
                 &st.uuid,
                 &keys,
-                self.store.run_salt,
+                self.store.run_salt(),
             )?));
             g
         };
@@ -213,7 +213,7 @@ impl Core {
             // so a `spawn_rotation` either sees this worker running and is heard, or sees
             // it gone and starts another).
             let mut w = sync.state.lock();
-            if w.resume && !self.store.closing.load(Ordering::Acquire) {
+            if w.resume && !self.store.is_closing() {
                 w.resume = false;
                 continue;
             }
@@ -254,12 +254,12 @@ impl Core {
                 g.resume = false;
                 return true;
             }
-            if self.store.closing.load(Ordering::Acquire) {
+            if self.store.is_closing() {
                 return false;
             }
             let waited = since.elapsed();
             if waited >= ROTATE_RETRY
-                || (waited >= ROTATE_RETRY_MIN && self.store.log.background_space_available())
+                || (waited >= ROTATE_RETRY_MIN && self.store.background_space_available())
             {
                 return true;
             }
@@ -270,7 +270,7 @@ impl Core {
     /// The rotation cannot go on now: the pool closes, the key is unloaded (it resumes at
     /// the next key load), the volume is destroyed, or there is no rotation.
     fn rotation_stopped(&self, st: &VolumeState) -> bool {
-        self.store.closing.load(Ordering::Acquire)
+        self.store.is_closing()
             || st.ring.read().is_none()
             || st.destroyed.load(Ordering::Acquire)
             || st.rotation.lock().is_none()
@@ -316,9 +316,9 @@ impl Core {
             // Holes are stepped over, not walked a batch at a time (a thin volume of 1E).
             let mut old: Vec<u64> = Vec::new();
             let tree = st.tree.lock();
-            let start = tree.next_mapped(&*self.store, &self.store.cache, rot.lba, blocks)?;
+            let start = tree.next_mapped(&*self.store, self.store.nodes(), rot.lba, blocks)?;
             let hi = (start + ROTATE_BATCH_BLOCKS).min(blocks);
-            tree.walk(&*self.store, &self.store.cache, start, hi, &mut |v| {
+            tree.walk(&*self.store, self.store.nodes(), start, hi, &mut |v| {
                 match v {
                     Visit::Data { lba, ptr }
                         if ptr.flags & FLAG_ENCRYPTED != 0 && ptr.key_gen != rot.to_generation =>
@@ -338,7 +338,7 @@ impl Core {
             let mut done = 0u64;
             let result = old.iter().try_for_each(|&lba| {
                 // Background work leaves the pool's last free space to client writes.
-                if !self.store.log.background_space_available() {
+                if !self.store.background_space_available() {
                     return Err(Error::NoSpace);
                 }
                 vol.rewrite_block(lba, buf)?;
@@ -387,7 +387,7 @@ impl Core {
                 &vmk,
                 &st.uuid,
                 &keys,
-                self.store.run_salt,
+                self.store.run_salt(),
             )?));
             if snapshots > 0 {
                 tracing::info!(volume = %st.name, snapshots, "older data keys kept: snapshots hold blocks encrypted under them");

@@ -251,8 +251,8 @@ impl Core {
                 core.scrub_running.store(false, Ordering::Release);
                 // A scrub started while this one was finishing found us running and left the
                 // work to us: take it, unless another thread already did.
-                let rearmed = core.scrub.lock().state == ScrubPhase::Scanning
-                    && !core.store.closing.load(Ordering::Acquire);
+                let rearmed =
+                    core.scrub.lock().state == ScrubPhase::Scanning && !core.store.is_closing();
                 if !rearmed || core.scrub_running.swap(true, Ordering::AcqRel) {
                     return;
                 }
@@ -264,8 +264,7 @@ impl Core {
     }
 
     fn keep_going(&self) -> bool {
-        !self.store.closing.load(Ordering::Acquire)
-            && self.scrub.lock().state == ScrubPhase::Scanning
+        !self.store.is_closing() && self.scrub.lock().state == ScrubPhase::Scanning
     }
 
     pub(super) fn scrub_run(&self) -> Result<()> {
@@ -279,11 +278,8 @@ impl Core {
         // The volume table itself.
         let root = self.sb.lock().sb.root;
         if !root.is_hole() {
-            let _gate = self.store.reuse_gate.read();
-            let o = self
-                .store
-                .red
-                .scrub(root.addrs(), root.len as usize, &root.checksum, &mut buf);
+            let _gate = self.store.hold_reads();
+            let o = self.store.scrub_local(&root, &mut buf);
             self.count_outcome(o.repaired, o.unrecoverable, 0);
         }
         let mut volumes: Vec<_> = self.volumes.read().values().cloned().collect();
@@ -315,7 +311,7 @@ impl Core {
                 let next = v
                     .tree
                     .lock()
-                    .next_mapped(&*self.store, &self.store.cache, lba, blocks)
+                    .next_mapped(&*self.store, self.store.nodes(), lba, blocks)
                     // A node on the way that no copy verifies: the batch is walked,
                     // which lists the range it covers.
                     .unwrap_or(lba);
@@ -330,16 +326,11 @@ impl Core {
                     // Map nodes are scrubbed under the map lock: a node is freed only by a
                     // commit, which cannot run while we hold it.
                     let tree = v.tree.lock();
-                    tree.walk(&*self.store, &self.store.cache, lba, hi, &mut |visit| {
+                    tree.walk(&*self.store, self.store.nodes(), lba, hi, &mut |visit| {
                         match visit {
                             Visit::Data { lba, ptr } => data.push((lba, *ptr)),
                             Visit::Node { level, index, ptr } => {
-                                let o = self.store.red.scrub(
-                                    ptr.addrs(),
-                                    ptr.len as usize,
-                                    &ptr.checksum,
-                                    &mut buf,
-                                );
+                                let o = self.store.scrub_local(ptr, &mut buf);
                                 batch_bytes += ptr.len as u64;
                                 let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
                                 let (off, len) = ((index * span) * bs, span * bs);
@@ -372,9 +363,9 @@ impl Core {
                 // loop: (block, pointer, whether the local copy verified).
                 let mut in_store: Vec<(u64, Blkptr, bool)> = Vec::new();
                 for (l, ptr) in data {
-                    let _gate = self.store.reuse_gate.read();
+                    let _gate = self.store.hold_reads();
                     // The client may have replaced the block since the walk; scrub only what is live.
-                    if v.tree.lock().lookup(&*self.store, &self.store.cache, l)? != ptr {
+                    if v.tree.lock().lookup(&*self.store, self.store.nodes(), l)? != ptr {
                         continue;
                     }
                     batch_bytes += ptr.len as u64;
@@ -436,7 +427,7 @@ impl Core {
         let mut s = self.scrub.lock();
         if s.state == ScrubPhase::Scanning {
             if s.kind == ScanKind::Resilver {
-                for m in &self.store.red.members {
+                for m in self.store.members() {
                     m.resilvering.store(false, Ordering::Release);
                 }
             }
@@ -480,7 +471,7 @@ impl Core {
             for (k, s) in snaps.iter().enumerate() {
                 let next = crate::volume::snap::next_of(&snaps, &head, k);
                 s.tree
-                    .walk_unique(&*self.store, &self.store.cache, &[next], &mut |visit| {
+                    .walk_unique(&*self.store, self.store.nodes(), &[next], &mut |visit| {
                         match visit {
                             Visit::Data { lba, ptr } => {
                                 found.push((s.name.clone(), At::Data(lba), *ptr))
@@ -507,11 +498,11 @@ impl Core {
             if !self.keep_going() {
                 return Ok(());
             }
-            let _gate = self.store.reuse_gate.read();
+            let _gate = self.store.hold_reads();
             let held = v.snaps.read().iter().any(|s| {
                 s.name == name
                     && s.tree
-                        .holds(&*self.store, &self.store.cache, at, &ptr)
+                        .holds(&*self.store, self.store.nodes(), at, &ptr)
                         .unwrap_or(false)
             });
             if !held {
@@ -612,10 +603,10 @@ impl Core {
             // Only a record still live is judged: one replaced since the walk may lie in
             // a segment reopened and published since, whose bytes are another record's.
             let live = {
-                let _gate = self.store.reuse_gate.read();
+                let _gate = self.store.hold_reads();
                 v.tree
                     .lock()
-                    .lookup(&*self.store, &self.store.cache, *lba)?
+                    .lookup(&*self.store, self.store.nodes(), *lba)?
                     == *ptr
             };
             if !live {
@@ -655,7 +646,7 @@ impl Core {
         let rate = self.scrub_rate.load(Ordering::Relaxed).max(1 << 20);
         let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
         let took = batch_start.elapsed();
-        let ops = self.store.client_ops.swap(0, Ordering::Relaxed);
+        let ops = self.store.take_client_ops();
         let extra = if ops > 0 {
             Duration::from_millis(5)
         } else {

@@ -190,7 +190,7 @@ impl Core {
     fn unique_records(&self, t: &Tree, others: &[&Tree]) -> Result<(Vec<Blkptr>, u64)> {
         let mut gone = Vec::new();
         let mut bytes = 0u64;
-        t.walk_unique(&*self.store, &self.store.cache, others, &mut |v| {
+        t.walk_unique(&*self.store, self.store.nodes(), others, &mut |v| {
             match v {
                 Visit::Node { ptr, .. } => gone.push(*ptr),
                 Visit::Data { ptr, .. } => {
@@ -465,7 +465,7 @@ impl Core {
                 let next = snap::next_of(&snaps, &head, k);
                 let others: Vec<&Tree> = prev.into_iter().chain([next]).collect();
                 let used =
-                    snap::unique_data_bytes(&*self.store, &self.store.cache, &s.tree, &others)?;
+                    snap::unique_data_bytes(&*self.store, self.store.nodes(), &s.tree, &others)?;
                 out.push(SnapshotStatus {
                     name: format!("{}@{}", st.name, s.name),
                     volume: st.name.clone(),
@@ -498,15 +498,15 @@ impl Core {
                     .chain(base)
                     .collect();
                 by_snapshots +=
-                    snap::unique_data_bytes(&*self.store, &self.store.cache, &s.tree, &others)?;
+                    snap::unique_data_bytes(&*self.store, self.store.nodes(), &s.tree, &others)?;
             }
             let own = match base {
-                Some(b) => snap::unique_data_bytes(&*self.store, &self.store.cache, &head, &[b])?,
+                Some(b) => snap::unique_data_bytes(&*self.store, self.store.nodes(), &head, &[b])?,
                 None => referenced,
             };
             let written = match snaps.last() {
                 Some(s) => {
-                    snap::unique_data_bytes(&*self.store, &self.store.cache, &head, &[&s.tree])?
+                    snap::unique_data_bytes(&*self.store, self.store.nodes(), &head, &[&s.tree])?
                 }
                 None => referenced,
             };
@@ -564,7 +564,10 @@ impl Core {
                 "volume '{volume}' is rotating its key; clone it after the rotation finishes"
             )));
         }
-        let uuid = crate::keys::wrap::random_bytes::<16>();
+        let (uuid, salt) = (
+            crate::keys::wrap::random_bytes::<16>(),
+            self.store.run_salt(),
+        );
         // Keys: the origin's generations inherited, one new generation each.
         let keys = match secret {
             None => None,
@@ -572,7 +575,7 @@ impl Core {
                 let from_vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
                 let origin_keys = st.data_keys.lock().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
-                let mut k = crate::keys::ring::new_volume_keys(secret, &uuid, self.store.run_salt)?;
+                let mut k = crate::keys::ring::new_volume_keys(secret, &uuid, salt)?;
                 let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
                 for r in &origin_keys {
                     data_keys.push(crate::keys::ring::inherit(
@@ -580,12 +583,7 @@ impl Core {
                     )?);
                 }
                 data_keys.push(crate::keys::ring::new_data_key(&k.vmk, &uuid, next_gen));
-                k.ring = crate::keys::ring::KeyRing::open(
-                    &k.vmk,
-                    &uuid,
-                    &data_keys,
-                    self.store.run_salt,
-                )?;
+                k.ring = crate::keys::ring::KeyRing::open(&k.vmk, &uuid, &data_keys, salt)?;
                 k.data_keys = data_keys;
                 // The origin writes under a new generation of its own from now on.
                 let mut ok = st.data_keys.lock();
@@ -593,10 +591,7 @@ impl Core {
                     &from_vmk, &st.uuid, next_gen,
                 ));
                 *st.ring.write() = Some(Arc::new(crate::keys::ring::KeyRing::open(
-                    &from_vmk,
-                    &st.uuid,
-                    &ok,
-                    self.store.run_salt,
+                    &from_vmk, &st.uuid, &ok, salt,
                 )?));
                 Some(k)
             }
@@ -679,12 +674,12 @@ impl Core {
             };
             // Nothing the head holds may still be the base's.
             let mut all = 0u64;
-            head.walk_unique(&*self.store, &self.store.cache, &[], &mut |_| {
+            head.walk_unique(&*self.store, self.store.nodes(), &[], &mut |_| {
                 all += 1;
                 Ok(())
             })?;
             let mut own = 0u64;
-            head.walk_unique(&*self.store, &self.store.cache, &[&base.tree], &mut |_| {
+            head.walk_unique(&*self.store, self.store.nodes(), &[&base.tree], &mut |_| {
                 own += 1;
                 Ok(())
             })?;
@@ -841,7 +836,7 @@ impl Core {
                 }
                 None => vec![],
             };
-            let walked = t.walk_unique(&*self.store, &self.store.cache, &prev, &mut |v| {
+            let walked = t.walk_unique(&*self.store, self.store.nodes(), &prev, &mut |v| {
                 match v {
                     Visit::Node { ptr, .. } | Visit::Data { ptr, .. } => self.store.release(ptr),
                     // Space under an unreadable node leaks until a later import walks it.

@@ -16,6 +16,10 @@
 //! range a client rewrote whole). Back-pressure on writers (`wait_for`, `hold_nodes`) lives
 //! here too.
 //!
+//! `asks.rs` answers what the pool and the volumes ask of the store (space, cleaning,
+//! commits, the intent log's blocks, the local cache's segments, the devices): the fields
+//! stay private to this module.
+//!
 //! With an object tier's local cache ([`Remote`] reads the records of given-back segments):
 //! `pace.rs` makes client writes past the cache's size wait for the store to take room
 //! back, and `ahead.rs` reads sequential reads of given-back segments ahead (decision 0013).
@@ -38,8 +42,11 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 pub mod ahead;
+mod asks;
 pub mod gate;
 pub mod pace;
+
+pub use asks::MapSnapshot;
 
 use crate::cachedev::CacheDevice;
 use crate::checksum::checksum;
@@ -106,25 +113,33 @@ pub struct CleanStuck {
     pub since_unix: u64,
 }
 
+/// The data plane (see the module's doc). Every field is private: callers ask narrow
+/// questions and take named steps (`asks.rs` holds those the control plane and the
+/// volumes use), so the log, the redundancy layer and the reuse gate are reached only
+/// through rules this module keeps. Two accessors hand out an inner part whole, and why:
+/// `nodes` (every map operation takes the shared node cache beside the store; it
+/// guards itself and no rule of the store's depends on it) and `members` (the pool's
+/// device operations act on each member device, which guards its own state). The layer
+/// test (`crates/bulwark/tests/layers.rs`) fails if a `pub` field comes back.
 pub struct Store {
-    pub red: Redundancy,
-    pub log: Log,
-    pub cache: NodeCache,
+    red: Redundancy,
+    log: Log,
+    cache: NodeCache,
     /// Drawn at random for this run (never read from the devices): every data block this
     /// run seals is under its volume's data key salted with it (`keys::ring`), so the
     /// nonce counter below needs to be unique only within the run (decision 0011).
-    pub run_salt: [u8; 16],
+    run_salt: [u8; 16],
     nonce_next: AtomicU64,
     nonce_limit: AtomicU64,
     /// Read-held by every read of a block from the time its pointer is looked up until its
     /// bytes are verified, and write-held only while freed segments become reusable, so no
     /// read ever sees a segment reused under it (`gate`).
-    pub reuse_gate: gate::ReuseGate,
+    reuse_gate: gate::ReuseGate,
     /// Sum of every volume's dirty node count (kept by `note_dirty`).
     dirty_nodes_total: AtomicUsize,
     poisoned: AtomicBool,
     /// The pool is closing: writers waiting for space give up.
-    pub closing: AtomicBool,
+    closing: AtomicBool,
     /// No maintenance thread runs (`pool::OpenOptions::stepped`, the simulator's mode): a
     /// writer short of space gets `NoSpace` at once instead of waiting for one, and its
     /// driver runs maintenance steps and tries again.
@@ -142,11 +157,11 @@ pub struct Store {
     /// find no room are then answered ENOSPC at once, and `status` says why.
     clean_stuck: Mutex<Option<CleanStuck>>,
     /// Client reads and writes (the scrub backs off while they come).
-    pub client_ops: AtomicU64,
+    client_ops: AtomicU64,
     /// Bytes thick volumes have reserved and not yet stored (their sizes less their used
     /// bytes), as of the control plane's last count (`Core::count_reservations`: every
     /// commit, and each change of a volume's size or provisioning).
-    pub thick_unused: AtomicU64,
+    thick_unused: AtomicU64,
     /// The cache device, once the pool attached one (`set_cachedev`): copies of data
     /// records read, tried before the pool's copies (`read_data`).
     cachedev: std::sync::OnceLock<Arc<CacheDevice>>,
@@ -169,7 +184,7 @@ pub struct Store {
     /// With a local cache of a set size: the maintenance thread woken every so many bytes
     /// written (it commits, so the store has them, and gives back room), and client
     /// writes paced past the size (`pace`).
-    pub pace: pace::Pace,
+    pace: pace::Pace,
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,

@@ -485,6 +485,12 @@ impl Volume {
         self.view.is_some()
     }
 
+    /// Under the map lock: whether the data record `old` the head just dropped at `lba`
+    /// lives on in the newest snapshot of `snaps` (then it must not be released).
+    fn data_kept(&self, snaps: &[snap::Snap], lba: u64, old: &Blkptr) -> bool {
+        snap::head_keeps(&*self.store, self.store.nodes(), snaps, At::Data(lba), old)
+    }
+
     /// Run `f` on the tree this handle reads: the volume's map (under the map lock) or its
     /// snapshot's (under the snapshot list's read lock).
     fn with_tree<T>(&self, f: impl FnOnce(&Tree) -> Result<T>) -> Result<T> {
@@ -602,9 +608,8 @@ impl Volume {
 
     /// Read and decode one whole block into `out` (zeros for a hole).
     fn read_block(&self, lba: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
-        self.store.client_ops.fetch_add(1, Ordering::Relaxed);
-        let _gate = self.store.reuse_gate.read();
-        let ptr = self.with_tree(|t| t.lookup(&*self.store, &self.store.cache, lba))?;
+        let _gate = self.store.client_read(1);
+        let ptr = self.with_tree(|t| t.lookup(&*self.store, self.store.nodes(), lba))?;
         self.read_ptr(lba, &ptr, out, stored)
     }
 
@@ -713,11 +718,10 @@ impl Volume {
     fn read_blocks(&self, first: u64, out: &mut [u8], stored: &mut Vec<u8>) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = out.len() / bs;
-        self.store.client_ops.fetch_add(n as u64, Ordering::Relaxed);
-        let _gate = self.store.reuse_gate.read();
+        let _gate = self.store.client_read(n as u64);
         let mut ptrs = vec![Blkptr::HOLE; n];
-        self.with_tree(|t| t.lookup_run(&*self.store, &self.store.cache, first, &mut ptrs))?;
-        let contiguous = self.store.red.runs_end_to_end();
+        self.with_tree(|t| t.lookup_run(&*self.store, self.store.nodes(), first, &mut ptrs))?;
+        let contiguous = self.store.runs_end_to_end();
         // With a cache device, blocks it holds are read one by one from it (`read_ptr`),
         // the rest in runs from the pool as ever. Without one, nothing is looked up.
         let cache = self.store.cachedev();
@@ -761,7 +765,6 @@ impl Volume {
             let raw = j - i > 1
                 && self
                     .store
-                    .red
                     .read_run(start, (end - start) as usize, stored)
                     .is_ok();
             for k in i..j {
@@ -886,7 +889,7 @@ impl Volume {
     fn write_blocks_encoded(&self, first: u64, data: &[u8], stored: &mut Vec<u8>) -> Result<()> {
         let bs = self.st.block_size as usize;
         let n = data.len() / bs;
-        self.store.client_ops.fetch_add(n as u64, Ordering::Relaxed);
+        self.store.note_client_ops(n as u64);
         struct Rec {
             lba: u64,
             at: usize,
@@ -945,7 +948,7 @@ impl Volume {
         }
         // Records placed count toward the next commit's room until the map points at them
         // and `note_dirty` has counted their leaves (`Log::alloc_run`).
-        let mut pending = self.store.log.pending();
+        let mut pending = self.store.pending();
         let mut puts: Vec<Put> = recs
             .iter()
             .map(|r| Put {
@@ -986,12 +989,12 @@ impl Volume {
                 self.st
                     .used_bytes
                     .fetch_sub(old.len as u64, Ordering::Relaxed);
-                if !snap::head_keeps(&*self.store, &self.store.cache, &snaps, At::Data(lba), &old) {
+                if !self.data_kept(&snaps, lba, &old) {
                     gone.push(old);
                 }
             };
             for (i, r) in recs.iter().enumerate() {
-                match tree.set(&*self.store, &self.store.cache, r.lba, r.ptr) {
+                match tree.set(&*self.store, self.store.nodes(), r.lba, r.ptr) {
                     Ok(old) => drop_old(r.lba, r.ptr.len, old, &mut gone),
                     Err(e) => {
                         // What the map took before the failure is noted like any write:
@@ -1012,7 +1015,7 @@ impl Volume {
                 }
             }
             for (k, &lba) in holes.iter().enumerate() {
-                match tree.set(&*self.store, &self.store.cache, lba, Blkptr::HOLE) {
+                match tree.set(&*self.store, self.store.nodes(), lba, Blkptr::HOLE) {
                     Ok(old) => drop_old(lba, 0, old, &mut gone),
                     Err(e) => {
                         let mut intents = self.st.intents.lock();
@@ -1039,7 +1042,7 @@ impl Volume {
         for old in &gone {
             self.store.release(old);
         }
-        if dirty_total > self.store.log.dirty_nodes_cap() {
+        if dirty_total > self.store.dirty_nodes_cap() {
             self.store.wake_maintenance();
         }
         self.store.recycle_if_due();
@@ -1051,7 +1054,7 @@ impl Volume {
         let held = self.store.hold_nodes(1)?;
         let dirty_total = {
             let mut tree = self.st.tree.lock();
-            let old = match tree.set(&*self.store, &self.store.cache, lba, ptr) {
+            let old = match tree.set(&*self.store, self.store.nodes(), lba, ptr) {
                 Ok(old) => old,
                 Err(e) => {
                     drop(tree);
@@ -1060,7 +1063,7 @@ impl Volume {
                 }
             };
             let snaps = self.st.snaps.read();
-            if !snap::head_keeps(&*self.store, &self.store.cache, &snaps, At::Data(lba), &old) {
+            if !self.data_kept(&snaps, lba, &old) {
                 self.store.release(&old);
             }
             self.st.intents.lock().push((lba, ptr));
@@ -1074,7 +1077,7 @@ impl Volume {
                 .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
         drop(held);
-        if dirty_total > self.store.log.dirty_nodes_cap() {
+        if dirty_total > self.store.dirty_nodes_cap() {
             self.store.wake_maintenance();
         }
         Ok(())
@@ -1221,7 +1224,7 @@ impl Volume {
     /// The block pointer of logical block `lba` (for tests and diagnostics).
     #[doc(hidden)]
     pub fn debug_block_ptr(&self, lba: u64) -> Result<Blkptr> {
-        self.with_tree(|t| t.lookup(&*self.store, &self.store.cache, lba))
+        self.with_tree(|t| t.lookup(&*self.store, self.store.nodes(), lba))
     }
 
     /// Everything written so far (by any connection) becomes durable.
@@ -1239,7 +1242,7 @@ impl Volume {
         let (lo, hi) = (offset / bs, (offset + length).div_ceil(bs));
         let mut allocated: Vec<(u64, u64)> = Vec::new();
         self.with_tree(|t| {
-            t.walk(&*self.store, &self.store.cache, lo, hi, &mut |v| {
+            t.walk(&*self.store, self.store.nodes(), lo, hi, &mut |v| {
                 if let Visit::Unreadable { error, .. } = v {
                     return Err(Error::Corrupt(format!("block status: {error}")));
                 }

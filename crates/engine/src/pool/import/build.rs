@@ -69,12 +69,8 @@ pub(super) fn build(
         log_loss,
     } = p;
     let volumes = volume_states(families, &errors);
-    store.log = Log::new(live, newest.high_water, complete);
-    store.log.set_node_bytes(store.node_record_bytes());
-    store.log.set_fill_holes(opts.fill_holes);
-    for (seg, _) in data_segments.iter().enumerate().filter(|(_, &d)| d) {
-        store.log.mark_data(seg as u32);
-    }
+    store.install_log(Log::new(live, newest.high_water, complete), &data_segments);
+    store.set_fill_holes(opts.fill_holes);
     // The object store (issue 22): taken before the import's commit, which publishes.
     let tier = match &tier_open {
         Some(t) => {
@@ -90,17 +86,12 @@ pub(super) fn build(
             // A pool that had data before it had a store (`pool object-store add`): its
             // first commit uploads every segment that holds some.
             if t.create {
-                let segs: Vec<u32> = (0..store.log.segments())
-                    .filter(|&s| store.log.live_of(s) > 0)
-                    .collect();
-                if !segs.is_empty() {
+                let segs = store.note_live_segments();
+                if segs > 0 {
                     tracing::info!(
-                        segments = segs.len(),
+                        segments = segs,
                         "uploading the pool's data to its new object store"
                     );
-                }
-                for seg in segs {
-                    store.note_segment(seg);
                 }
             }
             for p in &replayed_records {
@@ -117,11 +108,7 @@ pub(super) fn build(
             }
             // Segments freed by the last run's final commits are still in the store's
             // table: the next commit drops them (garbage collection takes their objects).
-            for seg in tier.slot_segments() {
-                if store.log.is_free(seg) {
-                    store.log.note_freed(seg);
-                }
-            }
+            store.note_free_among(tier.slot_segments());
             store.set_remote(tier.clone());
             if let Some(limit) = t.cache_bytes {
                 store.set_cache_limit(limit);

@@ -62,7 +62,7 @@ pub(super) fn count_live(store: &Store, p: &Blkptr, live: &mut [u32]) {
         if let Some(l) = live.get_mut(segment_of(a) as usize) {
             // Saturating: forged pointers (or a forged intent log) naming one segment
             // many times must not wrap its count.
-            *l = l.saturating_add(store.red.footprint(p.len as usize) as u32);
+            *l = l.saturating_add(store.footprint(p.len as usize) as u32);
         }
     }
 }
@@ -221,7 +221,7 @@ pub(super) fn recount<'a>(
                 Some(_) => None,
                 None => Some(rec.name.clone()),
             };
-            walked = t.walk_unique(store, &store.cache, &prev, &mut |v| {
+            walked = t.walk_unique(store, store.nodes(), &prev, &mut |v| {
                 match v {
                     Visit::Unreadable {
                         error,
@@ -243,13 +243,13 @@ pub(super) fn recount<'a>(
                         return Err(Error::Corrupt(error.to_string()));
                     }
                     Visit::Node { ptr, .. } => {
-                        store.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                        store.check_record(ptr)?;
                         count_live(store, ptr, &mut live)
                     }
                     Visit::Data { ptr, .. } => {
                         // A pointer past the pool would be counted nowhere, or overflow a
                         // segment's count: the walk stops, and nothing is reclaimed.
-                        store.red.check_record(ptr.addrs(), ptr.len as usize)?;
+                        store.check_record(ptr)?;
                         count_live(store, ptr, &mut live);
                         for &a in ptr.addrs() {
                             if let Some(d) = data_segments.get_mut(segment_of(a) as usize) {
@@ -266,7 +266,7 @@ pub(super) fn recount<'a>(
             }
             let dropped = match prev.first() {
                 Some(p) => {
-                    match crate::volume::snap::unique_data_bytes(store, &store.cache, p, &[t]) {
+                    match crate::volume::snap::unique_data_bytes(store, store.nodes(), p, &[t]) {
                         Ok(b) => b,
                         Err(e) => {
                             walked = Err(e);

@@ -161,7 +161,7 @@ pub(super) fn replay(
                 }
             } else {
                 let slot = crate::pool::intentlog::block::slot_ptr(at);
-                if let Err(e) = store.red.check_record(slot.addrs(), slot.len as usize) {
+                if let Err(e) = store.check_record(&slot) {
                     break format!("block {} has a bad address ({e})", replayed.0);
                 }
                 chain_slots.push(slot);
@@ -181,7 +181,7 @@ pub(super) fn replay(
                         false
                     }
                 };
-                match store.red.read_quiet(
+                match store.read_quiet(
                     slot.addrs(),
                     slot.len as usize,
                     &crate::checksum::SELF_CHECKED,
@@ -239,12 +239,11 @@ pub(super) fn replay(
                 if !e.ptr.is_hole() {
                     // The record must be there, whole: a flush that never returned may have
                     // left its log block durable without it.
-                    if let Err(err) = store.red.check_record(e.ptr.addrs(), e.ptr.len as usize) {
+                    if let Err(err) = store.check_record(&e.ptr) {
                         break 'replay format!("block {} entry {i}: {err}", replayed.0);
                     }
                     let mut rec = Vec::new();
                     let on_devices = store
-                        .red
                         .read_quiet(
                             e.ptr.addrs(),
                             e.ptr.len as usize,
@@ -262,7 +261,7 @@ pub(super) fn replay(
                         // member from losing a flushed write (F2, simulator seed 2040).
                         Some(Some(bytes)) => {
                             for &a in e.ptr.addrs() {
-                                if let Err(err) = store.red.write(a, bytes) {
+                                if let Err(err) = store.write_at(a, bytes) {
                                     break 'replay format!(
                                         "block {} entry {i}: its record cannot be written back \
                                          from the log device ({err})",
@@ -282,7 +281,7 @@ pub(super) fn replay(
                         }
                     }
                 }
-                let old = match f.tree.set(&*store, &store.cache, e.lba, e.ptr) {
+                let old = match f.tree.set(&*store, store.nodes(), e.lba, e.ptr) {
                     Ok(old) => old,
                     Err(err) => break 'replay format!("block {} entry {i}: {err}", replayed.0),
                 };
@@ -298,7 +297,7 @@ pub(super) fn replay(
                 f.used = (f.used + e.ptr.len as u64).saturating_sub(old.len as u64);
                 let kept = crate::volume::snap::head_keeps(
                     &*store,
-                    &store.cache,
+                    store.nodes(),
                     &f.snaps,
                     crate::map::At::Data(e.lba),
                     &old,
@@ -473,12 +472,7 @@ fn later_main_blocks(
             continue;
         }
         let ptr = crate::pool::intentlog::block::slot_ptr(slot);
-        if slot[0] == crate::map::ADDR_NONE
-            || store
-                .red
-                .check_record(ptr.addrs(), ptr.len as usize)
-                .is_err()
-        {
+        if slot[0] == crate::map::ADDR_NONE || store.check_record(&ptr).is_err() {
             continue;
         }
         let decode = |b: &[u8]| {
@@ -491,7 +485,7 @@ fn later_main_blocks(
                 seq,
             )
         };
-        let ok = store.red.read_quiet(
+        let ok = store.read_quiet(
             ptr.addrs(),
             ptr.len as usize,
             &crate::checksum::SELF_CHECKED,

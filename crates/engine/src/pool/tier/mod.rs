@@ -700,26 +700,17 @@ impl Tier {
             Ok(reseed) => {
                 *pending = None;
                 if reseed {
-                    let segs: Vec<u32> = (0..store.log.segments())
-                        .filter(|&s| store.log.live_of(s) > 0)
-                        .collect();
+                    let segs = store.note_live_segments();
                     tracing::warn!(
-                        segments = segs.len(),
+                        segments = segs,
                         "the object store holds a commit of ours this host's labels lack: \
                          uploading every segment that holds data"
                     );
-                    for seg in segs {
-                        store.note_segment(seg);
-                    }
                     self.first_upload
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 // Segments freed since the store's commit leave its table with the next.
-                for seg in self.slot_segments() {
-                    if store.log.is_free(seg) {
-                        store.log.note_freed(seg);
-                    }
-                }
+                store.note_free_among(self.slot_segments());
                 self.health.lock().failing_since = None;
                 self.catch_up_wanted
                     .store(true, std::sync::atomic::Ordering::Release);
@@ -870,7 +861,7 @@ impl Tier {
             return Ok(());
         }
         let taken = store.take_uploads();
-        let freed = store.log.take_freed();
+        let freed = store.take_freed();
         self.uploading_bytes.store(
             taken.iter().map(|e| e.len as u64).sum(),
             std::sync::atomic::Ordering::Relaxed,
@@ -880,7 +871,7 @@ impl Tier {
             .store(0, std::sync::atomic::Ordering::Relaxed);
         if result.is_err() {
             store.return_uploads(taken);
-            store.log.return_freed(freed);
+            store.return_freed(freed);
         }
         {
             let mut h = self.health.lock();
@@ -926,7 +917,7 @@ impl Tier {
         // A segment freed since is dead: its runs are not uploaded.
         let mut runs: Vec<Extent> = taken
             .iter()
-            .filter(|e| store.log.incarnation(e.seg) == e.inc && !store.log.is_free(e.seg))
+            .filter(|e| store.incarnation(e.seg) == e.inc && !store.is_free(e.seg))
             .copied()
             .collect();
         runs.sort();
@@ -1031,7 +1022,7 @@ impl Tier {
                 };
             }
             slot.inc = e.inc;
-            slot.data = store.log.is_evictable(e.seg);
+            slot.data = store.is_evictable(e.seg);
             slot.parts.push(*p);
             dirty.insert(e.seg);
         }
@@ -1040,7 +1031,7 @@ impl Tier {
         // opened again since keeps the parts of its new opening.
         for &seg in freed {
             let stale = slots.get(&seg).is_some_and(|s| {
-                store.log.is_free(seg) || !same_opening(s.inc, store.log.incarnation(seg))
+                store.is_free(seg) || !same_opening(s.inc, store.incarnation(seg))
             });
             if stale {
                 slots.remove(&seg);
@@ -1118,7 +1109,7 @@ impl Tier {
                                 let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
                                 // Never upload a hole: a segment given back had every byte
                                 // in the store before it was (`pool::evict`).
-                                if store.log.is_evicted(e.seg) {
+                                if store.is_evicted(e.seg) {
                                     return Err(Error::Unrecoverable(format!(
                                         "segment {} was given back to the object store with \
                                          runs not yet uploaded",
@@ -1127,14 +1118,14 @@ impl Tier {
                                 }
                                 // A local read that fails is the devices' failure, not the
                                 // store's: it poisons the pool like any device error.
-                                store.red.read_run(addr, e.len as usize, &mut buf).map_err(
-                                    |err| {
+                                store
+                                    .read_run(addr, e.len as usize, &mut buf)
+                                    .map_err(|err| {
                                         Error::Unrecoverable(format!(
                                             "segment {} could not be read for upload: {err}",
                                             e.seg
                                         ))
-                                    },
-                                )?;
+                                    })?;
                                 body.extend_from_slice(&buf[..e.len as usize]);
                             }
                             let name = parts_ref[range.start].1.name();
@@ -1298,16 +1289,16 @@ impl Tier {
             flush: if self.local_flush { "local" } else { "store" }.into(),
             cache: self.cache_bytes.map(|limit| CacheStatus {
                 limit_bytes: limit,
-                local_bytes: store.red.allocated_bytes(),
-                evicted_segments: store.log.evicted_count() as u64,
+                local_bytes: store.local_bytes(),
+                evicted_segments: store.evicted_count() as u64,
                 evicted_total: self
                     .evicted_total
                     .load(std::sync::atomic::Ordering::Relaxed),
                 refilled_total: self
                     .refilled_total
                     .load(std::sync::atomic::Ordering::Relaxed),
-                paced_writes: store.pace.counts().waited_writes,
-                paced_seconds: store.pace.counts().waited_seconds,
+                paced_writes: store.pace_counts().waited_writes,
+                paced_seconds: store.pace_counts().waited_seconds,
             }),
             remote_reads: remote.reads,
             remote_read_bytes: remote.bytes,
@@ -1328,7 +1319,7 @@ impl Tier {
     ) -> Vec<(u32, u64)> {
         let st = self.st.lock();
         segs.iter()
-            .map(|&seg| (seg, store.log.incarnation(seg)))
+            .map(|&seg| (seg, store.incarnation(seg)))
             .filter(|(seg, inc)| {
                 !pending.contains(seg)
                     && st
@@ -1345,7 +1336,7 @@ impl Tier {
         let parts = {
             let st = self.st.lock();
             match st.slots.get(&seg) {
-                Some(s) if same_opening(s.inc, store.log.incarnation(seg)) => s.parts.clone(),
+                Some(s) if same_opening(s.inc, store.incarnation(seg)) => s.parts.clone(),
                 _ => return Ok(None),
             }
         };
@@ -1380,7 +1371,7 @@ impl Tier {
             for (i, &(addr, len, _)) in recs.iter().enumerate() {
                 let seg = (addr / SEGMENT_BYTES) as u32;
                 let off = addr % SEGMENT_BYTES;
-                let inc = store.log.incarnation(seg);
+                let inc = store.incarnation(seg);
                 let Some(slot) = st.slots.get(&seg).filter(|s| same_opening(s.inc, inc)) else {
                     continue;
                 };
@@ -1398,7 +1389,7 @@ impl Tier {
             }
         }
         // A record whose segment was reopened meanwhile is another record's place now.
-        let unchanged = |seg: u32, inc: u64| store.log.incarnation(seg) == inc;
+        let unchanged = |seg: u32, inc: u64| store.incarnation(seg) == inc;
         for (name, mut at) in by_object {
             at.sort_unstable();
             let mut k = 0;

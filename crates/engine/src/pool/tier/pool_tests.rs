@@ -451,12 +451,12 @@ fn the_local_cache_gives_back_and_reads_from_the_store() {
     let key = volume_key();
     write_blocks(&pool, 0..1024, 0);
     pool.core().flush().unwrap();
-    let before = pool.core().store.red.allocated_bytes();
+    let before = pool.core().store.local_bytes();
     let done = pool.core().evict().unwrap();
     assert!(done.data >= 3, "gave back {done:?}");
-    let after = pool.core().store.red.allocated_bytes();
+    let after = pool.core().store.local_bytes();
     assert!(after < before, "{before} -> {after}: nothing given back");
-    assert!(pool.core().store.log.evicted_count() >= 3);
+    assert!(pool.core().store.evicted_count() >= 3);
     check_blocks(&pool, 0..1024, 0);
     let reads = pool.core().store.remote_reads();
     assert!(reads.reads > 0 && reads.healed == 0, "{reads:?}");
@@ -506,9 +506,9 @@ fn writes_go_on_when_the_cache_cannot_give_room_back() {
     for i in 0..4096u64 {
         v.write(i * 4096, &block_of(i), false).unwrap();
     }
-    let pace = pool.core().store.pace.counts();
+    let pace = pool.core().store.pace_counts();
     assert!(
-        pool.core().store.red.allocated_bytes() > pool.core().store.pace.cap(),
+        pool.core().store.local_bytes() > pool.core().store.cache_cap(),
         "the test never passed the cap"
     );
     assert_eq!(
@@ -536,13 +536,13 @@ fn freed_segments_leave_the_stores_table() {
     write_blocks(&pool, 0..1024, 1);
     pool.core().commit().unwrap();
     pool.core().commit().unwrap();
-    let log = &pool.core().store.log;
+    let segs = &pool.core().store;
     assert!(
-        first.iter().any(|&s| log.is_free(s)),
+        first.iter().any(|&s| segs.is_free(s)),
         "the overwrite freed none of {first:?}"
     );
     let slots = pool.core().tier.as_ref().unwrap().slot_segments();
-    let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| log.is_free(s)).collect();
+    let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| segs.is_free(s)).collect();
     assert!(
         listed_free.is_empty(),
         "free segments in the table: {listed_free:?}"
@@ -550,17 +550,17 @@ fn freed_segments_leave_the_stores_table() {
     // Freed by a run's last commit, then the process stops: the next run drops them.
     write_blocks(&pool, 0..1024, 2);
     pool.core().commit().unwrap();
-    let log = &pool.core().store.log;
+    let segs = &pool.core().store;
     let slots = pool.core().tier.as_ref().unwrap().slot_segments();
     assert!(
-        slots.iter().any(|&s| log.is_free(s)),
+        slots.iter().any(|&s| segs.is_free(s)),
         "the last commit freed nothing the table lists: the restart below proves nothing"
     );
     drop(pool);
     let pool = open_with(dir.path(), &store, "host-a", false).unwrap();
-    let log = &pool.core().store.log;
+    let segs = &pool.core().store;
     let slots = pool.core().tier.as_ref().unwrap().slot_segments();
-    let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| log.is_free(s)).collect();
+    let listed_free: Vec<u32> = slots.iter().copied().filter(|&s| segs.is_free(s)).collect();
     assert!(
         listed_free.is_empty(),
         "free segments in the table after a restart: {listed_free:?}"
@@ -596,9 +596,9 @@ fn a_read_waiting_for_the_store_does_not_hold_up_commits() {
     committed
         .expect("a commit waited for a read from the store that held the reuse gate")
         .unwrap();
-    assert!(pool.core().store.reuse_gate.deferrals() >= 1);
+    assert!(pool.core().store.gate_deferrals() >= 1);
     pool.core().commit().unwrap();
-    assert_eq!(pool.core().store.reuse_gate.deferrals(), 0);
+    assert_eq!(pool.core().store.gate_deferrals(), 0);
     check_blocks(&pool, 16..1024, 1);
 }
 

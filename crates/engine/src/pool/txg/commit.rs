@@ -76,15 +76,16 @@ impl Core {
         self.group.finish();
         // Writers waiting for space re-check now: a commit hands back the room kept for its
         // map nodes even when it frees no segment.
-        self.store.log.space.notify_all();
+        self.store.wake_space_waiters();
         result
     }
 
     fn commit_locked(&self) -> Result<()> {
         // Before the empty segments are collected: none of them can be recycled from here on,
         // so none is freed twice, once by a writer and once below after the commit took it.
-        let snapshot = Snapshot::begin(&self.store.log);
-        let zero = self.store.log.zero_sealed_for_commit();
+        let snapshot = self.store.snapshot_map();
+        let zero = self.store.zero_sealed_for_commit();
+        let cache = self.store.nodes();
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut records = Vec::with_capacity(volumes.len());
@@ -100,7 +101,7 @@ impl Core {
             node_bytes.0 += ptrs.len() as u64;
             node_bytes.1 += ptrs
                 .iter()
-                .map(|p| self.store.red.footprint(p.len as usize) as u64)
+                .map(|p| self.store.footprint(p.len as usize) as u64)
                 .sum::<u64>();
             Ok(ptrs)
         };
@@ -155,14 +156,8 @@ impl Core {
                 let snaps = v.snaps.read();
                 // Dirty nodes without a dirty leaf: new top levels of a grown map.
                 if !leaves.is_empty() || tree.dirty_nodes() > 0 {
-                    tree.finish_commit(&self.store.cache, leaves, &mut write, &mut |l, i, old| {
-                        if !snap::head_keeps(
-                            &*self.store,
-                            &self.store.cache,
-                            &snaps,
-                            At::Node(l, i),
-                            old,
-                        ) {
+                    tree.finish_commit(cache, leaves, &mut write, &mut |l, i, old| {
+                        if !snap::head_keeps(&*self.store, cache, &snaps, At::Node(l, i), old) {
                             self.store.release(old)
                         }
                     })?;
@@ -229,7 +224,7 @@ impl Core {
             .filter(|v| !v.deferred.load(Ordering::Acquire))
             .map(|v| v.reservation_unused())
             .sum();
-        self.store.thick_unused.store(unused, Ordering::Relaxed);
+        self.store.set_thick_unused(unused);
         self.estimate_node_bytes(node_bytes.0, node_bytes.1);
         self.note_map_size();
         let next_volume_id = self.sb.lock().next_volume_id;
@@ -286,7 +281,7 @@ impl Core {
         next_sb.chain_id = crate::keys::wrap::random_bytes::<16>();
         next_sb.log_dev_head = dev_head;
         next_sb.log_devices = logdev.as_ref().map(|l| l.named_ids()).unwrap_or_default();
-        next_sb.high_water = self.store.log.high_water();
+        next_sb.high_water = self.store.high_water();
         let nonce_next = self.store.nonce_next();
         if nonce_next.saturating_add(NONCE_RESERVE_STEP / 2) > next_sb.nonce_reserved {
             next_sb.nonce_reserved = nonce_next.saturating_add(NONCE_RESERVE_STEP);
@@ -308,7 +303,7 @@ impl Core {
         };
         let (devices, anchored) = std::thread::scope(|s| {
             let anchoring = s.spawn(|| crate::pool::format::anchor::write(&self.dir, &announce));
-            let devices = self.store.red.flush();
+            let devices = self.store.flush_devices();
             (
                 devices,
                 anchoring.join().expect("the anchor writer does not panic"),
@@ -374,8 +369,7 @@ impl Core {
         // Wait out reads that looked up a pointer before this commit. A read waiting for
         // the object store holds them up: the empty segments then stay sealed and the next
         // commit frees them (it finds them again), unless too many commits in a row gave up.
-        let gate = &self.store.reuse_gate;
-        if !gate.free_committed(&self.store.log, &zero, self.store.has_remote()) {
+        if !self.store.free_committed(&zero) {
             tracing::debug!(
                 segments = zero.len(),
                 "empty segments freed by a later commit: a read holds the reuse gate"
@@ -437,10 +431,10 @@ impl Core {
             leaves.write(write)?;
             let mut gone = Vec::new();
             cur.tree
-                .finish_commit(&self.store.cache, leaves, write, &mut |l, i, old| {
+                .finish_commit(self.store.nodes(), leaves, write, &mut |l, i, old| {
                     if !snap::held_by(
                         &*self.store,
-                        &self.store.cache,
+                        self.store.nodes(),
                         &others,
                         At::Node(l, i),
                         old,
@@ -482,13 +476,13 @@ impl Core {
         }
         let full = self.store.node_record_bytes() as u64;
         let estimate = (bytes.div_ceil(nodes) * 2 + 512).min(full);
-        self.store.log.set_node_bytes(estimate as u32);
+        self.store.set_node_bytes(estimate as u32);
     }
 
     /// Write `sb` (with each member's own identity) to its slots on every device, then flush.
     /// Every member's label for `sb` (what `write_superblocks` writes), for the object store.
     fn labels(&self, sb: &Superblock) -> Vec<Vec<u8>> {
-        (0..self.store.red.members.len())
+        (0..self.store.members().len())
             .map(|i| {
                 Superblock {
                     member_index: i as u32,
@@ -502,7 +496,7 @@ impl Core {
 
     pub(crate) fn write_superblocks(&self, sb: &Superblock, back_region: u64) -> Result<()> {
         let mut written = 0;
-        for (i, m) in self.store.red.members.iter().enumerate() {
+        for (i, m) in self.store.members().iter().enumerate() {
             let Some(dev) = m.dev() else { continue };
             if m.faulted.load(Ordering::Relaxed) {
                 continue;
@@ -531,21 +525,5 @@ impl Core {
             return Err(Error::Poisoned);
         }
         Ok(())
-    }
-}
-
-/// A commit's snapshot of the map (`Log::begin_snapshot`), ended when dropped, also on errors.
-struct Snapshot<'a>(&'a crate::log::Log);
-
-impl<'a> Snapshot<'a> {
-    fn begin(log: &'a crate::log::Log) -> Self {
-        log.begin_snapshot();
-        Snapshot(log)
-    }
-}
-
-impl Drop for Snapshot<'_> {
-    fn drop(&mut self) {
-        self.0.end_snapshot();
     }
 }

@@ -19,18 +19,13 @@ impl Core {
     /// only until the next commit, seconds away; a second copy there would double what
     /// every flush writes to every device).
     pub(crate) fn alloc_log_slot(&self) -> Result<[u64; 2]> {
-        let fp = self.store.red.footprint(LOG_BLOCK_BYTES);
-        let a = self.store.log.alloc(Stream::Meta, fp)?;
-        self.store.placed_at(a);
-        let redundant = !matches!(self.store.red.layout, crate::redundancy::Layout::Single);
+        let a = self.store.place_log_block(Stream::Meta, LOG_BLOCK_BYTES)?;
+        let redundant = !matches!(self.store.layout(), crate::redundancy::Layout::Single);
         if METADATA_COPIES < 2 || redundant {
             return Ok([a, ADDR_NONE]);
         }
-        match self.store.log.alloc(Stream::Meta2, fp) {
-            Ok(b) => {
-                self.store.placed_at(b);
-                Ok([a, b])
-            }
+        match self.store.place_log_block(Stream::Meta2, LOG_BLOCK_BYTES) {
+            Ok(b) => Ok([a, b]),
             Err(e) => {
                 self.store.release(&slot_ptr([a, ADDR_NONE]));
                 Err(e)
@@ -48,7 +43,7 @@ impl Core {
                 if e.ptr.is_hole() {
                     return Some(rec);
                 }
-                let ok = self.store.red.read_quiet(
+                let ok = self.store.read_quiet(
                     e.ptr.addrs(),
                     e.ptr.len as usize,
                     &e.ptr.checksum,
@@ -75,12 +70,12 @@ impl Core {
         // a segment opened before the epoch ends, which from then on only a commit frees.
         // (Ended before the take, a segment opened in between could hold a noted record
         // and be recycled before the next commit.)
-        self.store.log.begin_snapshot();
+        let snapshot = self.store.snapshot_map();
         let notes: Vec<_> = volumes
             .iter()
             .map(|v| (v.id, std::mem::take(&mut *v.intents.lock())))
             .collect();
-        self.store.log.end_snapshot();
+        drop(snapshot);
         let mut entries = Vec::new();
         for (id, n) in notes {
             entries.extend(dedup_notes(id, n));
@@ -118,7 +113,7 @@ impl Core {
                     // The log holds pointers only: the records they name are on the main
                     // devices, synced once meanwhile.
                     let (main, appended) = std::thread::scope(|s| {
-                        let main = s.spawn(|| self.store.red.flush());
+                        let main = s.spawn(|| self.store.flush_devices());
                         let appended = logdev.append(
                             pool_id,
                             chain_id,
@@ -183,14 +178,14 @@ impl Core {
             }
             .encode(&self.log_key);
             for &a in chain.next.iter().filter(|&&a| a != ADDR_NONE) {
-                self.store.red.write(a, &block)?;
+                self.store.write_at(a, &block)?;
             }
             chain.next = next;
             chain.after = Some(after);
             chain.seq += 1;
         }
         crate::crashpoint::hit("intent.written");
-        self.store.red.flush()?;
+        self.store.flush_devices()?;
         crate::crashpoint::hit("intent.synced");
         self.reach.note(crate::pool::format::anchor::Reach {
             pool_id,
@@ -347,8 +342,7 @@ mod tests {
         for &a in slots[1].addrs() {
             pool.core()
                 .store
-                .red
-                .write(a, &vec![0x5a; LOG_BLOCK_BYTES])
+                .write_at(a, &vec![0x5a; LOG_BLOCK_BYTES])
                 .unwrap();
         }
         drop(v);
@@ -410,7 +404,6 @@ mod tests {
         assert!(pool
             .core()
             .store
-            .red
             .read_quiet(
                 blocks[1].addrs(),
                 LOG_BLOCK_BYTES,

@@ -43,8 +43,7 @@ impl crate::pool::core::Core {
         let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         let members: Vec<PathBuf> = self
             .store
-            .red
-            .members
+            .members()
             .iter()
             .map(|m| canon(&m.path()))
             .collect();
@@ -538,7 +537,7 @@ mod tests {
             assert_eq!(b.entries.len(), 10);
             assert!(b.data_slots >= 10, "the records are in the log");
             assert!(inline_records(&b, &data).iter().all(|r| r.is_some()));
-            let footprint = pool.core().store.red.footprint(4096 + 16);
+            let footprint = pool.core().store.footprint(4096 + 16);
             drop(v);
             drop(pool); // a crash: no close, no commit
             (b.entries, footprint)
