@@ -622,7 +622,7 @@ mod tests {
                 )
                 .unwrap()
                 .unwrap();
-            let footprint = pool.core().store.red.footprint(4096 + 16);
+            let footprint = pool.core().store.footprint(4096 + 16);
             drop(v);
             drop(pool); // a crash: no close, no commit
             (b.entries, footprint)
