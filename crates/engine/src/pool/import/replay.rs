@@ -253,12 +253,10 @@ pub(super) fn replay(
                         )
                         .unwrap_or(false);
                     match inline.get(i) {
-                        // The log device carries it (the flush did not sync the main
-                        // devices): written back where its pointer says, made durable by
-                        // the import's commit. Replay again after a crash writes the same.
-                        // Even when a copy verifies: the others (or shards) were never
-                        // synced either, and one torn there would leave the pool one
-                        // member from losing a flushed write (F2, simulator seed 2040).
+                        // The log device carries it (the main devices were not synced):
+                        // written back on every member, even when a copy verifies (one torn
+                        // elsewhere would leave a flushed write one member from lost: F2),
+                        // made durable by the import's commit; a replay again does the same.
                         Some(Some(bytes)) => {
                             for &a in e.ptr.addrs() {
                                 if let Err(err) = store.write_at(a, bytes) {
