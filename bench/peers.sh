@@ -16,7 +16,10 @@
 #   bulwark-single-nolz4 bulwark layout single, encrypted, compression off
 #   bulwark-single-noholes, bulwark-mirror2-noholes
 #                        as bulwark-single / bulwark-mirror2, served with
-#                        --no-fill-holes (the cleaner alone makes room: decision 0014)
+#                        --no-fill-holes (the cleaner alone makes room: decision 0014;
+#                        the default since it was found to refuse writes at 90% fill)
+#   bulwark-single-holes, bulwark-mirror2-holes
+#                        served with --fill-holes (experimental, decision 0014)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on
@@ -96,7 +99,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes
 
 FULL=0
 REPEAT=1
@@ -351,6 +354,7 @@ start_nbdkit_file() {
 start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes]
     local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=() serve_opts=()
     [ "${4:-}" = noholes ] && serve_opts=(--no-fill-holes)
+    [ "${4:-}" = holes ] && serve_opts=(--fill-holes)
     [ "$PREALLOCATE" = 1 ] && prealloc=(--preallocate)
     if [ "${4:-}" = log ]; then
         truncate -s 64M "$d/log.img"
@@ -493,6 +497,8 @@ start_server() { # NAME DIR
         bulwark-single-log) start_bulwark "$2" single lz4 log ;;
         bulwark-mirror2-log) start_bulwark "$2" mirror:2 lz4 log ;;
         bulwark-single-noholes) start_bulwark "$2" single lz4 noholes ;;
+        bulwark-single-holes) start_bulwark "$2" single lz4 holes ;;
+        bulwark-mirror2-holes) start_bulwark "$2" mirror:2 lz4 holes ;;
         bulwark-mirror2-noholes) start_bulwark "$2" mirror:2 lz4 noholes ;;
     esac
     wait_ready "$URI" "$2/server.log"

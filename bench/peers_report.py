@@ -25,7 +25,8 @@ from pathlib import Path
 PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file"]
 BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2",
             "bulwark-single-log", "bulwark-mirror2-log",
-            "bulwark-single-noholes", "bulwark-mirror2-noholes"]
+            "bulwark-single-noholes", "bulwark-mirror2-noholes",
+            "bulwark-single-holes", "bulwark-mirror2-holes"]
 SERVER_ORDER = PEERS + BULWARKS
 SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
 METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]

@@ -771,9 +771,12 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
-    /// Never write into holes (free extents of partly-used segments) when free segments
-    /// run short: every write takes a free segment and the cleaner makes them (for
-    /// comparison in benchmarks; decision 0014).
+    /// Experimental: write into holes (free extents of partly-used segments) when free
+    /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
+    /// default: at 90% fill after small random overwrites, large writes can be refused.
+    #[arg(long)]
+    pub fill_holes: bool,
+    /// Never write into holes (the default; overrides --fill-holes).
     #[arg(long)]
     pub no_fill_holes: bool,
 

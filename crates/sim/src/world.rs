@@ -423,6 +423,9 @@ impl World {
             allow_fault_injection: true,
             cache_device: self.cache.clone(),
             cache_bytes: 8 << 20,
+            // Off by default in the daemon (decision 0014, status); the simulator keeps
+            // checking it.
+            fill_holes: true,
             ..OpenOptions::default()
         };
         let pool = Pool::open(self.dir.path(), opts)

@@ -57,8 +57,9 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). Off only for tests of
-    /// the cleaner itself, and `serve --no-fill-holes` for comparison in benchmarks.
+    /// run short, instead of waiting for the cleaner (decision 0014). Off by default
+    /// (`serve --fill-holes`): at 90% fill after 4K overwrites, 64K writes found only small
+    /// holes while the cleaner stood idle, and some were refused (BENCHMARKS.md).
     pub fill_holes: bool,
 }
 
@@ -78,7 +79,7 @@ impl Default for OpenOptions {
             cache_device: None,
             tier: None,
             stepped: false,
-            fill_holes: true,
+            fill_holes: false,
         }
     }
 }
