@@ -269,34 +269,37 @@ const ENGINE: Table = Table {
         ("fuzz", &[]),
         // Named crash points for tests (`BULWARK_CRASH_AT`).
         ("crashpoint", &[]),
+        // The clock, sleeping and randomness, simulated by `bulwark-sim` (issue 37).
+        ("env", &[]),
         // Named pause points for tests (a thread stopped at one step).
-        ("pause", &[]),
+        ("pause", &["env"]),
         // The locks and atomics of the model-checked protocols (`log`, `store::gate`):
         // parking_lot's and std's here, shuttle's in `bulwark-modelcheck`.
         ("sync", &[]),
         // What the pool needs from an object store (the client is `bulwark-objstore`).
         ("tier", &[]),
         // Devices by byte offset (files, block devices, fault injection).
-        ("device", &["constants"]),
+        ("device", &["env", "constants"]),
         // Where copies and shards of a record lie; verified reads that repair.
-        ("redundancy", &["checksum", "constants", "device"]),
+        ("redundancy", &["env", "checksum", "constants", "device"]),
         // Copies of hot records on a cache device (an L2ARC), verified at every hit.
         (
             "cachedev",
-            &["checksum", "constants", "device", "fuzz", "hex"],
+            &["env", "checksum", "constants", "device", "fuzz", "hex"],
         ),
         // Segments, streams, space floors, victims for the cleaner.
         ("log", &["constants", "sync"]),
         // lz4 and AES-256-GCM of one record.
         ("codec", &["constants", "fuzz"]),
         // Key slots, data key rings, the pool key.
-        ("keys", &["codec", "hex"]),
+        ("keys", &["env", "codec", "hex"]),
         // The copy-on-write radix tree of block pointers.
         ("map", &["checksum", "codec", "constants", "fuzz"]),
         // The data plane: one put path, one release point, back-pressure.
         (
             "store",
             &[
+                "env",
                 "cachedev",
                 "checksum",
                 "codec",
@@ -313,6 +316,7 @@ const ENGINE: Table = Table {
         (
             "volume",
             &[
+                "env",
                 "checksum",
                 "codec",
                 "constants",
@@ -328,6 +332,7 @@ const ENGINE: Table = Table {
         (
             "pool",
             &[
+                "env",
                 "cachedev",
                 "checksum",
                 "codec",
@@ -745,6 +750,52 @@ fn functions_stay_short() {
     );
 }
 
+/// What the engine may not reach for itself (issue 37): the clock, sleeping and
+/// randomness come through `env.rs`, which a simulator replaces with seeded ones.
+const ENVIRONMENT_CALLS: &[&str] = &[
+    "Instant::now",
+    "SystemTime::now",
+    ".elapsed()",
+    "thread::sleep",
+    "rand::fill",
+    "OsRng",
+    "thread_rng",
+];
+
+#[test]
+fn the_environment_comes_through_env() {
+    let src = manifest_dir().join("../engine/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut problems = Vec::new();
+    for file in files {
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if file == src.join("env.rs")
+            || name == "tests.rs"
+            || name.ends_with("_tests.rs")
+            || declared_for_tests(&file)
+        {
+            continue;
+        }
+        let text = fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        let code = code_only(&text);
+        let tests = test_ranges(&code);
+        for call in ENVIRONMENT_CALLS {
+            for (at, _) in code.match_indices(call) {
+                if !tests.iter().any(|(s, e)| (*s..*e).contains(&at)) {
+                    problems.push(format!(
+                        "{}:{}: {call}: use crate::env (now, since, sleep, fill, random)",
+                        shown(&file),
+                        line_of(&code, at)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Types whose state stays behind methods (issue 38): callers ask, they do not reach in.
 /// Each is the file that defines it and the struct's name; a `pub` field (of any
 /// visibility that reaches past the file's module: `pub`, `pub(crate)`, `pub(in …)`)
@@ -826,22 +877,7 @@ fn function_lengths(text: &str) -> Vec<(String, usize)> {
     let code = code_only(text);
     let b = code.as_bytes();
     let mut out = Vec::new();
-    // Ranges of test code: the items marked `#[cfg(test)]`.
-    let mut test_ranges: Vec<(usize, usize)> = Vec::new();
-    let mut from = 0;
-    while let Some(at) = code[from..].find("#[cfg(test)]") {
-        let start = from + at;
-        let open = code[start..].find(['{', ';']).map(|p| start + p);
-        match open {
-            Some(o) if b[o] == b'{' => {
-                let end = matching_brace(b, o);
-                test_ranges.push((start, end));
-                from = end;
-            }
-            Some(o) => from = o + 1,
-            None => break,
-        }
-    }
+    let test_ranges = test_ranges(&code);
     let mut i = 0;
     while let Some(at) = code[i..].find("fn ") {
         let start = i + at;
@@ -867,6 +903,27 @@ fn function_lengths(text: &str) -> Vec<(String, usize)> {
         out.push((name, line_of(&code, close) - line_of(&code, start) + 1));
     }
     out
+}
+
+/// Byte ranges of test code in `code` (from `code_only`): the items marked `#[cfg(test)]`.
+fn test_ranges(code: &str) -> Vec<(usize, usize)> {
+    let b = code.as_bytes();
+    let mut ranges = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("#[cfg(test)]") {
+        let start = from + at;
+        let open = code[start..].find(['{', ';']).map(|p| start + p);
+        match open {
+            Some(o) if b[o] == b'{' => {
+                let end = matching_brace(b, o);
+                ranges.push((start, end));
+                from = end;
+            }
+            Some(o) => from = o + 1,
+            None => break,
+        }
+    }
+    ranges
 }
 
 /// The index of the `}` that closes the `{` at `open`.

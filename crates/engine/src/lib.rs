@@ -23,6 +23,7 @@ pub mod codec;
 pub mod constants;
 pub mod crashpoint;
 pub mod device;
+pub mod env;
 pub mod error;
 #[cfg(test)]
 pub(crate) mod fuzz;

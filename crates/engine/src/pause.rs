@@ -59,7 +59,7 @@ impl Armed {
     /// Wait until a thread has reached the point (at most `max`); whether one did.
     pub fn wait_reached(&self, max: std::time::Duration) -> bool {
         let mut s = self.gate.state.lock();
-        let deadline = std::time::Instant::now() + max;
+        let deadline = crate::env::now() + max;
         while s.reached == 0 {
             if self.gate.changed.wait_until(&mut s, deadline).timed_out() {
                 return s.reached > 0;

@@ -53,8 +53,21 @@ pub fn replay_line(cfg: &Config) -> String {
     line
 }
 
+/// How far the simulated clock moves per operation.
+const OP_TIME: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Run one seed for `cfg.ops` operations. An engine panic is a failure like any other.
 pub fn run(cfg: &Config) -> Result<Report, Failure> {
+    run_and_hash(cfg, false).map(|(report, _)| report)
+}
+
+/// `run`, and a hash of the bytes on the pool's devices at the end (`World::device_hash`):
+/// the same seed must leave the same bytes, not only give the same answers.
+pub fn run_with_device_hash(cfg: &Config) -> Result<(Report, u64), Failure> {
+    run_and_hash(cfg, true)
+}
+
+fn run_and_hash(cfg: &Config, hash_devices: bool) -> Result<(Report, u64), Failure> {
     let replay = replay_line(cfg);
     let fail = |op: u64, message: String, trace_hash: u64| Failure {
         seed: cfg.seed,
@@ -63,11 +76,15 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         replay: replay.clone(),
         trace_hash,
     };
+    // The engine's clock and randomness for this thread come from the seed (nonces,
+    // salts, keys, ids, timestamps): the same seed lays the same bytes in the same places.
+    let _env = bulwark_engine::env::simulate(cfg.seed);
     let mut world = match world::World::new(cfg) {
         Ok(w) => w,
         Err(m) => return Err(fail(0, m, 0)),
     };
     for _ in 0..cfg.ops {
+        bulwark_engine::env::advance(OP_TIME);
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world.step()));
         match step {
             Ok(Ok(())) => {}
@@ -85,11 +102,19 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
     if let Err(m) = world.finish() {
         return Err(fail(world.op, m, world.trace.0));
     }
-    Ok(Report {
+    let device_hash = if hash_devices {
+        world
+            .device_hash()
+            .map_err(|m| fail(world.op, m, world.trace.0))?
+    } else {
+        0
+    };
+    let report = Report {
         seed: cfg.seed,
         ops: cfg.ops,
         trace_hash: world.trace.0,
         stats: world.stats.clone(),
         kinds: world.kinds(),
-    })
+    };
+    Ok((report, device_hash))
 }

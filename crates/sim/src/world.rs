@@ -172,6 +172,30 @@ const WINDOW_FAULTS: [FaultMode; 5] = [
 /// How often an armed fault hits an I/O, per mille (drawn per window).
 const FAULT_ODDS: [u64; 4] = [10, 50, 200, 600];
 
+/// The run's directory in `base`, named by the seed and layout, not at random: device
+/// paths reach the pool's records (a resilver's health record names its device), so a
+/// random name would lay different bytes, and so different I/O, on every run of a seed.
+/// A name in use (a run of the same seed at the same time, or one killed before it
+/// cleaned up) takes the next free suffix; that run then differs from the others.
+fn run_dir(base: &std::path::Path, cfg: &Config) -> Result<tempfile::TempDir, String> {
+    for n in 0..1000 {
+        let mut name = format!("bulwark-sim-{}-{}", cfg.seed, cfg.layout.name());
+        if n > 0 {
+            name.push_str(&format!("-{n}"));
+        }
+        match tempfile::Builder::new()
+            .prefix(&name)
+            .rand_bytes(0)
+            .tempdir_in(base)
+        {
+            Ok(d) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("temp dir in {}: {e}", base.display())),
+        }
+    }
+    Err(format!("no free run directory in {}", base.display()))
+}
+
 /// How far the used bytes an import recounts may lie from those counted while running, at
 /// a clean restart (`World::restart`): the close's commit rewrites metadata whose size
 /// varies by a few bytes (the volume table, compressed, with keys sealed in it). The
@@ -345,10 +369,7 @@ impl World {
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
             None => std::env::temp_dir(),
         };
-        let dir = tempfile::Builder::new()
-            .prefix("bulwark-sim-")
-            .tempdir_in(&base)
-            .map_err(|e| format!("temp dir in {}: {e}", base.display()))?;
+        let dir = run_dir(&base, cfg)?;
         let (layout, count) = cfg.layout.engine();
         // Small pools: the cleaner runs, and a near-full seed runs out of room.
         let pool_mib: u64 = if near_full { 40 } else { 64 };
@@ -1742,6 +1763,29 @@ impl World {
     }
 
     /// The end of a run: one last full check.
+    /// A hash of every device image's bytes (members and log device; not the cache
+    /// device, whose writer is a thread), in name order. Read while the pool is open: what
+    /// the engine wrote through to the files.
+    pub fn device_hash(&self) -> Result<u64, String> {
+        use std::hash::Hasher;
+        let mut names: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .map_err(|e| format!("listing {}: {e}", self.dir.path().display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "img")
+                    && p.file_name().is_some_and(|n| n != "cache-device.img")
+            })
+            .collect();
+        names.sort();
+        let mut h = std::hash::DefaultHasher::new();
+        for p in names {
+            let bytes = std::fs::read(&p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+            h.write(p.file_name().unwrap_or_default().as_encoded_bytes());
+            h.write(&bytes);
+        }
+        Ok(h.finish())
+    }
+
     pub fn finish(&mut self) -> R {
         if self.trace.1 {
             // Not in the trace or the stats: when the cache's writer ran is not the seed's.

@@ -645,7 +645,7 @@ impl CacheDevice {
                     return;
                 }
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            crate::env::sleep(std::time::Duration::from_millis(5));
         }
     }
 

@@ -141,7 +141,7 @@ impl FaultyDevice {
             Some((FaultMode::Vanish, _)) => Err(eio("device vanished")),
             Some((FaultMode::ReadError, _)) => Err(eio("read error")),
             Some((FaultMode::SlowReads, _)) => {
-                std::thread::sleep(std::time::Duration::from_millis(SLOW_READ_MS));
+                crate::env::sleep(std::time::Duration::from_millis(SLOW_READ_MS));
                 read(bufs)
             }
             Some((_, r)) => {

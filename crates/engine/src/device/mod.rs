@@ -766,13 +766,13 @@ mod tests {
                     if resident(&hp, 0, LEN) == LEN / 4096 {
                         break;
                     }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    crate::env::sleep(std::time::Duration::from_millis(10));
                 }
                 assert_eq!(resident(&hp, 0, LEN), LEN / 4096, "the data half");
                 assert_eq!(resident(&hp, LEN as u64, LEN), 0, "the hole was read in");
                 return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            crate::env::sleep(std::time::Duration::from_millis(10));
         }
         panic!(
             "will_write left {} of {} pages out of the page cache",

@@ -74,9 +74,7 @@ pub struct KeySlot {
 }
 
 pub fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    aws_lc_rs::rand::fill(&mut b).expect("system random source");
-    b
+    crate::env::random()
 }
 
 pub fn new_data_key() -> Zeroizing<[u8; 32]> {

@@ -627,9 +627,9 @@ impl Core {
             }
             let ops = self.store.client_ops();
             if ops != st.tier_checked.1
-                && st.tier_checked.0.elapsed() >= crate::constants::TIER_CHECK_INTERVAL
+                && crate::env::since(st.tier_checked.0) >= crate::constants::TIER_CHECK_INTERVAL
             {
-                st.tier_checked = (std::time::Instant::now(), ops);
+                st.tier_checked = (crate::env::now(), ops);
                 match t.check() {
                     Err(e @ Error::Fenced(_)) => {
                         tracing::error!("{e}");
@@ -721,7 +721,7 @@ pub(crate) struct MaintenanceState {
 impl MaintenanceState {
     pub(crate) fn new() -> MaintenanceState {
         MaintenanceState {
-            tier_checked: (std::time::Instant::now(), 0),
+            tier_checked: (crate::env::now(), 0),
             gains: CleanGains::default(),
         }
     }

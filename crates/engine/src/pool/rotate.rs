@@ -25,7 +25,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::core::Core;
 use crate::codec::FLAG_ENCRYPTED;
@@ -247,7 +247,7 @@ impl Core {
     /// meanwhile): a resume was asked, client data fits again, or `ROTATE_RETRY` passed
     /// (the cleaner may have made room). False to end: the pool closes.
     fn wait_to_retry(&self, w: &RotationWorker) -> bool {
-        let since = Instant::now();
+        let since = crate::env::now();
         let mut g = w.state.lock();
         loop {
             if g.resume {
@@ -257,7 +257,7 @@ impl Core {
             if self.store.is_closing() {
                 return false;
             }
-            let waited = since.elapsed();
+            let waited = crate::env::since(since);
             if waited >= ROTATE_RETRY
                 || (waited >= ROTATE_RETRY_MIN && self.store.background_space_available())
             {

@@ -24,7 +24,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::core::Core;
 pub use super::format::health::{
@@ -39,7 +39,7 @@ use crate::{Error, Result};
 const SCRUB_BATCH_BLOCKS: u64 = 4096;
 
 fn now_unix() -> u64 {
-    SystemTime::now()
+    crate::env::system_time()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
@@ -168,7 +168,7 @@ impl Core {
             // Let a running pass stop at its next batch; the new one starts from the top.
             self.scrub.lock().state = ScrubPhase::Restarting;
             while self.scrub_running.load(Ordering::Acquire) {
-                std::thread::sleep(Duration::from_millis(5));
+                crate::env::sleep(Duration::from_millis(5));
             }
         }
         {
@@ -269,7 +269,7 @@ impl Core {
 
     pub(super) fn scrub_run(&self) -> Result<()> {
         tracing::info!("scrub started");
-        let run_start = Instant::now();
+        let run_start = crate::env::now();
         let done_at_start = self.scrub.lock().bytes_done;
         let mut buf = Vec::new();
         // Records only the object store holds that it did not answer for: after the first,
@@ -305,7 +305,7 @@ impl Core {
                 if v.destroyed.load(Ordering::Acquire) {
                     break;
                 }
-                let batch_start = Instant::now();
+                let batch_start = crate::env::now();
                 // Batches wholly in holes are stepped over (a thin volume of 1E is 2^36
                 // batches), batches starting at multiples of the batch as before.
                 let next = v
@@ -410,7 +410,7 @@ impl Core {
                 drop(_batch);
                 self.throttle(batch_start, batch_bytes);
                 let done = self.scrub.lock().bytes_done - done_at_start;
-                let secs = run_start.elapsed().as_secs_f64().max(0.001);
+                let secs = crate::env::since(run_start).as_secs_f64().max(0.001);
                 self.scrub_rate_seen
                     .store((done as f64 / secs) as u64, Ordering::Relaxed);
             }
@@ -645,18 +645,18 @@ impl Core {
         }
         let rate = self.scrub_rate.load(Ordering::Relaxed).max(1 << 20);
         let want = Duration::from_secs_f64(bytes as f64 / rate as f64);
-        let took = batch_start.elapsed();
+        let took = crate::env::since(batch_start);
         let ops = self.store.take_client_ops();
         let extra = if ops > 0 {
             Duration::from_millis(5)
         } else {
             Duration::ZERO
         };
-        let deadline = Instant::now() + want.saturating_sub(took) + extra;
+        let deadline = crate::env::now() + want.saturating_sub(took) + extra;
         // Sleep the whole debt (a batch can hold many MiB), in slices so pause and shutdown
         // are noticed promptly.
-        while Instant::now() < deadline && self.keep_going() {
-            std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(100)));
+        while crate::env::now() < deadline && self.keep_going() {
+            crate::env::sleep((deadline - crate::env::now()).min(Duration::from_millis(100)));
         }
     }
 }

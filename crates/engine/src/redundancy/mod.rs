@@ -697,7 +697,7 @@ mod tests {
             let mut n = self.arrived.lock();
             *n += 1;
             self.all.notify_all();
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let deadline = crate::env::now() + Duration::from_secs(10);
             while *n < self.of {
                 if self.all.wait_until(&mut n, deadline).timed_out() {
                     return false;

@@ -226,11 +226,7 @@ impl Store {
             red,
             log,
             cache,
-            run_salt: {
-                let mut salt = [0u8; 16];
-                aws_lc_rs::rand::fill(&mut salt).expect("system random source");
-                salt
-            },
+            run_salt: crate::env::random(),
             nonce_next: AtomicU64::new(nonce_reserved),
             nonce_limit: AtomicU64::new(nonce_reserved),
             reuse_gate: gate::ReuseGate::new(),
@@ -349,7 +345,7 @@ impl Store {
         *g = Some(CleanStuck {
             why,
             live_bytes: self.log.live_bytes_total(),
-            since_unix: std::time::SystemTime::now()
+            since_unix: crate::env::system_time()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         });
@@ -1106,14 +1102,14 @@ impl Store {
     /// segments freed, which a cleaner that writes what it frees keeps raising, kept a
     /// writer waiting forever: issue 36). Stuck cleaning answers at once.
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
-        let start = std::time::Instant::now();
+        let start = crate::env::now();
         let hard = start + SPACE_WAIT_HARD;
         let mut deadline = start + SPACE_WAIT_MAX;
         let mut best_free = self.log.free_segments();
         let mut futile = 0;
         while !ready() {
             self.check_poisoned()?;
-            let now = std::time::Instant::now();
+            let now = crate::env::now();
             if now >= deadline || now >= hard || self.closing.load(Ordering::Relaxed) {
                 return Err(Error::NoSpace);
             }
@@ -1139,7 +1135,7 @@ impl Store {
             if free > best_free {
                 best_free = free;
                 futile = 0;
-                deadline = (std::time::Instant::now() + SPACE_WAIT_MAX).min(hard);
+                deadline = (crate::env::now() + SPACE_WAIT_MAX).min(hard);
             } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
                 futile += 1;
                 if futile >= SPACE_WAIT_FUTILE {

@@ -21,7 +21,7 @@
 //! not grow the files); only past the cap is it measured again (`fstat` per member).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -138,9 +138,9 @@ impl Pace {
         if !over(self) {
             return;
         }
-        let start = Instant::now();
+        let start = crate::env::now();
         while !self.stalled.load(Ordering::Relaxed) && !room.gone() {
-            if start.elapsed() >= WRITE_WAIT_MAX {
+            if crate::env::since(start) >= WRITE_WAIT_MAX {
                 tracing::warn!(
                     cap,
                     "local cache: a write waited {}s for the object store to take room back; \
@@ -164,8 +164,10 @@ impl Pace {
             }
         }
         self.waited_writes.fetch_add(1, Ordering::Relaxed);
-        self.waited_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.waited_ns.fetch_add(
+            crate::env::since(start).as_nanos() as u64,
+            Ordering::Relaxed,
+        );
     }
 
     pub fn counts(&self) -> PaceCounts {

@@ -363,7 +363,7 @@ impl VolumeState {
 
 /// Seconds since the epoch, now (0 if the clock is before it).
 pub fn now_secs() -> u64 {
-    std::time::SystemTime::now()
+    crate::env::system_time()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)

@@ -113,7 +113,7 @@ pub(super) fn recount<'a>(
     }
     // Every volume's trees first, so a clone's base can be walked against its origin.
     let mut families: Vec<Family> = Vec::with_capacity(table.volumes.len());
-    let walk_started = std::time::Instant::now();
+    let walk_started = crate::env::now();
     for rec in &table.volumes {
         let opts = rec.options()?;
         let root = ptr_from_hex(&rec.root)?;
@@ -305,7 +305,7 @@ pub(super) fn recount<'a>(
     }
     tracing::info!(
         volumes = families.len(),
-        seconds = format!("{:.2}", walk_started.elapsed().as_secs_f64()),
+        seconds = format!("{:.2}", crate::env::since(walk_started).as_secs_f64()),
         "space accounting rebuilt: every block map walked"
     );
     let mut errors = table.errors.clone();

@@ -530,7 +530,7 @@ impl Tier {
             health: Mutex::new(Health::default()),
             pending: Mutex::new(None),
             uploading_bytes: Default::default(),
-            started: std::time::SystemTime::now(),
+            started: crate::env::system_time(),
             catch_up_wanted: Default::default(),
         };
         match tier.attach(open, local.generation, false) {
@@ -546,7 +546,7 @@ impl Tier {
                 *tier.pending.lock() = Some(Pending {
                     open: open.clone(),
                     generation: local.generation,
-                    tried: std::time::Instant::now(),
+                    tried: crate::env::now(),
                 });
                 Ok(tier)
             }
@@ -683,10 +683,10 @@ impl Tier {
         let Some(p) = pending.as_mut() else {
             return Ok(true);
         };
-        if !now && p.tried.elapsed() < RETRY_INTERVAL {
+        if !now && crate::env::since(p.tried) < RETRY_INTERVAL {
             return Ok(false);
         }
-        p.tried = std::time::Instant::now();
+        p.tried = crate::env::now();
         let open = p.open.clone();
         let generation = p.generation;
         let probe_name = format!("probe/{}", to_hex(&crate::keys::wrap::random_bytes::<8>()));
@@ -732,8 +732,7 @@ impl Tier {
     /// A failed request or commit: the store is failing from now (if it was not already).
     fn note_failure(&self, e: &Error) {
         let mut h = self.health.lock();
-        h.failing_since
-            .get_or_insert_with(std::time::SystemTime::now);
+        h.failing_since.get_or_insert_with(crate::env::system_time);
         h.last_error = Some(e.to_string());
     }
 
@@ -878,14 +877,13 @@ impl Tier {
             match &result {
                 Ok(()) => {
                     h.commits_ok += 1;
-                    h.last_commit = Some(std::time::SystemTime::now());
+                    h.last_commit = Some(crate::env::system_time());
                     h.failing_since = None;
                     h.last_error = None;
                 }
                 Err(e) => {
                     h.commits_failed += 1;
-                    h.failing_since
-                        .get_or_insert_with(std::time::SystemTime::now);
+                    h.failing_since.get_or_insert_with(crate::env::system_time);
                     h.last_error = Some(e.to_string());
                 }
             }
@@ -911,7 +909,7 @@ impl Tier {
         labels: Vec<Vec<u8>>,
         generation: u64,
     ) -> Result<()> {
-        let started = std::time::Instant::now();
+        let started = crate::env::now();
         // Runs still in the segment's current incarnation, by segment and offset, joined
         // where they touch.
         // A segment freed since is dead: its runs are not uploaded.
@@ -1096,7 +1094,7 @@ impl Tier {
                     s.spawn(move || -> Result<()> {
                         let mut buf = Vec::new();
                         for range in c {
-                            if started.elapsed() > budget {
+                            if crate::env::since(started) > budget {
                                 return Err(Error::StoreUnavailable(format!(
                                     "the object store {} took more than {} s for one commit",
                                     self.store.describe(),
@@ -1164,7 +1162,7 @@ impl Tier {
         let c = self.collected.lock();
         match c.0 {
             None => true,
-            Some(t) => t.elapsed() >= interval && self.st.lock().published > c.2,
+            Some(t) => crate::env::since(t) >= interval && self.st.lock().published > c.2,
         }
     }
 
@@ -1183,7 +1181,7 @@ impl Tier {
             }
             (st.head.epoch, st.head.seq_next, r, st.published)
         };
-        let now = std::time::SystemTime::now()
+        let now = crate::env::system_time()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
@@ -1212,7 +1210,7 @@ impl Tier {
         }
         let mut c = self.collected.lock();
         *c = (
-            Some(std::time::Instant::now()),
+            Some(crate::env::now()),
             c.1 + done.deleted as u64,
             published,
         );
@@ -1236,7 +1234,7 @@ impl Tier {
             + self
                 .uploading_bytes
                 .load(std::sync::atomic::Ordering::Relaxed);
-        let now = std::time::SystemTime::now();
+        let now = crate::env::system_time();
         let behind_since = h.last_commit.unwrap_or(self.started);
         let state = if fenced.is_some() {
             "FENCED"

@@ -89,7 +89,7 @@ impl Core {
         self.table_dirty.store(false, Ordering::Release);
         let volumes: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut records = Vec::with_capacity(volumes.len());
-        let started = std::time::Instant::now();
+        let started = crate::env::now();
         let mut nodes_written = 0;
         let mut locked = std::time::Duration::ZERO;
         // What this commit's nodes took in the log, for the estimate of the next one's room.
@@ -114,7 +114,7 @@ impl Core {
         for v in &volumes {
             // The leaves (nearly all dirty nodes) are copied under the map lock and written
             // without it; writers wait only for the copy and for the few nodes above.
-            let t = std::time::Instant::now();
+            let t = crate::env::now();
             // The volume's keys and rotation cursor are read with the map, under its lock:
             // a block the key rotation rewrote (its cursor is past it) or wrote under a new
             // data key is in these leaves exactly when the record says so. Read later, a
@@ -141,9 +141,9 @@ impl Core {
                 Some(tree) => read(tree),
                 None => read(&v.tree.lock()),
             };
-            locked += t.elapsed();
+            locked += crate::env::since(t);
             leaves.write(&mut write)?;
-            let t = std::time::Instant::now();
+            let t = crate::env::now();
             let root = {
                 let mut guard;
                 let tree = match whole.as_mut() {
@@ -171,7 +171,7 @@ impl Core {
                     0,
                     "a snapshot's commit writes every node"
                 );
-                let created = std::time::SystemTime::now()
+                let created = crate::env::system_time()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
@@ -186,7 +186,7 @@ impl Core {
                 });
             }
             self.commit_snapshot_trees(v, &mut write)?;
-            locked += t.elapsed();
+            locked += crate::env::since(t);
             let size_bytes = v.size();
             let snapshots = v
                 .snaps
@@ -254,7 +254,7 @@ impl Core {
         // again must take the same new key.
         let table_key_new = *self.table_key_next.lock();
         let table_key = table_key_new.unwrap_or(self.sb.lock().sb.table_key);
-        let nodes_done = started.elapsed();
+        let nodes_done = crate::env::since(started);
         let table_ptr = self.store.write_meta(&table.seal(&table_key))?;
         crate::crashpoint::hit("commit.nodes_written");
 
@@ -318,7 +318,7 @@ impl Core {
             t.publish(&self.store, self.labels(&next_sb), next_sb.generation)?;
             crate::crashpoint::hit("commit.published");
         }
-        let flushed = started.elapsed();
+        let flushed = crate::env::since(started);
 
         let (old_root, generation) = {
             let mut st = self.sb.lock();
