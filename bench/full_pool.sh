@@ -18,10 +18,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FILL=${1:-0.9}; RT=${2:-30}; DEV=${3:-512M}
 B=${BULWARK_BIN:-$PWD/target/release/bulwark}
-W=$(mktemp -d); trap 'kill %1 2>/dev/null || true; wait; rm -rf "$W"' EXIT
+W=$(mktemp -d); trap 'kill %1 2>/dev/null || true; wait; [ -n "${KEEP_LOG:-}" ] && cp "$W/serve.log" "$KEEP_LOG"; rm -rf "$W"' EXIT
 export BULWARK_POOL=$W/pool BULWARK_REGISTRY=$W/registry.json
 "$B" pool create "$W/pool" --devices 1 --device-size "$DEV" --preallocate >/dev/null 2>&1
-"$B" serve "$W/pool" 2>"$W/serve.log" &
+# SERVE_ARGS: more serve flags (e.g. --no-fill-holes).
+"$B" serve "$W/pool" ${SERVE_ARGS:-} 2>"$W/serve.log" &
 for _ in $(seq 100); do [ -S "$W/pool/nbd.sock" ] && break; sleep 0.1; done
 usable=$("$B" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["space"]["usable_bytes"])')
 size=$(python3 -c "print(int($usable * $FILL) // 2**20)")
@@ -58,4 +59,6 @@ print(f"{bs:>4} randwrite QD16: {j['iops']:8.0f} IOPS ({j.get('total_ios', 0)} d
 EOF
 done
 "$B" status | grep -E "^(space|cleaning|cleaner cost)" || true
-grep -c "out of space" "$W/serve.log" | sed 's/^/writes refused for space: /'
+grep -c "out of space" "$W/serve.log" | sed 's/^/writes refused for space: /' || true
+grep -m1 "out of space" "$W/serve.log" | sed 's/^/first refusal: /' || true
+"$B" status | grep -E "^holes" || true

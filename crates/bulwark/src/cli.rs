@@ -771,12 +771,13 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
-    /// Experimental: write into holes (free extents of partly-used segments) when free
-    /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
-    /// default: at 90% fill after small random overwrites, large writes can be refused.
+    /// Write into holes (free extents of mostly-full segments) when free segments run
+    /// short, instead of waiting for the cleaner (decision 0014). The default; the flag is
+    /// kept for scripts that ask for it.
     #[arg(long)]
     pub fill_holes: bool,
-    /// Never write into holes (the default; overrides --fill-holes).
+    /// Never write into holes: near full, writes wait for the cleaner to free whole
+    /// segments (the behaviour before decision 0014; overrides --fill-holes).
     #[arg(long)]
     pub no_fill_holes: bool,
 

@@ -266,10 +266,11 @@ fn space_lines(out: &mut String, space: &SpaceStatus) {
     if space.hole_bytes > 0 {
         let _ = writeln!(
             out,
-            "holes: {} free in {} extents of partly-used segments (filled by writes when free \
-             segments run short)",
+            "holes: {} free in {} extents of partly-used segments, {} in extents of 64K or \
+             more (filled by writes when free segments run short)",
             format_size(space.hole_bytes),
-            space.holes
+            space.holes,
+            format_size(space.hole_large_bytes)
         );
     }
     if space.clean_cost >= 0.05 {

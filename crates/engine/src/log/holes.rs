@@ -19,8 +19,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// Extents the table keeps at most (about 64 bytes of memory each).
 pub(super) const HOLES_TRACKED_MAX: usize = 1 << 20;
 
+/// Holes at least this large count as room for the cleaner (`large_bytes`): a client write
+/// of 64 KiB or more fits one whole; smaller holes take small writes, but counting them
+/// would leave the cleaner idle while larger writes find no hole to go into whole.
+pub(super) const HOLE_LARGE_BYTES: u32 = 64 << 10;
+
 /// How many segments `take` looks at before it gives up on a best fit.
-const CANDIDATES_MAX: usize = 16;
+const CANDIDATES_MAX: usize = 64;
 
 /// Free extents per segment (offsets inside the segment, end exclusive), merged when
 /// they touch, and the segments ordered by their largest extent.
@@ -29,6 +34,8 @@ pub(super) struct Holes {
     by_seg: HashMap<u32, BTreeMap<u32, u32>>,
     by_size: BTreeSet<(u32, u32)>,
     bytes: u64,
+    /// Bytes in holes of at least `HOLE_LARGE_BYTES`.
+    large: u64,
     count: usize,
 }
 
@@ -42,6 +49,15 @@ pub(super) enum Added {
     Full,
 }
 
+/// The bytes of an extent that count as large (`Holes::large_bytes`).
+fn large(start: u32, end: u32) -> u64 {
+    if end - start >= HOLE_LARGE_BYTES {
+        (end - start) as u64
+    } else {
+        0
+    }
+}
+
 fn largest(m: &BTreeMap<u32, u32>) -> u32 {
     m.iter().map(|(s, e)| e - s).max().unwrap_or(0)
 }
@@ -50,6 +66,11 @@ impl Holes {
     /// Free bytes in holes.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Free bytes in holes of at least `HOLE_LARGE_BYTES`.
+    pub fn large_bytes(&self) -> u64 {
+        self.large
     }
 
     /// Extents kept.
@@ -76,13 +97,16 @@ impl Holes {
             s = bs;
             debug_assert_eq!(be, start);
             self.count -= 1;
+            self.large -= large(bs, be);
         }
         if let Some((as_, ae)) = after.filter(|&(as_, _)| as_ == end) {
             m.remove(&as_);
             e = ae;
             self.count -= 1;
+            self.large -= large(as_, ae);
         }
         m.insert(s, e);
+        self.large += large(s, e);
         self.count += 1;
         self.bytes += (end - start) as u64;
         let new = largest(m);
@@ -125,6 +149,7 @@ impl Holes {
         m.remove(&s);
         self.count -= 1;
         self.bytes -= (e - s) as u64;
+        self.large -= large(s, e);
         self.by_size.remove(&(old, seg));
         if m.is_empty() {
             self.by_seg.remove(&seg);
@@ -156,6 +181,7 @@ impl Holes {
             self.by_size.remove(&(largest(&m), seg));
             self.count -= m.len();
             self.bytes -= m.iter().map(|(s, e)| (e - s) as u64).sum::<u64>();
+            self.large -= m.iter().map(|(&s, &e)| large(s, e)).sum::<u64>();
         }
     }
 
@@ -185,11 +211,13 @@ mod tests {
         }
         assert_eq!(h.count(), 1);
         assert_eq!(h.bytes(), 16 * rec as u64);
+        // Fifteen of them were small holes; merged, they are room the cleaner counts.
+        assert_eq!(h.large_bytes(), 16 * rec as u64);
         assert_eq!(
             h.take(16 * rec, rec, |_| true),
             Some((9, 4096, 4096 + 16 * rec))
         );
-        assert_eq!(h.bytes(), 0);
+        assert_eq!((h.bytes(), h.large_bytes()), (0, 0));
         assert_eq!(h.take(rec, rec, |_| true), None);
     }
 
@@ -212,6 +240,7 @@ mod tests {
         h.insert(2, 0, 70_000);
         h.insert(2, 100_000, 300_000);
         h.insert(3, 0, 66_000);
+        assert_eq!(h.large_bytes(), 70_000 + 200_000 + 66_000);
         // A 64 KiB run: segment 3's 66,000 is the smallest largest-hole that holds it.
         assert_eq!(h.take(65_792, 4112, |_| true), Some((3, 0, 66_000)));
         // Segment 2's best fit for it is its 70,000, not its 200,000.
@@ -226,7 +255,7 @@ mod tests {
         assert_eq!(h.take(4112, 4112, |s| s != 5), None);
         assert!(h.fits(4112, |_| true));
         assert_eq!(h.take(4112, 4112, |_| true), Some((5, 0, 8224)));
-        assert_eq!((h.count(), h.bytes()), (0, 0));
+        assert_eq!((h.count(), h.bytes(), h.large_bytes()), (0, 0, 0));
     }
 
     #[test]

@@ -104,8 +104,10 @@ struct Inner {
 enum Plan {
     /// The head of its stream has room.
     Head,
-    /// A hole of a partly-live segment becomes the head (client data, free segments short).
-    Hole,
+    /// A hole of a partly-live segment becomes the head (client data, free segments short):
+    /// one that holds the whole run (`whole`), else, only when no segment can be opened,
+    /// one that holds its first record.
+    Hole { whole: bool },
     /// A free segment becomes the head.
     Segment,
 }
@@ -206,6 +208,20 @@ pub struct Log {
     pub space: Condvar,
 }
 
+/// The hole table's counts (`Log::holes`), in footprint bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HoleCounts {
+    /// Free bytes in holes.
+    pub bytes: u64,
+    /// Of those, bytes in holes of at least `holes::HOLE_LARGE_BYTES` (64 KiB): the room
+    /// the cleaner counts.
+    pub large_bytes: u64,
+    /// Free extents.
+    pub count: usize,
+    /// Bytes client writes placed into holes since start.
+    pub filled_bytes: u64,
+}
+
 /// Footprint bytes placed in the log since start, by what placed them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Written {
@@ -247,6 +263,15 @@ impl Drop for Pending<'_> {
 /// Bytes a record of `len` bytes takes in the log: records start `RECORD_ALIGN`-aligned.
 fn aligned(len: usize) -> u64 {
     (len as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+}
+
+/// Live bytes below which a segment's holes are left to the cleaner (`usable_for_holes`).
+const HOLE_LIVE_MIN: u32 = (SEGMENT_BYTES - SEGMENT_BYTES / 4) as u32;
+
+/// Bytes the run `lens` takes laid end to end, at most a segment.
+fn run_bytes(lens: &[usize]) -> u32 {
+    let bytes: u64 = lens.iter().map(|&l| aligned(l)).sum();
+    bytes.min(SEGMENT_BYTES) as u32
 }
 
 pub fn segment_of(addr: u64) -> u32 {
@@ -560,8 +585,8 @@ impl Log {
         let h = stream as usize;
         match self.plan(&g, stream, lens)? {
             Plan::Head => {}
-            Plan::Hole => {
-                let Some((seg, start, end)) = self.take_hole(&mut g, lens) else {
+            Plan::Hole { whole } => {
+                let Some((seg, start, end)) = self.take_hole(&mut g, lens, whole) else {
                     debug_assert!(false, "`plan` found a hole `take` did not");
                     return Err(Error::NoSpace);
                 };
@@ -645,15 +670,20 @@ impl Log {
         if fits_head && (free >= floor || (g.hole_head[h] && free >= commit_floor)) {
             return Ok(Plan::Head);
         }
-        if stream == Stream::Data
-            && self.fills_holes(free)
-            && free >= commit_floor
-            && g.holes.fits(lens[0] as u32, |seg| self.hole_usable(g, seg))
-        {
-            return Ok(Plan::Hole);
+        // A run goes into one hole that holds it whole, or into a free segment: a run spread
+        // one record per small hole costs a random write per record and a map leaf each,
+        // which is how 64 KiB writes once crawled after 4 KiB ones. Spread it only when no
+        // segment can be opened.
+        let holes = stream == Stream::Data && self.fills_holes(free) && free >= commit_floor;
+        let usable = |seg| self.hole_usable(g, seg);
+        if holes && g.holes.fits(run_bytes(lens), usable) {
+            return Ok(Plan::Hole { whole: true });
         }
         if !fits_head && free > floor {
             return Ok(Plan::Segment);
+        }
+        if holes && g.holes.fits(lens[0] as u32, usable) {
+            return Ok(Plan::Hole { whole: false });
         }
         Err(Error::NoSpace)
     }
@@ -734,13 +764,12 @@ impl Log {
         SEGMENTS_FREE_LOW.max(self.segments * FREE_PERCENT_LOW / 100) + self.reserved_segments()
     }
 
-    /// Take a hole for the run `lens` (its first record at least), in a sealed segment
-    /// that still holds live records: one with none is freed whole by the next commit, and
-    /// the commit under way may have collected it already.
-    fn take_hole(&self, g: &mut Inner, lens: &[usize]) -> Option<(u32, u32, u32)> {
-        let want: u64 = lens.iter().map(|&l| aligned(l)).sum();
-        let want = want.min(SEGMENT_BYTES) as u32;
-        let min = lens[0] as u32;
+    /// Take a hole for the run `lens` (the whole run, or its first record at least), in a
+    /// sealed segment that still holds live records: one with none is freed whole by the
+    /// next commit, and the commit under way may have collected it already.
+    fn take_hole(&self, g: &mut Inner, lens: &[usize], whole: bool) -> Option<(u32, u32, u32)> {
+        let want = run_bytes(lens);
+        let min = if whole { want } else { lens[0] as u32 };
         let Inner { holes, state, .. } = g;
         holes.take(want, min, |seg| self.usable_for_holes(state, seg))
     }
@@ -750,10 +779,15 @@ impl Log {
         self.usable_for_holes(&g.state, seg)
     }
 
+    /// A segment's holes are filled only while it holds at least `HOLE_LIVE_MIN` live
+    /// bytes: an emptier one is the cleaner's best victim (it frees a whole segment for
+    /// little copying), and filling it would leave the cleaner only full segments to gain
+    /// from while commits still need whole ones (at 90% fill with every hole filled, free
+    /// segments fell to the commit's floor and 64 KiB writes were refused).
     fn usable_for_holes(&self, state: &[SegState], seg: u32) -> bool {
         state[seg as usize] == SegState::Sealed
             && seg >= self.reuse_floor
-            && self.live[seg as usize].load(Ordering::Acquire) > 0
+            && self.live[seg as usize].load(Ordering::Acquire) >= HOLE_LIVE_MIN
     }
 
     /// Client writes fill holes when free segments run short (on unless set off: tests that
@@ -762,15 +796,15 @@ impl Log {
         self.fill_holes.store(on, Ordering::Relaxed);
     }
 
-    /// Free bytes in holes, and how many holes.
-    pub fn holes(&self) -> (u64, usize) {
+    /// What the hole table holds, and what client writes placed into holes since start.
+    pub fn holes(&self) -> HoleCounts {
         let g = self.inner.lock();
-        (g.holes.bytes(), g.holes.count())
-    }
-
-    /// Footprint bytes client writes placed into holes since start.
-    pub fn hole_filled_bytes(&self) -> u64 {
-        self.filled.load(Ordering::Relaxed)
+        HoleCounts {
+            bytes: g.holes.bytes(),
+            large_bytes: g.holes.large_bytes(),
+            count: g.holes.count(),
+            filled_bytes: self.filled.load(Ordering::Relaxed),
+        }
     }
 
     /// Segments `stream` may not take: for client data the commit's room (`commit_need`,
@@ -1243,6 +1277,11 @@ impl Log {
 mod tests {
     use super::*;
 
+    fn bytes_and_count(log: &Log) -> (u64, usize) {
+        let h = log.holes();
+        (h.bytes, h.count)
+    }
+
     #[test]
     fn segments_free_only_after_release() {
         let log = Log::new(vec![0; 64], 0, true);
@@ -1356,31 +1395,35 @@ mod tests {
         log.release(&zero);
     }
 
-    /// Half-segment records until free segments fall below where holes are filled: the
-    /// addresses, two per sealed segment.
+    /// Quarter-segment records until free segments fall below where holes are filled: the
+    /// addresses, four per sealed segment (one released leaves a segment 3/4 live, as full
+    /// as `HOLE_LIVE_MIN` asks of a segment whose holes are filled).
     fn fill_to_holes(log: &Log) -> Vec<u64> {
-        let half = SEGMENT_BYTES as usize / 2;
         let mut addrs = Vec::new();
-        while log.free_segments() >= log.low_free_segments() || addrs.len() % 2 == 1 {
-            addrs.push(log.alloc(Stream::Data, half).unwrap());
+        while log.free_segments() >= log.low_free_segments() || addrs.len() % 4 != 0 {
+            addrs.push(log.alloc(Stream::Data, QUARTER).unwrap());
         }
         addrs
     }
 
+    const QUARTER: usize = SEGMENT_BYTES as usize / 4;
+
     #[test]
     fn a_released_record_is_filled_only_after_the_commit_that_follows_its_release() {
         let log = Log::new(vec![0; 64], 0, true);
-        let half = SEGMENT_BYTES as usize / 2;
+        let half = QUARTER;
         let addrs = fill_to_holes(&log);
         let hole = addrs[4];
         log.release_bytes(hole, half as u32);
         // The last commit may still name it: a fresh segment, not the hole.
         let a = log.alloc(Stream::Data, half).unwrap();
         assert_ne!(a, hole);
-        log.alloc(Stream::Data, half).unwrap();
-        assert_eq!(log.holes(), (0, 0));
+        for _ in 0..3 {
+            log.alloc(Stream::Data, half).unwrap();
+        }
+        assert_eq!(bytes_and_count(&log), (0, 0));
         commit(&log);
-        assert_eq!(log.holes(), (half as u64, 1));
+        assert_eq!(bytes_and_count(&log), (half as u64, 1));
         let free = log.free_segments();
         assert_eq!(
             log.alloc(Stream::Data, half).unwrap(),
@@ -1389,13 +1432,33 @@ mod tests {
         );
         assert_eq!(log.free_segments(), free, "no segment taken");
         assert_eq!(log.live_of(segment_of(hole)), SEGMENT_BYTES as u32);
-        assert_eq!(log.holes(), (0, 0));
+        assert_eq!(bytes_and_count(&log), (0, 0));
+    }
+
+    /// A segment less than 3/4 live is the cleaner's: its holes are not filled (filling
+    /// every hole at 90% fill left the cleaner nothing cheap to free whole segments from).
+    #[test]
+    fn an_emptier_segments_holes_are_left_to_the_cleaner() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let addrs = fill_to_holes(&log);
+        log.release_bytes(addrs[4], QUARTER as u32);
+        log.release_bytes(addrs[9], QUARTER as u32);
+        log.release_bytes(addrs[10], QUARTER as u32);
+        commit(&log);
+        assert_eq!(bytes_and_count(&log), (3 * QUARTER as u64, 2));
+        // Segment 1 (3/4 live) takes the next quarter; segment 2 (half live) does not.
+        assert_eq!(log.alloc(Stream::Data, QUARTER).unwrap(), addrs[4]);
+        let free = log.free_segments();
+        let next = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(next != addrs[9] && next != addrs[10]);
+        assert_eq!(log.free_segments(), free - 1, "a free segment, not the half-empty one");
+        assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
     }
 
     #[test]
     fn a_hole_takes_a_write_that_free_segments_no_longer_can() {
         let log = Log::new(vec![0; 64], 0, true);
-        let half = SEGMENT_BYTES as usize / 2;
+        let half = QUARTER;
         let mut addrs = Vec::new();
         // Fill until client data may take no more segments (the commit's and the
         // cleaner's room are left).
@@ -1415,6 +1478,65 @@ mod tests {
         assert_eq!(log.alloc(Stream::Data, half).unwrap(), addrs[10]);
         assert_eq!(log.free_segments(), free);
         assert!(matches!(log.alloc(Stream::Data, half), Err(Error::NoSpace)));
+    }
+
+    /// A run goes into one hole that holds it whole, else into a free segment; it is
+    /// spread one record per small hole only once no segment can be opened. Spread first,
+    /// 64 KiB writes after 4 KiB ones crawled and were refused at 90% fill.
+    #[test]
+    fn a_run_takes_a_hole_whole_or_a_segment_and_small_holes_only_last() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let rec = 4112usize;
+        let run = [rec; 16];
+        let mut addrs = Vec::new();
+        while log.free_segments() >= log.low_free_segments() {
+            addrs.push(log.alloc(Stream::Data, rec).unwrap());
+        }
+        let small = [addrs[100], addrs[300], addrs[500]];
+        for a in small {
+            log.release_bytes(a, rec as u32);
+        }
+        for &a in &addrs[1000..1016] {
+            log.release_bytes(a, rec as u32);
+        }
+        commit(&log);
+        let h = log.holes();
+        assert_eq!((h.count, h.large_bytes), (4, 16 * rec as u64));
+        // Once the head is full, the run goes into the 64 KiB hole whole: no segment.
+        let free = log.free_segments();
+        loop {
+            let (addr, n) = log.alloc_run(Stream::Data, &run).unwrap();
+            assert!(
+                !small.contains(&addr),
+                "a 4 KiB hole taken while a segment was free"
+            );
+            if addr == addrs[1000] {
+                assert_eq!(n, 16);
+                break;
+            }
+            assert_eq!(
+                log.free_segments(),
+                free,
+                "a segment opened while a hole held the run"
+            );
+        }
+        // The next opens a free segment rather than spread over the 4 KiB holes.
+        let (addr, n) = log.alloc_run(Stream::Data, &run).unwrap();
+        assert!(!small.contains(&addr) && n == 16);
+        assert_eq!(log.free_segments(), free - 1);
+        // Until no segment can be opened: then a small hole takes the first record.
+        loop {
+            let (addr, n) = log.alloc_run(Stream::Data, &run).unwrap();
+            if small.contains(&addr) {
+                assert_eq!(n, 1, "a 4 KiB hole holds one record");
+                assert!(!log.space_available(Stream::Data, &[16 * rec]));
+                break;
+            }
+            assert!(
+                log.free_segments() > 0,
+                "segments ran out before a small hole was used"
+            );
+        }
     }
 
     /// A writer woken because `space_available` says its run fits must find room in
@@ -1468,7 +1590,7 @@ mod tests {
                     commit(&log);
                 }
             }
-            filled += log.hole_filled_bytes();
+            filled += log.holes().filled_bytes;
         }
         assert!(filled > 0, "no run filled a hole: the test proves nothing");
     }
@@ -1481,7 +1603,7 @@ mod tests {
         log.alloc(Stream::Data, half).unwrap();
         log.release_bytes(a, half as u32);
         commit(&log);
-        assert_eq!(log.holes(), (half as u64, 1));
+        assert_eq!(bytes_and_count(&log), (half as u64, 1));
         assert_ne!(log.alloc(Stream::Data, half).unwrap(), a);
         // Off: released bytes are not even noted.
         log.set_fill_holes(false);
@@ -1489,7 +1611,7 @@ mod tests {
         log.alloc(Stream::Data, half).unwrap();
         log.release_bytes(b, half as u32);
         commit(&log);
-        assert_eq!(log.holes(), (half as u64, 1));
+        assert_eq!(bytes_and_count(&log), (half as u64, 1));
     }
 
     #[test]
@@ -1501,7 +1623,7 @@ mod tests {
         assert_eq!(segment_of(a), segment_of(b));
         log.release_bytes(a, half);
         commit(&log);
-        assert_eq!(log.holes(), (half as u64, 1));
+        assert_eq!(bytes_and_count(&log), (half as u64, 1));
         // Its last record goes: the segment is empty, the next commit frees it whole (the
         // one under way may have collected it), so its hole is not taken meanwhile.
         log.release_bytes(b, half);
@@ -1509,7 +1631,7 @@ mod tests {
         assert_ne!(segment_of(c), segment_of(a));
         commit(&log);
         assert!(log.is_free(segment_of(a)));
-        assert_eq!(log.holes(), (0, 0), "a free segment has no holes");
+        assert_eq!(bytes_and_count(&log), (0, 0), "a free segment has no holes");
     }
 
     #[test]
@@ -1542,7 +1664,7 @@ mod tests {
         assert!(again.is_some(), "segment {seg} opened again");
         commit(&log);
         assert_eq!(
-            log.holes(),
+            bytes_and_count(&log),
             (0, 0),
             "the released bytes are another record's now"
         );

@@ -525,9 +525,10 @@ impl Core {
             write_amplification: written.amplification(),
             cleaning: self.store.clean_stuck().map(|s| s.why),
             clean_cost: self.store.clean_cost(),
-            hole_bytes: holes.0 * per,
-            holes: holes.1 as u64,
-            hole_filled_bytes: holes.2 * per,
+            hole_bytes: holes.bytes * per,
+            hole_large_bytes: holes.large_bytes * per,
+            holes: holes.count as u64,
+            hole_filled_bytes: holes.filled_bytes * per,
         }
     }
 
@@ -578,11 +579,14 @@ impl Core {
         }
         // Below `low` client writes fill holes (decision 0014): the cleaner runs once those
         // run short, or once free segments (which commits and the cleaner take) fall half
-        // way from `low` to what client writes may not take.
+        // way from `low` to what client writes may not take. Only holes of 64 KiB or more
+        // count: small ones take small writes, but a 64 KiB write finds no hole to go into
+        // whole and opens a segment, so counting them left the cleaner idle while free
+        // segments ran out (`bench/full_pool.sh` at 90%: 64 KiB writes refused).
         let reserved = self.store.reserved_segments();
         let margin = low.saturating_sub(reserved);
-        let (hole_bytes, _, _) = self.store.holes();
-        free < reserved + margin / 2 || hole_bytes < margin as u64 * SEGMENT_BYTES
+        let large_hole_bytes = self.store.holes().large_bytes;
+        free < reserved + margin / 2 || large_hole_bytes < margin as u64 * SEGMENT_BYTES
     }
 
     pub fn any_dirty(&self) -> bool {

@@ -57,9 +57,8 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). Off by default
-    /// (`serve --fill-holes`): at 90% fill after 4K overwrites, 64K writes found only small
-    /// holes while the cleaner stood idle, and some were refused (BENCHMARKS.md).
+    /// run short, instead of waiting for the cleaner (decision 0014). On by default
+    /// (`serve --no-fill-holes` turns it off).
     pub fill_holes: bool,
 }
 
@@ -79,7 +78,7 @@ impl Default for OpenOptions {
             cache_device: None,
             tier: None,
             stepped: false,
-            fill_holes: false,
+            fill_holes: true,
         }
     }
 }

@@ -67,6 +67,10 @@ pub struct SpaceStatus {
     /// pool was imported (memory only).
     #[serde(default)]
     pub hole_bytes: u64,
+    /// Of `hole_bytes`, those in extents of at least 64 KiB: what the cleaner counts as
+    /// room (a run goes into one hole whole, or into a free segment).
+    #[serde(default)]
+    pub hole_large_bytes: u64,
     #[serde(default)]
     pub holes: u64,
     /// Bytes client writes placed into holes since the daemon started (each copy's worth

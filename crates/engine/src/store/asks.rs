@@ -195,9 +195,8 @@ impl Store {
 
     /// Free bytes in holes and how many (decision 0014), and bytes client writes placed
     /// in them since start.
-    pub fn holes(&self) -> (u64, usize, u64) {
-        let (bytes, count) = self.log.holes();
-        (bytes, count, self.log.hole_filled_bytes())
+    pub fn holes(&self) -> crate::log::HoleCounts {
+        self.log.holes()
     }
 
     /// Client writes fill holes when free segments run short (`OpenOptions::fill_holes`).

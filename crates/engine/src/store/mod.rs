@@ -1102,6 +1102,14 @@ impl Store {
     /// segments freed, which a cleaner that writes what it frees keeps raising, kept a
     /// writer waiting forever: issue 36). Stuck cleaning answers at once.
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
+        let refused = |why: &str| {
+            tracing::debug!(
+                free = self.log.free_segments(),
+                holes = ?self.log.holes(),
+                "a writer's wait for space refused: {why}"
+            );
+            Err(Error::NoSpace)
+        };
         let start = crate::env::now();
         let hard = start + SPACE_WAIT_HARD;
         let mut deadline = start + SPACE_WAIT_MAX;
@@ -1111,10 +1119,10 @@ impl Store {
             self.check_poisoned()?;
             let now = crate::env::now();
             if now >= deadline || now >= hard || self.closing.load(Ordering::Relaxed) {
-                return Err(Error::NoSpace);
+                return refused("waited its bound");
             }
             if self.clean_unstuck_if_freed() {
-                return Err(Error::NoSpace);
+                return refused("cleaning is stuck");
             }
             if self.stepped() {
                 // Nothing runs beside us: say what a wait would have asked for and give up;
@@ -1139,7 +1147,7 @@ impl Store {
             } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
                 futile += 1;
                 if futile >= SPACE_WAIT_FUTILE {
-                    return Err(Error::NoSpace);
+                    return refused("cleaning rounds gained no free segment");
                 }
             }
             // A full pool answers at once: nothing a commit would free or hand back (its
@@ -1148,7 +1156,7 @@ impl Store {
                 || !self.log.zero_sealed().is_empty()
                 || self.log.any_victim();
             if !reclaimable {
-                return Err(Error::NoSpace);
+                return refused("nothing to reclaim");
             }
         }
         Ok(())
