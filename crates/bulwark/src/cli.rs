@@ -771,13 +771,12 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
-    /// Write into holes (free extents of mostly-full segments) when free segments run
-    /// short, instead of waiting for the cleaner (decision 0014). The default; the flag is
-    /// kept for scripts that ask for it.
+    /// Experimental: write into holes (free extents of mostly-full segments) when free
+    /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
+    /// default: on a parity pool at 90% fill, small writes can still be refused.
     #[arg(long)]
     pub fill_holes: bool,
-    /// Never write into holes: near full, writes wait for the cleaner to free whole
-    /// segments (the behaviour before decision 0014; overrides --fill-holes).
+    /// Never write into holes (the default; overrides --fill-holes).
     #[arg(long)]
     pub no_fill_holes: bool,
 

@@ -143,6 +143,14 @@ fn overwrite_until_full(dir: &std::path::Path, rotate: bool) -> (u64, bool) {
         assert!(buf == block(1, lba), "v@base block {lba} changed");
     }
     drop((v, base));
+    // Destroying the snapshots frees their data: status stops saying cleaning is stuck
+    // at once, not only when a writer next waits (it once kept saying so after every
+    // trim and destroy, with most of the pool free).
+    pool.snapshot_destroy("v", "k1").unwrap();
+    pool.snapshot_destroy("v", "base").unwrap();
+    pool.flush().unwrap();
+    let sp = pool.status().space;
+    assert_eq!(sp.cleaning, None, "space was freed: {sp:?}");
     pool.close().unwrap();
     (done, refused)
 }
@@ -181,11 +189,13 @@ fn run_bounded(rotate: bool) {
     }
 }
 
-/// Exploration of issue 36 part 5 (ENOSPC far below usable after a fill and its release,
-/// exabyte thin volumes and clones): prints where writes are refused.
+/// Issue 36 part 5: after a fill and its release (exabyte thin volumes, a snapshot, two
+/// clones, random 4 KiB writes, released by trim), writes were refused at 75–80% of
+/// `usable_bytes`, in every round, and status went on saying cleaning was stuck after the
+/// release. With writes filling holes (decision 0014, `fill_holes`, opt-in) they are
+/// refused only once the pool is full (103% of usable here); with it off this test fails.
 #[test]
-#[ignore]
-fn explore_enospc_after_release() {
+fn writes_fill_the_pool_after_a_release_not_three_quarters_of_it() {
     let dir = tempfile::tempdir().unwrap();
     Pool::create(
         dir.path(),
@@ -196,7 +206,14 @@ fn explore_enospc_after_release() {
         },
     )
     .unwrap();
-    let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+    let pool = Pool::open(
+        dir.path(),
+        OpenOptions {
+            fill_holes: true,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
     let o = VolumeOptions {
         size_bytes: 1 << 60,
         block_size: BLOCK as u32,
@@ -249,9 +266,16 @@ fn explore_enospc_after_release() {
             }
         }
     };
-    for round in 0..3 {
+    for round in 0..2 {
         let n = fill("b", 10 + round, 1 << 30) + fill("c1", 20 + round, 0);
         report(&format!("round {round} full after {n} writes"));
+        let s = pool.status().space;
+        assert!(
+            s.used_bytes * 10 >= s.usable_bytes * 9,
+            "round {round}: writes refused at {} of {} usable",
+            s.used_bytes,
+            s.usable_bytes
+        );
         for name in ["b", "c1"] {
             let v = pool.volume(name).unwrap();
             v.trim(0, (1 << 16) * BLOCK).unwrap();
@@ -259,6 +283,8 @@ fn explore_enospc_after_release() {
             v.flush().unwrap();
         }
         report(&format!("round {round} released"));
+        let s = pool.status().space;
+        assert_eq!(s.cleaning, None, "round {round}: released, still 'stuck'");
     }
     pool.close().unwrap();
 }

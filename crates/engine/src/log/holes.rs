@@ -19,9 +19,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 /// Extents the table keeps at most (about 64 bytes of memory each).
 pub(super) const HOLES_TRACKED_MAX: usize = 1 << 20;
 
-/// Holes at least this large count as room for the cleaner (`large_bytes`): a client write
-/// of 64 KiB or more fits one whole; smaller holes take small writes, but counting them
-/// would leave the cleaner idle while larger writes find no hole to go into whole.
+/// Holes at least this large are counted apart (`large_bytes_usable`, `status`): a client
+/// write of 64 KiB fits one whole.
 pub(super) const HOLE_LARGE_BYTES: u32 = 64 << 10;
 
 /// How many segments `take` looks at before it gives up on a best fit.
@@ -69,8 +68,27 @@ impl Holes {
     }
 
     /// Free bytes in holes of at least `HOLE_LARGE_BYTES`.
+    #[cfg(test)]
     pub fn large_bytes(&self) -> u64 {
         self.large
+    }
+
+    /// Bytes in holes of at least `HOLE_LARGE_BYTES` in segments `usable` accepts, counted
+    /// up to `enough` (segments with a large hole only, largest first).
+    pub fn large_bytes_usable(&self, usable: impl Fn(u32) -> bool, enough: u64) -> u64 {
+        let mut sum = 0;
+        for &(_, seg) in self.by_size.range((HOLE_LARGE_BYTES, 0)..).rev() {
+            if sum >= enough {
+                break;
+            }
+            if usable(seg) {
+                sum += self.by_seg[&seg]
+                    .iter()
+                    .map(|(&s, &e)| large(s, e))
+                    .sum::<u64>();
+            }
+        }
+        sum
     }
 
     /// Extents kept.

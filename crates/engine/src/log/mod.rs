@@ -213,8 +213,8 @@ pub struct Log {
 pub struct HoleCounts {
     /// Free bytes in holes.
     pub bytes: u64,
-    /// Of those, bytes in holes of at least `holes::HOLE_LARGE_BYTES` (64 KiB): the room
-    /// the cleaner counts.
+    /// Of those, bytes in holes of at least `holes::HOLE_LARGE_BYTES` (64 KiB) in segments
+    /// whose holes writes fill now (`usable_for_holes`): room a 64 KiB write can take.
     pub large_bytes: u64,
     /// Free extents.
     pub count: usize,
@@ -801,7 +801,9 @@ impl Log {
         let g = self.inner.lock();
         HoleCounts {
             bytes: g.holes.bytes(),
-            large_bytes: g.holes.large_bytes(),
+            large_bytes: g
+                .holes
+                .large_bytes_usable(|seg| self.usable_for_holes(&g.state, seg), u64::MAX),
             count: g.holes.count(),
             filled_bytes: self.filled.load(Ordering::Relaxed),
         }
@@ -1451,7 +1453,11 @@ mod tests {
         let free = log.free_segments();
         let next = log.alloc(Stream::Data, QUARTER).unwrap();
         assert!(next != addrs[9] && next != addrs[10]);
-        assert_eq!(log.free_segments(), free - 1, "a free segment, not the half-empty one");
+        assert_eq!(
+            log.free_segments(),
+            free - 1,
+            "a free segment, not the half-empty one"
+        );
         assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
     }
 

@@ -354,8 +354,12 @@ impl Store {
         self.log.space.notify_all();
     }
 
-    /// Why cleaning is stuck, if it is.
+    /// Why cleaning is stuck, if it still is (`clean_unstuck_if_freed`: space freed since
+    /// clears it here too, so `status` does not wait for a writer to notice).
     pub fn clean_stuck(&self) -> Option<CleanStuck> {
+        if !self.clean_unstuck_if_freed() {
+            return None;
+        }
         self.clean_stuck.lock().clone()
     }
 
