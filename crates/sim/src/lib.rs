@@ -13,6 +13,7 @@
 //! seed prints the same hash.
 
 pub mod model;
+pub mod objects;
 pub mod rng;
 pub mod world;
 

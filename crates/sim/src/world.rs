@@ -22,6 +22,8 @@ use zeroize::Zeroizing;
 use crate::model::{fill_cell, value_of, Cell, Vol, CELL};
 use crate::rng::{Rng, Trace};
 
+mod tiered;
+
 /// Pool layouts the simulator builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimLayout {
@@ -31,6 +33,9 @@ pub enum SimLayout {
     /// `single` with a separate intent log device (`pool log add`): a FLUSH is a log
     /// block on it, and an import after a crash replays it.
     Log,
+    /// `single` with the object tier on a simulated S3 (`objects.rs`, `world/tiered.rs`):
+    /// every commit publishes to it, whose faults and second writer the seed arms.
+    Tier,
 }
 
 impl Kind {
@@ -38,6 +43,7 @@ impl Kind {
         KINDS
             .iter()
             .chain(LATER_KINDS.iter())
+            .chain(tiered::TIER_KINDS.iter())
             .map(|(k, _)| *k)
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(s))
     }
@@ -50,6 +56,7 @@ impl SimLayout {
             "mirror" => Some(SimLayout::Mirror),
             "parity" => Some(SimLayout::Parity),
             "log" => Some(SimLayout::Log),
+            "tier" => Some(SimLayout::Tier),
             _ => None,
         }
     }
@@ -59,6 +66,7 @@ impl SimLayout {
             SimLayout::Mirror => "mirror",
             SimLayout::Parity => "parity",
             SimLayout::Log => "log",
+            SimLayout::Tier => "tier",
         }
     }
     /// Every layout (`--layout all`).
@@ -68,6 +76,7 @@ impl SimLayout {
             SimLayout::Mirror,
             SimLayout::Parity,
             SimLayout::Log,
+            SimLayout::Tier,
         ]
     }
     /// A separate intent log device, a file in the pool's directory (so the crash journal
@@ -77,7 +86,7 @@ impl SimLayout {
     }
     fn engine(self) -> (Layout, usize) {
         match self {
-            SimLayout::Single | SimLayout::Log => (Layout::Single, 1),
+            SimLayout::Single | SimLayout::Log | SimLayout::Tier => (Layout::Single, 1),
             SimLayout::Mirror => (Layout::Mirror(2), 2),
             SimLayout::Parity => ("parity:2+1".parse().expect("a valid layout"), 3),
         }
@@ -111,6 +120,12 @@ pub enum Kind {
     Fault,
     Device,
     LogChange,
+    /// The object tier (`tier` layout only, `world/tiered.rs`): store faults around a
+    /// commit, a second writer, a restore from the bucket alone, the tier's own step.
+    TierFault,
+    TierWriter,
+    TierRestore,
+    TierStep,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -257,6 +272,16 @@ pub struct Stats {
     /// The most bytes client writes had placed into holes (decision 0014) in one process
     /// of the pool, as a maintenance step saw it: whether the run filled holes at all.
     pub hole_filled_max: u64,
+    /// The object tier (`tier` layout): fault windows armed on the store, requests they
+    /// failed, commits (flushes, steps) that failed under them, second writers and the
+    /// fencings seen, restores from the bucket, tier steps.
+    pub store_windows: u64,
+    pub store_faults: u64,
+    pub store_commits_failed: u64,
+    pub second_writers: u64,
+    pub fenced: u64,
+    pub restores: u64,
+    pub tier_steps: u64,
 }
 
 pub struct Config {
@@ -305,6 +330,8 @@ pub struct World {
     cache: Option<PathBuf>,
     /// A fault armed on the log device (`log` layout, `World::log_fault`).
     log_window: bool,
+    /// The object tier (`tier` layout): the simulated store and who writes it.
+    tier: Option<tiered::TierWorld>,
 }
 
 type R = Result<(), String>;
@@ -364,6 +391,9 @@ impl World {
             }
         }
         let cache_device = later.chance(300);
+        // The tier's kinds from a generator of their own: the other layouts' seeds are
+        // untouched.
+        let tier = (cfg.layout == SimLayout::Tier).then(|| tiered::draw(cfg.seed, &mut on, &cfg.without));
         let base = match &cfg.dir {
             Some(d) => d.clone(),
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
@@ -388,6 +418,9 @@ impl World {
         }
         Pool::create_with_log(dir.path(), layout, spec, "sim", &logs)
             .map_err(|e| format!("pool create: {e}"))?;
+        if let Some(t) = &tier {
+            t.configure(dir.path())?;
+        }
         let cache = cache_device.then(|| dir.path().join("cache-device.img"));
         if let Some(c) = &cache {
             std::fs::File::create(c)
@@ -416,6 +449,7 @@ impl World {
             out: None,
             cache,
             log_window: false,
+            tier,
         };
         w.trace.1 = cfg.log;
         w.trace.text(cfg.layout.name());
@@ -438,8 +472,9 @@ impl World {
         self.pool.as_ref().expect("the pool is open")
     }
 
-    fn open(&mut self) -> R {
-        let opts = OpenOptions {
+    /// How every import of this world's pool opens it.
+    fn options(&mut self) -> OpenOptions {
+        OpenOptions {
             stepped: true,
             allow_fault_injection: true,
             cache_device: self.cache.clone(),
@@ -447,8 +482,13 @@ impl World {
             // Off by default in the daemon (decision 0014, status); the simulator keeps
             // checking it.
             fill_holes: true,
+            tier: self.tier.as_mut().map(|t| t.open()),
             ..OpenOptions::default()
-        };
+        }
+    }
+
+    fn open(&mut self) -> R {
+        let opts = self.options();
         let pool = Pool::open(self.dir.path(), opts)
             .map_err(|e| format!("the pool does not import: {e}"))?;
         if self.cache.is_some() {
@@ -1661,6 +1701,15 @@ impl World {
         } else {
             self.trace.text("crash");
         }
+        self.power_off()?;
+        self.stats.crashes += 1;
+        self.open()?;
+        self.after_crash()
+    }
+
+    /// The machine stops: the pool is dropped with the journal frozen, and each unsynced
+    /// write kept, dropped or torn by the seed.
+    fn power_off(&mut self) -> R {
         self.journal.freeze();
         self.close_handles();
         drop(self.pool.take());
@@ -1676,10 +1725,12 @@ impl World {
             "unsynced writes: {} kept, {} dropped, {} torn",
             out.kept, out.dropped, out.torn
         ));
-        self.stats.crashes += 1;
-        self.open()?;
-        // Every cell holds its last durable value or one acknowledged (or in flight)
-        // since: check, and pin it.
+        Ok(())
+    }
+
+    /// After a crash's import: every cell holds its last durable value or one
+    /// acknowledged (or in flight) since: check, and pin it.
+    fn after_crash(&mut self) -> R {
         for vi in 0..self.vols.len() {
             for c in &mut self.vols[vi].cells {
                 c.cur = c.dur.clone();
@@ -1759,6 +1810,10 @@ impl World {
             Kind::Fault => self.faulty_read(vi),
             Kind::Device => self.device(),
             Kind::LogChange => self.log_change(),
+            Kind::TierFault => self.tier_fault(vi),
+            Kind::TierWriter => self.tier_writer(),
+            Kind::TierRestore => self.tier_restore(),
+            Kind::TierStep => self.tier_step(),
         }
     }
 

@@ -620,8 +620,11 @@ impl Core {
             if t.take_catch_up() {
                 self.table_dirty.store(true, Ordering::Release);
             }
+            // Stepped, the clock-driven check and collection are the caller's steps
+            // (`Pool::tier_step`): nothing a stepped round does depends on the clock.
             let ops = self.store.client_ops();
-            if ops != st.tier_checked.1
+            if !self.store.stepped()
+                && ops != st.tier_checked.1
                 && crate::env::since(st.tier_checked.0) >= crate::constants::TIER_CHECK_INTERVAL
             {
                 st.tier_checked = (crate::env::now(), ops);
@@ -635,7 +638,7 @@ impl Core {
                     Ok(()) => {}
                 }
             }
-            if t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
+            if !self.store.stepped() && t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
                 if let Err(e) = t.collect() {
                     tracing::warn!("object store garbage collection failed: {e}");
                 }

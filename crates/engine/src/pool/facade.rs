@@ -371,6 +371,13 @@ impl Pool {
         self.core.maintenance_step(&mut self.steps.lock())
     }
 
+    /// Stepped pools only: the object tier's fencing check and a collection (by the
+    /// clock in a serving pool). Ok(false) when another writer took the pool (it is
+    /// poisoned then).
+    pub fn tier_step(&self) -> Result<bool> {
+        self.core.tier_step()
+    }
+
     /// Stepped pools only: run a started (or resumed) scrub to its end on this thread;
     /// nothing when none is scanning.
     pub fn scrub_step(&self) -> Result<()> {

@@ -13,7 +13,9 @@
 //! `Pool::rotation_step` (`rotate.rs`) runs one batch of each rotation under way, as the worker would
 //! (a batch that fails pauses it with its reason in `Rotation::error`; one paused for
 //! space is tried again at the next step, any other waits for `key_rotate` or a key load,
-//! which clear the reason).
+//! which clear the reason). The object tier's fencing check and collection, which a
+//! serving pool runs by the clock, are left out of a stepped round: `Pool::tier_step`
+//! runs them.
 //!
 //! Nothing here changes what a round does: production runs the same `maintenance_round`
 //! from its thread, so a seed that breaks a step breaks the daemon too.
@@ -36,6 +38,29 @@ impl Core {
         self.refuse_unless_stepped("maintenance_step")?;
         self.maintenance_round(st);
         Ok(())
+    }
+
+    /// `Pool::tier_step`: the object tier's clock-driven work, which a stepped round
+    /// leaves out: the fencing check (a takeover found poisons the pool, as in the
+    /// round) and a collection. Ok(false) when fenced; nothing without an object store.
+    pub(super) fn tier_step(&self) -> Result<bool> {
+        self.refuse_unless_stepped("tier_step")?;
+        let Some(t) = &self.tier else {
+            return Ok(true);
+        };
+        match t.check() {
+            Err(e @ Error::Fenced(_)) => {
+                tracing::error!("{e}");
+                self.store.poison();
+                return Ok(false);
+            }
+            Err(e) => tracing::warn!("object store check failed: {e}"),
+            Ok(()) => {}
+        }
+        if let Err(e) = t.collect() {
+            tracing::warn!("object store garbage collection failed: {e}");
+        }
+        Ok(true)
     }
 
     /// `Pool::scrub_step`.

@@ -623,9 +623,10 @@ impl Store {
     }
 
     /// A client write's wait for room in the local cache (`pace::Pace::wait_for_room`):
-    /// at once without a cache or under its cap.
+    /// at once without a cache or under its cap, and in stepped mode (no maintenance
+    /// thread to wait for: the simulator runs its steps itself).
     pub fn wait_for_cache_room(&self) {
-        if self.pace.cap() > 0 {
+        if self.pace.cap() > 0 && !self.stepped() {
             self.pace.wait_for_room(self);
         }
     }
