@@ -242,8 +242,10 @@ const SIM: Table = Table {
         ("rng", &[]),
         // The reference model: what each cell may read as, now and after a crash.
         ("model", &[]),
+        // The simulated object store (S3) of the `tier` layout, its faults.
+        ("objects", &[]),
         // The world: the pool, the driver of operations, steps and crashes.
-        ("world", &["model", "rng"]),
+        ("world", &["model", "rng", "objects"]),
         // The command line (the binary; it reaches the rest as `bulwark_sim::`).
         ("main", &[]),
     ],

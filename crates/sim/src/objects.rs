@@ -259,7 +259,7 @@ impl ObjectStore for SimStore {
         let (b, _) = g.objects.get(name).ok_or_else(|| {
             Error::NotFound(format!("object store sim://bucket: {name}: no such key"))
         })?;
-        let end = start.checked_add(len).unwrap_or(u64::MAX);
+        let end = start.saturating_add(len);
         b.get(start as usize..end.min(usize::MAX as u64) as usize)
             .map(|s| s.to_vec())
             .ok_or_else(|| {
@@ -331,7 +331,10 @@ mod tests {
             modes: vec![StoreFault::LostAnswer],
         }));
         let got = s.put_if("a", b"x".to_vec(), &Cond::Absent);
-        assert!(matches!(got, Err(Error::Io(_)) | Ok(PutIf::Refused)), "{got:?}");
+        assert!(
+            matches!(got, Err(Error::Io(_)) | Ok(PutIf::Refused)),
+            "{got:?}"
+        );
         assert_eq!(s.raw_get("a").as_deref(), Some(&b"x"[..]));
         s.arm(Some(Armed {
             seed: 1,

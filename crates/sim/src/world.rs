@@ -272,11 +272,12 @@ pub struct Stats {
     /// The most bytes client writes had placed into holes (decision 0014) in one process
     /// of the pool, as a maintenance step saw it: whether the run filled holes at all.
     pub hole_filled_max: u64,
-    /// The object tier (`tier` layout): fault windows armed on the store, requests they
-    /// failed, commits (flushes, steps) that failed under them, second writers and the
-    /// fencings seen, restores from the bucket, tier steps.
+    /// The object tier (`tier` layout): fault windows armed on the store, those in which
+    /// it failed a request (how many it failed depends on the upload threads' order: not
+    /// counted), flushes that failed under them, second writers and the fencings seen,
+    /// restores from the bucket, tier steps.
     pub store_windows: u64,
-    pub store_faults: u64,
+    pub store_windows_hit: u64,
     pub store_commits_failed: u64,
     pub second_writers: u64,
     pub fenced: u64,
@@ -393,7 +394,8 @@ impl World {
         let cache_device = later.chance(300);
         // The tier's kinds from a generator of their own: the other layouts' seeds are
         // untouched.
-        let tier = (cfg.layout == SimLayout::Tier).then(|| tiered::draw(cfg.seed, &mut on, &cfg.without));
+        let tier =
+            (cfg.layout == SimLayout::Tier).then(|| tiered::draw(cfg.seed, &mut on, &cfg.without));
         let base = match &cfg.dir {
             Some(d) => d.clone(),
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),

@@ -23,6 +23,7 @@ fn budget(layout: SimLayout) {
     );
     let ops = env("BULWARK_SIM_OPS", 500);
     let mut crashes = 0;
+    let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
         let cfg = Config {
             seed,
@@ -33,7 +34,12 @@ fn budget(layout: SimLayout) {
             without: Vec::new(),
         };
         match run(&cfg) {
-            Ok(r) => crashes += r.stats.crashes,
+            Ok(r) => {
+                crashes += r.stats.crashes;
+                tier.0 += r.stats.store_commits_failed;
+                tier.1 += r.stats.fenced;
+                tier.2 += r.stats.restores;
+            }
             Err(f) => panic!(
                 "seed {} {layout:?} failed at op {}: {}\nreplay: {}",
                 f.seed, f.op, f.message, f.replay
@@ -42,6 +48,18 @@ fn budget(layout: SimLayout) {
     }
     // The budget exercises crashes, or it does not test what it says it does.
     assert!(crashes > 0, "{seeds} seeds of {layout:?} crashed no pool");
+    if layout == SimLayout::Tier {
+        // And the object store's faults: refused flushes, fencings, restores.
+        let t = tier;
+        assert!(
+            t.0 > 0 && t.1 > 0 && t.2 > 0,
+            "{seeds} seeds of the tier: {} flushes refused by the store, {} fencings, {} \
+             restores",
+            t.0,
+            t.1,
+            t.2
+        );
+    }
 }
 
 #[test]
@@ -62,4 +80,9 @@ fn parity_holds() {
 #[test]
 fn log_device_holds() {
     budget(SimLayout::Log);
+}
+
+#[test]
+fn object_tier_holds() {
+    budget(SimLayout::Tier);
 }

@@ -1,6 +1,7 @@
 //! One seed is one run: the same seed, run twice, gives the same trace hash (every
 //! operation, argument and answer), the same counts and the same bytes on its devices,
-//! on every layout.
+//! on every layout (the object tier's included: its store's faults are the seed's
+//! whatever the upload threads do).
 
 use bulwark_sim::{run, run_with_device_hash, Config, SimLayout};
 
@@ -22,6 +23,7 @@ fn a_seed_replays_identically() {
         (8, SimLayout::Mirror),
         (9, SimLayout::Parity),
         (10, SimLayout::Log),
+        (11, SimLayout::Tier),
     ] {
         let (a, a_bytes) =
             run_with_device_hash(&config(seed, layout)).unwrap_or_else(|f| panic!("{f:?}"));

@@ -610,38 +610,8 @@ impl Core {
             return;
         }
         if let Some(t) = &self.tier {
-            // Not taken at import (the store did not answer): try again, and once it
-            // answers, a commit catches it up.
-            if let Err(e) = t.attach_late(&self.store, false) {
-                tracing::error!("{e}");
-                self.store.poison();
+            if !self.tier_round(t, st) {
                 return;
-            }
-            if t.take_catch_up() {
-                self.table_dirty.store(true, Ordering::Release);
-            }
-            // Stepped, the clock-driven check and collection are the caller's steps
-            // (`Pool::tier_step`): nothing a stepped round does depends on the clock.
-            let ops = self.store.client_ops();
-            if !self.store.stepped()
-                && ops != st.tier_checked.1
-                && crate::env::since(st.tier_checked.0) >= crate::constants::TIER_CHECK_INTERVAL
-            {
-                st.tier_checked = (crate::env::now(), ops);
-                match t.check() {
-                    Err(e @ Error::Fenced(_)) => {
-                        tracing::error!("{e}");
-                        self.store.poison();
-                        return;
-                    }
-                    Err(e) => tracing::warn!("object store check failed: {e}"),
-                    Ok(()) => {}
-                }
-            }
-            if !self.store.stepped() && t.collect_due(crate::constants::TIER_COLLECT_INTERVAL) {
-                if let Err(e) = t.collect() {
-                    tracing::warn!("object store garbage collection failed: {e}");
-                }
             }
         }
         // Low on space, a commit also frees the segments emptied since the last one, even
@@ -705,6 +675,58 @@ impl Core {
             }
             self.store.note_clean_round();
         }
+    }
+}
+
+impl Core {
+    /// The object tier's part of a maintenance round; false when the pool stopped
+    /// (poisoned: fenced, or a deferred takeover refused).
+    fn tier_round(&self, t: &super::tier::Tier, st: &mut MaintenanceState) -> bool {
+        // Not taken at import (the store did not answer): try again, and once it
+        // answers, a commit catches it up.
+        if let Err(e) = t.attach_late(&self.store, false) {
+            tracing::error!("{e}");
+            self.store.poison();
+            return false;
+        }
+        if t.take_catch_up() {
+            self.table_dirty.store(true, Ordering::Release);
+        }
+        // Stepped, the clock-driven check and collection are the caller's steps
+        // (`Pool::tier_step`): nothing a stepped round does depends on the clock.
+        if self.store.stepped() {
+            return true;
+        }
+        let ops = self.store.client_ops();
+        let check = ops != st.tier_checked.1
+            && crate::env::since(st.tier_checked.0) >= crate::constants::TIER_CHECK_INTERVAL;
+        if check {
+            st.tier_checked = (crate::env::now(), ops);
+        }
+        let collect = t.collect_due(crate::constants::TIER_COLLECT_INTERVAL);
+        self.tier_upkeep(t, check, collect)
+    }
+
+    /// The fencing check (`check`) and a garbage collection (`collect`); false when
+    /// another writer took the pool (then poisoned).
+    pub(crate) fn tier_upkeep(&self, t: &super::tier::Tier, check: bool, collect: bool) -> bool {
+        if check {
+            match t.check() {
+                Err(e @ Error::Fenced(_)) => {
+                    tracing::error!("{e}");
+                    self.store.poison();
+                    return false;
+                }
+                Err(e) => tracing::warn!("object store check failed: {e}"),
+                Ok(()) => {}
+            }
+        }
+        if collect {
+            if let Err(e) = t.collect() {
+                tracing::warn!("object store garbage collection failed: {e}");
+            }
+        }
+        true
     }
 }
 

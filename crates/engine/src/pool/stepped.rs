@@ -45,22 +45,10 @@ impl Core {
     /// round) and a collection. Ok(false) when fenced; nothing without an object store.
     pub(super) fn tier_step(&self) -> Result<bool> {
         self.refuse_unless_stepped("tier_step")?;
-        let Some(t) = &self.tier else {
-            return Ok(true);
-        };
-        match t.check() {
-            Err(e @ Error::Fenced(_)) => {
-                tracing::error!("{e}");
-                self.store.poison();
-                return Ok(false);
-            }
-            Err(e) => tracing::warn!("object store check failed: {e}"),
-            Ok(()) => {}
-        }
-        if let Err(e) = t.collect() {
-            tracing::warn!("object store garbage collection failed: {e}");
-        }
-        Ok(true)
+        Ok(match &self.tier {
+            Some(t) => self.tier_upkeep(t, true, true),
+            None => true,
+        })
     }
 
     /// `Pool::scrub_step`.

@@ -130,6 +130,10 @@ impl TierWorld {
     }
 }
 
+/// The bucket's superblock object as this pool wrote it: its bytes, the head, and the key
+/// of its MAC.
+type OurHead = (Vec<u8>, Head, zeroize::Zeroizing<[u8; 32]>);
+
 fn fenced(e: &Error) -> bool {
     matches!(e, Error::Fenced(_))
 }
@@ -183,7 +187,7 @@ impl World {
         store.arm(None);
         let hit = store.faults_given() - before;
         self.stats.store_windows += 1;
-        self.stats.store_faults += hit;
+        self.stats.store_windows_hit += (hit > 0) as u64;
         if self.trace.1 {
             // Not in the trace: how many uploads a commit makes depends on record sizes.
             eprintln!("  store requests failed: {hit}");
@@ -224,7 +228,8 @@ impl World {
         let cells = self.vols[vi].cells.len() as u64;
         let n = self.rng.range(1, 64.min(cells));
         let c0 = self.rng.below(cells - n + 1);
-        self.trace.text(&format!("read under store faults {vi} {c0}+{n}"));
+        self.trace
+            .text(&format!("read under store faults {vi} {c0}+{n}"));
         let mut buf = vec![0u8; (n * crate::model::CELL) as usize];
         match self.handle(vi).read(c0 * crate::model::CELL, &mut buf) {
             Ok(()) => {
@@ -251,13 +256,16 @@ impl World {
         }
         if self.trace.1 {
             // Not in the trace: record sizes (random nonces) decide how many there are.
-            eprintln!("  objects in the bucket: {}", self.tw().store.object_count());
+            eprintln!(
+                "  objects in the bucket: {}",
+                self.tw().store.object_count()
+            );
         }
         Ok(())
     }
 
     /// This pool's superblock object key and its head as the bucket holds it now.
-    fn our_head(&self) -> Result<Option<(Vec<u8>, Head, zeroize::Zeroizing<[u8; 32]>)>, String> {
+    fn our_head(&self) -> Result<Option<OurHead>, String> {
         let dir = self.dir.path();
         let key = PoolKey::load(&config::key_path(dir)).map_err(|e| format!("pool key: {e}"))?;
         let conf = PoolConfig::read(dir).map_err(|e| format!("pool.json: {e}"))?;
@@ -296,7 +304,9 @@ impl World {
                 other.writer = "copied-host".into();
                 other.epoch += 1;
                 other.session = format!("{:016x}", self.rng.next_u64());
-                self.tw().store.raw_put(SUPERBLOCK_OBJECT, other.seal(&okey));
+                self.tw()
+                    .store
+                    .raw_put(SUPERBLOCK_OBJECT, other.seal(&okey));
                 None
             }
             // A real takeover: another host restores from the bucket and opens the pool.
@@ -392,7 +402,8 @@ impl World {
                 tier: Some(self.tw().open_as(&writer, false, true)),
                 ..OpenOptions::default()
             };
-            let pool = Pool::open(&sub, opts).map_err(|e| format!("the other host's import: {e}"))?;
+            let pool =
+                Pool::open(&sub, opts).map_err(|e| format!("the other host's import: {e}"))?;
             pool.close()
                 .map_err(|e| format!("the other host's close: {e}"))?;
         }
