@@ -6,8 +6,9 @@
 //! thread: `Pool::maintenance_step`, `Pool::scrub_step`, `Pool::rotation_step`) on
 //! devices whose unsynced writes the engine's crash journal keeps apart, with faults
 //! armed through the engine's fault layer (one copy's bit flips, read errors, lost and
-//! misdirected writes, a member that goes and comes back, a failing log device) and
-//! garbage on a cache device. Every read is checked against the reference model
+//! misdirected writes, a member that goes and comes back, a failing log device),
+//! garbage on a cache device, and an object store's faults and second writer
+//! (`objects.rs`, the `tier` layout). Every read is checked against the reference model
 //! (`model.rs`); refusals must change nothing; a clean restart must recount the
 //! space it counted. A run folds every operation and answer into a trace hash: the same
 //! seed prints the same hash.

@@ -1,7 +1,7 @@
 //! `bulwark-sim`: run seeds of the deterministic simulator (docs/simulation.md).
 //!
 //! ```text
-//! bulwark-sim [--seeds N] [--first S] [--ops M] [--layout single|mirror|parity|log|all] [--dir D]
+//! bulwark-sim [--seeds N] [--first S] [--ops M] [--layout single|mirror|parity|log|tier|all] [--dir D]
 //! bulwark-sim --seed S --ops M --layout L        # replay one run
 //! ```
 //! A failure prints one line that replays it; every run ends with its trace hash.
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use bulwark_sim::{run, Config, Kind, SimLayout};
 
-const USAGE: &str = "usage: bulwark-sim [--seeds N] [--first S] [--ops M] [--layout single|mirror|parity|log|all] [--dir D] [--verbose] [--log] [--keep-going] [--without KIND]...
+const USAGE: &str = "usage: bulwark-sim [--seeds N] [--first S] [--ops M] [--layout single|mirror|parity|log|tier|all] [--dir D] [--verbose] [--log] [--keep-going] [--without KIND]...
        bulwark-sim --seed S [--ops M] [--layout L]   (replay one run)";
 
 /// What the command line asked for.
