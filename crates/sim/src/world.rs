@@ -392,10 +392,7 @@ impl World {
             }
         }
         let cache_device = later.chance(300);
-        // The tier's kinds from a generator of their own: the other layouts' seeds are
-        // untouched.
-        let tier =
-            (cfg.layout == SimLayout::Tier).then(|| tiered::draw(cfg.seed, &mut on, &cfg.without));
+        let tier = tiered::draw(cfg, &mut on);
         let base = match &cfg.dir {
             Some(d) => d.clone(),
             None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
@@ -420,9 +417,7 @@ impl World {
         }
         Pool::create_with_log(dir.path(), layout, spec, "sim", &logs)
             .map_err(|e| format!("pool create: {e}"))?;
-        if let Some(t) = &tier {
-            t.configure(dir.path())?;
-        }
+        tier.as_ref().map(|t| t.configure(dir.path())).transpose()?;
         let cache = cache_device.then(|| dir.path().join("cache-device.img"));
         if let Some(c) = &cache {
             std::fs::File::create(c)
@@ -457,6 +452,9 @@ impl World {
         w.trace.text(cfg.layout.name());
         for (k, _) in &w.on {
             w.trace.text(&format!("{k:?}"));
+        }
+        if let Some(t) = &w.tier {
+            w.trace.text(&t.describe());
         }
         w.open()?;
         for _ in 0..2 {

@@ -65,6 +65,27 @@ fn f2_seed_2089_parity() {
     holds_all(2089, 230, SimLayout::Parity);
 }
 
+/// F3 (the first long run of the `tier` layout): a crash inside a maintenance step that
+/// was bringing a given-back segment back from the object store (`Core::bring_back`) left
+/// it neither a hole nor whole; reads took its records from the store ("no local copy
+/// verified"), and the scrub at operation 1085 called 28 of them unrecoverable. The scrub
+/// now judges such a record by the store's copy (`Store::scrub_record`).
+/// `tier::pool_tests::a_scrub_takes_the_stores_copy_of_a_segment_half_brought_back` tests
+/// the cause.
+#[test]
+fn f3_seed_177_tier() {
+    holds_all(177, 1100, SimLayout::Tier);
+}
+
+/// F4 (the same run): every commit the object store refused leaked the volume table
+/// record it had written, so a clean restart at operation 632 recounted 78 KB less than
+/// the pool counted while running. `tier::pool_tests::a_refused_commit_leaks_no_space`
+/// tests the cause.
+#[test]
+fn f4_seed_279_tier() {
+    holds_all(279, 640, SimLayout::Tier);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,

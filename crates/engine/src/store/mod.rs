@@ -948,7 +948,7 @@ impl Store {
     ) -> Option<crate::redundancy::ScrubOutcome> {
         let remote = self.remote.get().filter(|_| self.given_back(addrs));
         let Some(remote) = remote else {
-            return Some(self.red.scrub(addrs, len, sum, buf));
+            return Some(self.scrub_held(addrs, len, sum, buf, check_store));
         };
         if !check_store {
             return None;
@@ -969,6 +969,50 @@ impl Store {
                 tracing::warn!("scrub: a record in the object store was not checked: {e}");
                 None
             }
+        }
+    }
+
+    /// `scrub_record` of a record held locally. With an object store, one that no local
+    /// copy verifies is judged by the store's copy, as a read takes it (`read_record`):
+    /// a segment the local cache was bringing back when the machine stopped
+    /// (`pool/evict.rs`) is neither given back (not a hole throughout) nor whole, and its
+    /// records are served from the store. Verified there, it is not unrecoverable: the
+    /// local copies are left as they are (counted bad), and reads keep going to the store.
+    fn scrub_held(
+        &self,
+        addrs: &[u64],
+        len: usize,
+        sum: &crate::checksum::Checksum,
+        buf: &mut Vec<u8>,
+        check_store: bool,
+    ) -> crate::redundancy::ScrubOutcome {
+        let counted = self.red.unrecoverable_blocks.load(Ordering::Relaxed);
+        let local = self.red.scrub(addrs, len, sum, buf);
+        let Some(remote) = self
+            .remote
+            .get()
+            .filter(|_| local.unrecoverable && check_store)
+        else {
+            return local;
+        };
+        if let Err(e) = self.read_remote(&**remote, addrs, len, sum, buf, true) {
+            tracing::warn!("scrub: no local copy verified, nor the object store's: {e}");
+            return local;
+        }
+        if self.red.unrecoverable_blocks.load(Ordering::Relaxed) > counted {
+            self.red
+                .unrecoverable_blocks
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        self.remote_reads[2].fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            address = addrs[0],
+            len,
+            "scrub: no local copy verified; the object store's did (reads take it from there)"
+        );
+        crate::redundancy::ScrubOutcome {
+            unrecoverable: false,
+            ..local
         }
     }
 

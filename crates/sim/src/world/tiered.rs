@@ -64,9 +64,14 @@ pub struct TierWorld {
     hosts: u64,
 }
 
-/// The tier's draws for `seed`: its kinds into `on` (`LogChange` out: the pool's FLUSH
-/// goes to the store), and whether the pool has a local cache.
-pub fn draw(seed: u64, on: &mut Vec<(Kind, u64)>, without: &[Kind]) -> TierWorld {
+/// The tier's draws (the `tier` layout only, else `None`): its kinds into `on`
+/// (`LogChange` out: the pool's FLUSH goes to the store), and whether the pool has a local
+/// cache. From a generator of their own: the other layouts' seeds are untouched.
+pub fn draw(cfg: &super::Config, on: &mut Vec<(Kind, u64)>) -> Option<TierWorld> {
+    if cfg.layout != super::SimLayout::Tier {
+        return None;
+    }
+    let (seed, without) = (cfg.seed, &cfg.without);
     let mut t = Rng::new(seed ^ TIER_SALT);
     on.retain(|(k, _)| *k != Kind::LogChange);
     for (k, w) in TIER_KINDS {
@@ -78,14 +83,14 @@ pub fn draw(seed: u64, on: &mut Vec<(Kind, u64)>, without: &[Kind]) -> TierWorld
     let cache_bytes = t
         .chance(400)
         .then(|| [4u64, 8, 16][t.below(3) as usize] << 20);
-    TierWorld {
+    Some(TierWorld {
         store: Arc::new(SimStore::default()),
         writer: "sim-host-0".into(),
         create: true,
         force: false,
         cache_bytes,
         hosts: 0,
-    }
+    })
 }
 
 impl TierWorld {
@@ -98,6 +103,11 @@ impl TierWorld {
             local_flush: false,
             cache_bytes: self.cache_bytes,
         }
+    }
+
+    /// What the seed drew, for the trace.
+    pub fn describe(&self) -> String {
+        format!("object store, local cache {:?}", self.cache_bytes)
     }
 
     /// The new pool's `pool.json` names the store.

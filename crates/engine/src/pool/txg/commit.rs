@@ -315,7 +315,14 @@ impl Core {
         // The object store has the commit before any local label names it: a host that
         // crashes here still finds its devices at the store's generation or one before.
         if let Some(t) = &self.tier {
-            t.publish(&self.store, self.labels(&next_sb), next_sb.generation)?;
+            if let Err(e) = t.publish(&self.store, self.labels(&next_sb), next_sb.generation) {
+                // This attempt's table record is named by no local label, and the next
+                // commit writes its own: released, or every refused commit would leak
+                // one. (A store that took it, the answer lost, names it until the next
+                // commit replaces it there; no segment is freed before that one lands.)
+                self.store.release(&table_ptr);
+                return Err(e);
+            }
             crate::crashpoint::hit("commit.published");
         }
         let flushed = crate::env::since(started);
