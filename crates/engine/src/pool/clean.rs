@@ -126,7 +126,7 @@ impl NodeStore for CachedOnly {
 /// names the old copy, whose segment the move may empty and a writer recycle before the
 /// next commit; the flush keeps the last note per block, this one.
 fn note_move(v: &VolumeState, lba: u64, new: &Blkptr) {
-    let mut notes = v.intents.lock();
+    let mut notes = v.intents();
     if !notes.is_empty() {
         notes.push((lba, *new));
     }
@@ -230,7 +230,7 @@ impl Core {
         let mut moves: Vec<Move> = Vec::new();
         for (vi, v) in volumes.iter().enumerate() {
             self.commit_for_waiting_flushes()?;
-            let found = if v.snaps.read().is_empty() {
+            let found = if v.snapshots().is_empty() {
                 self.find_moves(v, vi, &rank, &mut moves, &mut done)
             } else {
                 self.find_moves_family(v, vi, &rank, &mut moves, &mut done)
@@ -310,8 +310,8 @@ impl Core {
         done: &mut usize,
     ) -> Result<()> {
         let rank_of = |p: &Blkptr| rank.rank_of(p);
-        let mut head = v.tree.lock();
-        let mut snaps = v.snaps.write();
+        let mut head = v.map();
+        let mut snaps = v.snapshots_mut();
         let n = snaps.len();
         let mut nodes: Vec<(usize, u8, u64, Blkptr)> = Vec::new();
         // A clone's base is walked against the origin snapshot: what they share is found
@@ -320,7 +320,7 @@ impl Core {
             Some(b) if b.base => self.across(v, b),
             _ => Vec::new(),
         };
-        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snapshots(), *i)).collect();
         let origin: Vec<&crate::map::Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
         for k in 0..=n {
             let t = if k < n { &snaps[k].tree } else { &*head };
@@ -378,8 +378,8 @@ impl Core {
                 };
                 t.touch(&*self.store, self.store.nodes(), level, index)?;
                 let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
-                self.store.note_dirty(&v.snap_dirty_nodes, dirty);
-                self.store.note_dirty(&v.dirty_nodes, head.dirty_nodes());
+                self.store.note_dirty(v.snaps_dirty(), dirty);
+                self.store.note_dirty(v.head_dirty(), head.dirty_nodes());
                 *done += 1;
             }
         }
@@ -406,8 +406,8 @@ impl Core {
             t.holds(&*self.store, self.store.nodes(), At::Data(lba), &old)
         };
         let held = || {
-            let head = v.tree.lock();
-            let snaps = v.snaps.read();
+            let head = v.map();
+            let snaps = v.snapshots();
             holds_at(&head, &snaps, k)
         };
         let Some((new, _pending)) = self.copy_if(v, lba, &old, stored, held)? else {
@@ -459,8 +459,8 @@ impl Core {
                 Ok(holders)
             };
         let shared_with: Vec<String> = {
-            let head = v.tree.lock();
-            let snaps = v.snaps.read();
+            let head = v.map();
+            let snaps = v.snapshots();
             run(&head, &snaps)?
                 .into_iter()
                 .filter(|&j| j < snaps.len() && !snaps[j].base)
@@ -469,12 +469,12 @@ impl Core {
         };
         let mut changed = 0;
         for name in shared_with {
-            for c in self.clones_of(&v.name, &name) {
+            for c in self.clones_of(v.name(), &name) {
                 changed += self.install_moved(&c, 0, lba, old, new)?;
             }
         }
-        let mut head = v.tree.lock();
-        let mut snaps = v.snaps.write();
+        let mut head = v.map();
+        let mut snaps = v.snapshots_mut();
         let holders = run(&head, &snaps)?;
         if holders.is_empty() {
             return Ok(changed);
@@ -494,8 +494,8 @@ impl Core {
             }
         }
         let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
-        self.note_dirty_cleaning(&v.snap_dirty_nodes, dirty);
-        self.note_dirty_cleaning(&v.dirty_nodes, head.dirty_nodes());
+        self.note_dirty_cleaning(v.snaps_dirty(), dirty);
+        self.note_dirty_cleaning(v.head_dirty(), head.dirty_nodes());
         Ok(changed + holders.len())
     }
 
@@ -514,7 +514,7 @@ impl Core {
         {
             Ok(()) => Ok(true),
             Err(Error::Unrecoverable(e)) => {
-                tracing::error!(volume = %v.name, lba, "cannot move an unrecoverable block: {e}");
+                tracing::error!(volume = %v.name(), lba, "cannot move an unrecoverable block: {e}");
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -562,8 +562,8 @@ impl Core {
         done: &mut usize,
     ) -> Result<()> {
         let rank_of = |p: &Blkptr| rank.rank_of(p);
-        let blocks = v.size() / v.block_size as u64;
-        let tree_id = v.tree.lock().id;
+        let blocks = v.size() / v.block_size() as u64;
+        let tree_id = v.map().id;
         let mut lo = 0;
         while lo < blocks {
             // Chunks wholly in holes are stepped over, not walked one by one (a thin
@@ -573,8 +573,7 @@ impl Core {
                 let cached = CachedOnly {
                     misses: RefCell::new(Vec::new()),
                 };
-                v.tree
-                    .lock()
+                v.map()
                     .next_mapped(&cached, self.store.nodes(), lo, blocks)
                     .unwrap_or(lo)
             };
@@ -595,7 +594,7 @@ impl Core {
                 let disk_ok = tries >= WALK_CACHED_TRIES;
                 let store: &dyn NodeStore = if disk_ok { &*self.store } else { &cached };
                 let mut touch: Vec<(u8, u64)> = Vec::new();
-                let mut tree = v.tree.lock();
+                let mut tree = v.map();
                 tree.walk(store, self.store.nodes(), lo, hi, &mut |visit| {
                     match visit {
                         Visit::Unreadable { error, .. } if disk_ok => {
@@ -635,12 +634,12 @@ impl Core {
                         let _held = match self.store.try_hold_nodes(1) {
                             Ok(held) => held,
                             Err(e) => {
-                                self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+                                self.store.note_dirty(v.head_dirty(), tree.dirty_nodes());
                                 return Err(e);
                             }
                         };
                         tree.touch(&*self.store, self.store.nodes(), level, index)?;
-                        self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+                        self.store.note_dirty(v.head_dirty(), tree.dirty_nodes());
                         *done += 1;
                     }
                     break;
@@ -678,8 +677,8 @@ impl Core {
         let _c = self.commit_lock.lock();
         // The oldest tree of the run of trees holding it that ends at `v`'s own.
         let k = {
-            let head = v.tree.lock();
-            let snaps = v.snaps.read();
+            let head = v.map();
+            let snaps = v.snapshots();
             if !head.holds(&*self.store, self.store.nodes(), At::Data(lba), &old)? {
                 return Ok(false);
             }
@@ -729,7 +728,7 @@ impl Core {
             // still held is read before the gate is let go.
             let _gate = self.store.hold_reads();
             let held: Vec<bool> = {
-                let tree = v.tree.lock();
+                let tree = v.map();
                 batch
                     .iter()
                     .map(|(lba, old)| {
@@ -815,8 +814,8 @@ impl Core {
             .zip(&puts)
             .map(|(&(lba, old), put)| (lba, old, put.ptr))
             .collect();
-        let (tree, moved) = swap_where_held(&Mover { core: self, v }, &v.tree, &moves);
-        self.note_dirty_cleaning(&v.dirty_nodes, tree.dirty_nodes());
+        let (tree, moved) = swap_where_held(&Mover { core: self, v }, v.map_lock(), &moves);
+        self.note_dirty_cleaning(v.head_dirty(), tree.dirty_nodes());
         drop(tree);
         drop(pending);
         moved

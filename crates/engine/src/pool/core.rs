@@ -161,10 +161,10 @@ impl Core {
             .read()
             .values()
             .map(|v| {
-                let blocks = v.size() / v.block_size as u64;
-                let records = v.used_bytes.load(Ordering::Relaxed) / 4096 + 1;
+                let blocks = v.size() / v.block_size() as u64;
+                let records = v.used_bytes() / 4096 + 1;
                 let leaves = blocks.div_ceil(MAP_FANOUT as u64).min(records);
-                leaves + leaves / 63 + v.tree.lock().depth as u64
+                leaves + leaves / 63 + v.map().depth as u64
             })
             .sum();
         self.store.set_map_nodes(nodes);
@@ -172,7 +172,7 @@ impl Core {
 
     pub(crate) fn find(&self, name: &str) -> Result<Arc<VolumeState>> {
         self.find_any(name)
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .ok_or_else(|| Error::NotFound(format!("volume '{name}' does not exist")))
     }
 
@@ -185,7 +185,7 @@ impl Core {
     /// the clones of its snapshots.
     pub(crate) fn name_taken(&self, name: &str) -> Option<Error> {
         let v = self.find_any(name)?;
-        Some(Error::Exists(if v.deferred.load(Ordering::Acquire) {
+        Some(Error::Exists(if v.is_deferred() {
             format!(
                 "the name '{name}' is held by a destroyed volume whose snapshots still have \
                  clones; choose another name, or destroy those clones"
@@ -248,12 +248,10 @@ impl Core {
                 .map(|k| (k.slots.clone(), k.data_keys.clone()))
                 .unwrap_or_default();
             let st = VolumeState::new(id, uuid, name.to_string(), &opts, slots, data_keys, tree);
-            st.thick.store(thick, Ordering::Release);
-            st.created
-                .store(crate::volume::now_secs(), Ordering::Relaxed);
+            st.set_thick(thick);
+            st.set_created(crate::volume::now_secs());
             if let Some(k) = keys {
-                *st.ring.write() = Some(Arc::new(k.ring));
-                *st.vmk.lock() = Some(k.vmk);
+                st.open_keys(k.ring, k.vmk);
             }
             vols.insert(name.to_string(), Arc::new(st));
         }
@@ -291,10 +289,10 @@ impl Core {
         let g = st
             .quiesce(crate::constants::QUIESCE_WAIT_MAX)
             .map_err(|why| self.refused(st, why))?;
-        if st.destroyed.load(Ordering::Acquire) {
+        if st.is_destroyed() {
             return Err(Error::NotFound(format!(
                 "volume '{}' does not exist",
-                st.name
+                st.name()
             )));
         }
         Ok(g)
@@ -303,7 +301,7 @@ impl Core {
     /// The error for a change to volume `st` that `Uses` refused.
     pub(crate) fn refused(&self, st: &VolumeState, why: Refused) -> Error {
         match why {
-            Refused::InUse(clients) => self.volume_in_use(&st.name, clients),
+            Refused::InUse(clients) => self.volume_in_use(st.name(), clients),
             Refused::Busy => {
                 let by = if self.scrub_running.load(Ordering::Acquire) {
                     "a scrub or resilver batch"
@@ -313,7 +311,7 @@ impl Core {
                 Error::Busy(format!(
                     "volume '{}' is busy: {by} over it did not end within {} s; try again, \
                  or pause it ('bulwark scrub pause')",
-                    st.name,
+                    st.name(),
                     crate::constants::QUIESCE_WAIT_MAX.as_secs()
                 ))
             }
@@ -331,7 +329,7 @@ impl Core {
         let _c = self.commit_lock.lock();
         let mut kept = Vec::new();
         {
-            let snaps = st.snaps.read();
+            let snaps = st.snapshots();
             let snaps: Vec<&crate::volume::snap::Snap> = snaps.iter().filter(|s| !s.base).collect();
             if let Some(s) = snaps.iter().find(|s| !s.holds.is_empty()) {
                 return Err(Error::Busy(format!(
@@ -353,7 +351,7 @@ impl Core {
                 let clones: Vec<String> = self
                     .clones_of(name, &s.name)
                     .iter()
-                    .map(|c| c.name.clone())
+                    .map(|c| c.name().to_string())
                     .collect();
                 if !clones.is_empty() {
                     kept.push(KeptSnapshot {
@@ -369,10 +367,10 @@ impl Core {
             // become reusable after the commit.
             self.release_family(&st);
             // Dirty nodes were never written; their old places were freed by the walk above.
-            self.store.note_dirty(&st.dirty_nodes, 0);
-            self.store.note_dirty(&st.snap_dirty_nodes, 0);
+            self.store.note_dirty(st.head_dirty(), 0);
+            self.store.note_dirty(st.snaps_dirty(), 0);
             self.volumes.write().remove(name);
-            st.destroyed.store(true, Ordering::Release);
+            st.mark_destroyed();
         } else {
             self.defer_destroy(&st)?;
         }
@@ -398,7 +396,7 @@ impl Core {
         self.volumes
             .read()
             .values()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| v.status())
             .collect()
     }
@@ -497,7 +495,7 @@ impl Core {
             .volumes
             .read()
             .values()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| v.size())
             .sum();
         let written = self.store.written();
@@ -506,7 +504,7 @@ impl Core {
             .volumes
             .read()
             .values()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| v.reservation_unused())
             .sum::<u64>()
             .min(total - used - reserved);
@@ -586,7 +584,7 @@ impl Core {
                 .volumes
                 .read()
                 .values()
-                .any(|v| v.tree.lock().dirty_nodes() > 0)
+                .any(|v| v.map().dirty_nodes() > 0)
     }
 
     /// Background work: periodic commits (bounding what an unflushed crash loses), commits when

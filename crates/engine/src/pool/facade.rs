@@ -263,7 +263,7 @@ impl Pool {
         let mut out = open.clone();
         for name in &open {
             if let Ok(st) = self.core.find(name) {
-                out.extend(st.snaps.read().iter().map(|s| format!("{name}@{}", s.name)));
+                out.extend(st.snapshots().iter().map(|s| format!("{name}@{}", s.name)));
             }
         }
         out

@@ -61,13 +61,12 @@ fn plaintext_pointed_at_from_an_encrypted_volume_is_refused() {
         let st = pool.core().find("enc").unwrap();
         let core = &pool.core();
         let old = st
-            .tree
-            .lock()
+            .map()
             .set(&*core.store, core.store.nodes(), 0, forged)
             .unwrap();
         assert!(!old.is_hole());
         core.store
-            .note_dirty(&st.dirty_nodes, st.tree.lock().dirty_nodes());
+            .note_dirty(st.head_dirty(), st.map().dirty_nodes());
         pool.flush().unwrap();
         pool.close().unwrap();
     }

@@ -34,7 +34,7 @@ pub struct SlotInfo {
 impl Core {
     fn encrypted(&self, name: &str) -> Result<Arc<VolumeState>> {
         let st = self.find(name)?;
-        if !st.encryption {
+        if !st.is_encrypted() {
             return Err(Error::Invalid(format!(
                 "volume '{name}' is not encrypted; it has no keys"
             )));
@@ -64,7 +64,7 @@ impl Core {
                 Err(e) => return Err(e),
             }
         }
-        Err(damaged.unwrap_or_else(|| Error::WrongKey(st.name.clone())))
+        Err(damaged.unwrap_or_else(|| Error::WrongKey(st.name().to_string())))
     }
 
     /// `wrap::unwrap` of slot `i`, its errors naming the slot. A damaged slot (Argon2
@@ -76,10 +76,10 @@ impl Core {
         slot: &KeySlot,
         secret: &Secret,
     ) -> Result<Option<Zeroizing<[u8; 32]>>> {
-        wrap::unwrap(slot, secret, &st.uuid).map_err(|e| match e {
+        wrap::unwrap(slot, secret, &st.uuid()).map_err(|e| match e {
             Error::Corrupt(m) => {
-                tracing::warn!(volume = st.name, slot = i, "key slot refused: {m}");
-                Error::Corrupt(format!("key slot {i} of volume '{}': {m}", st.name))
+                tracing::warn!(volume = st.name(), slot = i, "key slot refused: {m}");
+                Error::Corrupt(format!("key slot {i} of volume '{}': {m}", st.name()))
             }
             e => e,
         })
@@ -87,11 +87,11 @@ impl Core {
 
     /// A copy of the volume's slots; an error once they were erased.
     fn live_slots(&self, st: &VolumeState) -> Result<Vec<KeySlot>> {
-        let slots = st.slots.lock().clone();
+        let slots = st.key_slots().clone();
         if slots.is_empty() {
             return Err(Error::Invalid(format!(
                 "the keys of volume '{}' were erased: its data is unrecoverable with any secret",
-                st.name
+                st.name()
             )));
         }
         Ok(slots)
@@ -136,7 +136,7 @@ impl Core {
 
     pub fn load_key(self: &Arc<Self>, name: &str, secret: &Secret) -> Result<()> {
         let st = self.encrypted(name)?;
-        if st.ring.read().is_some() {
+        if st.key_loaded() {
             return Err(Error::Invalid(format!(
                 "the key of volume '{name}' is already loaded"
             )));
@@ -144,11 +144,10 @@ impl Core {
         let (_, vmk) = self
             .open_slot(&st, secret)
             .inspect_err(|e| tracing::warn!(volume = name, "key load refused: {e}"))?;
-        let ring = KeyRing::open(&vmk, &st.uuid, &st.data_keys.lock(), self.store.run_salt())?;
-        *st.ring.write() = Some(Arc::new(ring));
-        *st.vmk.lock() = Some(vmk);
+        let ring = KeyRing::open(&vmk, &st.uuid(), &st.data_keys(), self.store.run_salt())?;
+        st.open_keys(ring, vmk);
         tracing::info!(volume = name, "key loaded");
-        if st.rotation.lock().is_some() {
+        if st.rotation().is_some() {
             self.spawn_rotation(st);
         }
         Ok(())
@@ -156,7 +155,7 @@ impl Core {
 
     pub fn unload_key(&self, name: &str) -> Result<()> {
         let st = self.encrypted(name)?;
-        if st.ring.read().is_none() {
+        if !st.key_loaded() {
             return Err(Error::Invalid(format!(
                 "the key of volume '{name}' is not loaded"
             )));
@@ -167,14 +166,14 @@ impl Core {
         self.flush()?;
         // Taken under the key's lock, refused if a handle opened meanwhile (`Uses`).
         st.take_key().map_err(|why| self.refused(&st, why))?;
-        *st.vmk.lock() = None;
+        st.forget_vmk();
         tracing::info!(volume = name, "key unloaded");
         Ok(())
     }
 
     pub fn key_list(&self, name: &str) -> Result<Vec<SlotInfo>> {
         let st = self.encrypted(name)?;
-        let slots = st.slots.lock();
+        let slots = st.key_slots();
         Ok(slots
             .iter()
             .enumerate()
@@ -198,14 +197,14 @@ impl Core {
     /// every place a secret opens the volume.
     pub fn key_add(&self, name: &str, secret: &Secret) -> Result<usize> {
         let st = self.encrypted(name)?;
-        let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
+        let vmk = st.vmk_or_locked()?;
         let seen = self.live_slots(&st)?;
         if !Self::slots_opened_by(&st, &seen, secret)?.is_empty() {
             return Err(Self::already_opens(name));
         }
-        let slot = wrap::wrap(&vmk, secret, &st.uuid)?;
+        let slot = wrap::wrap(&vmk, secret, &st.uuid())?;
         let index = {
-            let mut slots = st.slots.lock();
+            let mut slots = st.key_slots();
             Self::check_unchanged(name, &slots, &seen)?;
             slots.push(slot);
             slots.len() - 1
@@ -228,7 +227,7 @@ impl Core {
             return Err(Error::WrongKey(name.to_string()));
         }
         {
-            let mut slots = st.slots.lock();
+            let mut slots = st.key_slots();
             Self::check_unchanged(name, &slots, &seen)?;
             if opened.len() == slots.len() {
                 return Err(Error::Invalid(if slots.len() == 1 {
@@ -270,9 +269,9 @@ impl Core {
         {
             return Err(Self::already_opens(name));
         }
-        let slot = wrap::wrap(&vmk, new, &st.uuid)?;
+        let slot = wrap::wrap(&vmk, new, &st.uuid())?;
         {
-            let mut slots = st.slots.lock();
+            let mut slots = st.key_slots();
             Self::check_unchanged(name, &slots, &seen)?;
             slots[index] = slot;
         }
@@ -288,10 +287,10 @@ impl Core {
         let w = self.quiesce_for_change(&st)?;
         // The key first, refused if a handle opened meanwhile (`Uses`): nothing changed yet.
         st.take_key().map_err(|why| self.refused(&st, why))?;
-        st.slots.lock().clear();
-        st.data_keys.lock().clear();
-        *st.rotation.lock() = None;
-        *st.vmk.lock() = None;
+        st.key_slots().clear();
+        st.data_keys().clear();
+        *st.rotation() = None;
+        st.forget_vmk();
         drop(w);
         self.table_dirty.store(true, Ordering::Release);
         self.forget_old_tables()?;
@@ -349,9 +348,9 @@ mod tests {
             .unwrap();
         assert_eq!(pool.key_add("v", &kf(2)).unwrap(), 1);
         let st = pool.core().find("v").unwrap();
-        let vmk = st.vmk.lock().clone().unwrap();
-        let again = wrap::wrap(&vmk, &kf(1), &st.uuid).unwrap();
-        st.slots.lock().push(again);
+        let vmk = st.vmk_or_locked().unwrap();
+        let again = wrap::wrap(&vmk, &kf(1), &st.uuid()).unwrap();
+        st.key_slots().push(again);
         pool.core().table_dirty.store(true, Ordering::Release);
         pool.flush().unwrap();
         pool
@@ -442,7 +441,7 @@ mod tests {
         pool.load_key("v", &kf(2)).unwrap();
         pool.key_erase("v").unwrap();
         pool.destroy_volume_recursive("v", true).unwrap();
-        assert!(held_by_a_pass.destroyed.load(Ordering::Acquire));
+        assert!(held_by_a_pass.is_destroyed());
         drop(held_by_a_pass);
         pool.close().unwrap();
     }

@@ -110,16 +110,14 @@ impl Core {
         let space = self.volume_space(Some(name))?.pop().unwrap_or_default();
         let status = st.status();
         let snapshots = st
-            .snaps
-            .read()
+            .snapshots()
             .iter()
             .filter(|s| !s.base)
             .map(|s| format!("{name}@{}", s.name))
             .collect();
-        let description = st.description.lock().clone();
+        let description = st.description();
         let inherited_keys = st
-            .data_keys
-            .lock()
+            .data_keys()
             .iter()
             .filter(|r| r.lineage.is_some())
             .count();
@@ -136,7 +134,7 @@ impl Core {
             origin: status.origin,
             inherited_keys,
             snapshots,
-            created: st.created.load(Ordering::Relaxed),
+            created: st.created(),
             description,
             readonly: status.readonly,
             thick: status.thick,
@@ -162,9 +160,9 @@ impl Core {
                         "a description is one line of text: no control characters".into(),
                     ));
                 }
-                *st.description.lock() = value.to_string();
+                st.set_description(value.to_string());
             }
-            "readonly" => st.readonly.store(on_off(value)?, Ordering::Release),
+            "readonly" => st.set_readonly(on_off(value)?),
             "size" => {
                 return Err(Error::Invalid(format!(
                     "size is changed with 'bulwark volume resize {name} SIZE'"
@@ -199,15 +197,15 @@ impl Core {
         let _c = self.commit_lock.lock();
         let st = self.find(name)?;
         let old = st.size();
-        let bs = st.block_size as u64;
+        let bs = st.block_size() as u64;
         VolumeOptions {
             size_bytes: size,
-            block_size: st.block_size,
+            block_size: st.block_size(),
             compression: st.compression(),
-            encryption: st.encryption,
+            encryption: st.is_encrypted(),
         }
         .validate()?;
-        let old_depth = st.tree.lock().depth;
+        let old_depth = st.map().depth;
         let new_depth = depth_for(size / bs);
         let done = || Resized {
             name: name.to_string(),
@@ -220,13 +218,13 @@ impl Core {
             return Ok(done());
         }
         if size > old {
-            if st.thick.load(Ordering::Acquire) {
+            if st.is_thick() {
                 self.check_reservation(size - old)?;
             }
-            let mut tree = st.tree.lock();
+            let mut tree = st.map();
             tree.set_depth(&*self.store, self.store.nodes(), new_depth, &mut |_, _| {})?;
             st.set_size(size);
-            self.store.note_dirty(&st.dirty_nodes, tree.dirty_nodes());
+            self.store.note_dirty(st.head_dirty(), tree.dirty_nodes());
         } else {
             if !shrink {
                 return Err(Error::Invalid(format!(
@@ -240,7 +238,7 @@ impl Core {
             if clients > 0 {
                 return Err(self.volume_in_use(name, clients));
             }
-            if st.rotation.lock().is_some() {
+            if st.rotation().is_some() {
                 return Err(Error::Busy(format!(
                     "volume '{name}' is being re-encrypted (key rotation): shrink it once \
                      the rotation has finished"
@@ -262,8 +260,8 @@ impl Core {
             self.commit_held()?;
             let mut gone = Vec::new();
             {
-                let mut tree = st.tree.lock();
-                let snaps = st.snaps.read();
+                let mut tree = st.map();
+                let snaps = st.snapshots();
                 tree.set_depth(&*self.store, self.store.nodes(), new_depth, &mut |l, p| {
                     // A top the newest snapshot still holds (taken at the larger size,
                     // with nothing changed past the new end since) stays its.
@@ -279,7 +277,7 @@ impl Core {
                     }
                 })?;
                 st.set_size(size);
-                self.store.note_dirty(&st.dirty_nodes, tree.dirty_nodes());
+                self.store.note_dirty(st.head_dirty(), tree.dirty_nodes());
             }
             for p in &gone {
                 self.store.release(p);
@@ -301,12 +299,12 @@ impl Core {
 
     /// Blocks `lo..hi` of `st` that hold data, and their stored bytes.
     fn mapped_past(&self, st: &crate::volume::VolumeState, lo: u64, hi: u64) -> Result<(u64, u64)> {
-        let tree = st.tree.lock();
+        let tree = st.map();
         let (mut blocks, mut bytes) = (0u64, 0u64);
         tree.walk(&*self.store, self.store.nodes(), lo, hi, &mut |v| {
             match v {
                 Visit::Unreadable { error, .. } => {
-                    return Err(Error::Corrupt(format!("volume '{}': {error}", st.name)))
+                    return Err(Error::Corrupt(format!("volume '{}': {error}", st.name())))
                 }
                 Visit::Data { ptr, .. } => {
                     blocks += 1;
@@ -325,7 +323,7 @@ impl Core {
             .volumes
             .read()
             .values()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| v.reservation_unused())
             .sum();
         self.store.set_thick_unused(unused);

@@ -60,15 +60,15 @@ impl Core {
     /// Start a key rotation of an unlocked volume.
     pub fn key_rotate(self: &Arc<Self>, name: &str) -> Result<u16> {
         let st = self.find(name)?;
-        if !st.encryption {
+        if !st.is_encrypted() {
             return Err(Error::Invalid(format!(
                 "volume '{name}' is not encrypted; it has no keys"
             )));
         }
-        let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
-        let current = st.rotation.lock().clone();
+        let vmk = st.vmk_or_locked()?;
+        let current = st.rotation().clone();
         if let Some(r) = current {
-            if r.error.is_none() && st.rotation_worker.running() {
+            if r.error.is_none() && st.rotation_worker().running() {
                 return Err(Error::Busy(format!(
                     "a key rotation of volume '{name}' is already running"
                 )));
@@ -83,15 +83,15 @@ impl Core {
             return Ok(r.to_generation);
         }
         let generation = {
-            let mut keys = st.data_keys.lock();
-            let g = ring::next_generation(&keys, &st.name)?;
-            keys.push(ring::new_data_key(&vmk, &st.uuid, g));
-            *st.ring.write() = Some(Arc::new(KeyRing::open(
+            let mut keys = st.data_keys();
+            let g = ring::next_generation(&keys, st.name())?;
+            keys.push(ring::new_data_key(&vmk, &st.uuid(), g));
+            st.set_key_ring(KeyRing::open(
                 &vmk,
-                &st.uuid,
+                &st.uuid(),
                 &keys,
                 self.store.run_salt(),
-            )?));
+            )?);
             g
         };
         // A write that read the key ring before may still be sealing under the older key:
@@ -99,8 +99,8 @@ impl Core {
         // walk (in a block the walk found a hole) and stay under a key the rotation drops
         // (`volume::stripes`; crates/modelcheck/tests/rotation_writers.rs).
         st.drain_writes();
-        let total = st.used_bytes.load(Ordering::Relaxed) / st.block_size.max(1) as u64;
-        *st.rotation.lock() = Some(Rotation {
+        let total = st.used_bytes() / st.block_size().max(1) as u64;
+        *st.rotation() = Some(Rotation {
             to_generation: generation,
             blocks_total: total,
             ..Default::default()
@@ -119,7 +119,7 @@ impl Core {
     /// Run the volume's rotation in a worker from its cursor: start one, or, when one runs
     /// already (paused, or about to end), have it go on. A pause reason is cleared.
     pub(crate) fn spawn_rotation(self: &Arc<Self>, st: Arc<VolumeState>) {
-        if let Some(r) = st.rotation.lock().as_mut() {
+        if let Some(r) = st.rotation().as_mut() {
             r.error = None;
             r.retrying = false;
         }
@@ -128,25 +128,25 @@ impl Core {
             return;
         }
         {
-            let mut w = st.rotation_worker.state.lock();
+            let mut w = st.rotation_worker().state.lock();
             if w.running {
                 w.resume = true;
-                st.rotation_worker.wake.notify_all();
+                st.rotation_worker().wake.notify_all();
                 return;
             }
             w.running = true;
         }
         let core = self.clone();
-        let (vol, sync) = (Arc::downgrade(&st), st.rotation_worker.clone());
+        let (vol, sync) = (Arc::downgrade(&st), st.rotation_worker().clone());
         let spawned = std::thread::Builder::new()
             .name("bulwark-rotate".into())
             .spawn(move || core.rotate_worker(&vol, &sync));
         match spawned {
             Ok(h) => self.track_worker(h),
             Err(e) => {
-                st.rotation_worker.state.lock().running = false;
-                tracing::error!(volume = %st.name, "key rotation paused: cannot start its worker: {e}");
-                if let Some(r) = st.rotation.lock().as_mut() {
+                st.rotation_worker().state.lock().running = false;
+                tracing::error!(volume = %st.name(), "key rotation paused: cannot start its worker: {e}");
+                if let Some(r) = st.rotation().as_mut() {
                     r.error = Some(format!("cannot start the rotation worker: {e}"));
                 }
             }
@@ -163,15 +163,15 @@ impl Core {
         let vols: Vec<_> = self.volumes.read().values().cloned().collect();
         let mut ran = 0;
         for st in vols {
-            let paused = match st.rotation.lock().as_ref() {
+            let paused = match st.rotation().as_ref() {
                 None => continue,
                 Some(r) => r.error.is_some(),
             };
-            if paused && !st.rotation.lock().as_ref().is_some_and(|r| r.retrying) {
+            if paused && !st.rotation().as_ref().is_some_and(|r| r.retrying) {
                 continue;
             }
             let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
-            let mut buf = vec![0u8; st.block_size as usize];
+            let mut buf = vec![0u8; st.block_size() as usize];
             let mut was_paused = paused;
             ran += 1;
             let done = match self.rotate_batch(&st, &vol, &mut buf, &mut was_paused) {
@@ -227,18 +227,18 @@ impl Core {
     fn note_rotation_paused(&self, st: &VolumeState, e: &Error) {
         let retrying = matches!(e, Error::NoSpace);
         let mut changed = true;
-        if let Some(r) = st.rotation.lock().as_mut() {
+        if let Some(r) = st.rotation().as_mut() {
             let reason = e.to_string();
             changed = r.error.as_deref() != Some(reason.as_str());
             r.error = Some(reason);
             r.retrying = retrying;
         }
         if !changed {
-            tracing::debug!(volume = %st.name, "key rotation still paused: {e}");
+            tracing::debug!(volume = %st.name(), "key rotation still paused: {e}");
         } else if retrying {
-            tracing::error!(volume = %st.name, "key rotation paused: {e}; it goes on once space is free");
+            tracing::error!(volume = %st.name(), "key rotation paused: {e}; it goes on once space is free");
         } else {
-            tracing::error!(volume = %st.name, "key rotation paused: {e}");
+            tracing::error!(volume = %st.name(), "key rotation paused: {e}");
         }
     }
 
@@ -270,17 +270,14 @@ impl Core {
     /// The rotation cannot go on now: the pool closes, the key is unloaded (it resumes at
     /// the next key load), the volume is destroyed, or there is no rotation.
     fn rotation_stopped(&self, st: &VolumeState) -> bool {
-        self.store.is_closing()
-            || st.ring.read().is_none()
-            || st.destroyed.load(Ordering::Acquire)
-            || st.rotation.lock().is_none()
+        self.store.is_closing() || !st.key_loaded() || st.is_destroyed() || st.rotation().is_none()
     }
 
     /// Walk the rest of the volume from the cursor, then retire the older data keys.
     /// `paused`: the rotation was paused; the first batch that goes through says it resumed.
     fn rotate_run(self: &Arc<Self>, st: &Arc<VolumeState>, paused: &mut bool) -> Result<()> {
         let vol = Volume::new(self.store.clone(), self.clone(), st.clone());
-        let mut buf = vec![0u8; st.block_size as usize];
+        let mut buf = vec![0u8; st.block_size() as usize];
         loop {
             match self.rotate_batch(st, &vol, &mut buf, paused)? {
                 Batch::More => {}
@@ -299,12 +296,12 @@ impl Core {
         buf: &mut [u8],
         paused: &mut bool,
     ) -> Result<Batch> {
-        let blocks = st.size() / st.block_size as u64;
+        let blocks = st.size() / st.block_size() as u64;
         {
             // No command changes the volume under a batch (`quiesce_for_change`): a key
             // unload or a destroy waits for it, and the next one sees it stopped.
             let _batch = st.background_batch();
-            let Some(rot) = st.rotation.lock().clone() else {
+            let Some(rot) = st.rotation().clone() else {
                 return Ok(Batch::Stopped);
             };
             if self.rotation_stopped(st) {
@@ -315,7 +312,7 @@ impl Core {
             }
             // Holes are stepped over, not walked a batch at a time (a thin volume of 1E).
             let mut old: Vec<u64> = Vec::new();
-            let tree = st.tree.lock();
+            let tree = st.map();
             let start = tree.next_mapped(&*self.store, self.store.nodes(), rot.lba, blocks)?;
             let hi = (start + ROTATE_BATCH_BLOCKS).min(blocks);
             tree.walk(&*self.store, self.store.nodes(), start, hi, &mut |v| {
@@ -346,7 +343,7 @@ impl Core {
                 Ok::<(), Error>(())
             });
             {
-                let mut r = st.rotation.lock();
+                let mut r = st.rotation();
                 if let Some(r) = r.as_mut() {
                     r.blocks_done += done;
                     if result.is_ok() {
@@ -359,7 +356,7 @@ impl Core {
             self.table_dirty.store(true, Ordering::Release);
             result?;
             if std::mem::take(paused) {
-                tracing::info!(volume = %st.name, "key rotation resumed");
+                tracing::info!(volume = %st.name(), "key rotation resumed");
             }
         }
         Ok(Batch::More)
@@ -368,37 +365,32 @@ impl Core {
     /// The walk reached the end: every block is under the new generation, so drop the
     /// others (unless snapshots still hold blocks under them) and forget the old tables.
     fn rotate_finish(self: &Arc<Self>, st: &Arc<VolumeState>) -> Result<()> {
-        let to = st
-            .rotation
-            .lock()
-            .as_ref()
-            .map(|r| r.to_generation)
-            .unwrap_or(0);
+        let to = st.rotation().as_ref().map(|r| r.to_generation).unwrap_or(0);
         {
-            let vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
+            let vmk = st.vmk_or_locked()?;
             // Snapshots still hold blocks under the older keys: those stay until a rotation
             // finishes with no snapshot left.
-            let snapshots = st.snaps.read().iter().filter(|s| !s.base).count();
-            let mut keys = st.data_keys.lock();
+            let snapshots = st.snapshots().iter().filter(|s| !s.base).count();
+            let mut keys = st.data_keys();
             if snapshots == 0 {
                 keys.retain(|k| k.generation == to);
             }
-            *st.ring.write() = Some(Arc::new(KeyRing::open(
+            st.set_key_ring(KeyRing::open(
                 &vmk,
-                &st.uuid,
+                &st.uuid(),
                 &keys,
                 self.store.run_salt(),
-            )?));
+            )?);
             if snapshots > 0 {
-                tracing::info!(volume = %st.name, snapshots, "older data keys kept: snapshots hold blocks encrypted under them");
+                tracing::info!(volume = %st.name(), snapshots, "older data keys kept: snapshots hold blocks encrypted under them");
             }
         }
-        *st.rotation.lock() = None;
+        *st.rotation() = None;
         self.forget_old_tables()?;
         // A clone whose inherited blocks are all re-encrypted shares nothing with its
         // origin any more (`--independent`).
         self.detach_clone(st)?;
-        tracing::info!(volume = %st.name, generation = to, "key rotation finished: new writes and the volume's blocks use the new data key");
+        tracing::info!(volume = %st.name(), generation = to, "key rotation finished: new writes and the volume's blocks use the new data key");
         Ok(())
     }
 }

@@ -106,7 +106,7 @@ impl Core {
             self.table_dirty.store(true, Ordering::Release);
             // Under the list's lock, so that a concurrent `record_error` sets its flag after.
             for st in &states {
-                st.note_data_errors(errs.iter().any(|e| e.volume == st.name));
+                st.note_data_errors(errs.iter().any(|e| e.volume == st.name()));
             }
         }
         if errs.is_empty() {
@@ -181,12 +181,7 @@ impl Core {
                 }
                 ScrubPhase::Paused | ScrubPhase::Scanning => {}
                 _ => {
-                    let total = self
-                        .volumes
-                        .read()
-                        .values()
-                        .map(|v| v.used_bytes.load(Ordering::Relaxed))
-                        .sum();
+                    let total = self.volumes.read().values().map(|v| v.used_bytes()).sum();
                     *s = ScrubState {
                         state: ScrubPhase::Scanning,
                         started_unix: now_unix(),
@@ -283,34 +278,33 @@ impl Core {
             self.count_outcome(o.repaired, o.unrecoverable, 0);
         }
         let mut volumes: Vec<_> = self.volumes.read().values().cloned().collect();
-        volumes.sort_by_key(|v| v.id);
+        volumes.sort_by_key(|v| v.id());
         for v in volumes {
             let (cursor_vol, cursor_lba) = {
                 let s = self.scrub.lock();
                 (s.volume_id, s.lba)
             };
-            if v.id < cursor_vol {
+            if v.id() < cursor_vol {
                 continue;
             }
-            let blocks = v.size() / v.block_size as u64;
-            let bs = v.block_size as u64;
-            let mut lba = if v.id == cursor_vol { cursor_lba } else { 0 };
+            let blocks = v.size() / v.block_size() as u64;
+            let bs = v.block_size() as u64;
+            let mut lba = if v.id() == cursor_vol { cursor_lba } else { 0 };
             while lba < blocks {
                 if !self.keep_going() {
-                    tracing::info!("scrub paused or stopped at volume {} block {lba}", v.name);
+                    tracing::info!("scrub paused or stopped at volume {} block {lba}", v.name());
                     return Ok(());
                 }
                 // No command changes the volume under a batch (`quiesce_for_change`).
                 let _batch = v.background_batch();
-                if v.destroyed.load(Ordering::Acquire) {
+                if v.is_destroyed() {
                     break;
                 }
                 let batch_start = crate::env::now();
                 // Batches wholly in holes are stepped over (a thin volume of 1E is 2^36
                 // batches), batches starting at multiples of the batch as before.
                 let next = v
-                    .tree
-                    .lock()
+                    .map()
                     .next_mapped(&*self.store, self.store.nodes(), lba, blocks)
                     // A node on the way that no copy verifies: the batch is walked,
                     // which lists the range it covers.
@@ -325,7 +319,7 @@ impl Core {
                 {
                     // Map nodes are scrubbed under the map lock: a node is freed only by a
                     // commit, which cannot run while we hold it.
-                    let tree = v.tree.lock();
+                    let tree = v.map();
                     tree.walk(&*self.store, self.store.nodes(), lba, hi, &mut |visit| {
                         match visit {
                             Visit::Data { lba, ptr } => data.push((lba, *ptr)),
@@ -337,7 +331,7 @@ impl Core {
                                 self.count_outcome(o.repaired, o.unrecoverable, 0);
                                 if o.unrecoverable {
                                     self.record_error(
-                                        &v.name,
+                                        v.name(),
                                         off,
                                         len.min(v.size() - off.min(v.size())),
                                         DataErrorKind::Map,
@@ -348,7 +342,7 @@ impl Core {
                                 let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
                                 let off = index * span * bs;
                                 self.record_error(
-                                    &v.name,
+                                    v.name(),
                                     off,
                                     (span * bs).min(v.size() - off.min(v.size())),
                                     DataErrorKind::Map,
@@ -365,7 +359,7 @@ impl Core {
                 for (l, ptr) in data {
                     let _gate = self.store.hold_reads();
                     // The client may have replaced the block since the walk; scrub only what is live.
-                    if v.tree.lock().lookup(&*self.store, self.store.nodes(), l)? != ptr {
+                    if v.map().lookup(&*self.store, self.store.nodes(), l)? != ptr {
                         continue;
                     }
                     batch_bytes += ptr.len as u64;
@@ -383,14 +377,14 @@ impl Core {
                     };
                     // A record whose flags break the volume's policy (plaintext in an
                     // encrypted volume) is not this volume's data, however well it checksums.
-                    if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {
-                        tracing::error!(volume = %v.name, lba = l, "scrub: {e}");
+                    if let Err(e) = crate::codec::check_policy(v.is_encrypted(), ptr.flags) {
+                        tracing::error!(volume = %v.name(), lba = l, "scrub: {e}");
                         o.unrecoverable = true;
                     }
                     if o.unrecoverable {
-                        self.record_error(&v.name, l * bs, bs, DataErrorKind::Data);
+                        self.record_error(v.name(), l * bs, bs, DataErrorKind::Data);
                     } else {
-                        self.clear_error(&v.name, l * bs, bs);
+                        self.clear_error(v.name(), l * bs, bs);
                     }
                     self.count_outcome(o.repaired, o.unrecoverable, ptr.len as u64);
                     if verify_store && !self.store.given_back_record(&ptr) {
@@ -403,7 +397,7 @@ impl Core {
                 lba = hi;
                 {
                     let mut s = self.scrub.lock();
-                    s.volume_id = v.id;
+                    s.volume_id = v.id();
                     s.lba = lba;
                 }
                 self.table_dirty.store(true, Ordering::Release);
@@ -414,14 +408,14 @@ impl Core {
                 self.scrub_rate_seen
                     .store((done as f64 / secs) as u64, Ordering::Relaxed);
             }
-            if !v.destroyed.load(Ordering::Acquire) {
+            if !v.is_destroyed() {
                 self.scrub_snapshot_records(&v, &mut buf, &unchecked)?;
                 if !self.keep_going() {
                     return Ok(());
                 }
             }
             let mut s = self.scrub.lock();
-            s.volume_id = v.id + 1;
+            s.volume_id = v.id() + 1;
             s.lba = 0;
         }
         let mut s = self.scrub.lock();
@@ -463,11 +457,11 @@ impl Core {
         buf: &mut Vec<u8>,
         unchecked: &AtomicU64,
     ) -> Result<()> {
-        let bs = v.block_size as u64;
+        let bs = v.block_size() as u64;
         let mut found: Vec<(String, At, Blkptr)> = Vec::new();
         {
-            let head = v.tree.lock();
-            let snaps = v.snaps.read();
+            let head = v.map();
+            let snaps = v.snapshots();
             for (k, s) in snaps.iter().enumerate() {
                 let next = crate::volume::snap::next_of(&snaps, &head, k);
                 s.tree
@@ -483,7 +477,7 @@ impl Core {
                                 let span = 1u64 << (MAP_FANOUT_SHIFT * (level as u32 + 1));
                                 let off = index * span * bs;
                                 self.record_error(
-                                    &format!("{}@{}", v.name, s.name),
+                                    &format!("{}@{}", v.name(), s.name),
                                     off,
                                     (span * bs).min(v.size() - off.min(v.size())),
                                     DataErrorKind::Map,
@@ -499,7 +493,7 @@ impl Core {
                 return Ok(());
             }
             let _gate = self.store.hold_reads();
-            let held = v.snaps.read().iter().any(|s| {
+            let held = v.snapshots().iter().any(|s| {
                 s.name == name
                     && s.tree
                         .holds(&*self.store, self.store.nodes(), at, &ptr)
@@ -520,8 +514,8 @@ impl Core {
             };
             let (off, len, kind) = match at {
                 At::Data(lba) => {
-                    if let Err(e) = crate::codec::check_policy(v.encryption, ptr.flags) {
-                        tracing::error!(volume = %v.name, snapshot = name, lba, "scrub: {e}");
+                    if let Err(e) = crate::codec::check_policy(v.is_encrypted(), ptr.flags) {
+                        tracing::error!(volume = %v.name(), snapshot = name, lba, "scrub: {e}");
                         o.unrecoverable = true;
                     }
                     (lba * bs, bs, DataErrorKind::Data)
@@ -537,7 +531,7 @@ impl Core {
                 }
             };
             if o.unrecoverable {
-                self.record_error(&format!("{}@{name}", v.name), off, len, kind);
+                self.record_error(&format!("{}@{name}", v.name()), off, len, kind);
             }
             let data = matches!(at, At::Data(_));
             self.count_outcome(
@@ -604,18 +598,15 @@ impl Core {
             // a segment reopened and published since, whose bytes are another record's.
             let live = {
                 let _gate = self.store.hold_reads();
-                v.tree
-                    .lock()
-                    .lookup(&*self.store, self.store.nodes(), *lba)?
-                    == *ptr
+                v.map().lookup(&*self.store, self.store.nodes(), *lba)? == *ptr
             };
             if !live {
                 continue;
             }
             n_bad += 1;
-            let bs = v.block_size as u64;
+            let bs = v.block_size() as u64;
             tracing::error!(
-                volume = %v.name,
+                volume = %v.name(),
                 offset = lba * bs,
                 "scrub: the object store's copy of this block does not verify{}",
                 if *local_ok { "; writing it again from the local copy" } else { "" }

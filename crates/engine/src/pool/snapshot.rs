@@ -71,7 +71,7 @@ impl Core {
         self.volumes
             .read()
             .values()
-            .filter(|v| v.origin.lock().as_ref() == Some(&want))
+            .filter(|v| v.origin().as_ref() == Some(&want))
             .cloned()
             .collect()
     }
@@ -82,16 +82,16 @@ impl Core {
         let all: Vec<Arc<VolumeState>> = self.volumes.read().values().cloned().collect();
         let origin_of: Vec<Option<String>> = all
             .iter()
-            .map(|v| v.origin.lock().as_ref().map(|o| o.volume.clone()))
+            .map(|v| v.origin().as_ref().map(|o| o.volume.clone()))
             .collect();
-        let mut names = vec![st.name.clone()];
+        let mut names = vec![st.name().to_string()];
         let mut i = 0;
         while i < names.len() {
             let n = names[i].clone();
             for (v, o) in all.iter().zip(&origin_of) {
-                let joined = o.as_deref() == Some(n.as_str()) || (v.name == n && o.is_some());
+                let joined = o.as_deref() == Some(n.as_str()) || (v.name() == n && o.is_some());
                 let next = if o.as_deref() == Some(n.as_str()) {
-                    v.name.clone()
+                    v.name().to_string()
                 } else if joined {
                     o.clone().expect("joined through its origin")
                 } else {
@@ -104,7 +104,7 @@ impl Core {
             i += 1;
         }
         all.into_iter()
-            .filter(|v| v.name != st.name && names.contains(&v.name))
+            .filter(|v| v.name() != st.name() && names.iter().any(|n| n == v.name()))
             .collect()
     }
 
@@ -119,28 +119,27 @@ impl Core {
             self.clones_of(volume, snapshot)
                 .into_iter()
                 .filter(|c| !std::ptr::eq(&**c, st))
-                .filter(|c| c.snaps.read().first().is_some_and(|b| b.base))
+                .filter(|c| c.snapshots().first().is_some_and(|b| b.base))
                 .map(|c| (c, 0))
                 .collect()
         };
         if s.base {
             // The origin snapshot, and the bases of its other clones (copies of it too).
-            let Some(o) = st.origin.lock().clone() else {
+            let Some(o) = st.origin().clone() else {
                 return Vec::new();
             };
             let Some(ov) = self.find_any(&o.volume) else {
                 return Vec::new();
             };
             let k = ov
-                .snaps
-                .read()
+                .snapshots()
                 .iter()
                 .position(|t| !t.base && t.name == o.snapshot);
             let mut out: Vec<(Arc<VolumeState>, usize)> = k.map(|k| (ov, k)).into_iter().collect();
             out.extend(bases(&o.volume, &o.snapshot));
             return out;
         }
-        bases(&st.name, &s.name)
+        bases(st.name(), &s.name)
     }
 
     fn next_tree_id(&self) -> u64 {
@@ -156,7 +155,7 @@ impl Core {
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
         {
-            let snaps = st.snaps.read();
+            let snaps = st.snapshots();
             if snaps.iter().any(|s| !s.base && s.name == name) {
                 return Err(Error::Exists(format!(
                     "snapshot '{volume}@{name}' already exists"
@@ -170,13 +169,13 @@ impl Core {
             }
         }
         let id = self.next_tree_id();
-        *st.snapshot_wanted.lock() = Some((name.to_string(), id));
+        st.want_snapshot(name.to_string(), id);
         self.table_dirty.store(true, Ordering::Release);
         let committed = self.commit_held();
         // A commit that failed before it reached this volume leaves the wish behind.
-        st.snapshot_wanted.lock().take();
+        st.take_snapshot_wanted();
         committed?;
-        if !st.snaps.read().iter().any(|s| s.name == name) {
+        if !st.snapshots().iter().any(|s| s.name == name) {
             return Err(Error::Corrupt(format!(
                 "snapshot '{volume}@{name}' was not taken by the commit"
             )));
@@ -219,7 +218,7 @@ impl Core {
         let clones: Vec<String> = self
             .clones_of(volume, &s.name)
             .iter()
-            .map(|c| c.name.clone())
+            .map(|c| c.name().to_string())
             .collect();
         if !clones.is_empty() {
             return Err(Error::Busy(format!(
@@ -273,13 +272,13 @@ impl Core {
         self.store.check_poisoned()?;
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
-        position(&st.snaps.read(), volume, name)?;
+        position(&st.snapshots(), volume, name)?;
         // Snapshot trees are clean after a commit (the cleaner, which dirties them, waits
         // for the commit lock).
         self.commit_held()?;
         let freed = {
-            let head = st.tree.lock();
-            let mut snaps = st.snaps.write();
+            let head = st.map();
+            let mut snaps = st.snapshots_mut();
             let k = position(&snaps, volume, name)?;
             self.destroy_at(volume, &mut snaps, &head, k)?
         };
@@ -297,8 +296,8 @@ impl Core {
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
         {
-            let _head = st.tree.lock();
-            let mut snaps = st.snaps.write();
+            let _head = st.map();
+            let mut snaps = st.snapshots_mut();
             let k = position(&snaps, volume, name)?;
             let holds = &mut snaps[k].holds;
             if hold && !holds.insert(tag.to_string()) {
@@ -332,13 +331,13 @@ impl Core {
         // Handles on its snapshots may stay open: the snapshots that stay do not change.
         let _w = self.quiesce_for_change(&st)?;
         let _c = self.commit_lock.lock();
-        if st.rotation.lock().is_some() {
+        if st.rotation().is_some() {
             return Err(Error::Busy(format!(
                 "volume '{volume}' is rotating its key; roll back after the rotation finishes"
             )));
         }
         {
-            let snaps = st.snaps.read();
+            let snaps = st.snapshots();
             let k = position(&snaps, volume, name)?;
             let newer: Vec<String> = snaps[k + 1..]
                 .iter()
@@ -375,8 +374,8 @@ impl Core {
         self.commit_held()?;
         let new_id = self.next_tree_id();
         let destroyed = {
-            let mut head = st.tree.lock();
-            let mut snaps = st.snaps.write();
+            let mut head = st.map();
+            let mut snaps = st.snapshots_mut();
             let k = position(&snaps, volume, name)?;
             for s in &snaps[k + 1..] {
                 self.check_destroyable(volume, s)?;
@@ -410,8 +409,8 @@ impl Core {
             *head = Tree::new(new_id, target.tree.depth, target.tree.root);
             // The size it had at the snapshot comes back with its data.
             st.set_size(target.size_bytes);
-            st.used_bytes.store(target.referenced, Ordering::Relaxed);
-            self.store.note_dirty(&st.dirty_nodes, 0);
+            st.set_used_bytes(target.referenced);
+            self.store.note_dirty(st.head_dirty(), 0);
             destroyed
         };
         crate::crashpoint::hit("rollback.released");
@@ -433,7 +432,7 @@ impl Core {
                 .volumes
                 .read()
                 .values()
-                .filter(|v| !v.deferred.load(Ordering::Acquire))
+                .filter(|v| !v.is_deferred())
                 .cloned()
                 .collect(),
         })
@@ -445,10 +444,10 @@ impl Core {
         self.volumes
             .read()
             .values()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| {
-                let n = v.snaps.read().iter().filter(|s| !s.base).count();
-                (v.name.clone(), n)
+                let n = v.snapshots().iter().filter(|s| !s.base).count();
+                (v.name().to_string(), n)
             })
             .collect()
     }
@@ -458,8 +457,8 @@ impl Core {
     pub fn snapshot_list(&self, volume: Option<&str>) -> Result<Vec<SnapshotStatus>> {
         let mut out = Vec::new();
         for st in self.volumes_named(volume)? {
-            let head = st.tree.lock();
-            let snaps = st.snaps.read();
+            let head = st.map();
+            let snaps = st.snapshots();
             for (k, s) in snaps.iter().enumerate().filter(|(_, s)| !s.base) {
                 let prev = k.checked_sub(1).map(|j| &snaps[j].tree);
                 let next = snap::next_of(&snaps, &head, k);
@@ -467,8 +466,8 @@ impl Core {
                 let used =
                     snap::unique_data_bytes(&*self.store, self.store.nodes(), &s.tree, &others)?;
                 out.push(SnapshotStatus {
-                    name: format!("{}@{}", st.name, s.name),
-                    volume: st.name.clone(),
+                    name: format!("{}@{}", st.name(), s.name),
+                    volume: st.name().to_string(),
                     snapshot: s.name.clone(),
                     created: s.created,
                     used_bytes: used,
@@ -485,9 +484,9 @@ impl Core {
     pub fn volume_space(&self, volume: Option<&str>) -> Result<Vec<VolumeSpace>> {
         let mut out = Vec::new();
         for st in self.volumes_named(volume)? {
-            let head = st.tree.lock();
-            let snaps = st.snaps.read();
-            let referenced = st.used_bytes.load(Ordering::Relaxed);
+            let head = st.map();
+            let snaps = st.snapshots();
+            let referenced = st.used_bytes();
             // A clone's USED is what destroying it frees (issue 42): not what its base
             // (the origin's snapshot) holds, which stays.
             let base = snaps.first().filter(|s| s.base).map(|s| &s.tree);
@@ -511,7 +510,7 @@ impl Core {
                 None => referenced,
             };
             out.push(VolumeSpace {
-                name: st.name.clone(),
+                name: st.name().to_string(),
                 used_bytes: own + by_snapshots,
                 referenced_bytes: referenced,
                 used_by_snapshots_bytes: by_snapshots,
@@ -539,11 +538,11 @@ impl Core {
         super::core::validate_name(new)?;
         let _c = self.commit_lock.lock();
         let st = self.find(volume)?;
-        position(&st.snaps.read(), volume, name)?;
+        position(&st.snapshots(), volume, name)?;
         if let Some(e) = self.name_taken(new) {
             return Err(e);
         }
-        match (st.encryption, secret.is_some()) {
+        match (st.is_encrypted(), secret.is_some()) {
             (true, false) => {
                 return Err(Error::Invalid(format!(
                     "'{volume}@{name}' is encrypted: its clone needs a key file or passphrase \
@@ -559,7 +558,7 @@ impl Core {
             }
             _ => {}
         }
-        if st.rotation.lock().is_some() {
+        if st.rotation().is_some() {
             return Err(Error::Busy(format!(
                 "volume '{volume}' is rotating its key; clone it after the rotation finishes"
             )));
@@ -572,27 +571,25 @@ impl Core {
         let keys = match secret {
             None => None,
             Some(secret) => {
-                let from_vmk = st.vmk.lock().clone().ok_or_else(|| st.locked())?;
-                let origin_keys = st.data_keys.lock().clone();
+                let (from_vmk, ouid) = (st.vmk_or_locked()?, st.uuid());
+                let origin_keys = st.data_keys().clone();
                 let next_gen = crate::keys::ring::next_generation(&origin_keys, volume)?;
                 let mut k = crate::keys::ring::new_volume_keys(secret, &uuid, salt)?;
                 let mut data_keys = Vec::with_capacity(origin_keys.len() + 1);
                 for r in &origin_keys {
                     data_keys.push(crate::keys::ring::inherit(
-                        &from_vmk, &st.uuid, r, &k.vmk, &uuid,
+                        &from_vmk, &ouid, r, &k.vmk, &uuid,
                     )?);
                 }
                 data_keys.push(crate::keys::ring::new_data_key(&k.vmk, &uuid, next_gen));
                 k.ring = crate::keys::ring::KeyRing::open(&k.vmk, &uuid, &data_keys, salt)?;
                 k.data_keys = data_keys;
                 // The origin writes under a new generation of its own from now on.
-                let mut ok = st.data_keys.lock();
-                ok.push(crate::keys::ring::new_data_key(
-                    &from_vmk, &st.uuid, next_gen,
-                ));
-                *st.ring.write() = Some(Arc::new(crate::keys::ring::KeyRing::open(
-                    &from_vmk, &st.uuid, &ok, salt,
-                )?));
+                let mut ok = st.data_keys();
+                ok.push(crate::keys::ring::new_data_key(&from_vmk, &ouid, next_gen));
+                st.set_key_ring(crate::keys::ring::KeyRing::open(
+                    &from_vmk, &ouid, &ok, salt,
+                )?);
                 Some(k)
             }
         };
@@ -600,7 +597,7 @@ impl Core {
         self.commit_held()?;
         let (head_id, base_id) = (self.next_tree_id(), self.next_tree_id());
         let (base, used, opts) = {
-            let snaps = st.snaps.read();
+            let snaps = st.snapshots();
             let k = position(&snaps, volume, name)?;
             let s = &snaps[k];
             let base = Snap {
@@ -614,9 +611,9 @@ impl Core {
             };
             let opts = crate::volume::VolumeOptions {
                 size_bytes: s.size_bytes,
-                block_size: st.block_size,
+                block_size: st.block_size(),
                 compression: st.compression(),
-                encryption: st.encryption,
+                encryption: st.is_encrypted(),
             };
             (base, s.referenced, opts)
         };
@@ -635,18 +632,15 @@ impl Core {
             head,
         );
         if let Some(k) = keys {
-            *clone.ring.write() = Some(Arc::new(k.ring));
-            *clone.vmk.lock() = Some(k.vmk);
+            clone.open_keys(k.ring, k.vmk);
         }
-        clone.used_bytes.store(used, Ordering::Relaxed);
-        clone
-            .created
-            .store(crate::volume::now_secs(), Ordering::Relaxed);
-        *clone.origin.lock() = Some(snap::Origin {
+        clone.set_used_bytes(used);
+        clone.set_created(crate::volume::now_secs());
+        *clone.origin() = Some(snap::Origin {
             volume: volume.to_string(),
             snapshot: name.to_string(),
         });
-        clone.snaps.write().push(base);
+        clone.snapshots_mut().push(base);
         self.volumes
             .write()
             .insert(new.to_string(), Arc::new(clone));
@@ -662,13 +656,13 @@ impl Core {
     /// Then its base goes (what only the base held is released) and it has no origin.
     pub(crate) fn detach_clone(&self, st: &VolumeState) -> Result<()> {
         let _c = self.commit_lock.lock();
-        if st.origin.lock().is_none() || st.snaps.read().iter().any(|s| !s.base) {
+        if st.origin().is_none() || st.snapshots().iter().any(|s| !s.base) {
             return Ok(());
         }
         self.commit_held()?;
         {
-            let head = st.tree.lock();
-            let snaps = st.snaps.read();
+            let head = st.map();
+            let snaps = st.snapshots();
             let Some(base) = snaps.first().filter(|b| b.base) else {
                 return Ok(());
             };
@@ -684,7 +678,7 @@ impl Core {
                 Ok(())
             })?;
             if all != own {
-                tracing::info!(volume = %st.name, shared = all - own, "clone still shares records with its origin");
+                tracing::info!(volume = %st.name(), shared = all - own, "clone still shares records with its origin");
                 return Ok(());
             }
         }
@@ -692,7 +686,7 @@ impl Core {
         self.reap_deferred()?;
         self.table_dirty.store(true, Ordering::Release);
         self.commit_held()?;
-        tracing::info!(volume = %st.name, "clone shares nothing with its origin any more: detached");
+        tracing::info!(volume = %st.name(), "clone shares nothing with its origin any more: detached");
         Ok(())
     }
 
@@ -702,11 +696,11 @@ impl Core {
     pub(crate) fn defer_destroy(&self, st: &VolumeState) -> Result<()> {
         self.commit_held()?;
         let new_id = self.next_tree_id();
-        let mut head = st.tree.lock();
-        let mut snaps = st.snaps.write();
+        let mut head = st.map();
+        let mut snaps = st.snapshots_mut();
         for k in (0..snaps.len()).rev() {
-            if !snaps[k].base && self.clones_of(&st.name, &snaps[k].name).is_empty() {
-                self.destroy_at(&st.name, &mut snaps, &head, k)?;
+            if !snaps[k].base && self.clones_of(st.name(), &snaps[k].name).is_empty() {
+                self.destroy_at(st.name(), &mut snaps, &head, k)?;
             }
         }
         let last = snaps.last().map(|s| &s.tree);
@@ -715,9 +709,9 @@ impl Core {
             self.store.release(p);
         }
         *head = Tree::new(new_id, head.depth, Blkptr::HOLE);
-        st.used_bytes.store(0, Ordering::Relaxed);
-        self.store.note_dirty(&st.dirty_nodes, 0);
-        st.deferred.store(true, Ordering::Release);
+        st.set_used_bytes(0);
+        self.store.note_dirty(st.head_dirty(), 0);
+        st.set_deferred(true);
         Ok(())
     }
 
@@ -729,27 +723,27 @@ impl Core {
             .volumes
             .read()
             .values()
-            .filter(|v| v.deferred.load(Ordering::Acquire))
+            .filter(|v| v.is_deferred())
             .cloned()
             .collect();
         for st in deferred {
             let empty = {
-                let head = st.tree.lock();
-                let mut snaps = st.snaps.write();
+                let head = st.map();
+                let mut snaps = st.snapshots_mut();
                 for k in (0..snaps.len()).rev() {
-                    if !snaps[k].base && self.clones_of(&st.name, &snaps[k].name).is_empty() {
-                        self.destroy_at(&st.name, &mut snaps, &head, k)?;
+                    if !snaps[k].base && self.clones_of(st.name(), &snaps[k].name).is_empty() {
+                        self.destroy_at(st.name(), &mut snaps, &head, k)?;
                     }
                 }
                 !snaps.iter().any(|s| !s.base)
             };
             if empty {
                 self.release_family(&st);
-                self.store.note_dirty(&st.dirty_nodes, 0);
-                self.store.note_dirty(&st.snap_dirty_nodes, 0);
-                self.volumes.write().remove(&st.name);
-                st.destroyed.store(true, Ordering::Release);
-                tracing::info!(volume = %st.name, "destroyed volume's last clone went: its snapshots are freed");
+                self.store.note_dirty(st.head_dirty(), 0);
+                self.store.note_dirty(st.snaps_dirty(), 0);
+                self.volumes.write().remove(st.name());
+                st.mark_destroyed();
+                tracing::info!(volume = %st.name(), "destroyed volume's last clone went: its snapshots are freed");
             }
         }
         Ok(())
@@ -759,10 +753,10 @@ impl Core {
     pub fn snapshot_handle(self: &Arc<Self>, volume: &str, name: &str) -> Result<Arc<Volume>> {
         self.store.check_poisoned()?;
         let st = self.find(volume)?;
-        if st.encryption && st.ring.read().is_none() {
+        if st.is_encrypted() && !st.key_loaded() {
             return Err(st.locked());
         }
-        position(&st.snaps.read(), volume, name)?;
+        position(&st.snapshots(), volume, name)?;
         Ok(Arc::new(Volume::snapshot_view(
             self.store.clone(),
             self.clone(),
@@ -777,20 +771,20 @@ impl Core {
     /// Drop a detached clone's base: release what only it holds (not shared with the
     /// origin), then forget the origin.
     fn release_family_base(&self, st: &VolumeState) -> Result<()> {
-        let across = match st.snaps.read().first() {
+        let across = match st.snapshots().first() {
             Some(b) if b.base => self.across(st, b),
             _ => Vec::new(),
         };
-        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snaps.read(), *i)).collect();
+        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snapshots(), *i)).collect();
         let origin_tree: Vec<&Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
         if origin_tree.is_empty() {
             return Err(Error::Corrupt(format!(
                 "clone '{}' has a base but its origin snapshot is gone",
-                st.name
+                st.name()
             )));
         }
-        let head = st.tree.lock();
-        let mut snaps = st.snaps.write();
+        let head = st.map();
+        let mut snaps = st.snapshots_mut();
         if !snaps.first().is_some_and(|b| b.base) {
             return Ok(());
         }
@@ -800,28 +794,28 @@ impl Core {
         }
         drop(head);
         snaps.remove(0);
-        *st.origin.lock() = None;
+        *st.origin() = None;
         Ok(())
     }
 
     pub(crate) fn release_family(&self, st: &VolumeState) {
         // What the base shares with any tree of the other volumes of its clone graph (the
         // origin snapshot, sibling and nephew clones) stays.
-        let component = if st.snaps.read().first().is_some_and(|b| b.base) {
+        let component = if st.snapshots().first().is_some_and(|b| b.base) {
             self.component(st)
         } else {
             Vec::new()
         };
-        let heads: Vec<_> = component.iter().map(|o| o.tree.lock()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snaps.read()).collect();
+        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
         let far: Vec<&Tree> = heads
             .iter()
             .map(|h| &**h)
             .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
             .collect();
         let origin_tree = (!far.is_empty()).then_some(());
-        let head = st.tree.lock();
-        let snaps = st.snaps.read();
+        let head = st.map();
+        let snaps = st.snapshots();
         let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&*head]).collect();
         for (k, t) in trees.iter().enumerate() {
             let prev: Vec<&Tree> = match k.checked_sub(1) {
@@ -829,7 +823,7 @@ impl Core {
                 // A clone's base: what it shares with the origin stays.
                 None if snaps.first().is_some_and(|b| b.base) => {
                     if origin_tree.is_none() {
-                        tracing::error!(volume = %st.name, "the origin snapshot is gone; keeping what the clone's base holds");
+                        tracing::error!(volume = %st.name(), "the origin snapshot is gone; keeping what the clone's base holds");
                         continue;
                     }
                     far.clone()
@@ -845,7 +839,7 @@ impl Core {
                 Ok(())
             });
             if let Err(e) = walked {
-                tracing::error!(volume = %st.name, "part of the destroyed volume's space leaks until the pool is imported again: {e}");
+                tracing::error!(volume = %st.name(), "part of the destroyed volume's space leaks until the pool is imported again: {e}");
             }
         }
     }

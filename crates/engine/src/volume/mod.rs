@@ -14,6 +14,7 @@
 //! its origin; `rotation.rs` the key-rotation progress it carries), and [`Volume`], a handle
 //! that reads, writes, trims, zeroes and answers block status, or reads one snapshot
 //! (read-only). A `Volume` holds the `Store` and a `store::Control`, never the pool.
+//! `asks.rs`: what the pool asks of a `VolumeState` (its fields are private).
 //! `snap.rs`: the sharing rule (`head_keeps`, `held_by`: a pointer a tree drops is released
 //! only if neither neighbour holds it at the same place) and the lock order (decision 0009).
 
@@ -36,6 +37,7 @@ use crate::map::{At, Blkptr, Tree, Visit, ADDR_NONE};
 use crate::store::{Control, Put, Store};
 use crate::{Error, Result};
 
+mod asks;
 pub mod rotation;
 pub mod snap;
 pub mod stripes;
@@ -119,65 +121,74 @@ pub struct VolumeStatus {
 }
 
 /// The engine's record of one volume, shared by the table and every handle.
+///
+/// Every field is private to `volume/`; the pool asks through `asks.rs`: what the volume
+/// is (`name`, `block_size`, `is_encrypted`...), what a command changes (`set_readonly`,
+/// `want_snapshot`, `open_keys`, `mark_destroyed`...). Some of its locks are handed out,
+/// each named for what it holds (`map`, `snapshots`, `origin`, `intents`, `key_slots`,
+/// `data_keys`, `rotation`), because the pool's rooms (commit, snapshot, clean, scrub,
+/// keys, rotate) hold several together, in the order `snap.rs` gives, around work of their
+/// own; so are the two dirty-node counters, the slots `Store::note_dirty` keeps for it. The
+/// layer test (`crates/bulwark/tests/layers.rs`) fails if a `pub` field comes back.
 pub struct VolumeState {
-    pub id: u64,
-    pub uuid: [u8; 16],
-    pub name: String,
+    id: u64,
+    uuid: [u8; 16],
+    name: String,
     /// Bytes (`size()`); changed only by `volume resize`, under the commit lock.
     size: AtomicU64,
-    pub block_size: u32,
+    block_size: u32,
     /// How new writes are stored (`compression()`; `volume set compression=`).
     compression: std::sync::atomic::AtomicU8,
-    pub encryption: bool,
+    encryption: bool,
     /// `volume set readonly=on`: every write through any handle is refused.
-    pub readonly: AtomicBool,
+    readonly: AtomicBool,
     /// Its whole size is reserved in the pool (`volume create --thick`).
-    pub thick: AtomicBool,
+    thick: AtomicBool,
     /// Free text (`volume set description=`).
-    pub description: Mutex<String>,
+    description: Mutex<String>,
     /// Seconds since the epoch when it was created (0: before this was recorded).
-    pub created: AtomicU64,
-    pub slots: Mutex<Vec<KeySlot>>,
+    created: AtomicU64,
+    slots: Mutex<Vec<KeySlot>>,
     /// The map lock.
-    pub tree: Mutex<Tree>,
+    tree: Mutex<Tree>,
     /// Wrappings of the volume master key.
     /// The VMK while the volume is unlocked (to add slots and rotate).
-    pub vmk: Mutex<Option<Zeroizing<[u8; 32]>>>,
+    vmk: Mutex<Option<Zeroizing<[u8; 32]>>>,
     /// Data keys by generation, wrapped by the VMK (persisted in the table).
-    pub data_keys: Mutex<Vec<DataKeyRecord>>,
+    data_keys: Mutex<Vec<DataKeyRecord>>,
     /// `None` while locked (or for an unencrypted volume).
-    pub ring: RwLock<Option<Arc<KeyRing>>>,
+    ring: RwLock<Option<Arc<KeyRing>>>,
     /// A key rotation in progress: blocks of older generations are being re-encrypted.
-    pub rotation: Mutex<Option<rotation::Rotation>>,
+    rotation: Mutex<Option<rotation::Rotation>>,
     /// Whether a worker runs that rotation (never persisted).
-    pub(crate) rotation_worker: Arc<rotation::RotationWorker>,
+    rotation_worker: Arc<rotation::RotationWorker>,
     /// The stripe locks client writes and key rotation's rewrites take (`stripes`).
     stripes: stripes::Stripes,
     /// Stored bytes of the data blocks this volume references (one copy).
-    pub used_bytes: AtomicU64,
+    used_bytes: AtomicU64,
     /// The tree's dirty node count as of its last change (`Store::note_dirty`).
-    pub dirty_nodes: std::sync::atomic::AtomicUsize,
-    pub destroyed: AtomicBool,
+    dirty_nodes: std::sync::atomic::AtomicUsize,
+    destroyed: AtomicBool,
     /// The map changes clients made since the last durable point, in order (block, new
     /// pointer): what a flush writes to the intent log (`pool::txg::intent`). Appended under the
     /// map lock; a commit clears them when it takes the leaves they are in.
-    pub intents: Mutex<Vec<(u64, Blkptr)>>,
+    intents: Mutex<Vec<(u64, Blkptr)>>,
     /// Snapshots, oldest first (`snap` module: sharing, locks).
-    pub snaps: RwLock<Vec<snap::Snap>>,
+    snaps: RwLock<Vec<snap::Snap>>,
     /// Dirty nodes of the snapshot trees (the cleaner's moves), as `dirty_nodes` for the head.
-    pub snap_dirty_nodes: std::sync::atomic::AtomicUsize,
+    snap_dirty_nodes: std::sync::atomic::AtomicUsize,
     /// A snapshot the next commit takes: its name and tree id.
-    pub snapshot_wanted: Mutex<Option<(String, u64)>>,
+    snapshot_wanted: Mutex<Option<(String, u64)>>,
     /// The snapshot this volume was cloned from (its base, `snaps[0]`, copies it).
-    pub origin: Mutex<Option<snap::Origin>>,
+    origin: Mutex<Option<snap::Origin>>,
     /// Destroyed, but kept (hidden, its map empty) for the clones of its snapshots: gone
     /// when the last of them goes.
-    pub deferred: AtomicBool,
+    deferred: AtomicBool,
     /// Open read-only handles on its snapshots (`VOL@SNAP`): of the references to this
     /// state, those that do not hold the volume itself (a rollback goes ahead under them).
     /// It changes under `snaps` (read), inside the lifetime of the handle's reference, so
     /// that under `snaps` (write) `strong_count - snapshot_views` never undercounts.
-    pub snapshot_views: std::sync::atomic::AtomicUsize,
+    snapshot_views: std::sync::atomic::AtomicUsize,
     /// Who uses the volume: the handles clients and commands hold (what "in use" means
     /// to `volume destroy`, `rollback`, `key unload`, `key erase` and a shrink) and the
     /// background batches over it a change waits for (`uses`: model-checked).

@@ -7,7 +7,7 @@ use super::recount::{Family, Recounted};
 use super::replay::Replayed;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -185,8 +185,7 @@ pub(super) fn build(
         });
     }
     for v in core.volumes.read().values() {
-        core.store
-            .note_dirty(&v.dirty_nodes, v.tree.lock().dirty_nodes());
+        core.store.note_dirty(v.head_dirty(), v.map().dirty_nodes());
     }
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
@@ -223,15 +222,15 @@ fn volume_states(
             rec.data_keys.clone(),
             f.tree,
         );
-        *st.rotation.lock() = rec.rotation.clone();
-        *st.description.lock() = rec.description.clone();
-        st.readonly.store(rec.readonly, Ordering::Release);
-        st.thick.store(rec.thick, Ordering::Release);
-        st.created.store(rec.created, Ordering::Relaxed);
-        *st.origin.lock() = rec.origin.clone();
-        st.deferred.store(rec.deferred, Ordering::Release);
-        st.used_bytes.store(f.used, Ordering::Relaxed);
-        *st.snaps.write() = f.snaps;
+        *st.rotation() = rec.rotation.clone();
+        st.set_description(rec.description.clone());
+        st.set_readonly(rec.readonly);
+        st.set_thick(rec.thick);
+        st.set_created(rec.created);
+        *st.origin() = rec.origin.clone();
+        st.set_deferred(rec.deferred);
+        st.set_used_bytes(f.used);
+        *st.snapshots_mut() = f.snaps;
         st.note_data_errors(errors.iter().any(|e| e.volume == rec.name));
         volumes.insert(rec.name.clone(), Arc::new(st));
     }

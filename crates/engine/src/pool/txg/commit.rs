@@ -68,7 +68,7 @@ impl Core {
         let taken = std::mem::take(&mut *self.notes_taken.lock());
         if matches!(result, Err(Error::StoreUnavailable(_))) {
             for (v, mut notes) in taken {
-                let mut intents = v.intents.lock();
+                let mut intents = v.intents();
                 notes.append(&mut intents);
                 *intents = notes;
             }
@@ -124,22 +124,22 @@ impl Core {
             // them in another order.)
             // A snapshot wanted: this volume's map lock is held from the leaves to the root,
             // so the snapshot is exactly the writes that finished before (`volume::snap`).
-            let wanted = v.snapshot_wanted.lock().take();
-            let mut whole = wanted.as_ref().map(|_| v.tree.lock());
+            let wanted = v.take_snapshot_wanted();
+            let mut whole = wanted.as_ref().map(|_| v.map());
             let mut read = |tree: &crate::map::Tree| {
                 // Under the map lock: the client changes noted so far are in these leaves
                 // (kept until the commit is durable: `commit_held`).
-                let notes = std::mem::take(&mut *v.intents.lock());
+                let notes = v.take_intents();
                 self.notes_taken.lock().push((v.clone(), notes));
                 nodes_written += tree.dirty_nodes();
-                let slots = v.slots.lock().clone();
-                let data_keys = v.data_keys.lock().clone();
-                let rotation = v.rotation.lock().clone();
+                let slots = v.key_slots().clone();
+                let data_keys = v.data_keys().clone();
+                let rotation = v.rotation().clone();
                 (tree.snapshot_leaves(), slots, data_keys, rotation)
             };
             let (mut leaves, slots, data_keys, rotation) = match &whole {
                 Some(tree) => read(tree),
-                None => read(&v.tree.lock()),
+                None => read(&v.map()),
             };
             locked += crate::env::since(t);
             leaves.write(&mut write)?;
@@ -149,11 +149,11 @@ impl Core {
                 let tree = match whole.as_mut() {
                     Some(t) => &mut **t,
                     None => {
-                        guard = v.tree.lock();
+                        guard = v.map();
                         &mut *guard
                     }
                 };
-                let snaps = v.snaps.read();
+                let snaps = v.snapshots();
                 // Dirty nodes without a dirty leaf: new top levels of a grown map.
                 if !leaves.is_empty() || tree.dirty_nodes() > 0 {
                     tree.finish_commit(cache, leaves, &mut write, &mut |l, i, old| {
@@ -162,7 +162,7 @@ impl Core {
                         }
                     })?;
                 }
-                self.store.note_dirty(&v.dirty_nodes, tree.dirty_nodes());
+                self.store.note_dirty(v.head_dirty(), tree.dirty_nodes());
                 tree.root
             };
             if let (Some((name, id)), Some(tree)) = (wanted, whole.take()) {
@@ -175,12 +175,12 @@ impl Core {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                v.snaps.write().push(snap::Snap {
+                v.snapshots_mut().push(snap::Snap {
                     base: false,
                     name,
                     created,
                     holds: Default::default(),
-                    referenced: v.used_bytes.load(Ordering::Relaxed),
+                    referenced: v.used_bytes(),
                     size_bytes: v.size(),
                     tree: crate::map::Tree::new(id, tree.depth, root),
                 });
@@ -189,30 +189,29 @@ impl Core {
             locked += crate::env::since(t);
             let size_bytes = v.size();
             let snapshots = v
-                .snaps
-                .read()
+                .snapshots()
                 .iter()
                 .map(|s| SnapshotRecord::of(s, size_bytes))
                 .collect();
             records.push(VolumeRecord {
-                id: v.id,
-                uuid: v.uuid,
-                name: v.name.clone(),
+                id: v.id(),
+                uuid: v.uuid(),
+                name: v.name().to_string(),
                 size_bytes,
-                block_size: v.block_size,
+                block_size: v.block_size(),
                 compression: v.compression(),
-                encryption: v.encryption,
+                encryption: v.is_encrypted(),
                 root: ptr_to_hex(&root),
                 slots,
                 data_keys,
                 rotation,
                 snapshots,
-                origin: v.origin.lock().clone(),
-                deferred: v.deferred.load(Ordering::Acquire),
-                description: v.description.lock().clone(),
-                readonly: v.readonly.load(Ordering::Acquire),
-                created: v.created.load(Ordering::Relaxed),
-                thick: v.thick.load(Ordering::Acquire),
+                origin: v.origin().clone(),
+                deferred: v.is_deferred(),
+                description: v.description(),
+                readonly: v.is_readonly(),
+                created: v.created(),
+                thick: v.is_thick(),
             });
         }
         // Every pointer this commit stores has been read: segments opened from now on are
@@ -221,7 +220,7 @@ impl Core {
         // What thick volumes keep from thin ones, recounted with what they now store.
         let unused: u64 = volumes
             .iter()
-            .filter(|v| !v.deferred.load(Ordering::Acquire))
+            .filter(|v| !v.is_deferred())
             .map(|v| v.reservation_unused())
             .sum();
         self.store.set_thick_unused(unused);
@@ -403,7 +402,7 @@ impl Core {
         v: &crate::volume::VolumeState,
         write: &mut dyn FnMut(&[&crate::map::Node]) -> Result<Vec<crate::map::Blkptr>>,
     ) -> Result<()> {
-        if v.snap_dirty_nodes.load(Ordering::Acquire) == 0 {
+        if v.snaps_dirty().load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         // Every tree of the volumes this one shares with through clones (the whole clone
@@ -412,15 +411,15 @@ impl Core {
         // suffice across clones: a snapshot with clones is a bridge, and a node it drops
         // may still be held on both sides of it. Other volumes' locks first, then this one's.
         let component = self.component(v);
-        let heads: Vec<_> = component.iter().map(|o| o.tree.lock()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snaps.read()).collect();
+        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
         let far: Vec<&crate::map::Tree> = heads
             .iter()
             .map(|h| &**h)
             .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
             .collect();
-        let head = v.tree.lock();
-        let mut snaps = v.snaps.write();
+        let head = v.map();
+        let mut snaps = v.snapshots_mut();
         for k in (0..snaps.len()).rev() {
             if snaps[k].tree.dirty_nodes() == 0 {
                 continue;
@@ -453,7 +452,7 @@ impl Core {
                 self.store.release(p);
             }
         }
-        self.store.note_dirty(&v.snap_dirty_nodes, 0);
+        self.store.note_dirty(v.snaps_dirty(), 0);
         Ok(())
     }
 

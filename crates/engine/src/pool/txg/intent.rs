@@ -71,10 +71,7 @@ impl Core {
         // (Ended before the take, a segment opened in between could hold a noted record
         // and be recycled before the next commit.)
         let snapshot = self.store.snapshot_map();
-        let notes: Vec<_> = volumes
-            .iter()
-            .map(|v| (v.id, std::mem::take(&mut *v.intents.lock())))
-            .collect();
+        let notes: Vec<_> = volumes.iter().map(|v| (v.id(), v.take_intents())).collect();
         drop(snapshot);
         let mut entries = Vec::new();
         for (id, n) in notes {
