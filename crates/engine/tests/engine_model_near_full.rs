@@ -647,6 +647,8 @@ fn run_seed(seed: u64, ops: u64) {
     });
     let open_opts = OpenOptions {
         commit_interval,
+        // Every put and release checked against the others of the run (`store/live.rs`).
+        check_addresses: true,
         ..OpenOptions::default()
     };
     let fill_pct = rng.range(78, 92);

@@ -483,6 +483,9 @@ impl World {
             // checking it.
             fill_holes: true,
             tier: self.tier.as_mut().map(|t| t.open()),
+            // Every put and release checked against the others of the run (`store/live.rs`):
+            // a double release or a put over a live record fails the seed.
+            check_addresses: true,
             ..OpenOptions::default()
         }
     }

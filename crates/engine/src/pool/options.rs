@@ -61,6 +61,10 @@ pub struct OpenOptions {
     /// (`serve --fill-holes`): on a parity pool at 90% fill, 4K overwrites were still
     /// refused now and then with it on (`test_space_at_fill`).
     pub fill_holes: bool,
+    /// Tests and the simulator: every record placed and released is checked against the
+    /// others of this run (`store/live.rs`): a double release, or a put over a live record,
+    /// panics naming the address, its segment and the callers. On in debug builds.
+    pub check_addresses: bool,
 }
 
 impl Default for OpenOptions {
@@ -80,6 +84,7 @@ impl Default for OpenOptions {
             tier: None,
             stepped: false,
             fill_holes: false,
+            check_addresses: cfg!(debug_assertions),
         }
     }
 }

@@ -31,7 +31,8 @@
 //!   (`Pending`), so a full pool can always commit.
 //! - Nothing is released twice by this layer: `release` ignores holes and refuses pointers
 //!   outside the pool (a damaged map), and callers release the pointer a map slot held only
-//!   after the map dropped it.
+//!   after the map dropped it. With `check_addresses` on (tests, the simulator) a release
+//!   of a record released already, or a put over a live one, panics (`live.rs`).
 //! - A nonce is handed out at most once under the pool's data keys: `next_nonce` never
 //!   passes the limit the last commit made durable.
 
@@ -44,6 +45,7 @@ use parking_lot::{Condvar, Mutex};
 pub mod ahead;
 mod asks;
 pub mod gate;
+mod live;
 pub mod pace;
 
 pub use asks::MapSnapshot;
@@ -185,6 +187,9 @@ pub struct Store {
     /// written (it commits, so the store has them, and gives back room), and client
     /// writes paced past the size (`pace`).
     pace: pace::Pace,
+    /// Every record placed and released in this run, when switched on (`live`: tests and
+    /// the simulator), to catch a double release or a put over a live record.
+    live: live::LiveAddresses,
 }
 
 /// Bytes `Store::put` wrote in one run, for the object tier: segment `seg` from byte `off`,
@@ -249,7 +254,16 @@ impl Store {
             ahead: Mutex::new(Default::default()),
             cold: Mutex::new(Default::default()),
             pace: Default::default(),
+            live: Default::default(),
         }
+    }
+
+    /// Check every placement and release against the records placed and released in this
+    /// run (`live`): a double release or a put over a live record panics, naming the
+    /// address, its segment and the callers. Before anything is placed (`OpenOptions::
+    /// check_addresses`).
+    pub fn check_addresses(&self) {
+        self.live.switch_on();
     }
 
     /// Live data (after redundancy, as `status` counts it) and what it may fill at most
@@ -450,6 +464,7 @@ impl Store {
     /// metadata, the cleaner. Client data waits for space (back-pressure); the cleaner and
     /// metadata do not (`NoSpace` at once). Records placed count in `pending` until the
     /// caller has counted their leaves dirty (client data and the cleaner pass one). On error, what this call placed is released.
+    #[track_caller]
     pub fn put(
         &self,
         stream: Stream,
@@ -459,6 +474,7 @@ impl Store {
         mut pending: Option<&mut Pending<'_>>,
     ) -> Result<()> {
         let runs = self.red.runs_end_to_end();
+        let by = std::panic::Location::caller();
         let mut placed = 0;
         let result = (|| {
             while placed < recs.len() {
@@ -485,6 +501,8 @@ impl Store {
                 let end = rest[count - 1].at + rest[count - 1].ptr.len as usize;
                 for r in &mut recs[placed..placed + count] {
                     r.ptr.addr[copy] = addr + (r.at - base) as u64;
+                    let footprint = self.red.footprint(r.ptr.len as usize) as u64;
+                    self.live.placed(r.ptr.addr[copy], footprint, by);
                 }
                 placed += count;
                 // Cheap invariant, in release too: the log handed out a run that lies inside
@@ -527,6 +545,7 @@ impl Store {
 
     /// Store metadata records (map nodes, the volume table): lz4-compressed, checksummed,
     /// `METADATA_COPIES` copies in different segments, end to end per copy.
+    #[track_caller]
     pub fn write_meta_batch(&self, raws: &[Vec<u8>]) -> Result<Vec<Blkptr>> {
         let mut buf = Vec::new();
         let mut recs: Vec<Put> = Vec::with_capacity(raws.len());
@@ -568,6 +587,7 @@ impl Store {
     }
 
     /// Store one metadata record (`write_meta_batch`).
+    #[track_caller]
     pub fn write_meta(&self, raw: &[u8]) -> Result<Blkptr> {
         Ok(self.write_meta_batch(&[raw.to_vec()])?.remove(0))
     }
@@ -1074,6 +1094,7 @@ impl Store {
     /// The one place a reference dies: the record `p` points to is no longer referenced by
     /// the in-memory state, and its space goes back to the log (the segment it lies in
     /// becomes reusable after the next commit, or at once if no commit ever saw it).
+    #[track_caller]
     pub fn release(&self, p: &Blkptr) {
         if p.is_hole() {
             return;
@@ -1090,11 +1111,14 @@ impl Store {
     }
 
     /// Give one copy's space back (a record of `len` stored bytes at `addr`).
+    #[track_caller]
     fn release_addr(&self, addr: u64, len: usize) {
         if addr == ADDR_NONE {
             return;
         }
         let footprint = self.red.footprint(len) as u32;
+        self.live
+            .released(addr, footprint as u64, std::panic::Location::caller());
         if self.reuse_gate.release(&self.log, addr, footprint) {
             self.wake_maintenance();
         }

@@ -40,6 +40,9 @@ pub(super) fn open_table(
         // Above every nonce the host ever reserved, not only what these devices say.
         anchor.nonce_reserved,
     );
+    if opts.check_addresses {
+        store.check_addresses();
+    }
     let table = if newest.root.is_hole() {
         TableRecord::empty()
     } else {
