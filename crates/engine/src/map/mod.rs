@@ -311,14 +311,21 @@ where
         Vec::new()
     } else {
         write(&full)?
-    }
-    .into_iter();
+    };
+    assert_eq!(
+        written.len(),
+        full.len(),
+        "a commit wrote {} map nodes and was given {} pointers back",
+        full.len(),
+        written.len()
+    );
+    written.reverse();
     Ok(nodes
         .map(|n| {
             if n.is_empty() {
                 Blkptr::HOLE
             } else {
-                written.next().expect("one pointer per node")
+                written.pop().unwrap_or(Blkptr::HOLE)
             }
         })
         .collect())
@@ -629,10 +636,13 @@ impl Tree {
         let mut placed = Vec::with_capacity(leaves.nodes.len());
         for (node, ptr) in leaves.nodes.into_iter().zip(leaves.ptrs) {
             let key = (0, node.index);
-            let current = self
-                .dirty
-                .get(&key)
-                .expect("only a commit cleans a dirty leaf");
+            let Some(current) = self.dirty.get(&key) else {
+                panic!(
+                    "map tree {}: leaf {} was taken by this commit's leaf snapshot and is \
+                     clean now, but only a commit cleans a dirty leaf",
+                    self.id, node.index
+                );
+            };
             let unchanged = current.ptrs == node.ptrs;
             placed.push((key, ptr, unchanged.then_some(node)));
         }
@@ -679,10 +689,14 @@ impl Tree {
             let old = if level + 1 == self.depth {
                 std::mem::replace(&mut self.root, ptr)
             } else {
-                let parent = self
-                    .dirty
-                    .get_mut(&(level + 1, index >> MAP_FANOUT_SHIFT))
-                    .expect("a dirty node's parent is dirty");
+                let at = (level + 1, index >> MAP_FANOUT_SHIFT);
+                let Some(parent) = self.dirty.get_mut(&at) else {
+                    panic!(
+                        "map tree {}: node {index} at level {level} was written by a commit, \
+                         but its parent (level {}, index {}) is not dirty",
+                        self.id, at.0, at.1
+                    );
+                };
                 std::mem::replace(&mut parent.ptrs[(index as usize) & (MAP_FANOUT - 1)], ptr)
             };
             if !old.is_hole() {
@@ -1029,6 +1043,19 @@ mod tests {
             key_gen: 3,
             checksum: [n as u8; 32],
         }
+    }
+
+    /// A commit's node writer that hands back fewer pointers than it was given nodes is
+    /// named as such (it was an `expect` that said only "one pointer per node").
+    #[test]
+    #[should_panic(expected = "a commit wrote 2 map nodes and was given 1 pointers back")]
+    fn a_commit_given_too_few_pointers_says_how_many() {
+        let mut a = Node::empty(0, 0);
+        a.ptrs[0] = data(1);
+        let mut b = Node::empty(0, 1);
+        b.ptrs[0] = data(2);
+        let nodes = [a, Node::empty(0, 2), b];
+        let _ = write_nodes(nodes.iter(), &mut |_| Ok(vec![data(3)]));
     }
 
     #[test]
