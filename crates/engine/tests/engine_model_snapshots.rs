@@ -806,8 +806,6 @@ fn run_seed(seed: u64, ops: u64) {
         } else {
             2000
         }),
-        // Every put and release checked against the others of the run (`store/live.rs`).
-        check_addresses: true,
         ..OpenOptions::default()
     };
     let mut run = Run {
