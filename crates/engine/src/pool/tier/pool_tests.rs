@@ -389,21 +389,26 @@ fn open_cached(dir: &std::path::Path, store: &Arc<Mem>, cache: u64) -> Arc<Pool>
     Pool::open(
         dir,
         OpenOptions {
-            tier: Some(TierOpen {
-                store: store.clone(),
-                writer: "host-a".into(),
-                create: false,
-                force: false,
-                gc_grace: std::time::Duration::from_secs(3600),
-                local_flush: false,
-                cache_bytes: Some(cache),
-                defer_unreachable: false,
-                single_host: false,
-            }),
+            tier: Some(tier_as_host_a(store, Some(cache))),
             ..OpenOptions::default()
         },
     )
     .unwrap()
+}
+
+/// The tier on `store` as host-a, with a local cache of `cache` bytes if any.
+fn tier_as_host_a(store: &Arc<Mem>, cache: Option<u64>) -> TierOpen {
+    TierOpen {
+        store: store.clone(),
+        writer: "host-a".into(),
+        create: false,
+        force: false,
+        gc_grace: std::time::Duration::from_secs(3600),
+        local_flush: false,
+        cache_bytes: cache,
+        defer_unreachable: false,
+        single_host: false,
+    }
 }
 
 /// A new pool on the in-memory store, opened again with a local cache of `cache` bytes,
@@ -713,17 +718,7 @@ fn a_stepped_pool_does_not_pace_writes() {
         dir.path(),
         OpenOptions {
             stepped: true,
-            tier: Some(TierOpen {
-                store: store.clone(),
-                writer: "host-a".into(),
-                create: false,
-                force: false,
-                gc_grace: std::time::Duration::from_secs(3600),
-                local_flush: false,
-                cache_bytes: Some(1 << 20),
-                defer_unreachable: false,
-                single_host: false,
-            }),
+            tier: Some(tier_as_host_a(&store, Some(1 << 20))),
             ..OpenOptions::default()
         },
     )
@@ -770,17 +765,7 @@ fn the_tier_step_finds_a_takeover() {
         dir.path(),
         OpenOptions {
             stepped: true,
-            tier: Some(TierOpen {
-                store: store.clone(),
-                writer: "host-a".into(),
-                create: false,
-                force: false,
-                gc_grace: std::time::Duration::from_secs(3600),
-                local_flush: false,
-                cache_bytes: None,
-                defer_unreachable: false,
-                single_host: false,
-            }),
+            tier: Some(tier_as_host_a(&store, None)),
             ..OpenOptions::default()
         },
     )
@@ -812,17 +797,7 @@ fn a_scrub_takes_the_stores_copy_of_a_segment_half_brought_back() {
         dir.path(),
         OpenOptions {
             stepped: true,
-            tier: Some(TierOpen {
-                store: store.clone(),
-                writer: "host-a".into(),
-                create: false,
-                force: false,
-                gc_grace: std::time::Duration::from_secs(3600),
-                local_flush: false,
-                cache_bytes: Some(1 << 20),
-                defer_unreachable: false,
-                single_host: false,
-            }),
+            tier: Some(tier_as_host_a(&store, Some(1 << 20))),
             ..OpenOptions::default()
         },
     )
