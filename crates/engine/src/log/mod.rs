@@ -1265,9 +1265,14 @@ impl Log {
     /// The part of `clean_budget` the victims' live records may fill: the rest is for the
     /// map nodes their moves dirty (room to rewrite every map once, `set_map_nodes`), which
     /// cost as much as the records moved when each 4 KiB record lies under its own leaf.
+    /// The maps grow while writes fill the pool, and that room with them, past what the
+    /// cleaner has: then records get the share that leaves their own nodes room (at the
+    /// measured cost, at least a node byte per byte), never nothing while writers wait.
     pub fn clean_budget_for_records(&self) -> u32 {
-        self.clean_budget()
-            .saturating_sub(self.map_reserve.load(Ordering::Relaxed))
+        let budget = self.clean_budget();
+        let whole_maps = budget.saturating_sub(self.map_reserve.load(Ordering::Relaxed));
+        let per_byte = 1.0 + self.clean_cost().max(1.0);
+        whole_maps.max((budget as f64 / per_byte) as u32)
     }
 
     pub fn live_of(&self, seg: u32) -> u32 {
@@ -1409,6 +1414,35 @@ mod tests {
     }
 
     const QUARTER: usize = SEGMENT_BYTES as usize / 4;
+
+    /// Issue 36 part 5, the flaky half: the room kept to rewrite every map node
+    /// (`set_map_nodes`) grows with the maps while writes fill the pool. Once it exceeded
+    /// what the cleaner had, the cleaner's share for records was nothing: writers waited, the
+    /// cleaner moved nothing, and writes were refused at 77% of usable bytes (1 run in 3 of
+    /// `engine_under_pressure`). A pass that moves fewer records dirties fewer nodes: some
+    /// room is always left to records.
+    #[test]
+    fn the_cleaner_moves_records_when_the_maps_outgrow_their_reserve() {
+        let log = Log::new(vec![0; 512], 0, true);
+        log.set_node_bytes(4096);
+        let mut addrs = Vec::new();
+        while let Ok(a) = log.alloc(Stream::Data, QUARTER) {
+            addrs.push(a);
+        }
+        // Three quarters of the first 16 segments overwritten elsewhere: good victims.
+        for (i, &a) in addrs[..64].iter().enumerate() {
+            if i % 4 != 0 {
+                log.release_bytes(a, QUARTER as u32);
+            }
+        }
+        commit(&log);
+        log.set_map_nodes(1 << 20);
+        assert!(log.free_segments() < log.reserve(Stream::Data, 1), "writes wait");
+        let room = log.clean_budget_for_records();
+        assert!(room > 0, "the cleaner has no room for records");
+        let victims = log.victims(16, room as u64 * SEGMENT_BYTES);
+        assert!(!victims.is_empty(), "nothing to clean with {room} segments");
+    }
 
     #[test]
     fn a_released_record_is_filled_only_after_the_commit_that_follows_its_release() {
