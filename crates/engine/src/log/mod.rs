@@ -1437,7 +1437,10 @@ mod tests {
         }
         commit(&log);
         log.set_map_nodes(1 << 20);
-        assert!(log.free_segments() < log.reserve(Stream::Data, 1), "writes wait");
+        assert!(
+            log.free_segments() < log.reserve(Stream::Data, 1),
+            "writes wait"
+        );
         let room = log.clean_budget_for_records();
         assert!(room > 0, "the cleaner has no room for records");
         let victims = log.victims(16, room as u64 * SEGMENT_BYTES);
