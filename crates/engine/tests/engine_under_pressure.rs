@@ -192,10 +192,23 @@ fn run_bounded(rotate: bool) {
 /// Issue 36 part 5: after a fill and its release (exabyte thin volumes, a snapshot, two
 /// clones, random 4 KiB writes, released by trim), writes were refused at 75–80% of
 /// `usable_bytes`, in every round, and status went on saying cleaning was stuck after the
-/// release. With writes filling holes (decision 0014, `fill_holes`, opt-in) they are
-/// refused only once the pool is full (103% of usable here); with it off this test fails.
+/// release. Later, with holes on, CI still saw 77% in 1 run of 3: once the reserve for
+/// rewriting map nodes outgrew the cleaner's budget, records got no share of it and its
+/// rounds moved nothing (`Log::clean_budget_for_records`; its unit test pins that cause,
+/// which needs a timing this test only meets under load). Holes on (the default) and off
+/// are both run: writes are refused only once the pool is full (103% of usable here).
 #[test]
 fn writes_fill_the_pool_after_a_release_not_three_quarters_of_it() {
+    fill_release_fill(true);
+}
+
+/// The same with holes off (`serve --no-fill-holes`): the cleaner alone must get there.
+#[test]
+fn without_holes_writes_still_fill_the_pool_after_a_release() {
+    fill_release_fill(false);
+}
+
+fn fill_release_fill(fill_holes: bool) {
     let dir = tempfile::tempdir().unwrap();
     Pool::create(
         dir.path(),
@@ -209,7 +222,7 @@ fn writes_fill_the_pool_after_a_release_not_three_quarters_of_it() {
     let pool = Pool::open(
         dir.path(),
         OpenOptions {
-            fill_holes: true,
+            fill_holes,
             ..OpenOptions::default()
         },
     )

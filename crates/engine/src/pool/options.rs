@@ -57,9 +57,8 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). Off by default
-    /// (`serve --fill-holes`): on a parity pool at 90% fill, 4K overwrites were still
-    /// refused now and then with it on (`test_space_at_fill`).
+    /// run short, instead of waiting for the cleaner (decision 0014). On by default;
+    /// `serve --no-fill-holes` sets it off (the cleaner alone makes room).
     pub fill_holes: bool,
     /// Tests and the simulator: every record placed and released is checked against the
     /// others of this run (`store/live.rs`): a double release, or a put over a live record,
@@ -83,7 +82,7 @@ impl Default for OpenOptions {
             cache_device: None,
             tier: None,
             stepped: false,
-            fill_holes: false,
+            fill_holes: true,
             check_addresses: cfg!(debug_assertions),
         }
     }
