@@ -6,6 +6,10 @@
 //! replace, fault injection, `status`, and the maintenance loop (commits on the timer,
 //! cleaning, the object tier's checks, eviction); the other rooms add their own methods.
 //!
+//! `Core`'s fields are the pool room's own (`pub(super)`: pool/ and its folders, which
+//! implement `Core`); the rest of the engine asks through `Pool` and `store::Control`
+//! (`tests/layers.rs` holds it so).
+//!
 //! Lock order (outer first): `commit_lock` → `volumes` → a volume's stripe lock →
 //! its `tree` → `sb`; the data plane's `reuse_gate` (`Store`) is innermost.
 //!
@@ -52,77 +56,77 @@ pub(crate) struct SbState {
 pub(crate) type NotesTaken = (Arc<VolumeState>, Vec<(u64, Blkptr)>);
 
 pub struct Core {
-    pub dir: PathBuf,
+    pub(super) dir: PathBuf,
     /// The data plane: placement, the log, nonces, the node cache.
-    pub store: Arc<Store>,
-    pub volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
-    pub(crate) sb: Mutex<SbState>,
+    pub(super) store: Arc<Store>,
+    pub(super) volumes: RwLock<BTreeMap<String, Arc<VolumeState>>>,
+    pub(super) sb: Mutex<SbState>,
     /// Authenticates every superblock this pool writes and reads (from `DIR/pool.key`,
     /// decision 0011).
-    pub(crate) sb_key: super::format::superblock::SbKey,
+    pub(super) sb_key: super::format::superblock::SbKey,
     /// Keys the MAC of every intent log block (from `DIR/pool.key`).
-    pub(crate) log_key: super::format::superblock::SbKey,
+    pub(super) log_key: super::format::superblock::SbKey,
     /// What `DIR/pool.anchor` should say next: the generation last committed (the next
     /// commit writes it together with the generation it is about to write).
-    pub(crate) anchor: Mutex<super::format::anchor::Anchor>,
+    pub(super) anchor: Mutex<super::format::anchor::Anchor>,
     /// The import took devices older than the host's anchor (`accept_rollback`): their
     /// generation and the one the host had committed.
-    pub rollback_accepted: Option<(u64, u64)>,
+    pub(super) rollback_accepted: Option<(u64, u64)>,
     /// The import found acknowledged flushes lost from the intent log and took the pool
     /// anyway (`accept_log_loss`): what was lost, for `status`.
-    pub log_loss: Option<String>,
+    pub(super) log_loss: Option<String>,
     /// Records how far the intent log reached, after flushes (`anchor::ReachWriter`).
-    pub(crate) reach: super::format::anchor::ReachWriter,
-    pub commit_lock: Mutex<()>,
+    pub(super) reach: super::format::anchor::ReachWriter,
+    pub(super) commit_lock: Mutex<()>,
     /// Commits begun, done and failed, and flushes waiting for `commit_lock`
     /// (`flush_since`): a cleaning pass that holds it commits between two batches of moves
     /// when any wait, which answers them, so a FLUSH never waits for a whole pass (issue 36).
-    pub group: super::group::GroupCommit,
+    pub(super) group: super::group::GroupCommit,
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
-    pub(crate) clean_dirtied: std::sync::atomic::AtomicUsize,
+    pub(super) clean_dirtied: std::sync::atomic::AtomicUsize,
     /// The notes (`VolumeState::intents`) the commit under way took as it read each
     /// volume's leaves: put back if the object store refuses it (`commit_held`), so that
     /// a log flush after it still writes them.
-    pub(crate) notes_taken: Mutex<Vec<NotesTaken>>,
+    pub(super) notes_taken: Mutex<Vec<NotesTaken>>,
     /// The intent log chain flushes append to (`intentlog::block`); `None` with the log off.
-    pub(crate) intent: Mutex<Option<super::intentlog::block::Chain>>,
+    pub(super) intent: Mutex<Option<super::intentlog::block::Chain>>,
     /// Whether flushes go through the intent log (`OpenOptions::intent_log`).
-    pub intent_log: bool,
+    pub(super) intent_log: bool,
     /// The separate log devices the intent log's chain goes to, if the pool has any
     /// (`intentlog::devices`); changed only under the commit lock (`set_log_devices`).
-    pub(crate) logdev: RwLock<Option<Arc<super::intentlog::devices::LogDevices>>>,
+    pub(super) logdev: RwLock<Option<Arc<super::intentlog::devices::LogDevices>>>,
     /// Held by each device command (offline, online, replace) from its checks to its
     /// change of `DIR/pool.json`: two at once could both pass a check that only one may
     /// (taking the last two copies offline), or lose one another's pool.json change.
-    pub device_lock: Mutex<()>,
+    pub(super) device_lock: Mutex<()>,
     /// Background workers (key rotations, scrubs): joined when the pool closes
     /// or is dropped, so none still writes to the devices once the pool lock is
     /// released (a second import of the pool would race it).
-    pub(crate) workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pub(super) workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The volume table changed (create, destroy, keys) or the cleaner moved it.
-    pub table_dirty: AtomicBool,
+    pub(super) table_dirty: AtomicBool,
     /// False when import could not walk every map: segments are then never cleaned.
-    pub accounting_complete: bool,
+    pub(super) accounting_complete: bool,
     /// The fault-injection layer of each member (None for a missing device).
-    pub faults: RwLock<Vec<Option<Arc<FaultyDevice>>>>,
-    pub allow_faults: bool,
+    pub(super) faults: RwLock<Vec<Option<Arc<FaultyDevice>>>>,
+    pub(super) allow_faults: bool,
     /// A new table key for the next commit to seal the table with and record.
-    pub table_key_next: Mutex<Option<[u8; 32]>>,
-    pub scrub: Mutex<super::format::health::ScrubState>,
-    pub errors: Mutex<Vec<super::format::health::DataError>>,
+    pub(super) table_key_next: Mutex<Option<[u8; 32]>>,
+    pub(super) scrub: Mutex<super::format::health::ScrubState>,
+    pub(super) errors: Mutex<Vec<super::format::health::DataError>>,
     /// False while `errors` is surely empty (set under its lock by whoever adds one):
     /// lets a client write skip that lock.
-    pub errors_listed: AtomicBool,
-    pub scrub_running: AtomicBool,
+    pub(super) errors_listed: AtomicBool,
+    pub(super) scrub_running: AtomicBool,
     /// Scrub throttle and the rate it achieved, bytes per second.
-    pub scrub_rate: AtomicU64,
+    pub(super) scrub_rate: AtomicU64,
     /// Time between commits of the maintenance loop (`OpenOptions::commit_interval`).
-    pub commit_interval: Duration,
-    pub scrub_rate_seen: AtomicU64,
+    pub(super) commit_interval: Duration,
+    pub(super) scrub_rate_seen: AtomicU64,
     /// A cache device was configured but is not in use, and why (`status` shows it).
-    pub cachedev_unavailable: Mutex<Option<crate::cachedev::CacheDeviceStatus>>,
+    pub(super) cachedev_unavailable: Mutex<Option<crate::cachedev::CacheDeviceStatus>>,
     /// The pool's object store, when it has one (`tier`): every commit publishes to it.
-    pub(crate) tier: Option<Arc<super::tier::Tier>>,
+    pub(super) tier: Option<Arc<super::tier::Tier>>,
 }
 
 impl Core {
