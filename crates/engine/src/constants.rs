@@ -49,6 +49,9 @@ pub const CLEAN_RESERVE_MIN: u32 = 4;
 /// or after this long without a segment freed (`Store::wait_for`).
 pub const SPACE_WAIT_FUTILE: u32 = 8;
 pub const SPACE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a writer waiting for space sleeps between its checks (woken sooner when a
+/// round frees space; in stepped mode, the clock a round takes).
+pub const SPACE_WAIT_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 /// The longest a writer waits for space in all, from its first try, however the free
 /// space moves meanwhile (`Store::wait_until`).
 pub const SPACE_WAIT_HARD: std::time::Duration = std::time::Duration::from_secs(90);

@@ -301,3 +301,69 @@ fn fill_release_fill(fill_holes: bool) {
     }
     pool.close().unwrap();
 }
+
+/// Stepped mode (the simulator's): no maintenance thread, so a writer short of space runs
+/// the rounds it would wait for itself, on its own thread. Random overwrites of a volume of
+/// a third of the pool, each batch made durable by a commit (no intent log), leave dead
+/// bytes in every segment: only the cleaner gets them back, and no step is run between
+/// the writes, so the writers' own waits must clean. (Before, a stepped writer got
+/// `NoSpace` at once whenever free segments ran out, and the simulator never ran the wait
+/// loop or its bounds.)
+#[test]
+fn a_stepped_writer_short_of_space_runs_the_rounds_it_waits_for() {
+    let dir = tempfile::tempdir().unwrap();
+    Pool::create(
+        dir.path(),
+        Layout::Single,
+        DeviceSpec::Files {
+            count: 1,
+            size_bytes: 96 << 20,
+        },
+    )
+    .unwrap();
+    let pool = Pool::open(
+        dir.path(),
+        OpenOptions {
+            stepped: true,
+            intent_log: false,
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    let o = VolumeOptions {
+        size_bytes: 32 << 20,
+        block_size: BLOCK as u32,
+        compression: Compression::Off,
+        encryption: false,
+    };
+    pool.create_volume("v", o, None).unwrap();
+    let v = pool.volume("v").unwrap();
+    let blocks = (32u64 << 20) / BLOCK;
+    let mut last = vec![0u64; blocks as usize];
+    for lba in 0..blocks {
+        v.write(lba * BLOCK, &block(0, lba), false).unwrap();
+    }
+    v.flush().unwrap();
+    let mut rng = Rng(36);
+    for batch in 1..=24u64 {
+        for _ in 0..blocks / 2 {
+            let lba = rng.below(blocks);
+            v.write(lba * BLOCK, &block(batch, lba), false)
+                .unwrap_or_else(|e| panic!("batch {batch}, block {lba}: {e}"));
+            last[lba as usize] = batch;
+        }
+        v.flush().unwrap();
+    }
+    let mut buf = vec![0; BLOCK as usize];
+    for lba in (0..blocks).step_by(7) {
+        v.read(lba * BLOCK, &mut buf).unwrap();
+        assert_eq!(buf, block(last[lba as usize], lba), "block {lba}");
+    }
+    let space = pool.status().space;
+    assert!(
+        space.clean_written_bytes > 0,
+        "the writers' waits never cleaned: {space:?}"
+    );
+    drop(v);
+    pool.close().unwrap();
+}

@@ -75,7 +75,7 @@ impl Model {
 
     /// A client write of `value` to every block, one batch (`Volume::write`): new
     /// records, then under the map lock and `snaps` (read) each block set and the record it
-    /// dropped released unless the newest snapshot holds it there (`snap::head_keeps`),
+    /// dropped released unless the newest snapshot holds it there (`snap::head_drops`, `Store::dropped`),
     /// the releases made once both locks are let go.
     fn write(&self, value: u64) {
         let ids: Vec<u64> = (0..BLOCKS).map(|_| self.record(value)).collect();

@@ -44,7 +44,7 @@ use super::relocate::{swap_where_held, Relocation};
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
-use crate::store::Put;
+use crate::store::{Dead, Put};
 use crate::volume::VolumeState;
 use crate::{Error, Result};
 
@@ -89,11 +89,11 @@ impl Relocation for Mover<'_> {
 
     fn swapped(&self, _tree: &crate::map::Tree, lba: u64, old: &Blkptr, new: &Blkptr) {
         note_move(self.v, lba, new);
-        self.core.store.release(old);
+        self.core.store.release(Dead::superseded(*old));
     }
 
     fn not_swapped(&self, new: &Blkptr) {
-        self.core.store.release(new);
+        self.core.store.release(Dead::unlinked(*new));
     }
 }
 
@@ -415,7 +415,7 @@ impl Core {
         };
         match self.install_moved(v, k, lba, &old, &new)? {
             0 => {
-                self.store.release(&new);
+                self.store.release(Dead::unlinked(new));
                 Ok(false)
             }
             _ => {
@@ -423,7 +423,7 @@ impl Core {
                 // not hold it: the one before was walked against it, and the one after
                 // broke the run): the old copy goes, once. (On an error above, some
                 // holders point at the new copy and some at the old: both stay live.)
-                self.store.release(&old);
+                self.store.release(Dead::superseded(old));
                 Ok(true)
             }
         }

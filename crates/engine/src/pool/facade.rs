@@ -95,7 +95,17 @@ impl Pool {
             _lock: lock,
         });
         if opts.stepped {
-            core.store.set_stepped();
+            // A writer short of space runs the round it would wait for (`Store::wait_until`).
+            // A round never waits for space itself; were one to, it runs no second round
+            // inside the first.
+            let weak = Arc::downgrade(&pool);
+            core.store.set_stepped(Box::new(move || {
+                if let Some(pool) = weak.upgrade() {
+                    if let Some(mut steps) = pool.steps.try_lock() {
+                        pool.core.maintenance_round(&mut steps);
+                    }
+                }
+            }));
         } else {
             let handle = std::thread::Builder::new()
                 .name("bulwark-maintenance".into())

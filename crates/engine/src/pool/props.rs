@@ -265,22 +265,18 @@ impl Core {
                 tree.set_depth(&*self.store, self.store.nodes(), new_depth, &mut |l, p| {
                     // A top the newest snapshot still holds (taken at the larger size,
                     // with nothing changed past the new end since) stays its.
-                    let kept = crate::volume::snap::head_keeps(
-                        &*self.store,
-                        self.store.nodes(),
+                    gone.extend(crate::volume::snap::head_drops(
+                        &self.store,
                         &snaps,
                         crate::map::At::Node(l, 0),
                         p,
-                    );
-                    if !kept {
-                        gone.push(*p)
-                    }
+                    ));
                 })?;
                 st.set_size(size);
                 self.store.note_dirty(st.head_dirty(), tree.dirty_nodes());
             }
-            for p in &gone {
-                self.store.release(p);
+            for dead in gone {
+                self.store.release(dead);
             }
         }
         self.table_dirty.store(true, Ordering::Release);

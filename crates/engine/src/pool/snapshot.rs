@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::Core;
-use crate::map::{Blkptr, Tree, Visit};
+use crate::map::{Blkptr, Tree};
 use crate::volume::snap::{self, Snap, SnapshotStatus, VolumeSpace};
 use crate::volume::{Volume, VolumeState};
 use crate::{Error, Result};
@@ -184,33 +184,6 @@ impl Core {
         Ok(())
     }
 
-    /// What the unique walk of `t` against `others` finds: nodes and data records to
-    /// release, and the data bytes among them. Nothing is released here.
-    fn unique_records(&self, t: &Tree, others: &[&Tree]) -> Result<(Vec<Blkptr>, u64)> {
-        let mut gone = Vec::new();
-        let mut bytes = 0u64;
-        t.walk_unique(&*self.store, self.store.nodes(), others, &mut |v| {
-            match v {
-                Visit::Node { ptr, .. } => gone.push(*ptr),
-                Visit::Data { ptr, .. } => {
-                    bytes += ptr.len as u64;
-                    gone.push(*ptr);
-                }
-                Visit::Unreadable {
-                    level,
-                    index,
-                    error,
-                } => {
-                    return Err(Error::Corrupt(format!(
-                        "map node ({level}, {index}) cannot be read: {error}"
-                    )))
-                }
-            }
-            Ok(())
-        })?;
-        Ok((gone, bytes))
-    }
-
     /// Why snapshot `volume@{s.name}` may not be destroyed now, if it may not: it has
     /// clones, or holds. Changes nothing: callers that destroy several snapshots ask this
     /// of every one before they destroy the first.
@@ -256,12 +229,12 @@ impl Core {
             let prev = k.checked_sub(1).map(|j| &snaps[j].tree);
             let next = snap::next_of(snaps, head, k);
             let others: Vec<&Tree> = prev.into_iter().chain([next]).collect();
-            self.unique_records(&snaps[k].tree, &others).map_err(|e| {
+            self.store.unique_to(&snaps[k].tree, &others).map_err(|e| {
                 e.within(format!("destroying snapshot '{volume}@{}'", snaps[k].name))
             })?
         };
-        for p in &gone {
-            self.store.release(p);
+        for dead in gone {
+            self.store.release(dead);
         }
         snaps.remove(k);
         Ok(bytes)
@@ -336,39 +309,7 @@ impl Core {
                 "volume '{volume}' is rotating its key; roll back after the rotation finishes"
             )));
         }
-        {
-            let snaps = st.snapshots();
-            let k = position(&snaps, volume, name)?;
-            let newer: Vec<String> = snaps[k + 1..]
-                .iter()
-                .map(|s| format!("{volume}@{}", s.name))
-                .collect();
-            if !newer.is_empty() && !destroy_newer {
-                return Err(Error::Invalid(format!(
-                    "'{volume}@{name}' is not the newest snapshot ({} newer: {}); pass \
-                     --destroy-newer to destroy them and roll back",
-                    newer.len(),
-                    newer.join(", ")
-                )));
-            }
-            if let Some(s) = snaps[k + 1..].iter().find(|s| !s.holds.is_empty()) {
-                return Err(Error::Busy(format!(
-                    "snapshot '{volume}@{}' is newer and held; release its holds first",
-                    s.name
-                )));
-            }
-            // Every snapshot that would go is checked before the first goes: a refusal
-            // changes nothing (a newer snapshot with clones used to be found after the
-            // ones above it were already destroyed).
-            for s in &snaps[k + 1..] {
-                self.check_destroyable(volume, s).map_err(|e| match e {
-                    Error::Busy(m) => {
-                        Error::Busy(format!("{m}; nothing was rolled back or destroyed"))
-                    }
-                    e => e,
-                })?;
-            }
-        }
+        self.check_rollback(volume, name, destroy_newer, &st.snapshots())?;
         // The head is clean after this commit: nothing writes a volume with no handle,
         // and the cleaner waits for the commit lock.
         self.commit_held()?;
@@ -389,20 +330,22 @@ impl Core {
             for j in k + 1..snaps.len() {
                 let next = snap::next_of(&snaps, &head, j);
                 let (g, _) = self
-                    .unique_records(&snaps[j].tree, &[&snaps[k].tree, next])
+                    .store
+                    .unique_to(&snaps[j].tree, &[&snaps[k].tree, next])
                     .map_err(|e| {
                         e.within(format!("destroying snapshot '{volume}@{}'", snaps[j].name))
                     })?;
                 gone.extend(g);
             }
             let (g, _) = self
-                .unique_records(&head, &[&snaps[k].tree])
+                .store
+                .unique_to(&head, &[&snaps[k].tree])
                 .map_err(|e| e.within(format!("rolling '{volume}' back")))?;
             gone.extend(g);
             // Newest first, as they used to go one by one.
             let destroyed: Vec<String> = snaps.drain(k + 1..).rev().map(|s| s.name).collect();
-            for p in &gone {
-                self.store.release(p);
+            for dead in gone {
+                self.store.release(dead);
             }
             let target = &snaps[k];
             // A fresh id: the node cache keys nodes by tree and place, not by address.
@@ -423,6 +366,45 @@ impl Core {
             "volume rolled back"
         );
         Ok(destroyed)
+    }
+
+    /// Whether `volume` may roll back to snapshot `name` (with `destroy_newer`), every
+    /// snapshot that would go checked before the first goes: a refusal changes nothing (a
+    /// newer snapshot with clones used to be found after the ones above it were already
+    /// destroyed).
+    fn check_rollback(
+        &self,
+        volume: &str,
+        name: &str,
+        destroy_newer: bool,
+        snaps: &[Snap],
+    ) -> Result<()> {
+        let k = position(snaps, volume, name)?;
+        let newer: Vec<String> = snaps[k + 1..]
+            .iter()
+            .map(|s| format!("{volume}@{}", s.name))
+            .collect();
+        if !newer.is_empty() && !destroy_newer {
+            return Err(Error::Invalid(format!(
+                "'{volume}@{name}' is not the newest snapshot ({} newer: {}); pass \
+                 --destroy-newer to destroy them and roll back",
+                newer.len(),
+                newer.join(", ")
+            )));
+        }
+        if let Some(s) = snaps[k + 1..].iter().find(|s| !s.holds.is_empty()) {
+            return Err(Error::Busy(format!(
+                "snapshot '{volume}@{}' is newer and held; release its holds first",
+                s.name
+            )));
+        }
+        for s in &snaps[k + 1..] {
+            self.check_destroyable(volume, s).map_err(|e| match e {
+                Error::Busy(m) => Error::Busy(format!("{m}; nothing was rolled back or destroyed")),
+                e => e,
+            })?;
+        }
+        Ok(())
     }
 
     fn volumes_named(&self, volume: Option<&str>) -> Result<Vec<Arc<VolumeState>>> {
@@ -704,9 +686,11 @@ impl Core {
             }
         }
         let last = snaps.last().map(|s| &s.tree);
-        let (gone, _) = self.unique_records(&head, &last.into_iter().collect::<Vec<_>>())?;
-        for p in &gone {
-            self.store.release(p);
+        let (gone, _) = self
+            .store
+            .unique_to(&head, &last.into_iter().collect::<Vec<_>>())?;
+        for dead in gone {
+            self.store.release(dead);
         }
         *head = Tree::new(new_id, head.depth, Blkptr::HOLE);
         st.set_used_bytes(0);
@@ -788,9 +772,9 @@ impl Core {
         if !snaps.first().is_some_and(|b| b.base) {
             return Ok(());
         }
-        let (gone, _) = self.unique_records(&snaps[0].tree, &origin_tree)?;
-        for p in &gone {
-            self.store.release(p);
+        let (gone, _) = self.store.unique_to(&snaps[0].tree, &origin_tree)?;
+        for dead in gone {
+            self.store.release(dead);
         }
         drop(head);
         snaps.remove(0);
@@ -830,17 +814,73 @@ impl Core {
                 }
                 None => vec![],
             };
-            let walked = t.walk_unique(&*self.store, self.store.nodes(), &prev, &mut |v| {
-                match v {
-                    Visit::Node { ptr, .. } | Visit::Data { ptr, .. } => self.store.release(ptr),
-                    // Space under an unreadable node leaks until a later import walks it.
-                    Visit::Unreadable { .. } => {}
-                }
-                Ok(())
-            });
-            if let Err(e) = walked {
+            // Space under an unreadable node leaks until a later import walks it.
+            if let Err(e) = self.store.walk_unique_dead(t, &prev) {
                 tracing::error!(volume = %st.name(), "part of the destroyed volume's space leaks until the pool is imported again: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::map::At;
+    use crate::pool::{test_pool, OpenOptions};
+    use crate::volume::{Compression, VolumeOptions};
+
+    /// The rules of `store::dies` on a volume with a snapshot: what the head drops dies
+    /// only when the snapshot does not hold it, and what a snapshot holds alone is what its
+    /// destroy would release.
+    #[test]
+    fn a_record_dies_only_when_no_neighbouring_tree_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = test_pool(dir.path(), OpenOptions::default());
+        let opts = VolumeOptions {
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", opts, None).unwrap();
+        let vol = pool.volume("v").unwrap();
+        vol.write(0, &[1; 4096], false).unwrap();
+        vol.write(4096, &[2; 4096], false).unwrap();
+        let a = vol.debug_block_ptr(0).unwrap();
+        let shared = vol.debug_block_ptr(1).unwrap();
+        pool.snapshot_create("v", "s").unwrap();
+        vol.write(0, &[3; 4096], false).unwrap();
+        let b = vol.debug_block_ptr(0).unwrap();
+        assert_ne!(a, b);
+
+        let core = pool.core();
+        let st = core.find("v").unwrap();
+        let head = st.map();
+        let snaps = st.snapshots();
+        let s = &snaps[0].tree;
+        let store = &core.store;
+        // The head dropped `a`; the snapshot holds it there: not dead.
+        assert!(store.dropped(&[s], At::Data(0), &a).is_none());
+        // Without the snapshot it would be; and a record held elsewhere is not held here.
+        assert_eq!(
+            store.dropped(&[], At::Data(0), &a).map(|d| *d.ptr()),
+            Some(a)
+        );
+        assert!(store.dropped(&[s], At::Data(1), &a).is_some());
+        // A hole never dies.
+        assert!(store
+            .dropped(&[], At::Data(2), &crate::map::Blkptr::HOLE)
+            .is_none());
+        // The snapshot goes: `a` is its alone (with the map nodes above it), `shared` and
+        // `b` are not.
+        let (gone, bytes) = store.unique_to(s, &[&*head]).unwrap();
+        let ptrs: Vec<_> = gone.iter().map(|d| *d.ptr()).collect();
+        assert!(ptrs.contains(&a), "{ptrs:?}");
+        assert!(!ptrs.contains(&shared) && !ptrs.contains(&b), "{ptrs:?}");
+        assert_eq!(bytes, a.len as u64);
+        // `unique_to` only decides: nothing was released, the snapshot still reads it.
+        drop((head, snaps));
+        let mut buf = [0; 4096];
+        pool.volume("v@s").unwrap().read(0, &mut buf).unwrap();
+        assert_eq!(buf, [1; 4096]);
     }
 }

@@ -6,9 +6,9 @@
 //! `Core::maintenance_loop`: the commit it would make, the cleaning pass it would run)
 //! and `Pool::scrub_step` (a started scrub, run to its end on the caller's thread) when
 //! its schedule says so. With nothing running beside the caller, a writer short of space
-//! is answered `NoSpace` at once (`Store::set_stepped`) instead of waiting for a
-//! maintenance thread that does not exist; the simulator then steps maintenance and
-//! tries again, which is what the wait would have done. A scrub does not sleep to hold
+//! runs the maintenance rounds it would wait for itself (`Store::set_stepped`), each after
+//! the tick it would have slept on the simulated clock, under the rules and bounds of a
+//! real wait (`Store::wait_until`): the simulator checks no write waits past them. A scrub does not sleep to hold
 //! its rate (`Core::throttle`). A key rotation starts no worker (`spawn_rotation`):
 //! `Pool::rotation_step` (`rotate.rs`) runs one batch of each rotation under way, as the worker would
 //! (a batch that fails pauses it with its reason in `Rotation::error`; one paused for

@@ -6,8 +6,10 @@
 //! (`volume`), map nodes and the volume table (`Store::write_meta_batch`), and the cleaner.
 //! Everything that drops a reference goes through one release point ([`Store::release`]):
 //! the place where a record's space is given back to the log. Whether a reference dies is
-//! decided by its callers: a pointer a tree drops is released only when no neighbouring
-//! snapshot tree holds it at the same place (`volume::snap`, decision 0009).
+//! decided beside it, in `dies.rs`: `release` takes only a [`Dead`], and only the rules
+//! there make one (a pointer a tree drops dies only when no neighbouring tree holds it at
+//! the same place, decision 0009; what a tree that goes holds alone; a record never linked;
+//! a root, table record or moved record's old copy superseded).
 //!
 //! The control plane (`pool`: volumes, devices, commits, scrub, rotation, pool.json) sits
 //! above and reaches the data plane only through this type; the data plane asks the control
@@ -44,11 +46,13 @@ use parking_lot::{Condvar, Mutex};
 
 pub mod ahead;
 mod asks;
+pub mod dies;
 pub mod gate;
 mod live;
 pub mod pace;
 
 pub use asks::MapSnapshot;
+pub use dies::Dead;
 
 use crate::cachedev::CacheDevice;
 use crate::checksum::checksum;
@@ -143,9 +147,13 @@ pub struct Store {
     /// The pool is closing: writers waiting for space give up.
     closing: AtomicBool,
     /// No maintenance thread runs (`pool::OpenOptions::stepped`, the simulator's mode): a
-    /// writer short of space gets `NoSpace` at once instead of waiting for one, and its
-    /// driver runs maintenance steps and tries again.
+    /// writer short of space runs the maintenance rounds it would wait for itself
+    /// (`stepper`), on the simulated clock, under the same rules as a real wait.
     stepped: AtomicBool,
+    /// Stepped mode's stand-in for the maintenance thread: one round, run on the waiting
+    /// writer's own thread (`Pool::open` installs it). Without one a stepped writer short
+    /// of space gets `NoSpace` at once.
+    stepper: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Wakes the maintenance thread (commit, clean).
     wake: (Mutex<bool>, Condvar),
     space_wait: Mutex<()>,
@@ -239,6 +247,7 @@ impl Store {
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             stepped: AtomicBool::new(false),
+            stepper: std::sync::OnceLock::new(),
             wake: (Mutex::new(false), Condvar::new()),
             space_wait: Mutex::new(()),
             space_wanted: AtomicBool::new(false),
@@ -326,9 +335,12 @@ impl Store {
     }
 
     /// Stepped mode (`pool::OpenOptions::stepped`): no thread will free space for a waiting
-    /// writer, so none waits.
-    pub fn set_stepped(&self) {
+    /// writer, so a writer short of space runs `round` (one maintenance round) where it
+    /// would wait for the thread's, and its wait (`wait_until`) moves the clock as it would
+    /// have slept: its bounds and its progress rule are the ones production runs.
+    pub fn set_stepped(&self, round: Box<dyn Fn() + Send + Sync>) {
         self.stepped.store(true, Ordering::Release);
+        let _ = self.stepper.set(round);
     }
 
     pub fn stepped(&self) -> bool {
@@ -1091,11 +1103,13 @@ impl Store {
 
     // --- the release point ---
 
-    /// The one place a reference dies: the record `p` points to is no longer referenced by
-    /// the in-memory state, and its space goes back to the log (the segment it lies in
-    /// becomes reusable after the next commit, or at once if no commit ever saw it).
+    /// The one place a reference dies: the record `dead` names (decided in `dies.rs`) is no
+    /// longer referenced by the in-memory state, and its space goes back to the log (the
+    /// segment it lies in becomes reusable after the next commit, or at once if no commit
+    /// ever saw it).
     #[track_caller]
-    pub fn release(&self, p: &Blkptr) {
+    pub fn release(&self, dead: Dead) {
+        let p = &dead.into_ptr();
         if p.is_hole() {
             return;
         }
@@ -1197,18 +1211,22 @@ impl Store {
             if self.clean_unstuck_if_freed() {
                 return refused("cleaning is stuck");
             }
-            if self.stepped() {
-                // Nothing runs beside us: say what a wait would have asked for and give up;
-                // the simulator steps maintenance and tries again.
-                self.space_wanted.store(true, Ordering::Release);
-                return Err(Error::NoSpace);
-            }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
             self.space_wanted.store(true, Ordering::Release);
-            self.wake_maintenance();
-            let mut g = self.space_wait.lock();
-            self.log.space.wait_for(&mut g, Duration::from_millis(100));
-            drop(g);
+            if self.stepped() {
+                // Nothing runs beside us: run the round we would wait for, as long as the
+                // wait would have slept.
+                let Some(round) = self.stepper.get() else {
+                    return Err(Error::NoSpace);
+                };
+                crate::env::sleep(SPACE_WAIT_TICK);
+                round();
+            } else {
+                self.wake_maintenance();
+                let mut g = self.space_wait.lock();
+                self.log.space.wait_for(&mut g, SPACE_WAIT_TICK);
+                drop(g);
+            }
             if ready() {
                 break;
             }

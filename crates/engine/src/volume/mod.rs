@@ -15,8 +15,9 @@
 //! that reads, writes, trims, zeroes and answers block status, or reads one snapshot
 //! (read-only). A `Volume` holds the `Store` and a `store::Control`, never the pool.
 //! `asks.rs`: what the pool asks of a `VolumeState` (its fields are private).
-//! `snap.rs`: the sharing rule (`head_keeps`, `held_by`: a pointer a tree drops is released
-//! only if neither neighbour holds it at the same place) and the lock order (decision 0009).
+//! `snap.rs`: snapshots, why sharing is decided by place, and the lock order (decision
+//! 0009); the rule itself (a pointer a tree drops dies only if neither neighbour holds it
+//! at the same place) is the release point's (`store::dies`), `snap::head_drops` asks it.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +35,7 @@ use crate::keys::ring::{DataKeyRecord, KeyRing};
 use crate::keys::KeySlot;
 use crate::log::Stream;
 use crate::map::{At, Blkptr, Tree, Visit, ADDR_NONE};
-use crate::store::{Control, Put, Store};
+use crate::store::{Control, Dead, Put, Store};
 use crate::{Error, Result};
 
 mod asks;
@@ -498,8 +499,8 @@ impl Volume {
 
     /// Under the map lock: whether the data record `old` the head just dropped at `lba`
     /// lives on in the newest snapshot of `snaps` (then it must not be released).
-    fn data_kept(&self, snaps: &[snap::Snap], lba: u64, old: &Blkptr) -> bool {
-        snap::head_keeps(&*self.store, self.store.nodes(), snaps, At::Data(lba), old)
+    fn data_drops(&self, snaps: &[snap::Snap], lba: u64, old: &Blkptr) -> Option<Dead> {
+        snap::head_drops(&self.store, snaps, At::Data(lba), old)
     }
 
     /// Run `f` on the tree this handle reads: the volume's map (under the map lock) or its
@@ -974,7 +975,7 @@ impl Volume {
         }
         let fail = |recs: &[Rec], placed: usize| {
             for r in &recs[..placed] {
-                self.store.release(&r.ptr);
+                self.store.release(Dead::unlinked(r.ptr));
             }
         };
         // What the map dropped and no snapshot holds: released once the map lock is let go.
@@ -993,16 +994,14 @@ impl Volume {
         let dirty_total = {
             let mut tree = self.st.tree.lock();
             let snaps = self.st.snaps.read();
-            let drop_old = |lba: u64, new_len: u32, old: Blkptr, gone: &mut Vec<Blkptr>| {
+            let drop_old = |lba: u64, new_len: u32, old: Blkptr, gone: &mut Vec<Dead>| {
                 self.st
                     .used_bytes
                     .fetch_add(new_len as u64, Ordering::Relaxed);
                 self.st
                     .used_bytes
                     .fetch_sub(old.len as u64, Ordering::Relaxed);
-                if !self.data_kept(&snaps, lba, &old) {
-                    gone.push(old);
-                }
+                gone.extend(self.data_drops(&snaps, lba, &old));
             };
             for (i, r) in recs.iter().enumerate() {
                 match tree.set(&*self.store, self.store.nodes(), r.lba, r.ptr) {
@@ -1016,9 +1015,9 @@ impl Volume {
                             .extend(recs[..i].iter().map(|r| (r.lba, r.ptr)));
                         drop((snaps, tree));
                         for r in &recs[i..] {
-                            self.store.release(&r.ptr);
+                            self.store.release(Dead::unlinked(r.ptr));
                         }
-                        for old in &gone {
+                        for old in gone {
                             self.store.release(old);
                         }
                         return Err(e);
@@ -1034,7 +1033,7 @@ impl Volume {
                         intents.extend(holes[..k].iter().map(|&lba| (lba, Blkptr::HOLE)));
                         drop(intents);
                         drop((snaps, tree));
-                        for old in &gone {
+                        for old in gone {
                             self.store.release(old);
                         }
                         return Err(e);
@@ -1050,7 +1049,7 @@ impl Volume {
                 .note_dirty(&self.st.dirty_nodes, tree.dirty_nodes())
         };
         drop((pending, held));
-        for old in &gone {
+        for old in gone {
             self.store.release(old);
         }
         if dirty_total > self.store.dirty_nodes_cap() {
@@ -1069,13 +1068,13 @@ impl Volume {
                 Ok(old) => old,
                 Err(e) => {
                     drop(tree);
-                    self.store.release(&ptr);
+                    self.store.release(Dead::unlinked(ptr));
                     return Err(e);
                 }
             };
             let snaps = self.st.snaps.read();
-            if !self.data_kept(&snaps, lba, &old) {
-                self.store.release(&old);
+            if let Some(dead) = self.data_drops(&snaps, lba, &old) {
+                self.store.release(dead);
             }
             self.st.intents.lock().push((lba, ptr));
             self.st

@@ -14,7 +14,8 @@
 //! a snapshot is a copy of the head, and a destroyed snapshot leaves its neighbours
 //! next to each other. So when a tree drops a record, only its two neighbours can still
 //! hold it, and the record's space is released only when neither does. The head's only
-//! neighbour is the newest snapshot.
+//! neighbour is the newest snapshot. The rule itself lives with the release point
+//! (`store::dies`, `Store::dropped`); `head_drops` asks it for the head.
 //!
 //! Locks: the volume's map lock (`VolumeState::tree`) before `VolumeState::snaps`, never
 //! the other way. Snapshot trees change only under both (the cleaner moving a record they
@@ -25,6 +26,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::map::{At, Blkptr, NodeCache, NodeStore, Tree, Visit};
+use crate::store::{Dead, Store};
 use crate::Result;
 
 /// One snapshot of a volume.
@@ -96,37 +98,11 @@ pub fn next_of<'a>(snaps: &'a [Snap], head: &'a Tree, k: usize) -> &'a Tree {
     snaps.get(k + 1).map(|s| &s.tree).unwrap_or(head)
 }
 
-/// Whether any of `trees` holds `p` at `at`. An error (a neighbour's node unreadable)
-/// counts as held: a record kept too long is a leak that the next import finds; one
-/// released while a tree still points at it would be overwritten.
-pub fn held_by(
-    store: &dyn NodeStore,
-    cache: &NodeCache,
-    trees: &[&Tree],
-    at: At,
-    p: &Blkptr,
-) -> bool {
-    trees.iter().any(|t| {
-        t.holds(store, cache, at, p).unwrap_or_else(|e| {
-            tracing::error!("keeping a record whose sharing cannot be checked: {e}");
-            true
-        })
-    })
-}
-
-/// Under the map lock: whether the record `p` the head just dropped at `at` lives on in
-/// the newest snapshot (then it must not be released).
-pub fn head_keeps(
-    store: &dyn NodeStore,
-    cache: &NodeCache,
-    snaps: &[Snap],
-    at: At,
-    p: &Blkptr,
-) -> bool {
-    match snaps.last() {
-        Some(s) => held_by(store, cache, &[&s.tree], at, p),
-        None => false,
-    }
+/// Under the map lock: the record `p` the head just dropped at `at`, dead unless the
+/// newest snapshot holds it there (`Store::dropped`).
+pub fn head_drops(store: &Store, snaps: &[Snap], at: At, p: &Blkptr) -> Option<Dead> {
+    let newest: Vec<&Tree> = snaps.last().map(|s| &s.tree).into_iter().collect();
+    store.dropped(&newest, at, p)
 }
 
 /// Stored data bytes of the records `t` holds and none of `others` does.

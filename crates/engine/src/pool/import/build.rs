@@ -189,8 +189,8 @@ pub(super) fn build(
     }
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
-    for p in &replaced {
-        core.store.release(p);
+    for dead in replaced {
+        core.store.release(dead);
     }
     attach_cachedev(&core, &conf, opts, &newest.pool_id);
     // Crash points count from here: this commit is the import's, not an operation's.
@@ -269,6 +269,7 @@ fn attach_cachedev(core: &Core, conf: &PoolConfig, opts: &OpenOptions, pool_id: 
 #[cfg(test)]
 mod tests {
     use crate::pool::{test_pool, OpenOptions, Pool};
+    use crate::store::Dead;
     use crate::volume::{Compression, VolumeOptions};
 
     fn checked() -> OpenOptions {
@@ -306,7 +307,7 @@ mod tests {
             vol.write(0, &[1; 4096], false).unwrap();
             let old = vol.debug_block_ptr(0).unwrap();
             vol.write(0, &[2; 4096], false).unwrap();
-            let m = refused(|| pool.core().store.release(&old));
+            let m = refused(|| pool.core().store.release(Dead::superseded(old)));
             let addr = old.addr[0];
             let seg = addr / crate::constants::SEGMENT_BYTES;
             assert!(m.contains("double release"), "{m}");
@@ -327,8 +328,8 @@ mod tests {
         };
         let pool = Pool::open(dir.path(), checked()).unwrap();
         assert_eq!(pool.volume("v").unwrap().debug_block_ptr(1).unwrap(), kept);
-        pool.core().store.release(&kept);
-        let m = refused(|| pool.core().store.release(&kept));
+        pool.core().store.release(Dead::superseded(kept));
+        let m = refused(|| pool.core().store.release(Dead::superseded(kept)));
         assert!(m.contains("double release"), "{m}");
     }
 }

@@ -24,7 +24,7 @@ use crate::{Error, Result};
 pub(super) struct Replayed {
     pub logdev: Option<Arc<crate::pool::intentlog::devices::LogDevices>>,
     pub chain_slots: Vec<Blkptr>,
-    pub replaced: Vec<Blkptr>,
+    pub replaced: Vec<crate::store::Dead>,
     pub replayed: (u64, usize),
     pub replayed_records: Vec<Blkptr>,
     pub dev_chain: Option<(u64, Arc<crate::pool::intentlog::devices::LogDevices>)>,
@@ -82,7 +82,7 @@ pub(super) fn replay(
     let mut chain_slots: Vec<Blkptr> = Vec::new();
     // Records replayed entries replaced: the committed generation still points at them
     // until the import's own commit, so they are released only after it.
-    let mut replaced: Vec<Blkptr> = Vec::new();
+    let mut replaced: Vec<crate::store::Dead> = Vec::new();
     let mut replayed = (0u64, 0usize);
     // The records the replay put back in the maps: with an object store, uploaded by the
     // import's commit (the process that wrote them died before its own could).
@@ -293,16 +293,12 @@ pub(super) fn replay(
                     }
                 }
                 f.used = (f.used + e.ptr.len as u64).saturating_sub(old.len as u64);
-                let kept = crate::volume::snap::head_keeps(
-                    &*store,
-                    store.nodes(),
+                replaced.extend(crate::volume::snap::head_drops(
+                    store,
                     &f.snaps,
                     crate::map::At::Data(e.lba),
                     &old,
-                );
-                if !old.is_hole() && !kept {
-                    replaced.push(old);
-                }
+                ));
                 replayed.1 += 1;
             }
             stopped_in = None;

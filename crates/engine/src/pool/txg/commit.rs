@@ -30,6 +30,7 @@ use crate::map::At;
 use crate::pool::core::Core;
 use crate::pool::format::superblock::Superblock;
 use crate::pool::format::table::{ptr_to_hex, SnapshotRecord, TableRecord, VolumeRecord};
+use crate::store::Dead;
 use crate::volume::snap;
 use crate::{Error, Result};
 
@@ -157,8 +158,10 @@ impl Core {
                 // Dirty nodes without a dirty leaf: new top levels of a grown map.
                 if !leaves.is_empty() || tree.dirty_nodes() > 0 {
                     tree.finish_commit(cache, leaves, &mut write, &mut |l, i, old| {
-                        if !snap::head_keeps(&*self.store, cache, &snaps, At::Node(l, i), old) {
-                            self.store.release(old)
+                        if let Some(dead) =
+                            snap::head_drops(&self.store, &snaps, At::Node(l, i), old)
+                        {
+                            self.store.release(dead)
                         }
                     })?;
                 }
@@ -319,7 +322,7 @@ impl Core {
                 // commit writes its own: released, or every refused commit would leak
                 // one. (A store that took it, the answer lost, names it until the next
                 // commit replaces it there; no segment is freed before that one lands.)
-                self.store.release(&table_ptr);
+                self.store.release(Dead::unlinked(table_ptr));
                 return Err(e);
             }
             crate::crashpoint::hit("commit.published");
@@ -355,7 +358,7 @@ impl Core {
                 *next = None;
             }
         }
-        self.store.release(&old_root);
+        self.store.release(Dead::superseded(old_root));
         // The old chain is replaced: its blocks go with the next commit.
         let new_chain = log_head.map(|head| crate::pool::intentlog::block::Chain {
             generation,
@@ -369,7 +372,7 @@ impl Core {
         }
         if let Some(old) = std::mem::replace(&mut *self.intent.lock(), new_chain) {
             for p in &old.slots {
-                self.store.release(p);
+                self.store.release(Dead::superseded(*p));
             }
         }
         // Wait out reads that looked up a pointer before this commit. A read waiting for
@@ -438,18 +441,10 @@ impl Core {
             let mut gone = Vec::new();
             cur.tree
                 .finish_commit(self.store.nodes(), leaves, write, &mut |l, i, old| {
-                    if !snap::held_by(
-                        &*self.store,
-                        self.store.nodes(),
-                        &others,
-                        At::Node(l, i),
-                        old,
-                    ) {
-                        gone.push(*old);
-                    }
+                    gone.extend(self.store.dropped(&others, At::Node(l, i), old));
                 })?;
-            for p in &gone {
-                self.store.release(p);
+            for dead in gone {
+                self.store.release(dead);
             }
         }
         self.store.note_dirty(v.snaps_dirty(), 0);

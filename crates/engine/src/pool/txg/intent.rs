@@ -9,6 +9,7 @@ use crate::log::Stream;
 use crate::map::ADDR_NONE;
 use crate::pool::core::Core;
 use crate::pool::intentlog::block::*;
+use crate::store::Dead;
 use crate::volume::VolumeState;
 use crate::Result;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ impl Core {
         match self.store.place_log_block(Stream::Meta2, LOG_BLOCK_BYTES) {
             Ok(b) => Ok([a, b]),
             Err(e) => {
-                self.store.release(&slot_ptr([a, ADDR_NONE]));
+                self.store.release(Dead::unlinked(slot_ptr([a, ADDR_NONE])));
                 Err(e)
             }
         }
