@@ -18,8 +18,8 @@
 #                        as bulwark-single / bulwark-mirror2, served with
 #                        --no-fill-holes (the cleaner alone makes room: decision 0014)
 #   bulwark-single-holes, bulwark-mirror2-holes
-#                        served with --fill-holes (the default since 2026-12-04: the same as
-#                        bulwark-single / bulwark-mirror2; kept so older runs stay comparable)
+#                        served with --fill-holes (experimental, decision 0014; the default
+#                        from 10:20 to 12:00 UTC on 2026-12-04, off again since)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on

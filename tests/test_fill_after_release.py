@@ -47,6 +47,10 @@ def fill_until_refused(pool, tmp_path, tag):
     assert st["state"] == "ONLINE" and not st["errors"], st
     assert "poisoned" not in pool.log_tail(), pool.log_tail()
     space = st["space"]
+    # The refusal is explained: counted, with when and why (or cleaning is stuck).
+    last = space.get("last_refusal")
+    assert space["refused_writes"] > 0 and last and last["reason"], space
+    print(f"{tag}: {space['refused_writes']} refused, the last: {last['reason']}")
     assert space["used_bytes"] >= 0.9 * space["usable_bytes"], \
         f"{tag}: writes refused at {space['used_bytes'] / space['usable_bytes']:.0%} " \
         f"of usable bytes: {space}"

@@ -771,12 +771,12 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
-    /// Write into holes (free extents of mostly-full segments) when free segments run
-    /// short, instead of waiting for the cleaner (decision 0014). The default; the flag
-    /// is kept for scripts that pass it.
+    /// Experimental: write into holes (free extents of mostly-full segments) when free
+    /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
+    /// default: durable random 4K overwrites at 84% fill can be refused with it on.
     #[arg(long)]
     pub fill_holes: bool,
-    /// Never write into holes: the cleaner alone makes room (overrides --fill-holes).
+    /// Never write into holes (the default; overrides --fill-holes).
     #[arg(long)]
     pub no_fill_holes: bool,
 

@@ -82,7 +82,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
         warn!("fault injection is allowed: 'bulwark fault set' can corrupt this pool's devices");
     }
     opts.intent_log = !args.no_intent_log;
-    opts.fill_holes = !args.no_fill_holes;
+    opts.fill_holes = args.fill_holes && !args.no_fill_holes;
     // A pool whose every byte is local starts while its object store does not answer.
     crate::objects::SERVE_WITHOUT_STORE.store(true, std::sync::atomic::Ordering::Release);
     if let Some(grace) = args.object_store_gc_grace {

@@ -286,6 +286,17 @@ fn space_lines(out: &mut String, space: &SpaceStatus) {
     if let Some(why) = &space.cleaning {
         let _ = writeln!(out, "cleaning: {why}");
     }
+    if let Some(r) = &space.last_refusal {
+        let _ = writeln!(
+            out,
+            "refused: {} write(s) got ENOSPC after waiting for space since the daemon started; \
+             the last at {}: {} ({} free segments)",
+            space.refused_writes,
+            date(r.unix_secs),
+            r.reason,
+            r.free_segments
+        );
+    }
 }
 
 pub fn status_text(report: &StatusReport) -> String {

@@ -195,7 +195,7 @@ fn run_bounded(rotate: bool) {
 /// release. Later, with holes on, CI still saw 77% in 1 run of 3: once the reserve for
 /// rewriting map nodes outgrew the cleaner's budget, records got no share of it and its
 /// rounds moved nothing (`Log::clean_budget_for_records`; its unit test pins that cause,
-/// which needs a timing this test only meets under load). Holes on (the default) and off
+/// which needs a timing this test only meets under load). Holes on (`--fill-holes`) and off (the default)
 /// are both run: writes are refused only once the pool is full (103% of usable here).
 #[test]
 fn writes_fill_the_pool_after_a_release_not_three_quarters_of_it() {

@@ -531,6 +531,8 @@ impl Core {
             hole_large_bytes: holes.large_bytes * per,
             holes: holes.count as u64,
             hole_filled_bytes: holes.filled_bytes * per,
+            refused_writes: self.store.space_refusals(),
+            last_refusal: self.store.last_refusal(),
         }
     }
 

@@ -57,8 +57,9 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). On by default;
-    /// `serve --no-fill-holes` sets it off (the cleaner alone makes room).
+    /// run short, instead of waiting for the cleaner (decision 0014). Off by default
+    /// (`serve --fill-holes`): durable random 4K overwrites at 84% fill were refused with
+    /// it on (filled holes leave the cleaner only victims that cost more than they free).
     pub fill_holes: bool,
     /// Tests and the simulator: every record placed and released is checked against the
     /// others of this run (`store/live.rs`): a double release, or a put over a live record,
@@ -82,7 +83,7 @@ impl Default for OpenOptions {
             cache_device: None,
             tier: None,
             stepped: false,
-            fill_holes: true,
+            fill_holes: false,
             check_addresses: cfg!(debug_assertions),
         }
     }

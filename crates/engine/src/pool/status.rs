@@ -77,7 +77,16 @@ pub struct SpaceStatus {
     /// of space counted once, as the `*_written_bytes`).
     #[serde(default)]
     pub hole_filled_bytes: u64,
+    /// Writes a wait for space ended in ENOSPC since the daemon started, and the last
+    /// one's time (seconds since the epoch) and reason (`Store::wait_until`): a refusal
+    /// with `cleaning` unset is still explained here.
+    #[serde(default)]
+    pub refused_writes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refusal: Option<Refusal>,
 }
+
+pub use crate::store::Refusal;
 
 pub use crate::volume::snap::{SnapshotStatus, VolumeSpace};
 pub use crate::volume::VolumeStatus;

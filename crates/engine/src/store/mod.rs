@@ -109,6 +109,15 @@ pub struct Put {
     pub ptr: Blkptr,
 }
 
+/// Why the last write waiting for space was refused (`status`'s `space.last_refusal`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Refusal {
+    pub unix_secs: u64,
+    pub reason: String,
+    /// Free segments when it was refused.
+    pub free_segments: u32,
+}
+
 /// Cleaning cannot gain space (`Store::set_clean_stuck`).
 #[derive(Debug, Clone)]
 pub struct CleanStuck {
@@ -159,6 +168,9 @@ pub struct Store {
     space_wait: Mutex<()>,
     /// A writer waits for space (`wait_for`): the maintenance thread cleans.
     space_wanted: AtomicBool,
+    /// Waits for space that ended in `NoSpace`, and the last one's reason (`status`).
+    space_refusals: AtomicU64,
+    last_refusal: Mutex<Option<Refusal>>,
     /// Rounds of the maintenance thread that committed and cleaned for space: a writer that
     /// sees several pass with no segment freed stops waiting.
     clean_rounds: AtomicU64,
@@ -252,6 +264,8 @@ impl Store {
             space_wait: Mutex::new(()),
             space_wanted: AtomicBool::new(false),
             clean_rounds: AtomicU64::new(0),
+            space_refusals: AtomicU64::new(0),
+            last_refusal: Mutex::new(None),
             clean_stuck: Mutex::new(None),
             client_ops: AtomicU64::new(0),
             thick_unused: AtomicU64::new(0),
@@ -378,6 +392,26 @@ impl Store {
         drop(g);
         // Writers waiting for space look again, and stop.
         self.log.space.notify_all();
+    }
+
+    /// A writer's wait for space ended in `NoSpace`: counted, and why, for `status`.
+    fn note_refusal(&self, why: &str, free_segments: u32) {
+        self.space_refusals.fetch_add(1, Ordering::Relaxed);
+        *self.last_refusal.lock() = Some(Refusal {
+            unix_secs: crate::env::unix_secs(),
+            reason: why.to_string(),
+            free_segments,
+        });
+    }
+
+    /// Waits for space that ended in `NoSpace` since the pool was opened.
+    pub fn space_refusals(&self) -> u64 {
+        self.space_refusals.load(Ordering::Relaxed)
+    }
+
+    /// The last wait for space that ended in `NoSpace`: when, why.
+    pub fn last_refusal(&self) -> Option<Refusal> {
+        self.last_refusal.lock().clone()
     }
 
     /// Why cleaning is stuck, if it still is (`clean_unstuck_if_freed`: space freed since
@@ -1190,11 +1224,9 @@ impl Store {
     /// writer waiting forever: issue 36). Stuck cleaning answers at once.
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let refused = |why: &str| {
-            tracing::debug!(
-                free = self.log.free_segments(),
-                holes = ?self.log.holes(),
-                "a writer's wait for space refused: {why}"
-            );
+            let free = self.log.free_segments();
+            tracing::debug!(free, holes = ?self.log.holes(), "a writer's wait for space refused: {why}");
+            self.note_refusal(why, free);
             Err(Error::NoSpace)
         };
         let start = crate::env::now();
@@ -1206,10 +1238,12 @@ impl Store {
             self.check_poisoned()?;
             let now = crate::env::now();
             if now >= deadline || now >= hard || self.closing.load(Ordering::Relaxed) {
-                return refused("waited its bound");
+                return refused(
+                    "waited its bound (30 s without a free segment gained, or 90 s in all)",
+                );
             }
             if self.clean_unstuck_if_freed() {
-                return refused("cleaning is stuck");
+                return refused("cleaning is stuck (the cleaning line says why)");
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
             self.space_wanted.store(true, Ordering::Release);
@@ -1238,7 +1272,7 @@ impl Store {
             } else if self.clean_rounds.load(Ordering::Acquire) > rounds_before {
                 futile += 1;
                 if futile >= SPACE_WAIT_FUTILE {
-                    return refused("cleaning rounds gained no free segment");
+                    return refused("cleaning rounds gained no free segment: at this fill, moving records and rewriting the map nodes that point at them costs what cleaning frees (random small writes); trim, destroy snapshots or add space");
                 }
             }
             // A full pool answers at once: nothing a commit would free or hand back (its
@@ -1247,7 +1281,7 @@ impl Store {
                 || !self.log.zero_sealed().is_empty()
                 || self.log.any_victim();
             if !reclaimable {
-                return refused("nothing to reclaim");
+                return refused("nothing to reclaim: no dead bytes worth cleaning, nothing for a commit to free");
             }
         }
         Ok(())
