@@ -67,7 +67,7 @@ def release(pool, tag):
 
 def test_a_released_pool_fills_again_to_the_end(make_pool, tmp_path):
     require_tools("fio", "qemu-io")
-    pool = make_pool(layout="single", devices=1, device_size="300M", serve_args=["--no-fill-holes"])
+    pool = make_pool(layout="single", devices=1, device_size="300M")
     pool.create().start()
     keys = {"a": pool.create_volume("a", size="1E", compression="off"),
             "b": pool.create_volume("b", size="1E", compression="off")}

@@ -202,7 +202,7 @@ fn writes_fill_the_pool_after_a_release_not_three_quarters_of_it() {
     fill_release_fill(true);
 }
 
-/// The same with holes off (`serve --no-fill-holes`): the cleaner alone must get there.
+/// The same with holes off (the default): the cleaner alone must get there.
 #[test]
 fn without_holes_writes_still_fill_the_pool_after_a_release() {
     fill_release_fill(false);
