@@ -86,6 +86,19 @@ fn f4_seed_279_tier() {
     holds_all(279, 640, SimLayout::Tier);
 }
 
+/// F5 (found 2026-12-04 by `--seeds 440 --first 60000 --ops 1500 --layout all`): a crash
+/// inside a FLUSH (op 1359) left a block's new record whole on member 0 of a mirror and
+/// torn on member 1, with its intent log block durable. The replay took the record because
+/// one copy verified, and left the torn one as it was; when member 0 was later taken
+/// offline (op 1402), the only copy left failed its checksum, and a read after the next
+/// crash answered "unrecoverable block". The replay now reads every copy of a record it
+/// takes from the main devices and writes the torn ones whole from the one that verified
+/// (`import/replay.rs`), as F2's fix does for records the log device carries.
+#[test]
+fn f5_seed_60213_mirror() {
+    holds_all(60213, 1500, SimLayout::Mirror);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,

@@ -269,7 +269,14 @@ pub(super) fn replay(
                             }
                             rewritten += 1;
                         }
-                        _ if on_devices => {}
+                        // One copy verified; a power loss may have torn another (a mirror's
+                        // other member): each copy is read and the torn ones written whole
+                        // from it now, or a member lost later takes the write with it (F5).
+                        _ if on_devices => {
+                            if store.scrub_local(&e.ptr, &mut rec).repaired > 0 {
+                                rewritten += 1;
+                            }
+                        }
                         _ => {
                             break 'replay format!(
                                 "block {} entry {i}: the record it names is not on the devices \
