@@ -6,4 +6,3 @@
 //! record left whole on one member only by a crash) are fixed and their seeds are in
 //! `tests/regressions.rs`, as is F5 (seed 60213, a replayed record torn on one member
 //! of a mirror). None is open.
-

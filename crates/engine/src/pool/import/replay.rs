@@ -269,14 +269,7 @@ pub(super) fn replay(
                             }
                             rewritten += 1;
                         }
-                        // One copy verified; a power loss may have torn another (a mirror's
-                        // other member): each copy is read and the torn ones written whole
-                        // from it now, or a member lost later takes the write with it (F5).
-                        _ if on_devices => {
-                            if store.scrub_local(&e.ptr, &mut rec).repaired > 0 {
-                                rewritten += 1;
-                            }
-                        }
+                        _ if on_devices => rewritten += mend(store, &e.ptr, &mut rec),
                         _ => {
                             break 'replay format!(
                                 "block {} entry {i}: the record it names is not on the devices \
@@ -503,4 +496,12 @@ fn later_main_blocks(
         }
     }
     found.into_values().collect()
+}
+
+/// A record the replay takes from the main devices, one copy of which verified: a power
+/// loss may have torn another (a mirror's other member), so every copy is read and the
+/// torn ones are written whole from it now; otherwise a member lost later takes the write
+/// with it (F5). 1 when a copy was written back.
+fn mend(store: &crate::store::Store, p: &crate::map::Blkptr, buf: &mut Vec<u8>) -> usize {
+    usize::from(store.scrub_local(p, buf).repaired > 0)
 }
