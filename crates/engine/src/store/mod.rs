@@ -155,13 +155,10 @@ pub struct Store {
     poisoned: AtomicBool,
     /// The pool is closing: writers waiting for space give up.
     closing: AtomicBool,
-    /// No maintenance thread runs (`pool::OpenOptions::stepped`, the simulator's mode): a
-    /// writer short of space runs the maintenance rounds it would wait for itself
-    /// (`stepper`), on the simulated clock, under the same rules as a real wait.
-    stepped: AtomicBool,
-    /// Stepped mode's stand-in for the maintenance thread: one round, run on the waiting
-    /// writer's own thread (`Pool::open` installs it). Without one a stepped writer short
-    /// of space gets `NoSpace` at once.
+    /// Set in stepped mode (`pool::OpenOptions::stepped`, the simulator's mode: no
+    /// maintenance thread runs): the thread's stand-in, one maintenance round, which a
+    /// writer short of space runs on its own thread where it would wait for the thread's,
+    /// on the simulated clock, under the same rules as a real wait.
     stepper: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Wakes the maintenance thread (commit, clean).
     wake: (Mutex<bool>, Condvar),
@@ -258,7 +255,6 @@ impl Store {
             dirty_nodes_total: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
-            stepped: AtomicBool::new(false),
             stepper: std::sync::OnceLock::new(),
             wake: (Mutex::new(false), Condvar::new()),
             space_wait: Mutex::new(()),
@@ -353,12 +349,11 @@ impl Store {
     /// would wait for the thread's, and its wait (`wait_until`) moves the clock as it would
     /// have slept: its bounds and its progress rule are the ones production runs.
     pub fn set_stepped(&self, round: Box<dyn Fn() + Send + Sync>) {
-        self.stepped.store(true, Ordering::Release);
         let _ = self.stepper.set(round);
     }
 
     pub fn stepped(&self) -> bool {
-        self.stepped.load(Ordering::Acquire)
+        self.stepper.get().is_some()
     }
 
     /// Whether a writer waits for space; clears the flag (the caller cleans).
@@ -1247,12 +1242,9 @@ impl Store {
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
             self.space_wanted.store(true, Ordering::Release);
-            if self.stepped() {
-                // Nothing runs beside us: run the round we would wait for, as long as the
-                // wait would have slept.
-                let Some(round) = self.stepper.get() else {
-                    return Err(Error::NoSpace);
-                };
+            if let Some(round) = self.stepper.get() {
+                // Stepped: nothing runs beside us. Run the round we would wait for, as long
+                // as the wait would have slept.
                 crate::env::sleep(SPACE_WAIT_TICK);
                 round();
             } else {
