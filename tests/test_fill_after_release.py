@@ -51,6 +51,9 @@ def fill_until_refused(pool, tmp_path, tag):
     last = space.get("last_refusal")
     assert space["refused_writes"] > 0 and last and last["reason"], space
     print(f"{tag}: {space['refused_writes']} refused, the last: {last['reason']}")
+    text = pool.cli("status").stdout
+    assert f"refused: {space['refused_writes']} write(s) got ENOSPC" in text \
+        and last["reason"] in text, text
     assert space["used_bytes"] >= 0.9 * space["usable_bytes"], \
         f"{tag}: writes refused at {space['used_bytes'] / space['usable_bytes']:.0%} " \
         f"of usable bytes: {space}"
