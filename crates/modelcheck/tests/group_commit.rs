@@ -12,7 +12,7 @@
 //!   its own commit when nothing covered it;
 //! - a commit is `Core::commit_held`: `GroupCommit::begin`, the snapshot, then `failed`
 //!   (the store did not take it) or durable, then `finish`;
-//! - the cleaning pass is `clean`'s `commit_for_waiting_flushes` between two batches,
+//! - the cleaning pass is `clean`'s `answer_waiting_flushes` between two batches,
 //!   under the commit lock.
 //!
 //! Budget and seeds: `bulwark_modelcheck::check` (`BULWARK_SHUTTLE_ITERATIONS`, default
@@ -156,7 +156,7 @@ impl Model {
     }
 
     /// A cleaning pass of two batches under the commit lock, committing for waiting flushes
-    /// between them (`clean`'s `commit_for_waiting_flushes`).
+    /// between them (`clean`'s `answer_waiting_flushes`).
     fn clean_pass(&self) {
         let _c = self.commit_lock.lock();
         for _batch in 0..2 {

@@ -1114,6 +1114,11 @@ impl Log {
         self.zero_sealed()
     }
 
+    /// Committed data segments emptied since the last `zero_sealed_for_commit`.
+    pub fn emptied_since_commit(&self) -> u32 {
+        self.emptied.load(Ordering::Relaxed)
+    }
+
     /// Which opening of segment `seg` its bytes are from: the log's byte count when it was
     /// last opened, different at every opening (each opening places a record before the
     /// next can begin); 0 for a segment not opened by this process.

@@ -16,8 +16,8 @@
 //! it, so a record several trees share is found once; it is moved once and installed in
 //! every tree that holds it (clones first, each run of trees newest first), and the old
 //! copy released once, after the last. A FLUSH waiting for the commit lock the pass holds
-//! is answered by a commit between two batches (`commit_for_waiting_flushes`), so it never
-//! waits for a whole pass. The pass measures the map nodes its moves dirtied
+//! is answered between two batches (`answer_waiting_flushes`: an intent-log write or a
+//! commit, as `Core::flush_held` chooses), so it never waits for a whole pass. The pass measures the map nodes its moves dirtied
 //! (`Log::note_clean_pass`); passes that gain nothing while writers wait make cleaning
 //! *stuck* (`core::CleanGains`). `move_for_store` moves a record whose copy in the object
 //! store `scrub --verify-store` found bad.
@@ -188,14 +188,14 @@ impl Core {
         Ok(n)
     }
 
-    /// A flush waits for the commit lock this pass holds: commit for it now (between two
+    /// A flush waits for the commit lock this pass holds: make it durable now (between two
     /// batches, or two volumes' walks), which answers it (`Core::flush_since`). The moves
     /// still to make stay right: each is made only if its map still points at the old copy,
     /// looked up under the reuse gate, and no snapshot comes or goes while the pass holds
     /// the lock.
-    fn commit_for_waiting_flushes(&self) -> Result<()> {
+    fn answer_waiting_flushes(&self) -> Result<()> {
         if self.group.waiting() {
-            self.commit_held()?;
+            self.flush_held()?;
         }
         Ok(())
     }
@@ -229,7 +229,7 @@ impl Core {
         let mut done = 0;
         let mut moves: Vec<Move> = Vec::new();
         for (vi, v) in volumes.iter().enumerate() {
-            self.commit_for_waiting_flushes()?;
+            self.answer_waiting_flushes()?;
             let found = if v.snapshots().is_empty() {
                 self.find_moves(v, vi, &rank, &mut moves, &mut done)
             } else {
@@ -247,7 +247,7 @@ impl Core {
         let mut i = 0;
         while i < moves.len() {
             crate::pause::point_at(&self.dir, "clean.batch");
-            self.commit_for_waiting_flushes()?;
+            self.answer_waiting_flushes()?;
             let m = &moves[i];
             let moved = match m.tree {
                 // Records of one victim and one volume without snapshots move in batches.
@@ -289,7 +289,7 @@ impl Core {
         if done > 0 {
             self.table_dirty.store(true, Ordering::Release);
         }
-        self.commit_for_waiting_flushes()?;
+        self.answer_waiting_flushes()?;
         let moved = self.store.written().clean - cost.clean_at_start;
         let dirtied = self.clean_dirtied.swap(0, Ordering::Relaxed);
         self.store.note_clean_pass(moved, dirtied as u64);

@@ -183,6 +183,12 @@ impl Store {
         self.log.written()
     }
 
+    /// Data segments emptied since the last commit took its snapshot (a commit would free
+    /// them). O(1).
+    pub fn emptied_since_commit(&self) -> u32 {
+        self.log.emptied_since_commit()
+    }
+
     /// Sealed segments with nothing live in them.
     pub fn zero_sealed(&self) -> Vec<u32> {
         self.log.zero_sealed()
