@@ -99,6 +99,21 @@ fn f5_seed_60213_mirror() {
     holds_all(60213, 1500, SimLayout::Mirror);
 }
 
+/// F6 (found 2026-12-04, seed 710054, parity): a double release of a map leaf. Clones
+/// c31 of v2@s25 and c35 of v2@s33 had bases that still shared a leaf after v2's key
+/// rotations gave v2's own trees new leaves there. When c35's rotation finished and it
+/// detached from its origin (op 1293), its base's leaves were released against v2@s33
+/// alone, and this one went although c31's base held it; the cleaner later rewrote c31's
+/// base there (op 1385) and released it again. Between the two, the segment counted 704
+/// bytes fewer than it held: had it fallen to zero it would have been freed under c31's
+/// base. The base now goes against every tree of the clone graph
+/// (`release_family_base`), and a record the cleaner moves stays while such a tree
+/// holds it (`Core::dropped_in_family`).
+#[test]
+fn f6_seed_710054_parity() {
+    holds_all(710054, 1500, SimLayout::Parity);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,

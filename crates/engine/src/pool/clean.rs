@@ -419,14 +419,34 @@ impl Core {
                 Ok(false)
             }
             _ => {
-                // Every holder points at the new copy now (the trees around each run do
-                // not hold it: the one before was walked against it, and the one after
-                // broke the run): the old copy goes, once. (On an error above, some
-                // holders point at the new copy and some at the old: both stay live.)
-                self.store.release(Dead::superseded(old));
+                // Every holder the runs reach points at the new copy now (the trees around
+                // each run do not hold it: the one before was walked against it, and the
+                // one after broke the run): the old copy goes, once, unless a tree of the
+                // clone graph the runs do not reach still holds it (the bases of clones of
+                // two snapshots keep sharing a place after a rotation gave the origin's
+                // trees new records there: that base's own walk moves it later). (On an
+                // error above, some holders point at the new copy and some at the old:
+                // both stay live.)
+                if let Some(dead) = self.dropped_in_family(v, At::Data(lba), &old) {
+                    self.store.release(dead);
+                }
                 Ok(true)
             }
         }
+    }
+
+    /// `Store::dropped` against every tree of the other volumes of `v`'s clone graph
+    /// (their locks taken together, under the commit lock the pass holds).
+    fn dropped_in_family(&self, v: &VolumeState, at: At, p: &Blkptr) -> Option<Dead> {
+        let component = self.component(v);
+        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
+        let far: Vec<&crate::map::Tree> = heads
+            .iter()
+            .map(|h| &**h)
+            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
+            .collect();
+        self.store.dropped(&far, at, p)
     }
 
     /// Point every tree that holds `old` at block `lba` — the run of `v`'s trees from

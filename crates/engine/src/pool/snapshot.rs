@@ -749,30 +749,40 @@ impl Core {
         )))
     }
 
-    /// Release every record of `st`'s snapshots and map (its destruction), each once:
-    /// every tree is walked against the one before it, so a shared record is found only
-    /// in the oldest tree that holds it.
     /// Drop a detached clone's base: release what only it holds (not shared with the
     /// origin), then forget the origin.
+    ///
+    /// What the base shares may be held by any tree of the clone graph, not only by the
+    /// origin snapshot: the bases of clones of the origin's other snapshots are copies of
+    /// trees that shared places with it, and keep sharing them after a rotation or the
+    /// cleaner gave the origin's own trees new nodes there (sim seed 710054: a leaf the
+    /// bases of two clones of two snapshots still shared was released by the first
+    /// detach, and again when the other base's copy was rewritten).
     fn release_family_base(&self, st: &VolumeState) -> Result<()> {
-        let across = match st.snapshots().first() {
-            Some(b) if b.base => self.across(st, b),
-            _ => Vec::new(),
+        let origin_found = match st.snapshots().first() {
+            Some(b) if b.base => !self.across(st, b).is_empty(),
+            _ => false,
         };
-        let guards: Vec<_> = across.iter().map(|(o, i)| (o.snapshots(), *i)).collect();
-        let origin_tree: Vec<&Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
-        if origin_tree.is_empty() {
+        if !origin_found {
             return Err(Error::Corrupt(format!(
                 "clone '{}' has a base but its origin snapshot is gone",
                 st.name()
             )));
         }
+        let component = self.component(st);
+        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
+        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
+        let far: Vec<&Tree> = heads
+            .iter()
+            .map(|h| &**h)
+            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
+            .collect();
         let head = st.map();
         let mut snaps = st.snapshots_mut();
         if !snaps.first().is_some_and(|b| b.base) {
             return Ok(());
         }
-        let (gone, _) = self.store.unique_to(&snaps[0].tree, &origin_tree)?;
+        let (gone, _) = self.store.unique_to(&snaps[0].tree, &far)?;
         for dead in gone {
             self.store.release(dead);
         }
@@ -782,6 +792,9 @@ impl Core {
         Ok(())
     }
 
+    /// Release every record of `st`'s snapshots and map (its destruction), each once:
+    /// every tree is walked against the one before it, so a shared record is found only
+    /// in the oldest tree that holds it.
     pub(crate) fn release_family(&self, st: &VolumeState) {
         // What the base shares with any tree of the other volumes of its clone graph (the
         // origin snapshot, sibling and nephew clones) stays.
