@@ -114,6 +114,16 @@ fn f6_seed_710054_parity() {
     holds_all(710054, 1500, SimLayout::Parity);
 }
 
+/// F7 (found 2026-12-04, seed 720115, tier): after a real takeover (another host opened
+/// the pool from the bucket), a write that waited for space ran the maintenance round
+/// whose commit found the pool fenced and poisoned it; the FLUSH after it answered a bare
+/// `Poisoned` instead of `Fenced` naming the new holder. A pool poisoned by fencing now
+/// keeps the reason (`Store::poison_for`), and every later operation answers it.
+#[test]
+fn f7_seed_720115_tier() {
+    holds_all(720115, 900, SimLayout::Tier);
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,

@@ -705,7 +705,7 @@ impl Core {
         // answers, a commit catches it up.
         if let Err(e) = t.attach_late(&self.store, false) {
             tracing::error!("{e}");
-            self.store.poison();
+            self.store.poison_for(&e);
             return false;
         }
         if t.take_catch_up() {
@@ -733,7 +733,7 @@ impl Core {
             match t.check() {
                 Err(e @ Error::Fenced(_)) => {
                     tracing::error!("{e}");
-                    self.store.poison();
+                    self.store.poison_for(&e);
                     return false;
                 }
                 Err(e) => tracing::warn!("object store check failed: {e}"),

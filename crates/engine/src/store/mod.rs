@@ -153,6 +153,9 @@ pub struct Store {
     /// Sum of every volume's dirty node count (kept by `note_dirty`).
     dirty_nodes_total: AtomicUsize,
     poisoned: AtomicBool,
+    /// Why, when another writer took the pool in the object store: what every later
+    /// operation answers (`Error::Fenced`), rather than a bare "poisoned".
+    fenced: Mutex<Option<String>>,
     /// The pool is closing: writers waiting for space give up.
     closing: AtomicBool,
     /// Set in stepped mode (`pool::OpenOptions::stepped`, the simulator's mode: no
@@ -254,6 +257,7 @@ impl Store {
             reuse_gate: gate::ReuseGate::new(),
             dirty_nodes_total: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
+            fenced: Mutex::new(None),
             closing: AtomicBool::new(false),
             stepper: std::sync::OnceLock::new(),
             wake: (Mutex::new(false), Condvar::new()),
@@ -314,6 +318,9 @@ impl Store {
 
     pub fn check_poisoned(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
+            if let Some(why) = self.fenced.lock().clone() {
+                return Err(Error::Fenced(why));
+            }
             return Err(Error::Poisoned);
         }
         Ok(())
@@ -326,6 +333,14 @@ impl Store {
     /// A write or flush to every copy failed: no more writes until the pool is reopened.
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// `poison` for `e`: when it is `Error::Fenced`, later operations answer it too.
+    pub fn poison_for(&self, e: &Error) {
+        if let Error::Fenced(why) = e {
+            self.fenced.lock().get_or_insert_with(|| why.clone());
+        }
+        self.poison();
     }
 
     // --- the maintenance thread's wake-up ---

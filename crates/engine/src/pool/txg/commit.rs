@@ -59,7 +59,7 @@ impl Core {
             }
             Err(e) => {
                 tracing::error!("commit failed, pool poisoned: {e}");
-                self.store.poison();
+                self.store.poison_for(e);
             }
             Ok(()) => {}
         }
