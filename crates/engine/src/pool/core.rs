@@ -575,17 +575,20 @@ impl Core {
     }
 
     /// Whether a FLUSH goes to the intent log rather than being a commit. A commit instead
-    /// when it gains space a log write would not: a writer waits for space (the commit
-    /// gives back the room the dirty map holds), or, short of free segments, segments
-    /// emptied since the last commit wait for one to free them. Not otherwise near full:
-    /// a commit per FLUSH rewrites a map leaf for each scattered block written since the
-    /// last, so durable random 4 KiB writes at 84% cost more in map nodes than cleaning
-    /// frees (issue 36), where a log write costs a block per 64 of them. Always a commit
-    /// while thick volumes hold reservations: the room thin volumes may take is counted
-    /// against the map's size as of the last commit, which must stay recent.
+    /// when it gains space: short of free segments, the data segments emptied since the
+    /// last commit, which it frees, are at least the segments it writes for the dirty map
+    /// nodes. Not otherwise, near full too: a commit rewrites a map leaf for each scattered
+    /// block written or moved since the last, so a commit per FLUSH of durable random 4 KiB
+    /// writes at 84% (or per FLUSH that waited on a cleaning pass, once its first victim
+    /// emptied) cost more in map nodes than cleaning freed, until writes were refused
+    /// (issue 36); a log write costs a block per 64 of them. The maintenance round commits
+    /// after each cleaning pass writers wait for. Always a commit while thick volumes hold
+    /// reservations: the room thin volumes may take is counted against the map's size as
+    /// of the last commit, which must stay recent.
     fn flush_by_log(&self) -> bool {
         let thick = self.store.thick_unused() > 0;
-        let gains = self.low_on_space() && self.store.emptied_since_commit() > 0;
+        let emptied = self.store.emptied_since_commit();
+        let gains = self.low_on_space() && emptied > 0 && emptied >= self.store.commit_segments();
         self.intent_log && !thick && !gains
     }
 

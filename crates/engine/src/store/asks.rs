@@ -189,6 +189,11 @@ impl Store {
         self.log.emptied_since_commit()
     }
 
+    /// Segments the next commit writes for the map nodes dirty now. O(1).
+    pub fn commit_segments(&self) -> u32 {
+        self.log.commit_need(0)
+    }
+
     /// Sealed segments with nothing live in them.
     pub fn zero_sealed(&self) -> Vec<u32> {
         self.log.zero_sealed()
