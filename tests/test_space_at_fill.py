@@ -81,8 +81,17 @@ def test_random_overwrite_at_fill_never_faults(make_pool, tmp_path, layout, fill
     assert_healthy(pool, "after kill -9 and restart")
 
 
-@pytest.mark.parametrize("serve_args", [(), ("--fill-holes",)], ids=["holes-off", "fill-holes"])
-def test_durable_random_overwrite_at_84_percent_is_never_refused(make_pool, tmp_path, serve_args):
+DURABLE_CASES = {
+    # id: (layout, devices, device size, serve arguments)
+    "single": ("single", 1, "320M", ()),
+    "single-fill-holes": ("single", 1, "320M", ("--fill-holes",)),
+    "mirror2": ("mirror:2", 2, "320M", ()),
+    "parity2+1": ("parity:2+1", 3, "160M", ()),
+}
+
+
+@pytest.mark.parametrize("case", list(DURABLE_CASES))
+def test_durable_random_overwrite_at_84_percent_is_never_refused(make_pool, tmp_path, case):
     """A guest's random 4 KiB writes with a FLUSH every 64, three times the volume over,
     at 84% of the usable space: nothing may be refused while the live data fits, and what
     was flushed survives kill -9.
@@ -93,9 +102,12 @@ def test_durable_random_overwrite_at_84_percent_is_never_refused(make_pool, tmp_
     each FLUSH that waited on it): each commit rewrote a map leaf for nearly every 4 KiB
     block written or moved since the last, 1-1.7 bytes of map nodes per byte the cleaner
     moved, so passes gained nothing. Now a FLUSH goes to the intent log unless a commit
-    would free segments (`Core::flush_by_log`)."""
+    would free at least the segments it writes (`Core::flush_by_log`). Passed on mirror:2
+    and parity:2+1 too, which run here as well."""
     require_tools("fio", "nbdcopy")
-    pool = make_pool(layout="single", devices=1, device_size="320M", serve_args=serve_args)
+    layout, devices, device_size, serve_args = DURABLE_CASES[case]
+    pool = make_pool(layout=layout, devices=devices, device_size=device_size,
+                     serve_args=serve_args)
     pool.create().start()
     usable = pool.status()["space"]["usable_bytes"]
     size = int(usable * 0.84) // MiB * MiB
