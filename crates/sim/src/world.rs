@@ -223,10 +223,10 @@ const LOG_DEVICE_BYTES: u64 = 8 << 20;
 /// The cache device's size, when a seed draws one: small, so its ring wraps.
 const CACHE_DEVICE_BYTES: u64 = 4 << 20;
 
-/// Volumes (clones included) at most, and snapshots per volume at most.
 /// Below this share of its usable space used, a pool must take writes
 /// (`World::refusal_is_honest`).
 const HONEST_ENOSPC_PERCENT: u64 = 80;
+/// Volumes (clones included) at most, and snapshots per volume at most.
 const VOLS_MAX: usize = 5;
 const SNAPS_MAX: usize = 3;
 

@@ -17,8 +17,8 @@
 //! every tree that holds it (clones first, each run of trees newest first), and the old
 //! copy released once, after the last. A FLUSH waiting for the commit lock the pass holds
 //! is answered between two batches (`answer_waiting_flushes`: an intent-log write or a
-//! commit, as `Core::flush_held` chooses), so it never waits for a whole pass. The pass measures the map nodes its moves dirtied
-//! (`Log::note_clean_pass`); passes that gain nothing while writers wait make cleaning
+//! commit, as `Core::flush_held` chooses), so it never waits for a whole pass. The pass
+//! measures the map nodes its moves dirtied (`Log::note_clean_pass`); passes that gain nothing while writers wait make cleaning
 //! *stuck* (`core::CleanGains`). `move_for_store` moves a record whose copy in the object
 //! store `scrub --verify-store` found bad.
 //!
@@ -438,15 +438,7 @@ impl Core {
     /// `Store::dropped` against every tree of the other volumes of `v`'s clone graph
     /// (their locks taken together, under the commit lock the pass holds).
     fn dropped_in_family(&self, v: &VolumeState, at: At, p: &Blkptr) -> Option<Dead> {
-        let component = self.component(v);
-        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
-        let far: Vec<&crate::map::Tree> = heads
-            .iter()
-            .map(|h| &**h)
-            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
-            .collect();
-        self.store.dropped(&far, at, p)
+        Core::with_trees_of(&self.component(v), |far| self.store.dropped(far, at, p))
     }
 
     /// Point every tree that holds `old` at block `lba` — the run of `v`'s trees from

@@ -76,6 +76,23 @@ impl Core {
             .collect()
     }
 
+    /// `f` over every tree (head and snapshots) of `volumes`, their locks held together:
+    /// what a tree of a clone graph drops stays while any tree of the graph holds it at
+    /// that place. Callers take these (other volumes') locks before their own volume's.
+    pub(crate) fn with_trees_of<R>(
+        volumes: &[Arc<VolumeState>],
+        f: impl FnOnce(&[&Tree]) -> R,
+    ) -> R {
+        let heads: Vec<_> = volumes.iter().map(|o| o.map()).collect();
+        let lists: Vec<_> = volumes.iter().map(|o| o.snapshots()).collect();
+        let trees: Vec<&Tree> = heads
+            .iter()
+            .map(|h| &**h)
+            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
+            .collect();
+        f(&trees)
+    }
+
     /// The other volumes of `st`'s clone graph: every volume joined to it by origin links,
     /// up or down, transitively (empty for a volume with no clone relation).
     pub(crate) fn component(&self, st: &VolumeState) -> Vec<Arc<VolumeState>> {
@@ -769,27 +786,21 @@ impl Core {
                 st.name()
             )));
         }
-        let component = self.component(st);
-        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
-        let far: Vec<&Tree> = heads
-            .iter()
-            .map(|h| &**h)
-            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
-            .collect();
-        let head = st.map();
-        let mut snaps = st.snapshots_mut();
-        if !snaps.first().is_some_and(|b| b.base) {
-            return Ok(());
-        }
-        let (gone, _) = self.store.unique_to(&snaps[0].tree, &far)?;
-        for dead in gone {
-            self.store.release(dead);
-        }
-        drop(head);
-        snaps.remove(0);
-        *st.origin() = None;
-        Ok(())
+        Core::with_trees_of(&self.component(st), |far| {
+            let head = st.map();
+            let mut snaps = st.snapshots_mut();
+            if !snaps.first().is_some_and(|b| b.base) {
+                return Ok(());
+            }
+            let (gone, _) = self.store.unique_to(&snaps[0].tree, far)?;
+            for dead in gone {
+                self.store.release(dead);
+            }
+            drop(head);
+            snaps.remove(0);
+            *st.origin() = None;
+            Ok(())
+        })
     }
 
     /// Release every record of `st`'s snapshots and map (its destruction), each once:
@@ -803,35 +814,30 @@ impl Core {
         } else {
             Vec::new()
         };
-        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
-        let far: Vec<&Tree> = heads
-            .iter()
-            .map(|h| &**h)
-            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
-            .collect();
-        let origin_tree = (!far.is_empty()).then_some(());
-        let head = st.map();
-        let snaps = st.snapshots();
-        let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&*head]).collect();
-        for (k, t) in trees.iter().enumerate() {
-            let prev: Vec<&Tree> = match k.checked_sub(1) {
-                Some(j) => vec![trees[j]],
-                // A clone's base: what it shares with the origin stays.
-                None if snaps.first().is_some_and(|b| b.base) => {
-                    if origin_tree.is_none() {
-                        tracing::error!(volume = %st.name(), "the origin snapshot is gone; keeping what the clone's base holds");
-                        continue;
+        Core::with_trees_of(&component, |far| {
+            let origin_tree = (!far.is_empty()).then_some(());
+            let head = st.map();
+            let snaps = st.snapshots();
+            let trees: Vec<&Tree> = snaps.iter().map(|s| &s.tree).chain([&*head]).collect();
+            for (k, t) in trees.iter().enumerate() {
+                let prev: Vec<&Tree> = match k.checked_sub(1) {
+                    Some(j) => vec![trees[j]],
+                    // A clone's base: what it shares with the origin stays.
+                    None if snaps.first().is_some_and(|b| b.base) => {
+                        if origin_tree.is_none() {
+                            tracing::error!(volume = %st.name(), "the origin snapshot is gone; keeping what the clone's base holds");
+                            continue;
+                        }
+                        far.to_vec()
                     }
-                    far.clone()
+                    None => vec![],
+                };
+                // Space under an unreadable node leaks until a later import walks it.
+                if let Err(e) = self.store.walk_unique_dead(t, &prev) {
+                    tracing::error!(volume = %st.name(), "part of the destroyed volume's space leaks until the pool is imported again: {e}");
                 }
-                None => vec![],
-            };
-            // Space under an unreadable node leaks until a later import walks it.
-            if let Err(e) = self.store.walk_unique_dead(t, &prev) {
-                tracing::error!(volume = %st.name(), "part of the destroyed volume's space leaks until the pool is imported again: {e}");
             }
-        }
+        })
     }
 }
 

@@ -413,40 +413,35 @@ impl Core {
         // tree anywhere in it holds the node at that place. Neighbours alone do not
         // suffice across clones: a snapshot with clones is a bridge, and a node it drops
         // may still be held on both sides of it. Other volumes' locks first, then this one's.
-        let component = self.component(v);
-        let heads: Vec<_> = component.iter().map(|o| o.map()).collect();
-        let lists: Vec<_> = component.iter().map(|o| o.snapshots()).collect();
-        let far: Vec<&crate::map::Tree> = heads
-            .iter()
-            .map(|h| &**h)
-            .chain(lists.iter().flat_map(|l| l.iter().map(|s| &s.tree)))
-            .collect();
-        let head = v.map();
-        let mut snaps = v.snapshots_mut();
-        for k in (0..snaps.len()).rev() {
-            if snaps[k].tree.dirty_nodes() == 0 {
-                continue;
+        Core::with_trees_of(&self.component(v), |far| -> Result<()> {
+            let head = v.map();
+            let mut snaps = v.snapshots_mut();
+            for k in (0..snaps.len()).rev() {
+                if snaps[k].tree.dirty_nodes() == 0 {
+                    continue;
+                }
+                let (before, rest) = snaps.split_at_mut(k);
+                let (cur, after) = rest.split_first_mut().expect("k is a snapshot");
+                let others: Vec<&crate::map::Tree> = before
+                    .iter()
+                    .chain(after.iter())
+                    .map(|s| &s.tree)
+                    .chain([&*head])
+                    .chain(far.iter().copied())
+                    .collect();
+                let mut leaves = cur.tree.snapshot_leaves();
+                leaves.write(write)?;
+                let mut gone = Vec::new();
+                cur.tree
+                    .finish_commit(self.store.nodes(), leaves, write, &mut |l, i, old| {
+                        gone.extend(self.store.dropped(&others, At::Node(l, i), old));
+                    })?;
+                for dead in gone {
+                    self.store.release(dead);
+                }
             }
-            let (before, rest) = snaps.split_at_mut(k);
-            let (cur, after) = rest.split_first_mut().expect("k is a snapshot");
-            let others: Vec<&crate::map::Tree> = before
-                .iter()
-                .chain(after.iter())
-                .map(|s| &s.tree)
-                .chain([&*head])
-                .chain(far.iter().copied())
-                .collect();
-            let mut leaves = cur.tree.snapshot_leaves();
-            leaves.write(write)?;
-            let mut gone = Vec::new();
-            cur.tree
-                .finish_commit(self.store.nodes(), leaves, write, &mut |l, i, old| {
-                    gone.extend(self.store.dropped(&others, At::Node(l, i), old));
-                })?;
-            for dead in gone {
-                self.store.release(dead);
-            }
-        }
+            Ok(())
+        })?;
         self.store.note_dirty(v.snaps_dirty(), 0);
         Ok(())
     }
