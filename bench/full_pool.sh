@@ -10,6 +10,8 @@
 #                                       the overwrites fill the pool and must be refused
 #                                       (ENOSPC) within the stated bound, never hang;
 #                                       fio goes on past errors, "worst" counts refusals
+#   FSYNC=64 bench/full_pool.sh ...     a FLUSH every 64 writes (durable writes, as a
+#                                       guest that syncs): also prints the worst FLUSH
 #
 # What it shows: how long writers wait at the fill where the cleaner works hardest, and
 # that they are answered (no ENOSPC while the live data fits). What it does not: a peer
@@ -42,11 +44,12 @@ for bs in 4k 64k; do
     read -r d0 c0 m0 _ _ <<<"$(space)"
     fio --name=ow --ioengine=nbd --uri="$URI" --rw=randwrite --bs=$bs --iodepth=16 \
         --time_based --runtime="$RT" --norandommap --randrepeat=0 --refill_buffers \
-        "${EXTRA[@]}" --output-format=json --output="$W/$bs.json" >/dev/null 2>&1 || true
+        ${FSYNC:+--fsync=$FSYNC} "${EXTRA[@]}" --output-format=json --output="$W/$bs.json" >/dev/null 2>&1 || true
     read -r d1 c1 m1 used usable <<<"$(space)"
     python3 - "$W/$bs.json" "$bs" "$d0" "$c0" "$m0" "$d1" "$c1" "$m1" "$used" "$usable" <<'EOF'
 import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+job = json.load(open(sys.argv[1]))["jobs"][0]
+j = job["write"]
 bs = sys.argv[2]
 d0, c0, m0, d1, c1, m1, used, usable = map(int, sys.argv[3:])
 client = max(d1 - d0, 1)
@@ -56,6 +59,10 @@ p99 = clat.get("percentile", {}).get("99.000000", 0) / 1e6
 print(f"{bs:>4} randwrite QD16: {j['iops']:8.0f} IOPS ({j.get('total_ios', 0)} done), p99 {p99:7.2f} ms, worst {clat['max'] / 1e6:8.1f} ms, "
       f"WA {wa:.2f} (cleaner {(c1 - c0) / client:.2f}, metadata {(m1 - m0) / client:.2f}), "
       f"used {used / usable:.0%} of usable")
+sync = job.get("sync", {})
+if sync.get("total_ios"):
+    lat = sync["lat_ns"]
+    print(f"     FLUSH: {sync['total_ios']} done, mean {lat['mean'] / 1e6:.2f} ms, worst {lat['max'] / 1e6:.1f} ms")
 EOF
 done
 "$B" status | grep -E "^(space|cleaning|cleaner cost)" || true
