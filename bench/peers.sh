@@ -12,14 +12,22 @@
 #   qemu-raw             qemu-storage-daemon, raw image (no encryption)
 #   qemu-luks            qemu-storage-daemon, LUKS image (aes-256-xts-plain64)
 #   nbdkit-file          nbdkit's file plugin, raw image
+#   qemu-raw-btrfs       as qemu-raw (same qemu-storage-daemon command line), the raw
+#                        image a file on btrfs raid1 (-d raid1 -m raid1) over two loop
+#                        devices: what copy-on-write and two copies cost elsewhere (issue
+#                        40). Each loop file is sized like a bulwark device (see Fill:
+#                        with --fill the image is PCT% of the filesystem's usable data
+#                        space). Needs root, loop devices and btrfs-progs (Debian:
+#                        apt-get install btrfs-progs); without them it is skipped, with
+#                        a message, and the run goes on. Not in the default set.
 #   bulwark-single       bulwark layout single, encrypted, lz4 (the defaults)
 #   bulwark-single-nolz4 bulwark layout single, encrypted, compression off
 #   bulwark-single-noholes, bulwark-mirror2-noholes
 #                        as bulwark-single / bulwark-mirror2, served with
 #                        --no-fill-holes (the cleaner alone makes room: decision 0014)
 #   bulwark-single-holes, bulwark-mirror2-holes
-#                        served with --fill-holes (experimental, decision 0014; the default
-#                        from 10:20 to 12:00 UTC on 2026-12-04, off again since)
+#                        served with --fill-holes (decision 0014; opt-in, the default
+#                        only 2026-12-04 17:30-23:30 UTC)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on
@@ -50,7 +58,16 @@
 # run on it without bench's fill pass. The device size is computed from the
 # layout's reserves, checked against status after the fill and, if the fill is
 # off by more than 1 point, corrected (pool made again, filled again); the
-# actual fill is printed and recorded. Default groups with --fill: overwrite
+# actual fill is printed and recorded. qemu-raw-btrfs: each of its two loop
+# files is sized so that the filesystem's usable data space (one copy: raid1
+# stores every block on both devices; what `btrfs filesystem usage` estimates
+# free on the new, empty filesystem, i.e. the device less the metadata and system
+# chunks) is SIZE x 100 / PCT, so the filled image is PCT% of it: the fill is of
+# the filesystem's usable space, as bulwark's is of its pool's (qemu raw's image
+# is 100% of itself; its file system is not filled). After the fill, data used /
+# (data used + free estimated) is printed and recorded; COW overwrites then need
+# free space, and a cell that fails with ENOSPC is recorded as such (a result).
+# Default groups with --fill: overwrite
 # (4K and 64K randwrite QD32: sustained random overwrite), and --runtime
 # defaults to 60: the cleaner must run during the cells, and 60 s of overwrite
 # writes more than the pool's free space at these sizes on this machine. A
@@ -99,7 +116,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,qemu-raw-btrfs,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes
 
 FULL=0
 REPEAT=1
@@ -169,6 +186,25 @@ IFS=, read -r -a SERVER_LIST <<< "$SERVERS"
 for s in "${SERVER_LIST[@]}"; do
     case ",$ALL_SERVERS," in *",$s,"*) ;; *) die "unknown server $s (known: $ALL_SERVERS)" ;; esac
 done
+# qemu-raw-btrfs needs root (losetup, mount) and btrfs-progs: without them it is skipped,
+# not the run. (A loop device or mount that fails later skips it too, in that repeat.)
+declare -A SKIPPED=()   # server -> why (recorded in meta.json and the report)
+case ",$SERVERS," in *,qemu-raw-btrfs,*)
+    why=
+    [ "$(id -u)" = 0 ] || why="needs root (losetup, mkfs.btrfs, mount)"
+    for tool in losetup mkfs.btrfs btrfs mount umount mountpoint; do
+        [ -n "$why" ] || command -v "$tool" >/dev/null || why="$tool is not installed (Debian: btrfs-progs, util-linux)"
+    done
+    [ -n "$why" ] || [ -e /dev/loop-control ] || why="no /dev/loop-control (no loop devices here)"
+    if [ -n "$why" ]; then
+        log "qemu-raw-btrfs skipped: $why"
+        SKIPPED[qemu-raw-btrfs]=$why
+        kept=()
+        for s in "${SERVER_LIST[@]}"; do [ "$s" = qemu-raw-btrfs ] || kept+=("$s"); done
+        SERVER_LIST=("${kept[@]}")
+    fi
+    ;;
+esac
 
 if [ -n "$ONLY_GROUPS" ]; then
     IFS=, read -r -a WANTED <<< "$ONLY_GROUPS"
@@ -263,7 +299,7 @@ stop_server() { # SIGTERM the server this script started (bulwark commits and ex
 # An interrupted run stops its server and removes that server's image or pool (several GB;
 # the raw reports in WORKDIR stay), unless --keep.
 SERVER_DIR=
-trap 'stop_server; [ "$KEEP" = 1 ] || [ -z "$SERVER_DIR" ] || rm -rf "$SERVER_DIR"' EXIT
+trap 'stop_server; btrfs_teardown; [ "$KEEP" = 1 ] || [ -z "$SERVER_DIR" ] || rm -rf "$SERVER_DIR"' EXIT
 trap 'exit 130' INT TERM
 
 wait_ready() { # URI LOG
@@ -299,17 +335,111 @@ nbd_uri() { # DIR NAME
 # (no O_DIRECT), and an NBD FLUSH becomes an fdatasync of the image (not dropped).
 QEMU_CACHE="cache.direct=off,cache.no-flush=off"
 
-start_qemu_raw() { # DIR -> URI
-    local d=$1
-    qemu-img create -q -f raw "$d/disk.raw" "$SIZE_BYTES"
+start_qemu_raw() { # DIR [IMAGE_DIR] -> URI
+    local d=$1 img=${2:-$1}/disk.raw
+    qemu-img create -q -f raw "$img" "$SIZE_BYTES"
     qemu-storage-daemon \
-        --blockdev "driver=file,node-name=file0,filename=$d/disk.raw,$QEMU_CACHE" \
+        --blockdev "driver=file,node-name=file0,filename=$img,$QEMU_CACHE" \
         --blockdev "driver=raw,node-name=disk0,file=file0" \
         --nbd-server "$(nbd_addr "$d")" \
         --export "type=nbd,id=exp0,node-name=disk0,name=disk,writable=on" \
         >"$d/server.log" 2>&1 &
     SERVER_PID=$!
     URI=$(nbd_uri "$d" disk)
+}
+
+# --- qemu-raw-btrfs: btrfs raid1 over two loop devices --------------------------------
+# The loop devices and the mount this script made (none, or those of the current
+# server): btrfs_teardown undoes them, from finish_server and from the EXIT trap.
+BTRFS_LOOPS=()
+BTRFS_MNT=
+BTRFS_DEVICE_BYTES=     # --fill: each loop file's size, once found (kept across repeats)
+btrfs_teardown() {
+    local l _
+    if [ -n "$BTRFS_MNT" ] && mountpoint -q "$BTRFS_MNT" 2>/dev/null; then
+        # qemu-storage-daemon has exited (stop_server first), but give the kernel a moment.
+        for _ in $(seq 1 50); do
+            umount "$BTRFS_MNT" 2>/dev/null && break
+            sleep 0.2
+        done
+        if mountpoint -q "$BTRFS_MNT" 2>/dev/null; then
+            echo "peers.sh: warning: $BTRFS_MNT is busy: unmounted lazily" >&2
+            umount -l "$BTRFS_MNT" || true
+        fi
+    fi
+    BTRFS_MNT=
+    for l in "${BTRFS_LOOPS[@]}"; do
+        btrfs device scan --forget "$l" >/dev/null 2>&1 || true
+        losetup -d "$l" 2>/dev/null || echo "peers.sh: warning: could not detach $l (losetup -a)" >&2
+    done
+    BTRFS_LOOPS=()
+}
+# Filesystem figures in bytes: device size (all devices), free (estimated, one copy),
+# data allocated, data used (one copy), metadata used (one copy).
+btrfs_usage() { # MNT
+    btrfs filesystem usage -b "$1" | python3 -c '
+import re, sys
+t = sys.stdin.read()
+num = lambda pat: int(re.search(pat, t).group(1))
+print(num(r"Device size:\s+(\d+)"), num(r"Free \(estimated\):\s+(\d+)"),
+      num(r"\nData,[^:]*: Size:(\d+)"), num(r"\nData,[^:]*: Size:\d+, Used:(\d+)"),
+      num(r"\nMetadata,[^:]*: Size:\d+, Used:(\d+)"))'
+}
+# Two loop files of BYTES (sparse; written with zeros with --preallocate, as bulwark's
+# devices), attached, btrfs raid1 (data and metadata) over both, mounted on DIR/mnt.
+# Every step checked: 1 (and a message) when this machine cannot, and the server is skipped.
+btrfs_make() { # DIR BYTES
+    local d=$1 bytes=$2 i f l
+    for i in 0 1; do
+        f=$d/btrfs-dev$i.img
+        rm -f "$f"
+        if [ "$PREALLOCATE" = 1 ]; then
+            dd if=/dev/zero of="$f" bs=1M count=$((bytes >> 20)) conv=fsync status=none || return 1
+        else
+            truncate -s "$bytes" "$f" || return 1
+        fi
+        l=$(losetup -f --show "$f" 2>"$d/btrfs-setup.err") \
+            || { log "qemu-raw-btrfs: losetup failed: $(tail -2 "$d/btrfs-setup.err")"; return 1; }
+        BTRFS_LOOPS+=("$l")
+    done
+    # -K: no discard (it would punch the preallocated files' blocks out again)
+    mkfs.btrfs -f -K -d raid1 -m raid1 "${BTRFS_LOOPS[@]}" >"$d/mkfs.log" 2>&1 \
+        || { log "qemu-raw-btrfs: mkfs.btrfs failed: $(tail -2 "$d/mkfs.log")"; return 1; }
+    btrfs device scan "${BTRFS_LOOPS[@]}" >/dev/null 2>&1 || true
+    mkdir -p "$d/mnt"
+    BTRFS_MNT=$d/mnt
+    mount -t btrfs "${BTRFS_LOOPS[0]}" "$BTRFS_MNT" 2>"$d/btrfs-setup.err" \
+        || { log "qemu-raw-btrfs: mount failed: $(tail -2 "$d/btrfs-setup.err")"; return 1; }
+}
+# The filesystem for this repeat: without --fill each loop file is DEVICE_BYTES (as
+# bulwark's devices); with --fill, sized so that the new filesystem's free data space
+# (one copy) is SIZE x 100 / FILL (made again, up to 3 times, until within 0.5%).
+btrfs_setup() { # DIR
+    local d=$1 want bytes try total free rest
+    if [ -z "$FILL" ]; then
+        btrfs_make "$d" "$DEVICE_BYTES" || { btrfs_teardown; return 1; }
+        BTRFS_SETUP_NOTE="2 x $((DEVICE_BYTES >> 20)) MiB (device factor $DEVICE_FACTOR, as bulwark's devices)"
+    else
+        want=$(( (SIZE_BYTES * 100 / FILL + (1 << 20) - 1) >> 20 << 20 ))
+        # first guess: metadata chunks take about a tenth of a small device, system 8 MiB
+        bytes=${BTRFS_DEVICE_BYTES:-$(( ((want + (8 << 20)) * 10 / 9 + (1 << 20) - 1) >> 20 << 20 ))}
+        for try in 1 2 3; do
+            btrfs_make "$d" "$bytes" || { btrfs_teardown; return 1; }
+            read -r total free rest < <(btrfs_usage "$BTRFS_MNT" 2>"$d/btrfs-setup.err")
+            [ -n "$free" ] || { log "qemu-raw-btrfs: btrfs filesystem usage failed: $(tail -2 "$d/btrfs-setup.err")"; btrfs_teardown; return 1; }
+            [ $(( (free - want) * 200 / want )) = 0 ] && break
+            [ "$try" = 3 ] && { log "qemu-raw-btrfs: free space $((free >> 20)) MiB, not $((want >> 20)) MiB, after 3 tries: measured as it is"; break; }
+            bytes=$(( (bytes + want - free + (1 << 20) - 1) >> 20 << 20 ))
+            btrfs_teardown
+            rm -f "$d"/btrfs-dev?.img
+        done
+        BTRFS_DEVICE_BYTES=$bytes
+        BTRFS_SETUP_NOTE="2 x $((bytes >> 20)) MiB; free data space (one copy) $((free >> 20)) MiB on the empty filesystem: the $SIZE image, once filled, is $(( SIZE_BYTES * 1000 / free / 10 )).$(( SIZE_BYTES * 1000 / free % 10 ))% of it (--fill $FILL: of the filesystem's usable space; qemu raw's fill is of its own image)"
+    fi
+    log "qemu-raw-btrfs: btrfs raid1 (data and metadata) over ${BTRFS_LOOPS[*]}, loop files $([ "$PREALLOCATE" = 1 ] && echo "written with zeros" || echo sparse) in $d: $BTRFS_SETUP_NOTE"
+}
+start_qemu_raw_btrfs() { # DIR -> URI (btrfs_setup has made and mounted the filesystem)
+    start_qemu_raw "$1" "$BTRFS_MNT"
 }
 
 start_qemu_luks() {
@@ -446,6 +576,9 @@ fill_export() { # NAME DIR RAWDIR REP
         t1=$(date +%s.%N)
         case "$name" in
             bulwark-*) ;;
+            qemu-raw-btrfs)
+                fill_btrfs "$d" "$rawd/rep$rep-fill.json" "$t0" "$t1"
+                return 0 ;;
             *)
                 python3 -c 'import json,sys; json.dump({"fill_pct_target": int(sys.argv[2]), "fill_s": round(float(sys.argv[4]) - float(sys.argv[3]), 1)}, open(sys.argv[1], "w"))' \
                     "$rawd/rep$rep-fill.json" "$FILL" "$t0" "$t1"
@@ -485,12 +618,41 @@ PY
     done
 }
 
+# qemu-raw-btrfs after its fill: data used / (data used + free estimated), both one copy,
+# recorded with the filesystem's figures (the report's Fill table).
+fill_btrfs() { # DIR OUT T0 T1
+    local d=$1 total free dsize dused mused
+    sync -f "$BTRFS_MNT/disk.raw"
+    read -r total free dsize dused mused < <(btrfs_usage "$BTRFS_MNT")
+    local line
+    line=$(python3 - "$2" "$FILL" "$SIZE_BYTES" "$BTRFS_DEVICE_BYTES" "$total" "$free" "$dsize" "$dused" "$mused" \
+            "$(stat -c '%b %B' "$BTRFS_MNT/disk.raw")" "$3" "$4" <<'PY'
+import json, sys
+out, pct = sys.argv[1], int(sys.argv[2])
+size, device, total, free, dsize, dused, mused = map(int, sys.argv[3:10])
+blocks, bsize = map(int, sys.argv[10].split())
+fill_s = round(float(sys.argv[12]) - float(sys.argv[11]), 1)
+usable = dused + free
+actual = 100 * dused / usable
+json.dump({"fill_pct_target": pct, "fill_pct": round(actual, 2), "fill_s": fill_s,
+           "layout": "btrfs raid1 (-d raid1 -m raid1), two loop devices",
+           "device_bytes": device, "total_bytes": total, "usable_bytes": usable, "used_bytes": dused,
+           "free_bytes": free, "data_allocated_bytes": dsize, "metadata_used_bytes": mused,
+           "volume_size_bytes": size, "volume_used_bytes": blocks * bsize}, open(out, "w"))
+print(f"{actual:.1f} {dused >> 20} {usable >> 20} {free >> 20} {fill_s}")
+PY
+)
+    read -r actual dused usable free fill_s <<<"$line"
+    log "qemu-raw-btrfs: filled $SIZE with random data in $fill_s s: data $dused MiB of usable $usable MiB (data + free estimated, one copy) = ${actual}% (target $FILL%); $free MiB free for copy-on-write"
+}
+
 start_server() { # NAME DIR
     BENCH_TARGET=()
     case "$1" in
         qemu-raw) start_qemu_raw "$2" ;;
         qemu-luks) start_qemu_luks "$2" ;;
         nbdkit-file) start_nbdkit_file "$2" ;;
+        qemu-raw-btrfs) start_qemu_raw_btrfs "$2" ;;
         bulwark-single) start_bulwark "$2" single lz4 ;;
         bulwark-single-nolz4) start_bulwark "$2" single off ;;
         bulwark-mirror2) start_bulwark "$2" mirror:2 lz4 ;;
@@ -582,6 +744,7 @@ PY
 FAILED=0
 finish_server() { # NAME DIR REP
     stop_server
+    btrfs_teardown   # qemu-raw-btrfs: unmount, detach (the loop files go with DIR)
     cp "$2/server.log" "$WORKDIR/raw/$1/server-rep$3.log" 2>/dev/null || true
     [ "$KEEP" = 1 ] || rm -rf "$2"
 }
@@ -621,6 +784,7 @@ meta = {
     "versions": {
         "fio": out("fio", "--version"), "qemu": out("qemu-storage-daemon", "--version"),
         "nbdkit": out("nbdkit", "--version"), "bulwark": out("$BULWARK", "--version"),
+        "btrfs_progs": out("btrfs", "--version") if "qemu-raw-btrfs" in "$SERVERS".split(",") else None,
         "bulwark_binary": "$BULWARK_SRC",
         "bulwark_sha256": out("sha256sum", "$BULWARK").split()[0],
         "bulwark_git": out("git", "-C", "$REPO", "describe", "--always", "--dirty"),
@@ -652,6 +816,12 @@ for rep in $(seq 1 "$REPEAT"); do
         SERVER_DIR=$d
         rm -rf "$d"
         mkdir -p "$d" "$WORKDIR/raw/$name"
+        if [ "$name" = qemu-raw-btrfs ] && ! btrfs_setup "$d"; then
+            log "qemu-raw-btrfs skipped in run $rep: the filesystem could not be made (see above; root and loop devices needed)"
+            SKIPPED[qemu-raw-btrfs]="run $rep: losetup, mkfs.btrfs or mount failed"
+            finish_server "$name" "$d" "$rep"
+            continue
+        fi
         start_server "$name" "$d"
         log "run $rep/$REPEAT, $name: $URI (load $(cut -d' ' -f1 /proc/loadavg))"
         fill=()
@@ -671,20 +841,30 @@ for rep in $(seq 1 "$REPEAT"); do
                     cat "$d/bench.err" >&2
                     tail -20 "$d/server.log" >&2
                     # Recorded and reported (a bulwark pool that faults or runs out of space
-                    # under --fill is a result); the server's remaining groups are skipped.
+                    # under --fill is a result, as is btrfs' ENOSPC under copy-on-write
+                    # overwrites); the server's remaining groups are skipped.
+                    why="bulwark bench failed"
+                    cell=$(sed -n 's/.*fio failed in \(.*\) (exit status.*/\1/p' "$d/bench.err" | head -1)
+                    [ -z "$cell" ] || why="$why in cell $cell"
+                    if grep -qiE 'no space left|ENOSPC' "$d/bench.err" "$d/server.log" 2>/dev/null; then
+                        why="$why: ENOSPC (No space left on device)"
+                    fi
                     {
-                        echo "group $gname (${g#*|}), run $rep: bulwark bench failed"
+                        echo "group $gname (${g#*|}), run $rep: $why"
                         tail -5 "$d/bench.err"
                         echo "--- server log (last 10 lines)"
                         tail -10 "$d/server.log"
                         case "$name" in bulwark-*)
                             echo "--- pool state: $("$BULWARK" --pool "$d/pool" status --json 2>/dev/null \
                                 | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || echo unknown)" ;;
+                            qemu-raw-btrfs)
+                                echo "--- btrfs filesystem usage (bytes)"
+                                btrfs filesystem usage -b "$BTRFS_MNT" 2>&1 | sed -n '/^Overall/,/^$/p;/^Data,/p;/^Metadata,/p' ;;
                         esac
                     } >"$raw.failed"
                     rm -f "$raw.json"
                     FAILED=1
-                    log "$name: bulwark bench failed in $gname (recorded in $raw.failed; logs in $d): skipping its other groups"
+                    log "$name: $why, group $gname (recorded in $raw.failed; logs in $d): skipping its other groups"
                     finish_server "$name" "$d" "$rep"
                     continue 3
                 fi
@@ -708,7 +888,9 @@ for rep in $(seq 1 "$REPEAT"); do
         finish_server "$name" "$d" "$rep"
     done
 done
-python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["machine"]["loadavg_end"]=open("/proc/loadavg").read().split()[:3]; json.dump(m,open(sys.argv[1],"w"),indent=1)' "$WORKDIR/meta.json"
+skipped=()
+for s in "${!SKIPPED[@]}"; do skipped+=("$s" "${SKIPPED[$s]}"); done
+python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); m["machine"]["loadavg_end"]=open("/proc/loadavg").read().split()[:3]; m["settings"]["skipped"]=dict(zip(sys.argv[2::2], sys.argv[3::2])); json.dump(m,open(sys.argv[1],"w"),indent=1)' "$WORKDIR/meta.json" "${skipped[@]}"
 
 python3 "$REPO/bench/peers_report.py" --raw "$WORKDIR/raw" --meta "$WORKDIR/meta.json" --out "$OUT"
 log "results: $OUT (raw reports in $WORKDIR/raw)"

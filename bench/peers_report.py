@@ -22,7 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
-PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file"]
+PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file", "qemu-raw-btrfs"]
 BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2",
             "bulwark-single-log", "bulwark-mirror2-log",
             "bulwark-single-noholes", "bulwark-mirror2-noholes",
@@ -286,6 +286,8 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict,
     if fill_pct and st.get("runtime_s", 0) < 60:
         out.append(f"WARNING: cells of {st.get('runtime_s')} s with --fill: shorter than the 60 s a "
                    "sustained-overwrite cell needs for the cleaner to run; a smoke run, not a measurement.")
+    for s, why in st.get("skipped", {}).items():
+        out.append(f"SKIPPED: {s}: {why}.")
     if failures:
         out.append("WARNING: some bench calls failed (see Failures below); their servers' later groups "
                    "were not measured.")
@@ -331,7 +333,8 @@ def report(meta: dict, servers: dict, med: dict, tgt: list[dict], cpu: dict,
     if fills:
         out.append("**Fill** (per run: bulwark's pool as its status reports it after the fill; live = "
                    "the pool's used bytes, data and metadata; usable = total less the segments kept "
-                   "for commits and the cleaner)")
+                   "for commits and the cleaner; qemu-raw-btrfs: its filesystem after the fill, one copy: "
+                   "live = data used, usable = data used + free (estimated), device = each loop file)")
         out.append("")
         rows = []
         for s in names + sorted(set(fills) - set(names)):

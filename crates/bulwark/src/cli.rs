@@ -773,12 +773,17 @@ pub struct ServeArgs {
     pub no_intent_log: bool,
     /// Experimental: write into holes (free extents of mostly-full segments) when free
     /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
-    /// default: durable random 4K overwrites at 84% fill can be refused with it on.
+    /// default: at 90% fill on a slow CPU, random 4K overwrites can be refused with it on
+    /// ("cleaning is stuck").
     #[arg(long)]
     pub fill_holes: bool,
     /// Never write into holes (the default; overrides --fill-holes).
     #[arg(long)]
     pub no_fill_holes: bool,
+    /// Do not defragment when idle (by default, once no client has asked anything for 5
+    /// seconds, blocks scattered by random overwrites are rewritten in block order).
+    #[arg(long)]
+    pub no_defrag: bool,
 
     /// With an object store: delete objects no commit references once they are this many
     /// seconds old (an import elsewhere may still read them until then) [default: 3600].

@@ -83,6 +83,7 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     }
     opts.intent_log = !args.no_intent_log;
     opts.fill_holes = args.fill_holes && !args.no_fill_holes;
+    opts.defrag = !args.no_defrag;
     // A pool whose every byte is local starts while its object store does not answer.
     crate::objects::SERVE_WITHOUT_STORE.store(true, std::sync::atomic::Ordering::Release);
     if let Some(grace) = args.object_store_gc_grace {

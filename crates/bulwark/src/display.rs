@@ -273,6 +273,15 @@ fn space_lines(out: &mut String, space: &SpaceStatus) {
             format_size(space.hole_large_bytes)
         );
     }
+    if space.defrag_moved_bytes > 0 {
+        let _ = writeln!(
+            out,
+            "defragmented: {} rewritten in block order while idle, {} pass(es) over every \
+             volume since the daemon started",
+            format_size(space.defrag_moved_bytes),
+            space.defrag_passes
+        );
+    }
     if space.clean_cost >= 0.05 {
         let _ = writeln!(
             out,

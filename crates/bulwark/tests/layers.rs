@@ -404,6 +404,8 @@ const POOL: Table = Table {
         // Upkeep: scrub and resilver, the cleaner, eviction to the object store.
         ("scrub", &["core", "format"]),
         ("clean", &["core", "relocate"]),
+        // The cleaner's idle work: blocks rewritten in block order.
+        ("defrag", &["core"]),
         ("evict", &["core", "tier"]),
         // Upkeep driven by its caller, one step at a time (the simulator's stepped mode).
         ("stepped", &["core", "scrub"]),

@@ -64,6 +64,8 @@ pub const CLEAN_FUTILE_PASSES: u32 = 8;
 pub const QUIESCE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).
 pub const SEGMENTS_FREE_LOW: u32 = 8;
+/// Seconds with no client read or write before the defragmenter starts (`pool/defrag.rs`).
+pub const DEFRAG_IDLE_SECS: u64 = 5;
 pub const FREE_PERCENT_LOW: u32 = 10;
 /// At most this many segments are emptied in one cleaning pass.
 pub const CLEAN_BATCH_SEGMENTS: usize = 128;

@@ -126,6 +126,9 @@ pub enum Kind {
     TierWriter,
     TierRestore,
     TierStep,
+    /// A quiet spell: no client asks anything while the clock passes the defragmenter's
+    /// quiet time (`DEFRAG_IDLE_SECS`) and maintenance rounds run (`pool/defrag.rs`).
+    Idle,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -165,13 +168,14 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 6] = [
+pub const LATER_KINDS: [(Kind, u64); 7] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
     (Kind::Fault, 12),
     (Kind::Device, 8),
     (Kind::LogChange, 4),
+    (Kind::Idle, 6),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -279,6 +283,9 @@ pub struct Stats {
     /// The most bytes client writes had placed into holes (decision 0014) in one process
     /// of the pool, as a maintenance step saw it: whether the run filled holes at all.
     pub hole_filled_max: u64,
+    /// The most bytes the idle defragmenter had moved in one process of the pool, as a
+    /// quiet spell (`Kind::Idle`) saw it.
+    pub defrag_moved_max: u64,
     /// The object tier (`tier` layout): fault windows armed on the store, those in which
     /// it failed a request (how many it failed depends on the upload threads' order: not
     /// counted), flushes that failed under them, second writers and the fencings seen,
@@ -972,6 +979,23 @@ impl World {
             return Err("the pool is poisoned after a maintenance step".into());
         }
         self.stats.hole_filled_max = self.stats.hole_filled_max.max(st.space.hole_filled_bytes);
+        Ok(())
+    }
+
+    /// A quiet spell: a round (which sees the clients' last operation), the clock past the
+    /// defragmenter's quiet time, then rounds with no client operation between them (the
+    /// defragmenter moves a bounded amount per round and goes on in the next).
+    fn idle(&mut self) -> R {
+        self.trace.text("idle");
+        self.maintenance()?;
+        bulwark_engine::env::advance(std::time::Duration::from_secs(
+            bulwark_engine::constants::DEFRAG_IDLE_SECS,
+        ));
+        for _ in 0..1 + self.rng.below(4) {
+            self.maintenance()?;
+        }
+        let st = self.pool().status();
+        self.stats.defrag_moved_max = self.stats.defrag_moved_max.max(st.space.defrag_moved_bytes);
         Ok(())
     }
 
@@ -1896,6 +1920,7 @@ impl World {
             Kind::TierWriter => self.tier_writer(),
             Kind::TierRestore => self.tier_restore(),
             Kind::TierStep => self.tier_step(),
+            Kind::Idle => self.idle(),
         }
     }
 

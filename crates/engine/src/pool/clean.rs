@@ -193,7 +193,7 @@ impl Core {
     /// still to make stay right: each is made only if its map still points at the old copy,
     /// looked up under the reuse gate, and no snapshot comes or goes while the pass holds
     /// the lock.
-    fn answer_waiting_flushes(&self) -> Result<()> {
+    pub(super) fn answer_waiting_flushes(&self) -> Result<()> {
         if self.group.waiting() {
             self.flush_held()?;
         }
@@ -217,10 +217,15 @@ impl Core {
             victims = victims.len(),
             "cleaning pass"
         );
+        self.clean_victims_held(&victims)
+    }
+
+    /// One cleaning pass over `victims` (best first), under the commit lock.
+    fn clean_victims_held(&self, victims: &[u32]) -> Result<usize> {
         if victims.is_empty() {
             return Ok(0);
         }
-        let rank = Victims::new(&victims);
+        let rank = Victims::new(victims);
         let cost = PassCost {
             clean_at_start: self.store.written().clean,
         };
@@ -315,11 +320,17 @@ impl Core {
         let n = snaps.len();
         let mut nodes: Vec<(usize, u8, u64, Blkptr)> = Vec::new();
         // A clone's base is walked against the origin snapshot: what they share is found
-        // (and moved, into both) by the origin's walk.
-        let across = match snaps.first() {
+        // (and moved, into both) by the origin's walk. Against that alone, not the bases
+        // of the origin's other clones: a map node the origin's trees no longer hold (the
+        // cleaner rewrites nodes tree by tree) but two such bases still share would be
+        // skipped by each base's walk as the other's, and its segment never emptied. Each
+        // base's run rewrites it; the commit releases it once, after the last holder.
+        let mut across = match snaps.first() {
             Some(b) if b.base => self.across(v, b),
             _ => Vec::new(),
         };
+        let origin_volume = v.origin().as_ref().map(|o| o.volume.clone());
+        across.retain(|(o, _)| origin_volume.as_deref() == Some(o.name()));
         let guards: Vec<_> = across.iter().map(|(o, i)| (o.snapshots(), *i)).collect();
         let origin: Vec<&crate::map::Tree> = guards.iter().map(|(g, i)| &g[*i].tree).collect();
         for k in 0..=n {
@@ -723,8 +734,9 @@ impl Core {
     /// one more map lock where the map still points at the old copy (a client write in
     /// between wins). Returns how many moved; `NoSpace`: the cleaner's room ran out (none
     /// of this batch moved). One record at a time, the cleaner spent two map locks, one
-    /// read and one device write per 4 KiB block.
-    fn move_records(
+    /// read and one device write per 4 KiB block. The records are written in the batch's
+    /// order (by block: `in_block_order`), so a sequential read of them is one read.
+    pub(super) fn move_records(
         &self,
         v: &VolumeState,
         batch: &[(u64, Blkptr)],
@@ -802,6 +814,7 @@ impl Core {
         if recs.is_empty() {
             return Ok(0);
         }
+        in_block_order(stored, &mut puts, &mut recs);
         let mut pending = self.store.pending();
         // Near the end of the cleaner's room a whole batch may not fit where part of it
         // does (`Log::alloc_run` counts every record of a run against the reserve): halve
@@ -832,6 +845,29 @@ impl Core {
         drop(pending);
         moved
     }
+}
+
+/// Lay records read for a move (`puts` into `stored`, in device order) out in block order
+/// (`recs`: block and old pointer, one per put), each at the next `RECORD_ALIGN` boundary
+/// as `Log::alloc_run` places a run: blocks moved together then read back in one read.
+fn in_block_order(stored: &mut Vec<u8>, puts: &mut Vec<Put>, recs: &mut Vec<(u64, Blkptr)>) {
+    if recs.windows(2).all(|w| w[0].0 < w[1].0) {
+        return;
+    }
+    let mut order: Vec<usize> = (0..recs.len()).collect();
+    order.sort_unstable_by_key(|&i| recs[i].0);
+    let mut out = Vec::with_capacity(stored.len());
+    let mut laid = Vec::with_capacity(puts.len());
+    for &i in &order {
+        let Put { at, ptr } = puts[i];
+        let to = out.len().div_ceil(RECORD_ALIGN as usize) * RECORD_ALIGN as usize;
+        out.resize(to, 0);
+        out.extend_from_slice(&stored[at..at + ptr.len as usize]);
+        laid.push(Put { at: to, ptr });
+    }
+    *recs = order.iter().map(|&i| recs[i]).collect();
+    *puts = laid;
+    *stored = out;
 }
 
 #[cfg(test)]
@@ -866,6 +902,98 @@ mod tests {
             assert_eq!(v.rank_of(&at(&[seg])), None, "segment {seg}");
         }
         assert_eq!(Victims::new(&[]).rank_of(&at(&[0])), None);
+    }
+
+    /// The trees of `pool` (`VOLUME:TREE`) that hold a node or record in segment `seg`.
+    fn held_in(pool: &crate::pool::Pool, seg: u32) -> Vec<String> {
+        let core = pool.core();
+        let mut out = Vec::new();
+        let vols: Vec<_> = core.volumes.read().values().cloned().collect();
+        for v in vols {
+            let head = v.map();
+            let snaps = v.snapshots();
+            let trees = snaps
+                .iter()
+                .map(|s| (s.name.clone(), &s.tree))
+                .chain([("head".to_string(), &*head)]);
+            for (name, t) in trees {
+                t.walk_unique(&*core.store, core.store.nodes(), &[], &mut |visit| {
+                    if let Visit::Node { ptr, .. } | Visit::Data { ptr, .. } = visit {
+                        if ptr.addrs().iter().any(|&a| segment_of(a) == seg) {
+                            out.push(format!("{}:{name}", v.name()));
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// A victim the cleaner was given holds nothing live after its pass and the commit,
+    /// also when two clones of one snapshot share its map nodes: each base is walked
+    /// against the origin snapshot, whose own walk moved them into its trees alone (the
+    /// cleaner moves nodes tree by tree), so the bases still held the old nodes, and each
+    /// base's walk skipped them as held by the other base: the segment never emptied.
+    #[test]
+    fn a_victim_whose_nodes_two_clones_of_one_snapshot_share_is_emptied() {
+        use crate::pool::OpenOptions;
+        use crate::volume::{Compression, VolumeOptions};
+
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OpenOptions {
+            check_addresses: true,
+            ..OpenOptions::default()
+        };
+        let pool = crate::pool::test_pool(dir.path(), opts);
+        let o = VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", o, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        for lba in 0..1024u64 {
+            v.write(lba * 4096, &[lba as u8 | 1; 4096], false).unwrap();
+        }
+        pool.snapshot_create("v", "s").unwrap();
+        pool.volume_clone("v", "s", "c1", None).unwrap();
+        pool.volume_clone("v", "s", "c2", None).unwrap();
+        let core = pool.core();
+        let root = core.find("v").unwrap().snapshots()[0].tree.root;
+        let seg = segment_of(root.addr[0]);
+        assert!(held_in(&pool, seg).contains(&"c1:v@s".to_string()));
+        // Commits of the volume's own writes fill the segment the snapshot's nodes lie in.
+        for i in 0.. {
+            assert!(i < 5000, "the map nodes never left segment {seg}");
+            v.write(i % 1024 * 4096, &[i as u8 | 1; 4096], false)
+                .unwrap();
+            core.commit().unwrap();
+            if segment_of(core.find("v").unwrap().map().root.addr[0]) != seg {
+                break;
+            }
+        }
+        drop(v);
+        for _ in 0..3 {
+            {
+                let _c = core.commit_lock.lock();
+                core.clean_victims_held(&[seg]).unwrap();
+            }
+            core.commit().unwrap();
+        }
+        assert_eq!(held_in(&pool, seg), Vec::<String>::new(), "segment {seg}");
+        let mut buf = vec![0u8; 4096];
+        for name in ["v@s", "c1", "c2"] {
+            let c = pool.volume(name).unwrap();
+            for lba in [0u64, 511, 1023] {
+                c.read(lba * 4096, &mut buf).unwrap();
+                assert_eq!(buf, vec![lba as u8 | 1; 4096], "{name} block {lba}");
+            }
+        }
     }
 
     /// A FLUSH never waits for a whole cleaning pass (issue 36, part 3): the cleaner is

@@ -84,6 +84,8 @@ pub struct Core {
     pub(super) group: super::group::GroupCommit,
     /// Map nodes the running cleaning pass made dirty (its cost besides the moves).
     pub(super) clean_dirtied: std::sync::atomic::AtomicUsize,
+    /// The idle defragmenter's switch and counts (`defrag.rs`).
+    pub(super) defrag_stats: DefragStats,
     /// The notes (`VolumeState::intents`) the commit under way took as it read each
     /// volume's leaves: put back if the object store refuses it (`commit_held`), so that
     /// a log flush after it still writes them.
@@ -531,6 +533,8 @@ impl Core {
             hole_large_bytes: holes.large_bytes * per,
             holes: holes.count as u64,
             hole_filled_bytes: holes.filled_bytes * per,
+            defrag_moved_bytes: self.defrag_stats.moved.load(Ordering::Relaxed) * per,
+            defrag_passes: self.defrag_stats.passes.load(Ordering::Relaxed),
             refused_writes: self.store.space_refusals(),
             last_refusal: self.store.last_refusal(),
         }
@@ -593,7 +597,7 @@ impl Core {
     }
 
     /// Whether the cleaner should run: free segments are low, or a writer waits for space.
-    fn low_on_space(&self) -> bool {
+    pub(super) fn low_on_space(&self) -> bool {
         // Below `low` client writes fill holes (decision 0014) and the cleaner runs as it did
         // before holes: it frees the emptier segments whole (holes are filled only in
         // segments at least 3/4 live), which commits need. A first version let it idle while
@@ -697,6 +701,8 @@ impl Core {
             }
             self.store.note_clean_round();
         }
+        // Idle: blocks scattered by random overwrites rewritten in block order.
+        self.defrag_round(&mut st.defrag);
     }
 }
 
@@ -758,6 +764,39 @@ pub(crate) struct MaintenanceState {
     /// most every `TIER_CHECK_INTERVAL` (an idle pool asks the store nothing).
     tier_checked: (std::time::Instant, u64),
     gains: CleanGains,
+    defrag: DefragCursor,
+}
+
+/// Where the defragmenter (`defrag.rs`) is, kept with the maintenance rounds' state.
+pub(crate) struct DefragCursor {
+    /// Client operations counted at the last look, and since when that count held.
+    pub(super) ops: u64,
+    pub(super) quiet_since: std::time::Instant,
+    /// The volume (name) and block the pass goes on from.
+    pub(super) at: Option<(String, u64)>,
+    /// Client data written (bytes) when the last whole pass ended: none again until it grows.
+    pub(super) done_at: Option<u64>,
+}
+
+impl DefragCursor {
+    pub(crate) fn new() -> DefragCursor {
+        DefragCursor {
+            ops: 0,
+            quiet_since: crate::env::now(),
+            at: None,
+            done_at: None,
+        }
+    }
+}
+
+/// The defragmenter's switch (`OpenOptions::defrag`) and what it did since start.
+#[derive(Default)]
+pub(crate) struct DefragStats {
+    pub(super) on: bool,
+    /// Bytes the cleaner's stream wrote for it (as `Written::clean` counts them), and
+    /// whole passes over every volume done.
+    pub(super) moved: AtomicU64,
+    pub(super) passes: AtomicU64,
 }
 
 impl MaintenanceState {
@@ -765,6 +804,7 @@ impl MaintenanceState {
         MaintenanceState {
             tier_checked: (crate::env::now(), 0),
             gains: CleanGains::default(),
+            defrag: DefragCursor::new(),
         }
     }
 }

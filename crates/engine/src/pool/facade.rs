@@ -376,7 +376,7 @@ impl Pool {
 
     /// Stepped pools only (`OpenOptions::stepped`, `stepped.rs`): one round of background
     /// maintenance (commit when dirty or low on space, the object tier's work, cleaning
-    /// when low on space). Refused when a maintenance thread runs.
+    /// when low on space, defragmenting when idle). Refused when a maintenance thread runs.
     pub fn maintenance_step(&self) -> Result<()> {
         self.core.maintenance_step(&mut self.steps.lock())
     }

@@ -14,6 +14,7 @@
 mod clean;
 mod core;
 pub mod create;
+mod defrag;
 pub mod evict;
 mod facade;
 pub mod format;

@@ -57,10 +57,15 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). Off by default
-    /// (`serve --fill-holes`): durable random 4K overwrites at 84% fill were refused with
-    /// it on (filled holes leave the cleaner only victims that cost more than they free).
+    /// run short, instead of waiting for the cleaner (decision 0014). Off by default (`serve
+    /// --fill-holes`): at 90% fill with the daemon on one CPU, random 4K overwrites were
+    /// refused with it on ("cleaning is stuck": holes filled in every mostly-live segment
+    /// leave the cleaner only victims that cost what they free).
     pub fill_holes: bool,
+    /// When no client has asked anything for a while, rewrite blocks that random
+    /// overwrites scattered in block order (`pool/defrag.rs`). On by default (`serve
+    /// --no-defrag` turns it off).
+    pub defrag: bool,
     /// Tests and the simulator: every record placed and released is checked against the
     /// others of this run (`store/live.rs`): a double release, or a put over a live record,
     /// panics naming the address, its segment and the callers. On in debug builds.
@@ -84,6 +89,7 @@ impl Default for OpenOptions {
             tier: None,
             stepped: false,
             fill_holes: false,
+            defrag: true,
             check_addresses: cfg!(debug_assertions),
         }
     }

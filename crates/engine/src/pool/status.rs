@@ -77,6 +77,12 @@ pub struct SpaceStatus {
     /// of space counted once, as the `*_written_bytes`).
     #[serde(default)]
     pub hole_filled_bytes: u64,
+    /// Bytes the idle defragmenter rewrote in block order since the daemon started (counted
+    /// as `clean_written_bytes` are, and in them), and the passes over every volume it ended.
+    #[serde(default)]
+    pub defrag_moved_bytes: u64,
+    #[serde(default)]
+    pub defrag_passes: u64,
     /// Writes a wait for space ended in ENOSPC since the daemon started, and the last
     /// one's time (seconds since the epoch) and reason (`Store::wait_until`): a refusal
     /// with `cleaning` unset is still explained here.

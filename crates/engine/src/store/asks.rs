@@ -59,14 +59,18 @@ impl Store {
         self.client_ops.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Client operations counted so far.
+    /// Client operations counted since start: it only grows, so whoever compares two
+    /// readings (the defragmenter's quiet time, the object tier's check) sees every
+    /// operation between them.
     pub fn client_ops(&self) -> u64 {
         self.client_ops.load(Ordering::Relaxed)
     }
 
-    /// Client operations counted since the last call (the scrub's pacing).
+    /// Client operations counted since the last call (the scrub's pacing). It once reset
+    /// the count itself, so the defragmenter took a client busy beside a scrub for quiet.
     pub fn take_client_ops(&self) -> u64 {
-        self.client_ops.swap(0, Ordering::Relaxed)
+        let now = self.client_ops.load(Ordering::Relaxed);
+        now - self.client_ops_taken.swap(now, Ordering::Relaxed).min(now)
     }
 
     /// Whether records can be written end to end in one device write per copy.

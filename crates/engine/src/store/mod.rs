@@ -180,6 +180,8 @@ pub struct Store {
     clean_stuck: Mutex<Option<CleanStuck>>,
     /// Client reads and writes (the scrub backs off while they come).
     client_ops: AtomicU64,
+    /// `client_ops` when the scrub last took its count (`take_client_ops`).
+    client_ops_taken: AtomicU64,
     /// Bytes thick volumes have reserved and not yet stored (their sizes less their used
     /// bytes), as of the control plane's last count (`Core::count_reservations`: every
     /// commit, and each change of a volume's size or provisioning).
@@ -268,6 +270,7 @@ impl Store {
             last_refusal: Mutex::new(None),
             clean_stuck: Mutex::new(None),
             client_ops: AtomicU64::new(0),
+            client_ops_taken: AtomicU64::new(0),
             thick_unused: AtomicU64::new(0),
             cachedev: std::sync::OnceLock::new(),
             tiered: AtomicBool::new(false),
@@ -1235,7 +1238,17 @@ impl Store {
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let refused = |why: &str| {
             let free = self.log.free_segments();
-            tracing::debug!(free, holes = ?self.log.holes(), "a writer's wait for space refused: {why}");
+            // Rare, and the one record of why: what the pool looked like when it refused.
+            tracing::warn!(
+                free,
+                client_floor = self.log.reserve(Stream::Data, 0),
+                commit_need = self.log.commit_need(0),
+                clean_budget = self.log.clean_budget(),
+                clean_for_records = self.log.clean_budget_for_records(),
+                holes = ?self.log.holes(),
+                victim = self.log.any_victim(),
+                "a writer's wait for space refused: {why}"
+            );
             self.note_refusal(why, free);
             Err(Error::NoSpace)
         };

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 use crate::log::Log;
-use crate::pool::core::{Core, SbState};
+use crate::pool::core::{Core, DefragStats, SbState};
 use crate::pool::format::config::PoolConfig;
 use crate::pool::format::labels::back_region_of;
 use crate::pool::format::superblock::Superblock;
@@ -148,6 +148,10 @@ pub(super) fn build(
         group: Default::default(),
         notes_taken: Default::default(),
         clean_dirtied: Default::default(),
+        defrag_stats: DefragStats {
+            on: opts.defrag,
+            ..Default::default()
+        },
         intent: Mutex::new(None),
         // With an object store a flush is a commit, durable once the store has it, unless
         // the pool asks for local flushes (the intent log; the store lags by a commit).
