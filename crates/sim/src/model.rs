@@ -93,13 +93,47 @@ pub struct Vol {
     /// For a clone: its origin volume and snapshot.
     pub origin: Option<(String, String)>,
     pub block_size: u32,
+    /// 0: cell `c` is the volume's bytes `c * CELL`. Otherwise a huge thin volume
+    /// (`Kind::HugeCreate`): its cells lie in islands of `ISLAND` cells, island `i` at cell
+    /// `i * spread` of the volume, so its map is deep and sparse (terabytes, a few MiB
+    /// written), as a guest's 1 TiB disk is. The model stays one cell per cell written.
+    pub spread: u64,
     pub cells: Vec<Cell>,
     /// Snapshots, oldest first: name and each cell's value (snapshots are pinned whole
     /// when taken, and never change).
     pub snaps: Vec<(String, Vec<u64>)>,
 }
 
+/// Cells that lie together on a huge volume (`Vol::spread`): a multiple of every block
+/// size's cells, so blocks never straddle islands.
+pub const ISLAND: u64 = 64;
+
 impl Vol {
+    /// Where cell `c` lies on the volume, in bytes.
+    pub fn offset(&self, c: u64) -> u64 {
+        if self.spread == 0 {
+            return c * CELL;
+        }
+        ((c / ISLAND) * self.spread + c % ISLAND) * CELL
+    }
+
+    /// The volume's size in bytes for `cells` cells.
+    pub fn bytes_for(&self, cells: u64) -> u64 {
+        if self.spread == 0 {
+            return cells * CELL;
+        }
+        cells.div_ceil(ISLAND) * self.spread * CELL
+    }
+
+    /// `n` cut so that cells `[c0, c0 + n)` lie together on the volume (one island), so a
+    /// range is still one I/O.
+    pub fn clip(&self, c0: u64, n: u64) -> u64 {
+        if self.spread == 0 {
+            return n;
+        }
+        n.min(ISLAND - c0 % ISLAND)
+    }
+
     pub fn durable(&mut self) {
         for c in &mut self.cells {
             c.durable();

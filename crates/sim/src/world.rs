@@ -19,7 +19,7 @@ use bulwark_engine::{
 };
 use zeroize::Zeroizing;
 
-use crate::model::{fill_cell, value_of, Cell, Vol, CELL};
+use crate::model::{fill_cell, value_of, Cell, Vol, CELL, ISLAND};
 use crate::rng::{Rng, Trace};
 
 mod tiered;
@@ -129,6 +129,10 @@ pub enum Kind {
     /// A quiet spell: no client asks anything while the clock passes the defragmenter's
     /// quiet time (`DEFRAG_IDLE_SECS`) and maintenance rounds run (`pool/defrag.rs`).
     Idle,
+    /// Create a huge thin volume: terabytes, its cells in islands far apart
+    /// (`model::Vol::spread`), so its map is six levels deep and nearly empty (the lost
+    /// write of issue 37 was seen with very large thin volumes).
+    HugeCreate,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -168,7 +172,7 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 7] = [
+pub const LATER_KINDS: [(Kind, u64); 8] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
@@ -176,6 +180,7 @@ pub const LATER_KINDS: [(Kind, u64); 7] = [
     (Kind::Device, 8),
     (Kind::LogChange, 4),
     (Kind::Idle, 6),
+    (Kind::HugeCreate, 4),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -286,6 +291,8 @@ pub struct Stats {
     /// The most bytes the idle defragmenter had moved in one process of the pool, as a
     /// quiet spell (`Kind::Idle`) saw it.
     pub defrag_moved_max: u64,
+    /// Huge thin volumes created (`Kind::HugeCreate`), clones of them not counted.
+    pub huge_volumes: u64,
     /// The object tier (`tier` layout): fault windows armed on the store, those in which
     /// it failed a request (how many it failed depends on the upload threads' order: not
     /// counted), flushes that failed under them, second writers and the fencings seen,
@@ -401,6 +408,8 @@ impl World {
         for (k, w) in LATER_KINDS {
             let drawn = match k {
                 Kind::RotateStep => on.iter().any(|(k, _)| *k == Kind::KeyRotate),
+                // Its own generator: `later`'s draws after it (the cache device) stay.
+                Kind::HugeCreate => Rng::new(cfg.seed ^ 0x5eed_4a9e_0000_0003).chance(400),
                 _ => later.chance(600),
             };
             if drawn && !cfg.without.contains(&k) {
@@ -479,7 +488,7 @@ impl World {
         }
         w.open()?;
         for _ in 0..2 {
-            w.create_volume()?;
+            w.create_volume(false)?;
         }
         Ok(w)
     }
@@ -637,7 +646,8 @@ impl World {
             1..=3 => self.rng.range(1, 16.min(cells)),
             _ => self.rng.range(1, 4.min(cells)),
         };
-        (self.rng.below(cells - n + 1), n)
+        let c0 = self.rng.below(cells - n + 1);
+        (c0, self.vols[vi].clip(c0, n))
     }
 
     /// A writer short of space waits at most `SPACE_WAIT_HARD` from its first try (docs/
@@ -702,7 +712,9 @@ impl World {
         Ok(())
     }
 
-    fn create_volume(&mut self) -> R {
+    /// A volume of 2-8 MiB (24 MiB for a near-full seed's first), or with `huge` the same
+    /// cells spread over terabytes.
+    fn create_volume(&mut self, huge: bool) -> R {
         if self.vols.len() >= VOLS_MAX {
             return Ok(());
         }
@@ -713,8 +725,23 @@ impl World {
         let (lo, hi) = if big { (4096, 6144) } else { (512, 2048) };
         let cells = self.rng.range(lo, hi) & !((block_size as u64 / CELL) - 1);
         let key = encrypted.then(|| 1 + self.rng.below(200) as u8);
+        // Islands 64 MiB to 256 GiB apart: 2 to 24 TiB in all.
+        let spread = if huge {
+            ISLAND << self.rng.range(8, 21)
+        } else {
+            0
+        };
+        let model = Vol {
+            name: name.clone(),
+            key,
+            origin: None,
+            block_size,
+            spread,
+            cells: vec![Cell::zero(); cells as usize],
+            snaps: Vec::new(),
+        };
         let opts = VolumeOptions {
-            size_bytes: cells * CELL,
+            size_bytes: model.bytes_for(cells),
             block_size,
             compression: if self.compression {
                 Compression::Lz4
@@ -723,8 +750,14 @@ impl World {
             },
             encryption: encrypted,
         };
-        self.trace
-            .text(&format!("create {name} {cells} {block_size} {encrypted}"));
+        let spread_text = if spread > 0 {
+            format!(" spread {spread}")
+        } else {
+            String::new()
+        };
+        self.trace.text(&format!(
+            "create {name} {cells} {block_size} {encrypted}{spread_text}"
+        ));
         self.pool()
             .create_volume(&name, opts, key.map(secret).as_ref())
             .map_err(|e| format!("volume create {name}: {e}"))?;
@@ -734,14 +767,8 @@ impl World {
             .map_err(|e| format!("open {name}: {e}"))?;
         // Its commit made everything durable.
         self.everything_durable();
-        self.vols.push(Vol {
-            name,
-            key,
-            origin: None,
-            block_size,
-            cells: vec![Cell::zero(); cells as usize],
-            snaps: Vec::new(),
-        });
+        self.stats.huge_volumes += u64::from(huge);
+        self.vols.push(model);
         self.handles.push(Some(h));
         Ok(())
     }
@@ -763,14 +790,15 @@ impl World {
         self.trace
             .text(&format!("write {vi} {c0}+{n} {fua} values {}..", values[0]));
         let h = self.handle(vi);
+        let at = self.vols[vi].offset(c0);
         let t = bulwark_engine::env::now();
-        let mut got = h.write(c0 * CELL, &buf, fua);
+        let mut got = h.write(at, &buf, fua);
         self.within_wait_bound("a write", t)?;
         if matches!(got, Err(Error::NoSpace)) {
             self.stats.no_space += 1;
             self.make_room()?;
             let t = bulwark_engine::env::now();
-            got = h.write(c0 * CELL, &buf, fua);
+            got = h.write(at, &buf, fua);
             self.within_wait_bound("a write", t)?;
         }
         self.stats.writes += 1;
@@ -811,11 +839,12 @@ impl World {
         let fua = !trim && self.rng.chance(100);
         self.trace.text(&format!("zero {vi} {c0}+{n} {trim} {fua}"));
         let h = self.handle(vi);
+        let at = self.vols[vi].offset(c0);
         let run = |h: &Volume| {
             if trim {
-                h.trim(c0 * CELL, n * CELL)
+                h.trim(at, n * CELL)
             } else {
-                h.write_zeroes(c0 * CELL, n * CELL, fua)
+                h.write_zeroes(at, n * CELL, fua)
             }
         };
         let t = bulwark_engine::env::now();
@@ -870,7 +899,7 @@ impl World {
             }
         };
         let mut buf = vec![0u8; (n * CELL) as usize];
-        h.read(c0 * CELL, &mut buf)
+        h.read(self.vols[vi].offset(c0), &mut buf)
             .map_err(|e| format!("read of {what} cells {c0}+{n}: {e}"))?;
         self.check_bytes(vi, snap, c0, n, &buf, &what)
     }
@@ -919,6 +948,7 @@ impl World {
         };
         let n = self.rng.range(1, 64.min(cells));
         let c0 = self.rng.below(cells - n + 1);
+        let n = self.vols[vi].clip(c0, n);
         self.trace.text(&format!("read {vi} {snap:?} {c0}+{n}"));
         self.check_range(vi, snap, c0, n)
     }
@@ -928,16 +958,16 @@ impl World {
         for vi in 0..self.vols.len() {
             let size = self.handle(vi).size();
             let cells = self.vols[vi].cells.len() as u64;
-            if size != cells * CELL {
+            let bytes = self.vols[vi].bytes_for(cells);
+            if size != bytes {
                 return Err(format!(
-                    "{} has {size} bytes, the model {}",
+                    "{} has {size} bytes, the model {bytes}",
                     self.vols[vi].name,
-                    cells * CELL
                 ));
             }
             let mut c = 0;
             while c < cells {
-                let n = (cells - c).min(256);
+                let n = self.vols[vi].clip(c, (cells - c).min(256));
                 self.check_range(vi, None, c, n)?;
                 c += n;
             }
@@ -945,7 +975,7 @@ impl World {
                 let cells = self.vols[vi].snaps[k].1.len() as u64;
                 let mut c = 0;
                 while c < cells {
-                    let n = (cells - c).min(256);
+                    let n = self.vols[vi].clip(c, (cells - c).min(256));
                     self.check_range(vi, Some(k), c, n)?;
                     c += n;
                 }
@@ -1129,11 +1159,13 @@ impl World {
             .volume(&name)
             .map_err(|e| format!("open clone {name}: {e}"))?;
         let block_size = self.vols[vi].block_size;
+        let spread = self.vols[vi].spread;
         self.vols.push(Vol {
             name,
             key,
             origin: Some((vol, snap)),
             block_size,
+            spread,
             cells: values
                 .iter()
                 .map(|&v| Cell {
@@ -1274,7 +1306,8 @@ impl World {
         let cells = old + self.rng.range(1, 512) * step;
         let vol = self.vols[vi].name.clone();
         self.trace.text(&format!("resize {vol} {cells}"));
-        match self.pool().volume_resize(&vol, cells * CELL, false) {
+        let bytes = self.vols[vi].bytes_for(cells);
+        match self.pool().volume_resize(&vol, bytes, false) {
             Ok(_) => {}
             Err(Error::NoSpace) => {
                 self.stats.no_space += 1;
@@ -1345,6 +1378,7 @@ impl World {
         let cells = self.vols[vi].cells.len() as u64;
         let n = 64.min(cells);
         let c0 = self.rng.below(cells - n + 1);
+        let n = self.vols[vi].clip(c0, n);
         self.check_range(vi, None, c0, n)
     }
 
@@ -1609,6 +1643,7 @@ impl World {
         let cells = self.vols[vi].cells.len() as u64;
         let n = self.rng.range(1, 64.min(cells));
         let c0 = self.rng.below(cells - n + 1);
+        let n = self.vols[vi].clip(c0, n);
         self.trace
             .text(&format!("faulty read {vi} {mode:?} {odds} {c0}+{n}"));
         let path = self.member(0);
@@ -1623,7 +1658,7 @@ impl World {
             .map_err(|e| format!("arming {mode:?}: {e}"))?;
         let h = self.handle(vi);
         let mut buf = vec![0u8; (n * CELL) as usize];
-        let got = h.read(c0 * CELL, &mut buf);
+        let got = h.read(self.vols[vi].offset(c0), &mut buf);
         self.pool()
             .set_faults(&path, Vec::new())
             .map_err(|e| format!("clearing faults: {e}"))?;
@@ -1898,7 +1933,8 @@ impl World {
             Kind::SnapDestroy => self.snap_destroy(vi),
             Kind::Clone => self.clone_snapshot(vi),
             Kind::Rollback => self.rollback(vi),
-            Kind::Create => self.create_volume(),
+            Kind::Create => self.create_volume(false),
+            Kind::HugeCreate => self.create_volume(true),
             Kind::Destroy => self.destroy(),
             Kind::Resize => self.resize(vi),
             Kind::KeyCycle => self.key_cycle(vi),

@@ -23,6 +23,7 @@ fn budget(layout: SimLayout) {
     );
     let ops = env("BULWARK_SIM_OPS", 500);
     let mut crashes = 0;
+    let mut huge = 0;
     let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
         let cfg = Config {
@@ -36,6 +37,7 @@ fn budget(layout: SimLayout) {
         match run(&cfg) {
             Ok(r) => {
                 crashes += r.stats.crashes;
+                huge += r.stats.huge_volumes;
                 tier.0 += r.stats.store_commits_failed;
                 tier.1 += r.stats.fenced;
                 tier.2 += r.stats.restores;
@@ -48,6 +50,11 @@ fn budget(layout: SimLayout) {
     }
     // The budget exercises crashes, or it does not test what it says it does.
     assert!(crashes > 0, "{seeds} seeds of {layout:?} crashed no pool");
+    // And terabyte thin volumes with deep, sparse maps (`Kind::HugeCreate`).
+    assert!(
+        huge > 0,
+        "{seeds} seeds of {layout:?} created no huge volume"
+    );
     if layout == SimLayout::Tier {
         // And the object store's faults: refused flushes, fencings, restores.
         let t = tier;

@@ -238,10 +238,11 @@ impl World {
         let cells = self.vols[vi].cells.len() as u64;
         let n = self.rng.range(1, 64.min(cells));
         let c0 = self.rng.below(cells - n + 1);
+        let n = self.vols[vi].clip(c0, n);
         self.trace
             .text(&format!("read under store faults {vi} {c0}+{n}"));
         let mut buf = vec![0u8; (n * crate::model::CELL) as usize];
-        match self.handle(vi).read(c0 * crate::model::CELL, &mut buf) {
+        match self.handle(vi).read(self.vols[vi].offset(c0), &mut buf) {
             Ok(()) => {
                 let what = self.vols[vi].name.clone();
                 self.check_bytes(vi, None, c0, n, &buf, &what)
@@ -377,7 +378,7 @@ impl World {
         let mut buf = vec![0u8; crate::model::CELL as usize];
         crate::model::fill_cell(v, c, &mut buf);
         self.trace.text(&format!("write {vi} {c} value {v}"));
-        let got = self.handle(vi).write(c * crate::model::CELL, &buf, false);
+        let got = self.handle(vi).write(self.vols[vi].offset(c), &buf, false);
         let cell = &mut self.vols[vi].cells[c as usize];
         match got {
             Ok(()) => cell.set(v),
