@@ -44,6 +44,7 @@ impl Kind {
             .iter()
             .chain(LATER_KINDS.iter())
             .chain(tiered::TIER_KINDS.iter())
+            .chain([(Kind::SmallCache, 0)].iter())
             .map(|(k, _)| *k)
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(s))
     }
@@ -133,6 +134,9 @@ pub enum Kind {
     /// (`model::Vol::spread`), so its map is six levels deep and nearly empty (the lost
     /// write of issue 37 was seen with very large thin volumes).
     HugeCreate,
+    /// Not an operation: the seed's draw of a 64-node map cache (`World::tiny_node_cache`),
+    /// named so that `--without SmallCache` turns it off like a kind.
+    SmallCache,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -293,6 +297,8 @@ pub struct Stats {
     pub defrag_moved_max: u64,
     /// Huge thin volumes created (`Kind::HugeCreate`), clones of them not counted.
     pub huge_volumes: u64,
+    /// Runs whose map node cache held 64 nodes (`World::tiny_node_cache`).
+    pub tiny_node_cache: u64,
     /// The object tier (`tier` layout): fault windows armed on the store, those in which
     /// it failed a request (how many it failed depends on the upload threads' order: not
     /// counted), flushes that failed under them, second writers and the fencings seen,
@@ -336,6 +342,8 @@ pub struct World {
     compression: bool,
     /// The first volume made takes 16 to 24 MiB of a 40 MiB pool (`World::new`).
     big_volumes: bool,
+    /// The map's node cache holds 64 nodes, not 8 MiB (`World::new`).
+    tiny_node_cache: bool,
     /// The pool has a separate log device (`SimLayout::Log`, or `Kind::LogChange`).
     log_device: bool,
     /// The pool keeps a second copy of everything (mirror, parity).
@@ -421,6 +429,12 @@ impl World {
         // and pinned by snapshots, cleaning's moves and map nodes then cost about what it
         // frees (the regime of issue 36's endless wait). A generator of its own again.
         let big_volumes = near_full && Rng::new(cfg.seed ^ 0x5eed_b160_0000_0002).chance(500);
+        // A third of the seeds give the map's node cache its least (64 nodes) instead of
+        // 8 MiB, which no simulated volume fills: clean nodes are evicted and read again
+        // from the devices all the time, as in a daemon serving TiB volumes (the lost write
+        // of issue 37 was seen with very large thin volumes). Its own generator too.
+        let tiny_node_cache = Rng::new(cfg.seed ^ 0x5eed_cac4_0000_0004).chance(333)
+            && !cfg.without.contains(&Kind::SmallCache);
         let tier = tiered::draw(cfg, &mut on);
         let base = match &cfg.dir {
             Some(d) => d.clone(),
@@ -457,7 +471,10 @@ impl World {
         let mut w = World {
             rng,
             trace: Trace::default(),
-            stats: Stats::default(),
+            stats: Stats {
+                tiny_node_cache: u64::from(tiny_node_cache),
+                ..Stats::default()
+            },
             op: 0,
             on,
             dir,
@@ -469,6 +486,7 @@ impl World {
             next_name: 0,
             compression,
             big_volumes,
+            tiny_node_cache,
             log_device: cfg.layout.log_device(),
             redundant: matches!(cfg.layout, SimLayout::Mirror | SimLayout::Parity),
             window: None,
@@ -508,7 +526,7 @@ impl World {
             stepped: true,
             allow_fault_injection: true,
             cache_device: self.cache.clone(),
-            cache_bytes: 8 << 20,
+            cache_bytes: if self.tiny_node_cache { 0 } else { 8 << 20 },
             // Off by default in the daemon (decision 0014, status); the simulator keeps
             // checking it.
             fill_holes: true,
@@ -1957,6 +1975,7 @@ impl World {
             Kind::TierRestore => self.tier_restore(),
             Kind::TierStep => self.tier_step(),
             Kind::Idle => self.idle(),
+            Kind::SmallCache => unreachable!("never on: not an operation"),
         }
     }
 

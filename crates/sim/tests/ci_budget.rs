@@ -24,6 +24,7 @@ fn budget(layout: SimLayout) {
     let ops = env("BULWARK_SIM_OPS", 500);
     let mut crashes = 0;
     let mut huge = 0;
+    let mut tiny = 0;
     let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
         let cfg = Config {
@@ -38,6 +39,7 @@ fn budget(layout: SimLayout) {
             Ok(r) => {
                 crashes += r.stats.crashes;
                 huge += r.stats.huge_volumes;
+                tiny += r.stats.tiny_node_cache;
                 tier.0 += r.stats.store_commits_failed;
                 tier.1 += r.stats.fenced;
                 tier.2 += r.stats.restores;
@@ -54,6 +56,11 @@ fn budget(layout: SimLayout) {
     assert!(
         huge > 0,
         "{seeds} seeds of {layout:?} created no huge volume"
+    );
+    // And a node cache too small to hold the maps (`World::tiny_node_cache`).
+    assert!(
+        tiny > 0,
+        "{seeds} seeds of {layout:?} ran no pool with a 64-node map cache"
     );
     if layout == SimLayout::Tier {
         // And the object store's faults: refused flushes, fencings, restores.

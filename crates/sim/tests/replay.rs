@@ -24,6 +24,9 @@ fn a_seed_replays_identically() {
         (9, SimLayout::Parity),
         (10, SimLayout::Log),
         (11, SimLayout::Tier),
+        // A 64-node map cache (`tiny_node_cache`): which node a full cache evicts, and so
+        // which reads reach the devices (and the seed's faults), is the same every run.
+        (16, SimLayout::Mirror),
     ] {
         let (a, a_bytes) =
             run_with_device_hash(&config(seed, layout)).unwrap_or_else(|f| panic!("{f:?}"));
@@ -34,6 +37,12 @@ fn a_seed_replays_identically() {
             "seed {seed} {layout:?} ran differently twice"
         );
         assert_eq!(format!("{:?}", a.stats), format!("{:?}", b.stats));
+        if seed == 16 {
+            assert_eq!(
+                a.stats.tiny_node_cache, 1,
+                "seed 16 no longer draws the small cache"
+            );
+        }
         // The same bytes in the same places: nonces, salts, keys and timestamps come from
         // the seed (`bulwark_engine::env`), so a seeded fault hits the same I/O each time.
         assert_eq!(
