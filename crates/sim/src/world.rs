@@ -1325,6 +1325,9 @@ impl World {
         let vol = self.vols[vi].name.clone();
         self.trace.text(&format!("resize {vol} {cells}"));
         let bytes = self.vols[vi].bytes_for(cells);
+        // A huge volume's last island may already hold the new cells: the size does not
+        // change, and the engine commits nothing (as for any resize to the same size).
+        let same = bytes == self.vols[vi].bytes_for(old);
         match self.pool().volume_resize(&vol, bytes, false) {
             Ok(_) => {}
             Err(Error::NoSpace) => {
@@ -1333,7 +1336,10 @@ impl World {
             }
             Err(e) => return Err(format!("grow {vol} to {cells} cells: {e}")),
         }
-        self.everything_durable();
+        if !same {
+            // The grow's commit made everything durable.
+            self.everything_durable();
+        }
         self.vols[vi].cells.resize(cells as usize, Cell::zero());
         Ok(())
     }

@@ -124,6 +124,28 @@ fn f7_seed_720115_tier() {
     holds_all(720115, 900, SimLayout::Tier);
 }
 
+/// Not an engine bug: the simulator's own (found 2026-12-05 by the campaign from seed
+/// 9500000, at op 1429 of seed 9500096, tier). A resize of huge volume v44 from 850 to 888
+/// cells kept its size (the new cells lay in its last island), so the engine committed
+/// nothing, yet the model counted the resize as a commit and every write since as
+/// durable; the restore from the bucket then rightly read cell 179 of v13 as the last
+/// committed value (12865), not the unflushed 13127. The model now counts a resize that
+/// keeps the size as nothing.
+#[test]
+fn s1_seed_9500096_tier() {
+    let cfg = Config {
+        seed: 9500096,
+        ops: 1500,
+        layout: SimLayout::Tier,
+        dir: None,
+        log: false,
+        without: Vec::new(),
+    };
+    if let Err(f) = run(&cfg) {
+        panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
+    }
+}
+
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
     let cfg = Config {
         seed,
