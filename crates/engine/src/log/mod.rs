@@ -199,6 +199,11 @@ pub struct Log {
     /// Client writes fill holes when free segments run short (decision 0014); off with an
     /// object tier (`track_freed`: its uploads are whole segments).
     fill_holes: AtomicBool,
+    /// A writer was about to be refused for space with holes free but none usable: until
+    /// free segments are back at `low_free_segments`, the holes of any sealed segment that
+    /// holds live records may be filled, not only those of nearly full ones
+    /// (`open_holes_anywhere`, decision 0014).
+    holes_anywhere: AtomicBool,
     /// Records released since the last commit began: holes after the next one.
     released: Mutex<Vec<Released>>,
     /// Footprint bytes placed into holes since start.
@@ -220,6 +225,9 @@ pub struct HoleCounts {
     pub count: usize,
     /// Bytes client writes placed into holes since start.
     pub filled_bytes: u64,
+    /// Writes may fill the holes of any segment with live records, not only nearly full
+    /// ones (`Log::open_holes_anywhere`).
+    pub anywhere: bool,
 }
 
 /// Footprint bytes placed in the log since start, by what placed them.
@@ -323,6 +331,7 @@ impl Log {
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
             fill_holes: AtomicBool::new(true),
+            holes_anywhere: AtomicBool::new(false),
             released: Mutex::new(Vec::new()),
             filled: AtomicU64::new(0),
             reuse_floor: if trust_zero {
@@ -752,9 +761,26 @@ impl Log {
     /// Whether client data fills holes now, with `free` segments free: below the fill at
     /// which the cleaner would otherwise start (`low_free_segments`).
     fn fills_holes(&self, free: u32) -> bool {
+        if free >= self.low_free_segments() {
+            // Space recovered: back to the holes of nearly full segments only.
+            if self.holes_anywhere.load(Ordering::Relaxed) {
+                self.holes_anywhere.store(false, Ordering::Relaxed);
+            }
+            return false;
+        }
+        self.fill_holes.load(Ordering::Relaxed) && !self.track_freed.load(Ordering::Relaxed)
+    }
+
+    /// A writer's wait for space is about to be refused (`Store::wait_until`): let client
+    /// data into the holes of any sealed segment that still holds live records, until free
+    /// segments are back at `low_free_segments`. True when that is new (the writer should
+    /// look for room once more); false when holes are not filled at all, or already may be
+    /// anywhere. It cannot make a refusal worse, and each overwrite it takes frees the
+    /// record it replaces: a new hole after the next commit.
+    pub fn open_holes_anywhere(&self) -> bool {
         self.fill_holes.load(Ordering::Relaxed)
             && !self.track_freed.load(Ordering::Relaxed)
-            && free < self.low_free_segments()
+            && !self.holes_anywhere.swap(true, Ordering::AcqRel)
     }
 
     /// Free segments below which space is short: `SEGMENTS_FREE_LOW` or `FREE_PERCENT_LOW`
@@ -774,6 +800,11 @@ impl Log {
         holes.take(want, min, |seg| self.usable_for_holes(state, seg))
     }
 
+    /// Whether writes may fill the holes of any live segment now (`open_holes_anywhere`).
+    pub fn holes_anywhere(&self) -> bool {
+        self.holes_anywhere.load(Ordering::Acquire)
+    }
+
     /// Whether a hole of `seg` may be filled now (`take_hole`).
     fn hole_usable(&self, g: &Inner, seg: u32) -> bool {
         self.usable_for_holes(&g.state, seg)
@@ -784,10 +815,16 @@ impl Log {
     /// little copying), and filling it would leave the cleaner only full segments to gain
     /// from while commits still need whole ones (at 90% fill with every hole filled, free
     /// segments fell to the commit's floor and 64 KiB writes were refused).
+    ///
+    /// Once a writer was about to be refused (`open_holes_anywhere`), any sealed segment
+    /// with live records will do. Never one with none: the next commit frees it whole, and
+    /// the commit under way may have collected it already (a fill adds to the live count
+    /// under the lock that takes the hole, so a segment being filled never counts zero).
     fn usable_for_holes(&self, state: &[SegState], seg: u32) -> bool {
+        let live = self.live[seg as usize].load(Ordering::Acquire);
         state[seg as usize] == SegState::Sealed
             && seg >= self.reuse_floor
-            && self.live[seg as usize].load(Ordering::Acquire) >= HOLE_LIVE_MIN
+            && (live >= HOLE_LIVE_MIN || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
     }
 
     /// Client writes fill holes when free segments run short (on unless set off: tests that
@@ -806,6 +843,7 @@ impl Log {
                 .large_bytes_usable(|seg| self.usable_for_holes(&g.state, seg), u64::MAX),
             count: g.holes.count(),
             filled_bytes: self.filled.load(Ordering::Relaxed),
+            anywhere: self.holes_anywhere.load(Ordering::Relaxed),
         }
     }
 
@@ -1501,6 +1539,74 @@ mod tests {
             "a free segment, not the half-empty one"
         );
         assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
+    }
+
+    /// Decision 0014, "holes anywhere": a writer about to be refused with holes free but
+    /// only in emptier segments (the cleaner's) is let into them, until free segments are
+    /// back at `low_free_segments`. Before, its write was refused with half a segment free
+    /// in holes (CI, `test_random_overwrite_at_fill_never_faults[single-0.9]`).
+    #[test]
+    fn a_writer_about_to_be_refused_fills_the_holes_of_any_live_segment() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let mut addrs = Vec::new();
+        while let Ok(a) = log.alloc(Stream::Data, QUARTER) {
+            addrs.push(a);
+        }
+        assert!(!log.space_available(Stream::Data, &[QUARTER]));
+        // Half of one segment freed: a hole the cleaner's, not writes'.
+        let (a, b) = (addrs[8], addrs[9]);
+        assert_eq!(segment_of(a), segment_of(b));
+        log.release_bytes(a, QUARTER as u32);
+        log.release_bytes(b, QUARTER as u32);
+        commit(&log);
+        assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
+        assert!(
+            !log.space_available(Stream::Data, &[QUARTER]),
+            "left to the cleaner"
+        );
+        assert!(log.open_holes_anywhere(), "newly opened");
+        assert!(!log.open_holes_anywhere(), "once per spell");
+        assert!(log.holes().anywhere);
+        assert!(log.space_available(Stream::Data, &[QUARTER]));
+        let free = log.free_segments();
+        let got = [
+            log.alloc(Stream::Data, QUARTER).unwrap(),
+            log.alloc(Stream::Data, QUARTER).unwrap(),
+        ];
+        assert!(
+            got.contains(&a) && got.contains(&b),
+            "{got:?} not in the hole"
+        );
+        assert_eq!(log.free_segments(), free, "no segment taken");
+        assert!(matches!(
+            log.alloc(Stream::Data, QUARTER),
+            Err(Error::NoSpace)
+        ));
+        // A segment with no live record is never filled: the next commit frees it whole.
+        let empty: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|&x| segment_of(x) == segment_of(addrs[20]))
+            .collect();
+        assert_eq!(empty.len(), 4);
+        for &x in &empty[..3] {
+            log.release_bytes(x, QUARTER as u32);
+        }
+        commit(&log);
+        log.release_bytes(empty[3], QUARTER as u32);
+        assert!(
+            !log.space_available(Stream::Data, &[QUARTER]),
+            "a segment whose last record is gone is not filled"
+        );
+        // Space back: the holes of emptier segments are the cleaner's again.
+        commit(&log);
+        for &x in &addrs[24..] {
+            log.release_bytes(x, QUARTER as u32);
+        }
+        commit(&log);
+        assert!(log.free_segments() >= log.low_free_segments());
+        assert!(log.space_available(Stream::Data, &[QUARTER]));
+        assert!(!log.holes().anywhere, "closed once free segments recovered");
     }
 
     #[test]

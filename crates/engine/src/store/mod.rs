@@ -1230,6 +1230,29 @@ impl Store {
         self.wait_until(|| self.log.space_available(stream, lens))
     }
 
+    /// A writer's wait would be refused (`why`): let client data into the holes of any
+    /// segment with live records until free segments recover (`Log::open_holes_anywhere`,
+    /// decision 0014). Whether they may be filled now: false when holes are not filled at
+    /// all (off, or an object tier).
+    fn open_holes_anywhere(&self, why: &str) -> bool {
+        if self.log.open_holes_anywhere() {
+            tracing::info!(
+                holes = ?self.log.holes(),
+                "space is short ({why}): client writes fill the holes of any segment that \
+                 holds live data until free segments recover"
+            );
+        }
+        self.log.holes_anywhere()
+    }
+
+    /// Holes may be filled anywhere (`open_holes_anywhere`) and some are known, but the
+    /// next commit's room for the map nodes dirtied since the last keeps writers from them:
+    /// cleaning may be stuck, yet that commit lets them in (rounds commit dirty maps), so
+    /// the wait goes on, bounded by `SPACE_WAIT_FUTILE` rounds like any other.
+    fn holes_after_commit(&self) -> bool {
+        self.log.holes_anywhere() && self.log.commit_need(0) > 0 && self.log.holes().bytes > 0
+    }
+
     /// `wait_for` until `ready`. Progress is free space gained net: the deadline
     /// (`SPACE_WAIT_MAX`) moves out only when free segments rise above the most seen
     /// since the wait began, never past `SPACE_WAIT_HARD` from its start (a count of
@@ -1237,6 +1260,11 @@ impl Store {
     /// writer waiting forever: issue 36). Stuck cleaning answers at once.
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let refused = |why: &str| {
+            // Before refusing: the holes of any segment with live records, not only of
+            // nearly full ones (decision 0014).
+            if self.open_holes_anywhere(why) && ready() {
+                return Ok(());
+            }
             let free = self.log.free_segments();
             // Rare, and the one record of why: what the pool looked like when it refused.
             tracing::warn!(
@@ -1265,7 +1293,7 @@ impl Store {
                     "waited its bound (30 s without a free segment gained, or 90 s in all)",
                 );
             }
-            if self.clean_unstuck_if_freed() {
+            if self.clean_unstuck_if_freed() && !self.holes_after_commit() {
                 return refused("cleaning is stuck (the cleaning line says why)");
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
