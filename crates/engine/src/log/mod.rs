@@ -805,6 +805,12 @@ impl Log {
         self.holes_anywhere.load(Ordering::Acquire)
     }
 
+    /// Whether the next commit turns released records into holes (each overwrite since
+    /// the last one released the record it replaced).
+    pub fn holes_pending(&self) -> bool {
+        !self.released.lock().is_empty()
+    }
+
     /// Whether a hole of `seg` may be filled now (`take_hole`).
     fn hole_usable(&self, g: &Inner, seg: u32) -> bool {
         self.usable_for_holes(&g.state, seg)

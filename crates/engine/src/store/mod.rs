@@ -1245,12 +1245,15 @@ impl Store {
         self.log.holes_anywhere()
     }
 
-    /// Holes may be filled anywhere (`open_holes_anywhere`) and some are known, but the
-    /// next commit's room for the map nodes dirtied since the last keeps writers from them:
-    /// cleaning may be stuck, yet that commit lets them in (rounds commit dirty maps), so
-    /// the wait goes on, bounded by `SPACE_WAIT_FUTILE` rounds like any other.
+    /// Holes may be filled anywhere (`open_holes_anywhere`), and the next commit lets
+    /// writers at holes: known ones its room for the map nodes dirtied since the last keeps
+    /// them from, or the records overwrites released since, holes once it is durable.
+    /// Cleaning may be stuck, yet that commit makes room (rounds commit dirty maps), so the
+    /// wait goes on, bounded by `SPACE_WAIT_FUTILE` rounds like any other.
     fn holes_after_commit(&self) -> bool {
-        self.log.holes_anywhere() && self.log.commit_need(0) > 0 && self.log.holes().bytes > 0
+        self.log.holes_anywhere()
+            && self.log.commit_need(0) > 0
+            && (self.log.holes().bytes > 0 || self.log.holes_pending())
     }
 
     /// `wait_for` until `ready`. Progress is free space gained net: the deadline
