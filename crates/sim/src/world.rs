@@ -399,9 +399,10 @@ struct Shape {
 }
 
 impl World {
-    pub fn new(cfg: &Config) -> Result<World, String> {
-        let mut rng = Rng::new(cfg.seed);
-        // Swarm: this seed's operations.
+    /// Swarm: the seed's operations, whether its pool is small (near full), whether its
+    /// volumes compress, and whether it has a cache device, in the order they were
+    /// always drawn (`rng`, then a generator of their own for the later kinds).
+    fn draw_kinds(cfg: &Config, rng: &mut Rng) -> (Vec<(Kind, u64)>, bool, bool, bool) {
         let mut on = Vec::new();
         for (k, w) in KINDS {
             let always = matches!(k, Kind::Write | Kind::Read | Kind::Maintenance);
@@ -425,6 +426,12 @@ impl World {
             }
         }
         let cache_device = later.chance(300);
+        (on, near_full, compression, cache_device)
+    }
+
+    pub fn new(cfg: &Config) -> Result<World, String> {
+        let mut rng = Rng::new(cfg.seed);
+        let (mut on, near_full, compression, cache_device) = Self::draw_kinds(cfg, &mut rng);
         // Near full, half the seeds make their first volume about half the pool: filled
         // and pinned by snapshots, cleaning's moves and map nodes then cost about what it
         // frees (the regime of issue 36's endless wait). A generator of its own again.
