@@ -1953,6 +1953,24 @@ impl World {
         if self.trace.1 {
             eprintln!("op {} {kind:?} {}", self.op, self.vols[vi].name);
         }
+        self.run_op(kind, vi)?;
+        self.check_node_cache()
+    }
+
+    /// No map read took a cached node from another place than its parent named (the
+    /// engine reads the node again then, so no read shows it: a cache entry the engine
+    /// forgot to replace would otherwise be a way to older data).
+    fn check_node_cache(&self) -> R {
+        match self.pool.as_ref().map(|p| p.stale_cached_nodes()) {
+            Some(n) if n > 0 => Err(format!(
+                "the map node cache held {n} node(s) for another place than the parent's \
+                 pointer (a stale entry)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn run_op(&mut self, kind: Kind, vi: usize) -> R {
         match kind {
             Kind::Write => self.write(vi),
             Kind::Read => self.read(vi),

@@ -212,31 +212,91 @@ pub trait NodeStore {
     fn load_node(&self, ptr: &Blkptr, level: u8, index: u64) -> Result<Node>;
 }
 
-/// Clean nodes of every volume, bounded by bytes. Key: (tree id, level, index).
-///
-/// Hashed with a fixed key (std's SipHash with zero keys), not quick_cache's default
-/// per-instance random one: which shard a node lands in decides which node a full cache
-/// evicts, and so which reads go to the devices; the simulator replays a seed I/O for I/O
-/// (a fault window hits the same read), which a random key would break once the cache
+/// The hashing of the node cache's keys: std's SipHash with zero keys, not quick_cache's
+/// default per-instance random one. Which shard a node lands in decides which node a full
+/// cache evicts, and so which reads go to the devices; the simulator replays a seed I/O for
+/// I/O (a fault window hits the same read), which a random key would break once the cache
 /// evicts (`crates/sim`, a small cache drawn per seed). The keys are the pool's own
 /// numbers, not a client's choice, so a fixed key opens no flooding attack.
-pub type NodeCache = quick_cache::sync::Cache<
-    (u64, u8, u64),
-    Arc<Node>,
-    quick_cache::UnitWeighter,
-    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
->;
+type FixedHash = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
+/// Clean nodes of every volume, bounded by count. Key: (tree id, level, index); each
+/// entry also keeps the place it was read from or written to (the pointer its parent
+/// held then).
+///
+/// A hit is used only when the parent's pointer the walk followed still names that
+/// place. The key alone says which node of which tree, not which version: an entry left
+/// behind by a path that forgot to replace it (a commit that moved the node, a load that
+/// raced one) would otherwise give a map older pointers, which read as older data with
+/// valid checksums: a lost write no check below would see. A mismatch is a bug: it is
+/// counted (`stale_hits`, which the simulator requires to stay 0), logged once, and the
+/// node is read from the place the parent names, so the read is right anyway.
+pub struct NodeCache {
+    nodes: quick_cache::sync::Cache<
+        (u64, u8, u64),
+        (Blkptr, Arc<Node>),
+        quick_cache::UnitWeighter,
+        FixedHash,
+    >,
+    stale: std::sync::atomic::AtomicU64,
+}
+
+impl NodeCache {
+    /// The node at `key` if it was cached from `place`.
+    pub fn get(&self, key: &(u64, u8, u64), place: &Blkptr) -> Option<Arc<Node>> {
+        let (at, node) = self.nodes.get(key)?;
+        if at == *place {
+            return Some(node);
+        }
+        let n = self
+            .stale
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 {
+            tracing::error!(
+                tree = key.0,
+                level = key.1,
+                index = key.2,
+                "map node cache: an entry for another place than its parent names (read \
+                 again from the parent's place); this is a bug, please report it"
+            );
+        }
+        None
+    }
+
+    /// Caches `node`, found at (or just written to) `place`.
+    pub fn insert(&self, key: (u64, u8, u64), place: Blkptr, node: Arc<Node>) {
+        self.nodes.insert(key, (place, node));
+    }
+
+    pub fn remove(&self, key: &(u64, u8, u64)) {
+        self.nodes.remove(key);
+    }
+
+    /// Whether `key` is cached (any place), without counting it as used.
+    pub fn contains(&self, key: &(u64, u8, u64)) -> bool {
+        self.nodes.peek(key).is_some()
+    }
+
+    /// Hits refused because the entry came from another place than the parent's pointer
+    /// (see the type's doc): 0 unless the engine has a bug.
+    pub fn stale_hits(&self) -> u64 {
+        self.stale.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// A cache of `bytes / NODE_BYTES` nodes, 64 at least.
 pub fn new_cache(bytes: u64) -> NodeCache {
     let items = (bytes / NODE_BYTES as u64).max(64) as usize;
-    NodeCache::with(
-        items,
-        items as u64,
-        quick_cache::UnitWeighter,
-        Default::default(),
-        Default::default(),
-    )
+    NodeCache {
+        nodes: quick_cache::sync::Cache::with(
+            items,
+            items as u64,
+            quick_cache::UnitWeighter,
+            Default::default(),
+            Default::default(),
+        ),
+        stale: Default::default(),
+    }
 }
 
 /// A node found on a walk: one of the tree's dirty nodes, or a clean one shared with
@@ -417,11 +477,11 @@ impl Tree {
         if ptr.is_hole() {
             return Ok(None);
         }
-        if let Some(n) = cache.get(&(self.id, level, index)) {
+        if let Some(n) = cache.get(&(self.id, level, index), ptr) {
             return Ok(Some(n));
         }
         let n = Arc::new(store.load_node(ptr, level, index)?);
-        cache.insert((self.id, level, index), n.clone());
+        cache.insert((self.id, level, index), *ptr, n.clone());
         Ok(Some(n))
     }
 
@@ -726,7 +786,7 @@ impl Tree {
                 if ptr.is_hole() {
                     cache.remove(&(self.id, level, index));
                 } else {
-                    cache.insert((self.id, level, index), Arc::from(node));
+                    cache.insert((self.id, level, index), ptr, Arc::from(node));
                 }
             }
         }
@@ -1100,12 +1160,16 @@ mod tests {
         let kept = || {
             let cache = new_cache(0);
             for i in 0..1000u64 {
-                cache.insert((i % 7, (i % 3) as u8, i), Arc::new(Node::empty(0, i)));
+                cache.insert(
+                    (i % 7, (i % 3) as u8, i),
+                    data(i),
+                    Arc::new(Node::empty(0, i)),
+                );
                 // Hits change what the cache keeps (hot and cold entries).
-                let _ = cache.get(&(i / 2 % 7, (i / 2 % 3) as u8, i / 2));
+                let _ = cache.get(&(i / 2 % 7, (i / 2 % 3) as u8, i / 2), &data(i / 2));
             }
             let mut kept: Vec<u64> = (0..1000u64)
-                .filter(|&i| cache.peek(&(i % 7, (i % 3) as u8, i)).is_some())
+                .filter(|&i| cache.contains(&(i % 7, (i % 3) as u8, i)))
                 .collect();
             kept.sort_unstable();
             kept
@@ -1119,6 +1183,48 @@ mod tests {
         for _ in 0..8 {
             assert_eq!(kept(), first);
         }
+    }
+
+    /// A cache entry for a node's key but another place than its parent names (left by a
+    /// path that forgot to replace it) is not used: the node comes from the parent's place,
+    /// and the mismatch is counted. Before the cache kept places, the lookup below read
+    /// the planted node's pointer: older data with a valid checksum.
+    #[test]
+    fn a_cached_node_from_another_place_is_not_used() {
+        let store = MemStore(RefCell::new(HashMap::new()));
+        let cache = new_cache(0);
+        let mut t = Tree::new(1, 2, Blkptr::HOLE);
+        t.set(&store, &cache, 5, data(5)).unwrap();
+        let mut next = 1u64 << 40;
+        let mut write = |nodes: &[&Node]| {
+            Ok(nodes
+                .iter()
+                .map(|n| {
+                    next += 16;
+                    store.0.borrow_mut().insert(next, n.encode());
+                    Blkptr {
+                        addr: [next, ADDR_NONE],
+                        len: NODE_BYTES as u32,
+                        checksum: [next as u8; 32],
+                        ..Blkptr::HOLE
+                    }
+                })
+                .collect())
+        };
+        t.commit(&cache, &mut write, &mut |_, _, _| {}).unwrap();
+        // The leaf as it was before: block 5 at an older record.
+        let mut older = Node::empty(0, 0);
+        older.ptrs[5] = data(4);
+        let elsewhere = Blkptr {
+            addr: [7 << 40, ADDR_NONE],
+            ..data(9)
+        };
+        cache.insert((1, 0, 0), elsewhere, Arc::new(older));
+        assert_eq!(t.lookup(&store, &cache, 5).unwrap(), data(5));
+        assert_eq!(cache.stale_hits(), 1);
+        // Read again from the parent's place and cached from there: the next hit is good.
+        assert_eq!(t.lookup(&store, &cache, 5).unwrap(), data(5));
+        assert_eq!(cache.stale_hits(), 1);
     }
 
     #[test]

@@ -673,7 +673,7 @@ impl Core {
                     if let Ok(node) = self.store.load_node(&ptr, level, index) {
                         self.store
                             .nodes()
-                            .insert((tree_id, level, index), Arc::new(node));
+                            .insert((tree_id, level, index), ptr, Arc::new(node));
                     }
                 }
                 tries += 1;

@@ -295,6 +295,13 @@ impl Pool {
         self.core.status()
     }
 
+    /// Map-node cache hits refused because the entry came from another place than the
+    /// parent's pointer names (`map::NodeCache`): always 0 unless the engine has a bug;
+    /// the simulator checks it after every operation.
+    pub fn stale_cached_nodes(&self) -> u64 {
+        self.core.store.nodes().stale_hits()
+    }
+
     /// Arm injected faults on the device at `path` (an empty list clears them).
     /// Refused unless the pool was opened with `allow_fault_injection`.
     pub fn set_faults(&self, path: &Path, faults: Vec<crate::device::fault::Fault>) -> Result<()> {
