@@ -996,6 +996,83 @@ mod tests {
         }
     }
 
+    /// Cleaning marked stuck refuses a writer short of space at once, but not while the
+    /// next commit frees segments whose every record is gone: that room needs no cleaner.
+    /// Overwrites empty segments that way while the live total (what unsticks the cleaner)
+    /// stays the same; holes anywhere made it common (decision 0014: a refusal with
+    /// nothing dirty, free segments at the client floor and holes known only in such
+    /// segments). Before, the write below was refused ("cleaning is stuck") with two whole
+    /// segments to be freed by the round it would have waited for.
+    #[test]
+    fn a_writer_waits_for_the_commit_that_frees_emptied_segments_while_cleaning_is_stuck() {
+        use crate::pool::OpenOptions;
+        use crate::volume::{Compression, VolumeOptions};
+
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OpenOptions {
+            stepped: true,
+            intent_log: false,
+            check_addresses: true,
+            ..OpenOptions::default()
+        };
+        let pool = crate::pool::test_pool(dir.path(), opts);
+        let o = VolumeOptions {
+            size_bytes: 64 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", o, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        let block = |lba: u64, round: u64| {
+            let mut b = vec![0u8; 4096];
+            let mut x = lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ round.wrapping_add(1);
+            for c in b.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+            b
+        };
+        // Written in order until full: nothing dead, so the refusal is at once.
+        let mut end = 0u64;
+        loop {
+            match v.write(end * 4096, &block(end, 0), false) {
+                Ok(()) => end += 1,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("block {end}: {e}"),
+            }
+        }
+        assert!(end > 1024, "only {end} blocks fit");
+        v.flush().unwrap();
+        // Two segments' worth of records gone: whole segments for the next commit to free.
+        v.trim(0, 2 * SEGMENT_BYTES + 4096 * 256).unwrap();
+        let core = pool.core();
+        assert!(
+            core.store.zero_sealed().len() >= 2,
+            "{:?}",
+            core.store.zero_sealed()
+        );
+        core.store
+            .set_clean_stuck("cleaning is stuck (set by the test)".into());
+        assert!(
+            !core.store.data_fits(&[4096]),
+            "the write below needs no wait ({} segments free)",
+            core.store.free_segments()
+        );
+        v.write(end * 4096, &block(end, 0), false)
+            .expect("the round's commit frees the emptied segments");
+        assert!(core.store.zero_sealed().is_empty());
+        let mut buf = vec![0u8; 4096];
+        for lba in [2 * 256 + 256, end / 2, end - 1, end] {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert_eq!(buf, block(lba, 0), "block {lba}");
+        }
+        drop(v);
+        pool.close().unwrap();
+    }
+
     /// A FLUSH never waits for a whole cleaning pass (issue 36, part 3): the cleaner is
     /// stopped holding the commit lock between two batches of moves, a flush comes, the
     /// cleaner goes on and stops again at the pass's end, the lock still held: the flush

@@ -224,6 +224,12 @@ impl Store {
         self.log.low_free_segments()
     }
 
+    /// Whether a run of client records of `lens` bytes could be placed now without a wait
+    /// (`Log::space_available`).
+    pub fn data_fits(&self, lens: &[usize]) -> bool {
+        self.log.space_available(crate::log::Stream::Data, lens)
+    }
+
     /// Whether background work (key rotation) may take space now.
     pub fn background_space_available(&self) -> bool {
         self.log.background_space_available()

@@ -1260,7 +1260,10 @@ impl Store {
     /// (`SPACE_WAIT_MAX`) moves out only when free segments rise above the most seen
     /// since the wait began, never past `SPACE_WAIT_HARD` from its start (a count of
     /// segments freed, which a cleaner that writes what it frees keeps raising, kept a
-    /// writer waiting forever: issue 36). Stuck cleaning answers at once.
+    /// writer waiting forever: issue 36). Stuck cleaning answers at once, unless the next
+    /// commit gives room without the cleaner: segments whose every record is gone (freed
+    /// whole: overwrites empty segments while the live total, which is what unsticks the
+    /// cleaner, stays the same), or holes (`holes_after_commit`).
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let refused = |why: &str| {
             // Before refusing: the holes of any segment with live records, not only of
@@ -1277,6 +1280,7 @@ impl Store {
                 clean_budget = self.log.clean_budget(),
                 clean_for_records = self.log.clean_budget_for_records(),
                 holes = ?self.log.holes(),
+                emptied = self.log.zero_sealed().len(),
                 victim = self.log.any_victim(),
                 "a writer's wait for space refused: {why}"
             );
@@ -1296,7 +1300,10 @@ impl Store {
                     "waited its bound (30 s without a free segment gained, or 90 s in all)",
                 );
             }
-            if self.clean_unstuck_if_freed() && !self.holes_after_commit() {
+            if self.clean_unstuck_if_freed()
+                && !self.holes_after_commit()
+                && self.log.zero_sealed().is_empty()
+            {
                 return refused("cleaning is stuck (the cleaning line says why)");
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
