@@ -285,7 +285,11 @@ class Pool:
                 import resource
                 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *self.serve_args],
+        # BULWARK_TEST_SERVE_ARGS: options for every daemon of the run (the whole suite
+        # with `--fill-holes`, say), before the test's own.
+        every = os.environ.get("BULWARK_TEST_SERVE_ARGS", "").split()
+        self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *every,
+                                      *self.serve_args],
                                      stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env={**self._env(), **(env or {})},
                                      preexec_fn=limit)

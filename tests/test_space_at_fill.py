@@ -28,6 +28,8 @@ LAYOUTS = {
     # so not in the suite that gates a landing until it never is. The reproducer of
     # decision 0014.
     "single-fill-holes": ("single", 1, "160M", ("--fill-holes",)),
+    "mirror:2-fill-holes": ("mirror:2", 2, "160M", ("--fill-holes",)),
+    "parity:2+1-fill-holes": ("parity:2+1", 3, "96M", ("--fill-holes",)),
     "mirror:2": ("mirror:2", 2, "160M", ()),
     "parity:2+1": ("parity:2+1", 3, "96M", ()),
 }

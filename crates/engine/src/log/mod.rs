@@ -675,7 +675,7 @@ impl Log {
             .len()
             .clamp(1, SEGMENT_BYTES as usize / RECORD_ALIGN as usize);
         let floor = self.reserve(stream, extra);
-        let commit_floor = self.reserve(Stream::Clean, extra);
+        let commit_floor = self.hole_floor(extra);
         if fits_head && (free >= floor || (g.hole_head[h] && free >= commit_floor)) {
             return Ok(Plan::Head);
         }
@@ -695,6 +695,22 @@ impl Log {
             return Ok(Plan::Hole { whole: false });
         }
         Err(Error::NoSpace)
+    }
+
+    /// Free segments a write into a hole must leave: the next commit's room for the map
+    /// nodes it dirties (`extra` more) and `SEGMENTS_RESERVED`; once writers were about to
+    /// be refused (`open_holes_anywhere`), only the volume table's part of it, as for a
+    /// trim (`hold_nodes`). An overwrite placed in a hole takes no segment and releases
+    /// the record it replaces, so it frees space as a trim does, for the same map cost.
+    /// Without it, a pool whose commits and cleaner had taken free segments down to the
+    /// commit's floor refused 4 KiB overwrites at 90% fill with 18 MB of holes known
+    /// (`test_space_at_fill`, `single-fill-holes-0.9`: free 5, floor 6).
+    fn hole_floor(&self, extra: usize) -> u32 {
+        if self.holes_anywhere.load(Ordering::Acquire) {
+            TABLE_SEGMENTS + self.commit_need(extra)
+        } else {
+            self.reserve(Stream::Clean, extra)
+        }
     }
 
     /// Seal the head of `stream` (if any). A head that filled a hole gives back what is
@@ -1545,6 +1561,49 @@ mod tests {
             "a free segment, not the half-empty one"
         );
         assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
+    }
+
+    /// Once writers were about to be refused (holes anywhere), a write into a hole needs
+    /// only the commit's room for its map nodes and the volume table's segments, as a trim
+    /// does (`hold_nodes`), not all of `SEGMENTS_RESERVED`: commits and intent-log blocks
+    /// may take free segments below that, and the overwrites that would give them back
+    /// were refused with holes known. `test_space_at_fill` (`single-fill-holes-0.9`)
+    /// refused 4 KiB overwrites with 5 segments free, a floor of 6 and 18 MB of holes; here
+    /// the write into the hole below was refused before.
+    #[test]
+    fn holes_anywhere_take_writes_down_to_the_commits_own_room() {
+        let log = Log::new(vec![0; 64], 0, true);
+        let mut addrs = Vec::new();
+        while let Ok(a) = log.alloc(Stream::Data, QUARTER) {
+            addrs.push(a);
+        }
+        let (a, b) = (addrs[8], addrs[9]);
+        log.release_bytes(a, QUARTER as u32);
+        log.release_bytes(b, QUARTER as u32);
+        commit(&log);
+        // Metadata takes what the commit's floor kept from client data.
+        let room = TABLE_SEGMENTS + log.commit_need(1);
+        while log.free_segments() > room {
+            log.alloc(Stream::Meta, SEGMENT_BYTES as usize).unwrap();
+        }
+        assert!(log.free_segments() < log.reserve(Stream::Clean, 1));
+        assert!(!log.space_available(Stream::Data, &[QUARTER]));
+        assert!(log.open_holes_anywhere());
+        assert!(
+            log.space_available(Stream::Data, &[QUARTER]),
+            "{} free, the commit needs {room}",
+            log.free_segments()
+        );
+        let got = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(got == a || got == b, "{got} not in the hole");
+        assert_eq!(log.free_segments(), room, "no segment taken");
+        // Never the commit's own room: with one segment less, the hole is refused.
+        log.alloc(Stream::Meta, SEGMENT_BYTES as usize).unwrap();
+        assert!(!log.space_available(Stream::Data, &[QUARTER]));
+        assert!(matches!(
+            log.alloc(Stream::Data, QUARTER),
+            Err(Error::NoSpace)
+        ));
     }
 
     /// Decision 0014, "holes anywhere": a writer about to be refused with holes free but
