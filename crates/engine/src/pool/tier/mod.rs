@@ -1081,64 +1081,61 @@ impl Tier {
         };
         let parts_ref = &parts;
         let chunk = bundles.len().div_ceil(UPLOADS_AT_ONCE).max(1);
-        std::thread::scope(|s| {
-            let pages_up = s.spawn(|| -> Result<()> {
-                for (name, body) in &page_jobs {
-                    self.store.put(name, body.clone())?;
-                }
-                Ok(())
-            });
-            let mut workers: Vec<_> = bundles
-                .chunks(chunk)
-                .map(|c| {
-                    s.spawn(move || -> Result<()> {
-                        let mut buf = Vec::new();
-                        for range in c {
-                            if crate::env::since(started) > budget {
-                                return Err(Error::StoreUnavailable(format!(
-                                    "the object store {} took more than {} s for one commit",
-                                    self.store.describe(),
-                                    budget.as_secs()
+        let pages_up: crate::env::Job<'_, Result<()>> = Box::new(|| {
+            for (name, body) in &page_jobs {
+                self.store.put(name, body.clone())?;
+            }
+            Ok(())
+        });
+        let mut jobs: Vec<crate::env::Job<'_, Result<()>>> = bundles
+            .chunks(chunk)
+            .map(|c| {
+                Box::new(move || -> Result<()> {
+                    let mut buf = Vec::new();
+                    for range in c {
+                        if crate::env::since(started) > budget {
+                            return Err(Error::StoreUnavailable(format!(
+                                "the object store {} took more than {} s for one commit",
+                                self.store.describe(),
+                                budget.as_secs()
+                            )));
+                        }
+                        let mut body = Vec::new();
+                        for (e, p, _) in &parts_ref[range.clone()] {
+                            debug_assert_eq!(p.at as usize, body.len());
+                            let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
+                            // Never upload a hole: a segment given back had every byte
+                            // in the store before it was (`pool::evict`).
+                            if store.is_evicted(e.seg) {
+                                return Err(Error::Unrecoverable(format!(
+                                    "segment {} was given back to the object store with \
+                                     runs not yet uploaded",
+                                    e.seg
                                 )));
                             }
-                            let mut body = Vec::new();
-                            for (e, p, _) in &parts_ref[range.clone()] {
-                                debug_assert_eq!(p.at as usize, body.len());
-                                let addr = e.seg as u64 * SEGMENT_BYTES + e.off as u64;
-                                // Never upload a hole: a segment given back had every byte
-                                // in the store before it was (`pool::evict`).
-                                if store.is_evicted(e.seg) {
-                                    return Err(Error::Unrecoverable(format!(
-                                        "segment {} was given back to the object store with \
-                                         runs not yet uploaded",
+                            // A local read that fails is the devices' failure, not the
+                            // store's: it poisons the pool like any device error.
+                            store
+                                .read_run(addr, e.len as usize, &mut buf)
+                                .map_err(|err| {
+                                    Error::Unrecoverable(format!(
+                                        "segment {} could not be read for upload: {err}",
                                         e.seg
-                                    )));
-                                }
-                                // A local read that fails is the devices' failure, not the
-                                // store's: it poisons the pool like any device error.
-                                store
-                                    .read_run(addr, e.len as usize, &mut buf)
-                                    .map_err(|err| {
-                                        Error::Unrecoverable(format!(
-                                            "segment {} could not be read for upload: {err}",
-                                            e.seg
-                                        ))
-                                    })?;
-                                body.extend_from_slice(&buf[..e.len as usize]);
-                            }
-                            let name = parts_ref[range.start].1.name();
-                            self.store.put(&name, body)?;
+                                    ))
+                                })?;
+                            body.extend_from_slice(&buf[..e.len as usize]);
                         }
-                        Ok(())
-                    })
-                })
-                .collect();
-            workers.push(pages_up);
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("an upload thread does not panic"))
-                .collect::<Result<Vec<()>>>()
-        })?;
+                        let name = parts_ref[range.start].1.name();
+                        self.store.put(&name, body)?;
+                    }
+                    Ok(())
+                }) as crate::env::Job<'_, Result<()>>
+            })
+            .collect();
+        jobs.push(pages_up);
+        crate::env::run_jobs(jobs)
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
         head.seq_next = self.st.lock().named;
         head.generation = generation;
         head.labels = labels.iter().map(|l| to_hex(l)).collect();

@@ -513,34 +513,31 @@ pub fn load(store: &dyn ObjectStore, key: &[u8; 32]) -> Result<Option<Found>> {
 fn get_pages(store: &dyn ObjectStore, pages: &[PageRef]) -> Vec<Result<Option<Vec<u8>>>> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers = pages.len().min(UPLOADS_AT_ONCE);
-    let mut got: Vec<(usize, Result<Option<Vec<u8>>>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(p) = pages.get(i) else {
-                            return mine;
-                        };
-                        let r = store
-                            .get(&p.name, PAGE_BYTES_MAX)
-                            .map(|o| o.map(|(b, _)| b));
-                        let failed = r.is_err();
-                        mine.push((i, r));
-                        if failed {
-                            // The caller stops at the first error; the others need not wait.
-                            next.store(pages.len(), std::sync::atomic::Ordering::Relaxed);
-                        }
+    type Got = Vec<(usize, Result<Option<Vec<u8>>>)>;
+    let next = &next;
+    let jobs: Vec<crate::env::Job<'_, Got>> = (0..workers)
+        .map(|_| {
+            Box::new(move || {
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(p) = pages.get(i) else {
+                        return mine;
+                    };
+                    let r = store
+                        .get(&p.name, PAGE_BYTES_MAX)
+                        .map(|o| o.map(|(b, _)| b));
+                    let failed = r.is_err();
+                    mine.push((i, r));
+                    if failed {
+                        // The caller stops at the first error; the others need not wait.
+                        next.store(pages.len(), std::sync::atomic::Ordering::Relaxed);
                     }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a page download does not panic"))
-            .collect()
-    });
+                }
+            }) as crate::env::Job<'_, Got>
+        })
+        .collect();
+    let mut got: Got = crate::env::run_jobs(jobs).into_iter().flatten().collect();
     got.sort_by_key(|(i, _)| *i);
     // Pages after a failure may be missing: they end the list (the caller stops at the
     // failure first, since every page before it is there).

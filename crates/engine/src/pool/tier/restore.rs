@@ -182,37 +182,34 @@ pub fn restore(
             by_object.entry(p.name()).or_default().push((*seg, *p));
         }
         let objects: Vec<(String, Vec<(u32, Part)>)> = by_object.into_iter().collect();
-        std::thread::scope(|s| {
-            let chunk = objects.len().div_ceil(UPLOADS_AT_ONCE).max(1);
-            let workers: Vec<_> = objects
-                .chunks(chunk)
-                .map(|c| {
-                    let (red, done) = (&red, &done);
-                    s.spawn(move || -> Result<()> {
-                        for (name, parts) in c {
-                            let end = parts
-                                .iter()
-                                .map(|(_, p)| p.at as u64 + p.len as u64)
-                                .max()
-                                .unwrap_or(0);
-                            let b = store.get_range(name, 0, end)?;
-                            for (seg, p) in parts {
-                                let bytes = &b[p.at as usize..(p.at + p.len) as usize];
-                                red.write(*seg as u64 * SEGMENT_BYTES + p.off as u64, bytes)?;
-                                let now = done
-                                    .fetch_add(p.len as u64, std::sync::atomic::Ordering::Relaxed);
-                                progress(now + p.len as u64, total);
-                            }
+        let chunk = objects.len().div_ceil(UPLOADS_AT_ONCE).max(1);
+        let downloads: Vec<crate::env::Job<'_, Result<()>>> = objects
+            .chunks(chunk)
+            .map(|c| {
+                let (red, done) = (&red, &done);
+                Box::new(move || -> Result<()> {
+                    for (name, parts) in c {
+                        let end = parts
+                            .iter()
+                            .map(|(_, p)| p.at as u64 + p.len as u64)
+                            .max()
+                            .unwrap_or(0);
+                        let b = store.get_range(name, 0, end)?;
+                        for (seg, p) in parts {
+                            let bytes = &b[p.at as usize..(p.at + p.len) as usize];
+                            red.write(*seg as u64 * SEGMENT_BYTES + p.off as u64, bytes)?;
+                            let now =
+                                done.fetch_add(p.len as u64, std::sync::atomic::Ordering::Relaxed);
+                            progress(now + p.len as u64, total);
                         }
-                        Ok(())
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("a download thread does not panic"))
-                .collect::<Result<Vec<()>>>()
-        })?;
+                    }
+                    Ok(())
+                }) as crate::env::Job<'_, Result<()>>
+            })
+            .collect();
+        crate::env::run_jobs(downloads)
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
         red.flush()?;
         let key_path = dir.join(POOL_KEY_FILE);
         pool_key.save(&key_path)?;
