@@ -827,6 +827,13 @@ impl Log {
         !self.released.lock().is_empty()
     }
 
+    /// Whether a commit under way turns released records into holes once it is durable
+    /// (it took them when it began: `zero_sealed_for_commit`). From then until it frees
+    /// them, nothing is dirty and nothing is pending, yet holes are on their way.
+    pub fn holes_committing(&self) -> bool {
+        !self.inner.lock().committing.is_empty()
+    }
+
     /// Whether a hole of `seg` may be filled now (`take_hole`).
     fn hole_usable(&self, g: &Inner, seg: u32) -> bool {
         self.usable_for_holes(&g.state, seg)

@@ -232,14 +232,17 @@ type FixedHash = std::hash::BuildHasherDefault<std::collections::hash_map::Defau
 /// counted (`stale_hits`, which the simulator requires to stay 0), logged once, and the
 /// node is read from the place the parent names, so the read is right anyway.
 pub struct NodeCache {
-    nodes: quick_cache::sync::Cache<
-        (u64, u8, u64),
-        (Blkptr, Arc<Node>),
-        quick_cache::UnitWeighter,
-        FixedHash,
-    >,
+    nodes: CachedNodes,
     stale: std::sync::atomic::AtomicU64,
 }
+
+/// The cache proper: (tree id, level, index) to (the node's place, the node).
+type CachedNodes = quick_cache::sync::Cache<
+    (u64, u8, u64),
+    (Blkptr, Arc<Node>),
+    quick_cache::UnitWeighter,
+    FixedHash,
+>;
 
 impl NodeCache {
     /// The node at `key` if it was cached from `place`.

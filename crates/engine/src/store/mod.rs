@@ -1245,15 +1245,16 @@ impl Store {
         self.log.holes_anywhere()
     }
 
-    /// Holes may be filled anywhere (`open_holes_anywhere`), and the next commit lets
-    /// writers at holes: known ones its room for the map nodes dirtied since the last keeps
-    /// them from, or the records overwrites released since, holes once it is durable.
-    /// Cleaning may be stuck, yet that commit makes room (rounds commit dirty maps), so the
-    /// wait goes on, bounded by `SPACE_WAIT_FUTILE` rounds like any other.
-    fn holes_after_commit(&self) -> bool {
-        self.log.holes_anywhere()
-            && self.log.commit_need(0) > 0
-            && (self.log.holes().bytes > 0 || self.log.holes_pending())
+    /// What the next commit gives writers without the cleaner, now (`CommitRoom`).
+    fn commit_room(&self) -> CommitRoom {
+        CommitRoom {
+            emptied: self.log.zero_sealed().len(),
+            holes_anywhere: self.log.holes_anywhere(),
+            commit_need: self.log.commit_need(0),
+            holes_bytes: self.log.holes().bytes,
+            holes_pending: self.log.holes_pending(),
+            holes_committing: self.log.holes_committing(),
+        }
     }
 
     /// `wait_for` until `ready`. Progress is free space gained net: the deadline
@@ -1263,7 +1264,7 @@ impl Store {
     /// writer waiting forever: issue 36). Stuck cleaning answers at once, unless the next
     /// commit gives room without the cleaner: segments whose every record is gone (freed
     /// whole: overwrites empty segments while the live total, which is what unsticks the
-    /// cleaner, stays the same), or holes (`holes_after_commit`).
+    /// cleaner, stays the same), or holes (`CommitRoom`).
     fn wait_until(&self, ready: impl Fn() -> bool) -> Result<()> {
         let refused = |why: &str| {
             // Before refusing: the holes of any segment with live records, not only of
@@ -1280,7 +1281,7 @@ impl Store {
                 clean_budget = self.log.clean_budget(),
                 clean_for_records = self.log.clean_budget_for_records(),
                 holes = ?self.log.holes(),
-                emptied = self.log.zero_sealed().len(),
+                next_commit = ?self.commit_room(),
                 victim = self.log.any_victim(),
                 "a writer's wait for space refused: {why}"
             );
@@ -1300,10 +1301,7 @@ impl Store {
                     "waited its bound (30 s without a free segment gained, or 90 s in all)",
                 );
             }
-            if self.clean_unstuck_if_freed()
-                && !self.holes_after_commit()
-                && self.log.zero_sealed().is_empty()
-            {
+            if self.clean_unstuck_if_freed() && !self.commit_room().gives_room() {
                 return refused("cleaning is stuck (the cleaning line says why)");
             }
             let rounds_before = self.clean_rounds.load(Ordering::Acquire);
@@ -1336,12 +1334,96 @@ impl Store {
             // A full pool answers at once: nothing a commit would free or hand back (its
             // room for map nodes), nothing worth cleaning.
             let reclaimable = self.log.commit_need(0) > 0
-                || !self.log.zero_sealed().is_empty()
+                || self.commit_room().gives_room()
                 || self.log.any_victim();
             if !reclaimable {
                 return refused("nothing to reclaim: no dead bytes worth cleaning, nothing for a commit to free");
             }
         }
         Ok(())
+    }
+}
+
+/// What the next commit gives a writer without the cleaner (`Store::wait_until`): with
+/// cleaning stuck, a writer short of space is refused at once unless it does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CommitRoom {
+    /// Sealed segments whose every record is gone: freed whole by the next commit
+    /// (overwrites empty segments while the live total, which is what unsticks the
+    /// cleaner, stays the same).
+    emptied: usize,
+    /// Writes may fill the holes of any live segment (`Log::open_holes_anywhere`).
+    holes_anywhere: bool,
+    /// Segments the next commit needs for the map nodes dirty now.
+    commit_need: u32,
+    /// Bytes in holes known now.
+    holes_bytes: u64,
+    /// Records released since the last commit began: holes after the next.
+    holes_pending: bool,
+    /// Records a commit under way took when it began: holes once it is durable.
+    holes_committing: bool,
+}
+
+impl CommitRoom {
+    /// Whether waiting for the next commit (bounded by `SPACE_WAIT_FUTILE` rounds, as every
+    /// wait) can give room: emptied segments, or, with holes anywhere, holes that the
+    /// commit's room for dirty map nodes keeps writers from, records that become holes
+    /// after it, or those of a commit under way (then nothing is dirty and nothing is
+    /// pending, yet holes are a moment away).
+    fn gives_room(&self) -> bool {
+        self.emptied > 0
+            || (self.holes_anywhere
+                && ((self.commit_need > 0 && (self.holes_bytes > 0 || self.holes_pending))
+                    || self.holes_committing))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CommitRoom;
+
+    /// With cleaning stuck, the writers of `test_space_at_fill` (`single-fill-holes-0.9`,
+    /// random 4 KiB overwrites at 90%) were refused in three states the next commit would
+    /// have ended; each is a reason to wait now, and a state with none is not.
+    #[test]
+    fn stuck_cleaning_waits_for_a_commit_that_gives_room() {
+        // 54e2bc1: segments emptied by overwrites, nothing else.
+        let emptied = CommitRoom {
+            emptied: 2,
+            ..Default::default()
+        };
+        assert!(emptied.gives_room());
+        // 765c912: holes known, the commit's room for dirty nodes keeps writers from them.
+        let known = CommitRoom {
+            holes_anywhere: true,
+            commit_need: 2,
+            holes_bytes: 8 << 20,
+            ..Default::default()
+        };
+        assert!(known.gives_room());
+        // The refusal logged with nothing dirty and 0.5 MB of holes no write could take,
+        // 0.64 s after 11 MB of holes were opened: the commit under way had taken the
+        // records those writes released (refused before this was looked at).
+        let committing = CommitRoom {
+            holes_anywhere: true,
+            commit_need: 0,
+            holes_bytes: 522_224,
+            holes_committing: true,
+            ..Default::default()
+        };
+        assert!(committing.gives_room());
+        // Nothing coming: refused at once.
+        let none = CommitRoom {
+            holes_committing: false,
+            ..committing
+        };
+        assert!(!none.gives_room());
+        // Holes opened only for writers about to be refused: without, they wait for no
+        // commit (the cleaner's stuck answer stands).
+        assert!(!CommitRoom {
+            holes_anywhere: false,
+            ..committing
+        }
+        .gives_room());
     }
 }
