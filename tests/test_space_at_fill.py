@@ -23,10 +23,10 @@ LAYOUTS = {
     # id: (layout, devices, device size, serve arguments)
     "single": ("single", 1, "160M", ()),
     # Holes (`serve --fill-holes`, opt-in; decision 0014), run only with
-    # BULWARK_TEST_FILL_HOLES=1: still refused now and then at 90% (20 of 20 runs passed
-    # pinned to one CPU beside a simulator campaign, 11 of 12 unpinned; decision 0014),
-    # so not in the suite that gates a landing until it never is. The reproducer of
-    # decision 0014.
+    # BULWARK_TEST_FILL_HOLES=1: refused now and then at 90% until ae8816c; since, 0 of
+    # 160 unpinned and 0 of 60 pinned runs (BENCHMARKS.md, "Holes anywhere"). Out of the
+    # suite that gates a landing until holes are the default (decision 0014 says what
+    # that needs). The reproducer of decision 0014.
     "single-fill-holes": ("single", 1, "160M", ("--fill-holes",)),
     "mirror:2-fill-holes": ("mirror:2", 2, "160M", ("--fill-holes",)),
     "parity:2+1-fill-holes": ("parity:2+1", 3, "96M", ("--fill-holes",)),
@@ -57,7 +57,7 @@ def assert_healthy(pool, what):
 def test_random_overwrite_at_fill_never_faults(make_pool, tmp_path, layout, fill):
     require_tools("fio", "nbdcopy")
     if "fill-holes" in layout and os.environ.get("BULWARK_TEST_FILL_HOLES") != "1":
-        pytest.skip("holes are opt-in and still refused now and then at 90%: "
+        pytest.skip("holes are opt-in (decision 0014): "
                     "BULWARK_TEST_FILL_HOLES=1 runs this")
     layout, devices, device_size, serve_args = LAYOUTS[layout]
     pool = make_pool(layout=layout, devices=devices, device_size=device_size,
