@@ -1199,21 +1199,7 @@ mod tests {
         let mut t = Tree::new(1, 2, Blkptr::HOLE);
         t.set(&store, &cache, 5, data(5)).unwrap();
         let mut next = 1u64 << 40;
-        let mut write = |nodes: &[&Node]| {
-            Ok(nodes
-                .iter()
-                .map(|n| {
-                    next += 16;
-                    store.0.borrow_mut().insert(next, n.encode());
-                    Blkptr {
-                        addr: [next, ADDR_NONE],
-                        len: NODE_BYTES as u32,
-                        checksum: [next as u8; 32],
-                        ..Blkptr::HOLE
-                    }
-                })
-                .collect())
-        };
+        let mut write = store_nodes(&store, &mut next);
         t.commit(&cache, &mut write, &mut |_, _, _| {}).unwrap();
         // The leaf as it was before: block 5 at an older record.
         let mut older = Node::empty(0, 0);
