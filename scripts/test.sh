@@ -6,7 +6,8 @@
 #   ./scripts/test.sh -k mirror       extra arguments go to pytest
 #
 # Environment: BULWARK_BIN (binary under test; default target/release/bulwark),
-# BULWARK_TEST_SEED (replay a randomised test), TEST_TIMEOUT (seconds per test, default 300).
+# BULWARK_TEST_SEED (replay a randomised test), TEST_TIMEOUT (seconds per test, default 300),
+# BULWARK_TEST_KEEP_TMP=1 (keep the tmp_path of passed tests too; by default only failed ones stay).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

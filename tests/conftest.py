@@ -484,3 +484,27 @@ def seed() -> int:
     seed = int(os.environ.get("BULWARK_TEST_SEED") or secrets.randbits(32))
     print(f"seed: {seed} (replay with BULWARK_TEST_SEED={seed})")
     return seed
+
+
+# --- disk: a passed test leaves nothing behind -----------------------------------
+# pytest keeps every test's tmp_path until the run ends (and the last three runs
+# after that). Pools, images and fio files add up to about 18 GB over the whole
+# suite; a CI machine with less free disk failed every test after the first
+# ENOSPC. A test that passed has its tmp_path removed as soon as its fixtures are
+# torn down; a failed or skipped one keeps it for whoever looks into it.
+# BULWARK_TEST_KEEP_TMP=1 keeps them all.
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed or (report.when == "call" and not report.passed):
+        item._bulwark_keep_tmp = True  # any phase that failed, or a skip in the body
+    if report.when != "teardown" or getattr(item, "_bulwark_keep_tmp", False):
+        return
+    if os.environ.get("BULWARK_TEST_KEEP_TMP") == "1":
+        return
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if isinstance(tmp, Path) and tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
