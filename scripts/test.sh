@@ -58,6 +58,9 @@ cargo test --release --workspace || cargo_rc=$?
 [ "$cargo_rc" -eq 0 ] || log "cargo test FAILED (exit $cargo_rc); running the integration suite anyway"
 
 export BULWARK_BIN=${BULWARK_BIN:-$ROOT/target/release/bulwark}
+# A test keeps its pool files only while it runs (tests/conftest.py), but the
+# largest ones still need a few GB at once: say what the disk had, for a CI log.
+log "free disk for the suite: $(df -h "${TMPDIR:-/tmp}" | awk 'NR == 2 {print $4 " of " $2 " on " $6}')"
 log "integration tests against $BULWARK_BIN"
 pytest_rc=0
 "$PY" -m pytest -q -rfEs --durations=5 --timeout="${TEST_TIMEOUT:-300}" tests/ "$@" || pytest_rc=$?
