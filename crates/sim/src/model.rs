@@ -98,6 +98,9 @@ pub struct Vol {
     /// `i * spread` of the volume, so its map is deep and sparse (terabytes, a few MiB
     /// written), as a guest's 1 TiB disk is. The model stays one cell per cell written.
     pub spread: u64,
+    /// Cells per island when `spread` is set: `ISLAND` for a huge volume, one block's cells
+    /// for a scattered one (`Kind::ScatterCreate`: every block under a map leaf of its own).
+    pub island: u64,
     pub cells: Vec<Cell>,
     /// Snapshots, oldest first: name and each cell's value (snapshots are pinned whole
     /// when taken, and never change).
@@ -114,7 +117,7 @@ impl Vol {
         if self.spread == 0 {
             return c * CELL;
         }
-        ((c / ISLAND) * self.spread + c % ISLAND) * CELL
+        ((c / self.island) * self.spread + c % self.island) * CELL
     }
 
     /// The volume's size in bytes for `cells` cells.
@@ -122,7 +125,7 @@ impl Vol {
         if self.spread == 0 {
             return cells * CELL;
         }
-        cells.div_ceil(ISLAND) * self.spread * CELL
+        cells.div_ceil(self.island) * self.spread * CELL
     }
 
     /// `n` cut so that cells `[c0, c0 + n)` lie together on the volume (one island), so a
@@ -131,7 +134,7 @@ impl Vol {
         if self.spread == 0 {
             return n;
         }
-        n.min(ISLAND - c0 % ISLAND)
+        n.min(self.island - c0 % self.island)
     }
 
     pub fn durable(&mut self) {

@@ -134,9 +134,25 @@ pub enum Kind {
     /// (`model::Vol::spread`), so its map is six levels deep and nearly empty (the lost
     /// write of issue 37 was seen with very large thin volumes).
     HugeCreate,
+    /// Create a scattered thin volume: each block alone in an island far from the next
+    /// (`model::Vol::island`), so each written block has a map leaf of its own and the maps
+    /// outgrow the data they point to, as a guest's scattered file-system metadata makes them
+    /// (issue 36 part 5: the room kept to rewrite every map outgrew the cleaner's).
+    ScatterCreate,
     /// Not an operation: the seed's draw of a 64-node map cache (`World::tiny_node_cache`),
     /// named so that `--without SmallCache` turns it off like a kind.
     SmallCache,
+}
+
+/// How a new volume lays its cells out (`model::Vol::spread`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CellLayout {
+    /// Cell `c` at byte `c * CELL`.
+    Plain,
+    /// Terabytes, islands of `ISLAND` cells far apart (`Kind::HugeCreate`).
+    Huge,
+    /// One block per island (`Kind::ScatterCreate`).
+    Scatter,
 }
 
 /// A member out of a redundant pool (`World::device`).
@@ -176,7 +192,7 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 8] = [
+pub const LATER_KINDS: [(Kind, u64); 9] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
@@ -185,6 +201,7 @@ pub const LATER_KINDS: [(Kind, u64); 8] = [
     (Kind::LogChange, 4),
     (Kind::Idle, 6),
     (Kind::HugeCreate, 4),
+    (Kind::ScatterCreate, 4),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -297,6 +314,8 @@ pub struct Stats {
     pub defrag_moved_max: u64,
     /// Huge thin volumes created (`Kind::HugeCreate`), clones of them not counted.
     pub huge_volumes: u64,
+    /// Scattered thin volumes created (`Kind::ScatterCreate`), clones not counted.
+    pub scattered_volumes: u64,
     /// Runs whose map node cache held 64 nodes (`World::tiny_node_cache`).
     pub tiny_node_cache: u64,
     /// The object tier (`tier` layout): fault windows armed on the store, those in which
@@ -419,6 +438,7 @@ impl World {
                 Kind::RotateStep => on.iter().any(|(k, _)| *k == Kind::KeyRotate),
                 // Its own generator: `later`'s draws after it (the cache device) stay.
                 Kind::HugeCreate => Rng::new(cfg.seed ^ 0x5eed_4a9e_0000_0003).chance(400),
+                Kind::ScatterCreate => Rng::new(cfg.seed ^ 0x5eed_5ca7_0000_0004).chance(300),
                 _ => later.chance(600),
             };
             if drawn && !cfg.without.contains(&k) {
@@ -513,7 +533,7 @@ impl World {
         }
         w.open()?;
         for _ in 0..2 {
-            w.create_volume(false)?;
+            w.create_volume(CellLayout::Plain)?;
         }
         Ok(w)
     }
@@ -739,7 +759,7 @@ impl World {
 
     /// A volume of 2-8 MiB (24 MiB for a near-full seed's first), or with `huge` the same
     /// cells spread over terabytes.
-    fn create_volume(&mut self, huge: bool) -> R {
+    fn create_volume(&mut self, shape: CellLayout) -> R {
         if self.vols.len() >= VOLS_MAX {
             return Ok(());
         }
@@ -747,14 +767,24 @@ impl World {
         let encrypted = self.rng.chance(500);
         let block_size = [4096u32, 4096, 8192, 16384][self.rng.below(4) as usize];
         let big = self.big_volumes && self.vols.is_empty();
-        let (lo, hi) = if big { (4096, 6144) } else { (512, 2048) };
+        let (lo, hi) = match shape {
+            _ if big => (4096, 6144),
+            // Each block a leaf of its own (two 4 KiB copies, and their parents): its map
+            // takes several times the data, so fewer cells.
+            CellLayout::Scatter => (256, 1024),
+            _ => (512, 2048),
+        };
         let cells = self.rng.range(lo, hi) & !((block_size as u64 / CELL) - 1);
         let key = encrypted.then(|| 1 + self.rng.below(200) as u8);
-        // Islands 64 MiB to 256 GiB apart: 2 to 24 TiB in all.
-        let spread = if huge {
-            ISLAND << self.rng.range(8, 21)
-        } else {
-            0
+        let (spread, island) = match shape {
+            CellLayout::Plain => (0, ISLAND),
+            // Islands 64 MiB to 256 GiB apart: 2 to 24 TiB in all.
+            CellLayout::Huge => (ISLAND << self.rng.range(8, 21), ISLAND),
+            // One block per island, 1 to 64 MiB apart (a leaf holds far fewer blocks).
+            CellLayout::Scatter => {
+                let island = block_size as u64 / CELL;
+                (island << self.rng.range(8, 14), island)
+            }
         };
         let model = Vol {
             name: name.clone(),
@@ -762,6 +792,7 @@ impl World {
             origin: None,
             block_size,
             spread,
+            island,
             cells: vec![Cell::zero(); cells as usize],
             snaps: Vec::new(),
         };
@@ -775,7 +806,9 @@ impl World {
             },
             encryption: encrypted,
         };
-        let spread_text = if spread > 0 {
+        let spread_text = if shape == CellLayout::Scatter {
+            format!(" spread {spread} island {island}")
+        } else if spread > 0 {
             format!(" spread {spread}")
         } else {
             String::new()
@@ -792,7 +825,8 @@ impl World {
             .map_err(|e| format!("open {name}: {e}"))?;
         // Its commit made everything durable.
         self.everything_durable();
-        self.stats.huge_volumes += u64::from(huge);
+        self.stats.huge_volumes += u64::from(shape == CellLayout::Huge);
+        self.stats.scattered_volumes += u64::from(shape == CellLayout::Scatter);
         self.vols.push(model);
         self.handles.push(Some(h));
         Ok(())
@@ -1184,13 +1218,14 @@ impl World {
             .volume(&name)
             .map_err(|e| format!("open clone {name}: {e}"))?;
         let block_size = self.vols[vi].block_size;
-        let spread = self.vols[vi].spread;
+        let (spread, island) = (self.vols[vi].spread, self.vols[vi].island);
         self.vols.push(Vol {
             name,
             key,
             origin: Some((vol, snap)),
             block_size,
             spread,
+            island,
             cells: values
                 .iter()
                 .map(|&v| Cell {
@@ -1982,8 +2017,9 @@ impl World {
             Kind::SnapDestroy => self.snap_destroy(vi),
             Kind::Clone => self.clone_snapshot(vi),
             Kind::Rollback => self.rollback(vi),
-            Kind::Create => self.create_volume(false),
-            Kind::HugeCreate => self.create_volume(true),
+            Kind::Create => self.create_volume(CellLayout::Plain),
+            Kind::HugeCreate => self.create_volume(CellLayout::Huge),
+            Kind::ScatterCreate => self.create_volume(CellLayout::Scatter),
             Kind::Destroy => self.destroy(),
             Kind::Resize => self.resize(vi),
             Kind::KeyCycle => self.key_cycle(vi),

@@ -24,6 +24,7 @@ fn budget(layout: SimLayout) {
     let ops = env("BULWARK_SIM_OPS", 500);
     let mut crashes = 0;
     let mut huge = 0;
+    let mut scattered = 0;
     let mut tiny = 0;
     let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
@@ -39,6 +40,7 @@ fn budget(layout: SimLayout) {
             Ok(r) => {
                 crashes += r.stats.crashes;
                 huge += r.stats.huge_volumes;
+                scattered += r.stats.scattered_volumes;
                 tiny += r.stats.tiny_node_cache;
                 tier.0 += r.stats.store_commits_failed;
                 tier.1 += r.stats.fenced;
@@ -56,6 +58,11 @@ fn budget(layout: SimLayout) {
     assert!(
         huge > 0,
         "{seeds} seeds of {layout:?} created no huge volume"
+    );
+    // And maps bigger than their data: a leaf per block (`Kind::ScatterCreate`).
+    assert!(
+        scattered > 0,
+        "{seeds} seeds of {layout:?} created no scattered volume"
     );
     // And a node cache too small to hold the maps (`World::tiny_node_cache`).
     assert!(

@@ -588,11 +588,35 @@ impl Log {
     /// (`Pending`) once `dirty_nodes` counts the leaf. The check runs on every call, not only
     /// when a head opens: records added to an open head raise what the commit needs too.
     pub fn alloc_run(&self, stream: Stream, lens: &[usize]) -> Result<(u64, usize)> {
+        self.alloc_run_above(stream, lens, 0)
+    }
+
+    /// One intent-log chain block of `len` bytes on the main devices' metadata stream
+    /// (`Stream::Meta` or `Meta2`). A commit's metadata may take the very last segment; a
+    /// chain block may not open a segment the next commit needs (`TABLE_SEGMENTS` and
+    /// `commit_need`): the flush that asked for it commits instead (`NoSpace`). Without this
+    /// floor, near full a run of log flushes took free segments below what the commit after
+    /// them had to write, and that commit, which is what frees the chain, had no room.
+    pub fn alloc_chain_block(&self, stream: Stream, len: usize) -> Result<u64> {
+        debug_assert!(matches!(stream, Stream::Meta | Stream::Meta2));
+        let floor = TABLE_SEGMENTS + self.commit_need(0);
+        self.alloc_run_above(stream, &[len], floor)
+            .map(|(addr, _)| addr)
+    }
+
+    /// `alloc_run`, where metadata opens a segment only while more than `meta_floor` are
+    /// free (the rule for client data and the cleaner is `plan`'s own).
+    fn alloc_run_above(
+        &self,
+        stream: Stream,
+        lens: &[usize],
+        meta_floor: u32,
+    ) -> Result<(u64, usize)> {
         assert!(!lens.is_empty());
         let counted = matches!(stream, Stream::Data | Stream::Clean);
         let mut g = self.inner.lock();
         let h = stream as usize;
-        match self.plan(&g, stream, lens)? {
+        match self.plan(&g, stream, lens, meta_floor)? {
             Plan::Head => {}
             Plan::Hole { whole } => {
                 let Some((seg, start, end)) = self.take_hole(&mut g, lens, whole) else {
@@ -658,16 +682,17 @@ impl Log {
     /// needs (`reserve`): each record they place may dirty one map leaf, so it is counted
     /// (`extra`) on every call, not only when a head opens. Data in a hole, or in the rest of
     /// one, takes no segment: it needs only the commit's room, not the cleaner's.
-    fn plan(&self, g: &Inner, stream: Stream, lens: &[usize]) -> Result<Plan> {
+    fn plan(&self, g: &Inner, stream: Stream, lens: &[usize], meta_floor: u32) -> Result<Plan> {
         let h = stream as usize;
         let free = g.free.len() as u32;
         let fits_head = g.heads[h].is_some_and(|(_, off)| g.limits[h] - off >= lens[0] as u32);
         if !matches!(stream, Stream::Data | Stream::Clean) {
-            // Metadata may take the very last segment; past it the pool is full.
-            return match (fits_head, free) {
-                (true, _) => Ok(Plan::Head),
-                (false, 0) => Err(Error::NoSpace),
-                (false, _) => Ok(Plan::Segment),
+            // A commit's metadata may take the very last segment; past it the pool is full.
+            // An intent-log chain block leaves the next commit its room (`alloc_chain_block`).
+            return match fits_head {
+                true => Ok(Plan::Head),
+                false if free <= meta_floor => Err(Error::NoSpace),
+                false => Ok(Plan::Segment),
             };
         }
         // At most this call's records (bounded by what fits in a segment).
@@ -911,7 +936,7 @@ impl Log {
     /// finds its room.
     pub fn space_available(&self, stream: Stream, lens: &[usize]) -> bool {
         let g = self.inner.lock();
-        self.plan(&g, stream, lens).is_ok()
+        self.plan(&g, stream, lens, 0).is_ok()
     }
 
     /// Whether background rewrites (key rotation) may go on: free segments exceed what
@@ -1611,6 +1636,43 @@ mod tests {
             log.alloc(Stream::Data, QUARTER),
             Err(Error::NoSpace)
         ));
+    }
+
+    /// Near full, FLUSHes go to the intent log (a commit there costs more than it frees),
+    /// and on the main devices each chain block is metadata, which could take the last
+    /// segments: then the commit that follows, the one that frees the chain, found no room
+    /// for its map nodes. A chain block now leaves the commit its room, and the flush that
+    /// asked for it is answered `NoSpace` (it commits instead); the commit's own metadata
+    /// still takes every segment.
+    #[test]
+    fn a_chain_block_leaves_the_next_commit_its_room() {
+        let log = Log::new(vec![0; 64], 0, true);
+        log.set_node_bytes(4096);
+        while log.alloc(Stream::Data, QUARTER).is_ok() {}
+        // Client writes dirtied leaves for two segments of map nodes per copy.
+        log.set_dirty_nodes(400);
+        let room = TABLE_SEGMENTS + log.commit_need(0);
+        assert!(
+            room > TABLE_SEGMENTS && log.free_segments() > room,
+            "{} free",
+            log.free_segments()
+        );
+        let block = 4096;
+        let mut blocks = 0;
+        while log.alloc_chain_block(Stream::Meta, block).is_ok() {
+            blocks += 1;
+            assert!(blocks < 64 * 256, "chain blocks took every segment");
+        }
+        assert_eq!(log.free_segments(), room, "after {blocks} chain blocks");
+        assert!(matches!(
+            log.alloc_chain_block(Stream::Meta2, block),
+            Err(Error::NoSpace)
+        ));
+        // The commit writes its nodes into what the chain left.
+        for _ in 0..room {
+            log.alloc(Stream::Meta, SEGMENT_BYTES as usize).unwrap();
+        }
+        assert_eq!(log.free_segments(), 0);
     }
 
     /// Decision 0014, "holes anywhere": a writer about to be refused with holes free but

@@ -318,7 +318,9 @@ impl Store {
     /// `Meta2`), its address noted for the object tier. Released by `release`.
     #[track_caller]
     pub fn place_log_block(&self, stream: Stream, len: usize) -> Result<u64> {
-        let a = self.log.alloc(stream, self.red.footprint(len))?;
+        let a = self
+            .log
+            .alloc_chain_block(stream, self.red.footprint(len))?;
         let footprint = self.red.footprint(len) as u64;
         self.live
             .placed(a, footprint, std::panic::Location::caller());
