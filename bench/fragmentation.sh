@@ -9,7 +9,7 @@
 # this user may, the host's page cache is dropped, so the reads come from the device file.
 #
 #   bench/fragmentation.sh [FILL=0.8] [TIMES=5] [BS=4k] [DEVICE_SIZE=1280M]
-#   SERVE_ARGS=--fill-holes bench/fragmentation.sh ...      writes fill holes (decision 0014)
+#   SERVE_ARGS=--no-fill-holes bench/fragmentation.sh ...   the cleaner alone (holes are the default, decision 0014)
 #
 # Prints both reads' MiB/s, their ratio (issue 40's target: >= 0.7), the overwrite's
 # IOPS and the pool's write amplification over it; then leaves the daemon alone until its

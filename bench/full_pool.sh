@@ -23,7 +23,7 @@ B=${BULWARK_BIN:-$PWD/target/release/bulwark}
 W=$(mktemp -d); trap 'kill %1 2>/dev/null || true; wait; [ -n "${KEEP_LOG:-}" ] && cp "$W/serve.log" "$KEEP_LOG"; rm -rf "$W"' EXIT
 export BULWARK_POOL=$W/pool BULWARK_REGISTRY=$W/registry.json
 "$B" pool create "$W/pool" --devices 1 --device-size "$DEV" --preallocate >/dev/null 2>&1
-# SERVE_ARGS: more serve flags (e.g. --fill-holes).
+# SERVE_ARGS: more serve flags (e.g. --no-fill-holes: the cleaner alone).
 "$B" serve "$W/pool" ${SERVE_ARGS:-} 2>"$W/serve.log" &
 for _ in $(seq 100); do [ -S "$W/pool/nbd.sock" ] && break; sleep 0.1; done
 usable=$("$B" status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["space"]["usable_bytes"])')

@@ -26,8 +26,9 @@
 #                        as bulwark-single / bulwark-mirror2, served with
 #                        --no-fill-holes (the cleaner alone makes room: decision 0014)
 #   bulwark-single-holes, bulwark-mirror2-holes
-#                        served with --fill-holes (decision 0014; opt-in, the default
-#                        only 2026-12-04 17:30-23:30 UTC)
+#                        served with --fill-holes (decision 0014; the default since
+#                        2026-12-05, and 2026-12-04 17:30-23:30 UTC: then the same as
+#                        bulwark-single / bulwark-mirror2, kept so older runs compare)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on

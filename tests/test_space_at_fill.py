@@ -21,17 +21,20 @@ pytestmark = pytest.mark.timeout(LONG_TEST_TIMEOUT_S)
 
 LAYOUTS = {
     # id: (layout, devices, device size, serve arguments)
+    # The daemon's default: writes fill holes when free segments run short (decision
+    # 0014; the default since 2026-12-05, after three whole-suite runs with them on and 20
+    # of 20 runs of every 90% case pinned to one CPU).
     "single": ("single", 1, "160M", ()),
-    # Holes (`serve --fill-holes`, opt-in; decision 0014), run only with
-    # BULWARK_TEST_FILL_HOLES=1: refused now and then at 90% until ae8816c; since, 0 of
-    # 160 unpinned and 0 of 60 pinned runs (BENCHMARKS.md, "Holes anywhere"). Out of the
-    # suite that gates a landing until holes are the default (decision 0014 says what
-    # that needs). The reproducer of decision 0014.
-    "single-fill-holes": ("single", 1, "160M", ("--fill-holes",)),
-    "mirror:2-fill-holes": ("mirror:2", 2, "160M", ("--fill-holes",)),
-    "parity:2+1-fill-holes": ("parity:2+1", 3, "96M", ("--fill-holes",)),
     "mirror:2": ("mirror:2", 2, "160M", ()),
     "parity:2+1": ("parity:2+1", 3, "96M", ()),
+    # The cleaner alone (`serve --no-fill-holes`). At 90% of usable space its victims are
+    # about 92% live (measured on single), so a pass moves 4-14 MB to gain about nothing: on a loaded machine
+    # eight passes in a row summed to -12 KB and writes were refused ("cleaning is stuck",
+    # 1 run in 3 beside a simulator run). That is the bound holes lift, not a fault:
+    # BULWARK_TEST_NO_HOLES_AT_90=1 runs those cases.
+    "single-no-holes": ("single", 1, "160M", ("--no-fill-holes",)),
+    "mirror:2-no-holes": ("mirror:2", 2, "160M", ("--no-fill-holes",)),
+    "parity:2+1-no-holes": ("parity:2+1", 3, "96M", ("--no-fill-holes",)),
 }
 
 
@@ -56,9 +59,10 @@ def assert_healthy(pool, what):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_random_overwrite_at_fill_never_faults(make_pool, tmp_path, layout, fill):
     require_tools("fio", "nbdcopy")
-    if "fill-holes" in layout and os.environ.get("BULWARK_TEST_FILL_HOLES") != "1":
-        pytest.skip("holes are opt-in (decision 0014): "
-                    "BULWARK_TEST_FILL_HOLES=1 runs this")
+    if ("no-holes" in layout and fill > 0.8
+            and os.environ.get("BULWARK_TEST_NO_HOLES_AT_90") != "1"):
+        pytest.skip("the cleaner alone at 90% of usable runs at its bound (see LAYOUTS): "
+                    "BULWARK_TEST_NO_HOLES_AT_90=1 runs this")
     layout, devices, device_size, serve_args = LAYOUTS[layout]
     pool = make_pool(layout=layout, devices=devices, device_size=device_size,
                      serve_args=serve_args)
@@ -97,7 +101,7 @@ def test_random_overwrite_at_fill_never_faults(make_pool, tmp_path, layout, fill
 DURABLE_CASES = {
     # id: (layout, devices, device size, serve arguments)
     "single": ("single", 1, "320M", ()),
-    "single-fill-holes": ("single", 1, "320M", ("--fill-holes",)),
+    "single-no-holes": ("single", 1, "320M", ("--no-fill-holes",)),
     "mirror2": ("mirror:2", 2, "320M", ()),
     "parity2+1": ("parity:2+1", 3, "160M", ()),
 }

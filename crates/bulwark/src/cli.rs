@@ -771,13 +771,14 @@ pub struct ServeArgs {
     /// device sync (for comparison; both are durable when the flush returns).
     #[arg(long)]
     pub no_intent_log: bool,
-    /// Experimental: write into holes (free extents of mostly-full segments) when free
-    /// segments run short, instead of waiting for the cleaner (decision 0014). Off by
-    /// default: at 90% fill on a slow CPU, random 4K overwrites can be refused with it on
-    /// ("cleaning is stuck").
+    /// Write into holes (free extents of partly-live segments) when free segments run
+    /// short, instead of waiting for the cleaner alone (decision 0014). The default; the
+    /// flag is kept for scripts that pass it.
     #[arg(long)]
     pub fill_holes: bool,
-    /// Never write into holes (the default; overrides --fill-holes).
+    /// Never write into holes: the cleaner alone makes room (overrides --fill-holes). Near
+    /// full, random small overwrites then wait on cleaning that gains little: at 90% of
+    /// usable space they can be refused ("cleaning is stuck").
     #[arg(long)]
     pub no_fill_holes: bool,
     /// Do not defragment when idle (by default, once no client has asked anything for 5

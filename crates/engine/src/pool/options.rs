@@ -57,10 +57,9 @@ pub struct OpenOptions {
     /// `Pool::scrub_step`, and a writer short of space gets `NoSpace` at once.
     pub stepped: bool,
     /// Client writes fill holes (free extents of partly-live segments) when free segments
-    /// run short, instead of waiting for the cleaner (decision 0014). Off by default (`serve
-    /// --fill-holes`): at 90% fill with the daemon on one CPU, random 4K overwrites were
-    /// refused with it on ("cleaning is stuck": holes filled in every mostly-live segment
-    /// leave the cleaner only victims that cost what they free).
+    /// run short, instead of waiting for the cleaner (decision 0014). The daemon turns it on
+    /// (`serve --no-fill-holes` leaves it off), as does the simulator; off in this default,
+    /// so the engine's tests of the cleaner measure the cleaner alone.
     pub fill_holes: bool,
     /// When no client has asked anything for a while, rewrite blocks that random
     /// overwrites scattered in block order (`pool/defrag.rs`). On by default (`serve
