@@ -61,7 +61,8 @@ pub struct Evicted {
 
 impl Core {
     /// Give back local room until the devices fit the cache's size (see the module docs).
-    /// Does nothing without an object store, a cache size, or while under it.
+    /// Does nothing without an object store, a cache size, or while under it (unless a
+    /// segment wanted back finds less than a segment of room: then down to the target too).
     pub fn evict(&self) -> Result<Evicted> {
         let mut done = Evicted::default();
         let Some(tier) = &self.tier else {
@@ -71,7 +72,12 @@ impl Core {
             return Ok(done);
         };
         let store = &self.store;
-        if tier.cache_unsupported.load(Ordering::Relaxed) || store.local_bytes() <= limit {
+        // Past the limit; or under it with less than a segment of room while a segment
+        // read often waits to come back (`bring_back` only uses room the cache has, and
+        // with nothing written the cache would stay just under its limit for ever).
+        let local = store.local_bytes();
+        let room_wanted = store.wants_back() && local + store.bytes_per_segment() > limit;
+        if tier.cache_unsupported.load(Ordering::Relaxed) || (local <= limit && !room_wanted) {
             return Ok(done);
         }
         // Room left below the limit: for a while of writes, and for segments read often

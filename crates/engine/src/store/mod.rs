@@ -1118,6 +1118,11 @@ impl Store {
         std::mem::take(&mut self.cold.lock().1)
     }
 
+    /// Whether some given-back segment is wanted back (`note_cold`).
+    pub fn wants_back(&self) -> bool {
+        !self.cold.lock().1.is_empty()
+    }
+
     /// Put back what `take_wanted_back` gave and was not brought back yet.
     pub fn return_wanted_back(&self, segs: &[u32]) {
         let mut c = self.cold.lock();

@@ -656,6 +656,71 @@ fn a_segment_read_often_is_brought_back() {
     assert_eq!(pool.core().store.remote_reads().healed, 0);
 }
 
+/// A segment read often comes back even when the local cache sits just under its limit,
+/// with less than a segment of room and nothing written to push it over (evictions stop
+/// at the limit, and bringing back only uses room the cache has). Before, it was wanted
+/// back for ever: the daemon's `test_cache_keeps_its_size_and_reads_come_from_the_store`
+/// timed out waiting for it on a loaded machine. Stepped, so no thread moves the cache.
+#[test]
+fn a_segment_wanted_back_gets_room_when_the_cache_is_just_under_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Mem::default());
+    drop(new_pool(dir.path(), &store));
+    let limit = 3u64 << 20;
+    let pool = Pool::open(
+        dir.path(),
+        OpenOptions {
+            stepped: true,
+            tier: Some(tier_as_host_a(&store, Some(limit))),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap();
+    pool.load_key("v", &volume_key()).unwrap();
+    let core = pool.core();
+    write_blocks(&pool, 0..1024, 0);
+    core.flush().unwrap();
+    core.evict().unwrap();
+    assert!(core.store.local_bytes() <= limit, "nothing given back");
+    // New writes until less than a segment of room is left, still under the limit.
+    let seg = core.store.bytes_per_segment();
+    let v = pool.volume("v").unwrap();
+    let mut i = 1024u64;
+    while core.store.local_bytes() + seg <= limit {
+        v.write((1 + i % 1023) * 4096, &block_of(i), false).unwrap();
+        i += 1;
+        assert!(i < 64 * 1024, "the device files never grew");
+    }
+    assert!(core.store.local_bytes() <= limit, "overshot the limit: the test is void");
+    // Block 0 was never overwritten: it lies in the oldest segment, given back.
+    let before = core.store.remote_reads().reads;
+    let mut b = vec![0u8; 4096];
+    for _ in 0..crate::constants::REFILL_AFTER_READS {
+        v.read(0, &mut b).unwrap();
+    }
+    assert!(core.store.remote_reads().reads > before, "block 0 was not given back");
+    let refilled = || {
+        core.tier
+            .as_ref()
+            .unwrap()
+            .status(&core.store)
+            .cache
+            .unwrap()
+            .refilled_total
+    };
+    for _ in 0..4 {
+        pool.maintenance_step().unwrap();
+    }
+    assert!(
+        refilled() > 0,
+        "never brought back: {} local bytes, limit {limit}, a segment {seg}",
+        core.store.local_bytes()
+    );
+    let before = core.store.remote_reads().reads;
+    v.read(0, &mut b).unwrap();
+    assert_eq!(core.store.remote_reads().reads, before, "still read from the store");
+}
+
 /// A commit's changes to the segment table ride in the superblock object (its delta): a
 /// small flush writes no table page, and the store's copy read back (pages, then the
 /// delta over them) is the table the writer holds.
