@@ -691,14 +691,20 @@ fn a_segment_wanted_back_gets_room_when_the_cache_is_just_under_its_limit() {
         i += 1;
         assert!(i < 64 * 1024, "the device files never grew");
     }
-    assert!(core.store.local_bytes() <= limit, "overshot the limit: the test is void");
+    assert!(
+        core.store.local_bytes() <= limit,
+        "overshot the limit: the test is void"
+    );
     // Block 0 was never overwritten: it lies in the oldest segment, given back.
     let before = core.store.remote_reads().reads;
     let mut b = vec![0u8; 4096];
     for _ in 0..crate::constants::REFILL_AFTER_READS {
         v.read(0, &mut b).unwrap();
     }
-    assert!(core.store.remote_reads().reads > before, "block 0 was not given back");
+    assert!(
+        core.store.remote_reads().reads > before,
+        "block 0 was not given back"
+    );
     let refilled = || {
         core.tier
             .as_ref()
@@ -718,7 +724,11 @@ fn a_segment_wanted_back_gets_room_when_the_cache_is_just_under_its_limit() {
     );
     let before = core.store.remote_reads().reads;
     v.read(0, &mut b).unwrap();
-    assert_eq!(core.store.remote_reads().reads, before, "still read from the store");
+    assert_eq!(
+        core.store.remote_reads().reads,
+        before,
+        "still read from the store"
+    );
 }
 
 /// A commit's changes to the segment table ride in the superblock object (its delta): a
