@@ -109,24 +109,33 @@ impl Core {
                 ),
                 None => {
                     // The log holds pointers only: the records they name are on the main
-                    // devices, synced once meanwhile.
-                    let (main, appended) = std::thread::scope(|s| {
-                        let main = s.spawn(|| self.store.flush_devices());
-                        let appended = logdev.append(
-                            pool_id,
-                            chain_id,
-                            &entries,
-                            None,
-                            &written,
-                            &self.log_key,
-                        );
-                        (
-                            main.join().expect("a device flush does not panic"),
-                            appended,
-                        )
-                    });
-                    main?;
-                    appended
+                    // devices, synced once meanwhile (on a thread of its own; under the
+                    // simulator one after the other, `env::run_jobs`).
+                    enum Done {
+                        Main(Result<()>),
+                        Log(crate::pool::intentlog::devices::Appended),
+                    }
+                    let jobs: Vec<crate::env::Job<'_, Done>> = vec![
+                        Box::new(|| Done::Main(self.store.flush_devices())),
+                        Box::new(|| {
+                            Done::Log(logdev.append(
+                                pool_id,
+                                chain_id,
+                                &entries,
+                                None,
+                                &written,
+                                &self.log_key,
+                            ))
+                        }),
+                    ];
+                    let mut appended = None;
+                    for done in crate::env::run_jobs(jobs) {
+                        match done {
+                            Done::Main(main) => main?,
+                            Done::Log(a) => appended = Some(a),
+                        }
+                    }
+                    appended.expect("the log job ran")
                 }
             };
             return Ok(match appended {
