@@ -680,7 +680,7 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     (
         "crates/engine/src/pool/txg/intent.rs",
         "log_flush_held",
-        137,
+        116,
     ),
     (
         "crates/engine/src/pool/txg/logdev.rs",

@@ -56,6 +56,37 @@ impl Core {
             .collect()
     }
 
+    /// Append `entries` (pointers only) to the log devices while the main devices, which
+    /// hold the records they name, are synced: at once, on a thread each (one after the
+    /// other under the simulator, `env::run_jobs`).
+    fn append_beside_main_sync(
+        &self,
+        logdev: &crate::pool::intentlog::devices::LogDevices,
+        pool_id: [u8; 16],
+        chain_id: [u8; 16],
+        entries: &[Entry],
+    ) -> Result<crate::pool::intentlog::devices::Appended> {
+        enum Done {
+            Main(Result<()>),
+            Log(crate::pool::intentlog::devices::Appended),
+        }
+        let written = || crate::crashpoint::hit("intent.written");
+        let jobs: Vec<crate::env::Job<'_, Done>> = vec![
+            Box::new(|| Done::Main(self.store.flush_devices())),
+            Box::new(|| {
+                Done::Log(logdev.append(pool_id, chain_id, entries, None, &written, &self.log_key))
+            }),
+        ];
+        let mut appended = None;
+        for done in crate::env::run_jobs(jobs) {
+            match done {
+                Done::Main(main) => main?,
+                Done::Log(a) => appended = Some(a),
+            }
+        }
+        Ok(appended.expect("the log job ran"))
+    }
+
     /// Make every write completed before the call durable through the intent log (the
     /// caller holds the commit lock). `Ok(false)`: no chain (a commit is needed instead);
     /// `NoSpace`: no room for a chain block (likewise). Any other error is the devices'.
@@ -107,36 +138,9 @@ impl Core {
                     &written,
                     &self.log_key,
                 ),
-                None => {
-                    // The log holds pointers only: the records they name are on the main
-                    // devices, synced once meanwhile (on a thread of its own; under the
-                    // simulator one after the other, `env::run_jobs`).
-                    enum Done {
-                        Main(Result<()>),
-                        Log(crate::pool::intentlog::devices::Appended),
-                    }
-                    let jobs: Vec<crate::env::Job<'_, Done>> = vec![
-                        Box::new(|| Done::Main(self.store.flush_devices())),
-                        Box::new(|| {
-                            Done::Log(logdev.append(
-                                pool_id,
-                                chain_id,
-                                &entries,
-                                None,
-                                &written,
-                                &self.log_key,
-                            ))
-                        }),
-                    ];
-                    let mut appended = None;
-                    for done in crate::env::run_jobs(jobs) {
-                        match done {
-                            Done::Main(main) => main?,
-                            Done::Log(a) => appended = Some(a),
-                        }
-                    }
-                    appended.expect("the log job ran")
-                }
+                // The log holds pointers only: the records they name are on the main
+                // devices, synced once meanwhile.
+                None => self.append_beside_main_sync(&logdev, pool_id, chain_id, &entries)?,
             };
             return Ok(match appended {
                 crate::pool::intentlog::devices::Appended::Done => {
