@@ -780,7 +780,8 @@ impl World {
             CellLayout::Plain => (0, ISLAND),
             // Islands 64 MiB to 256 GiB apart: 2 to 24 TiB in all.
             CellLayout::Huge => (ISLAND << self.rng.range(8, 21), ISLAND),
-            // One block per island, 1 to 64 MiB apart (a leaf holds far fewer blocks).
+            // One block per island, 256 to 16384 blocks apart (1 to 64 MiB for 4 KiB
+            // blocks, 4 to 256 MiB for 16 KiB): a leaf holds far fewer blocks.
             CellLayout::Scatter => {
                 let island = block_size as u64 / CELL;
                 (island << self.rng.range(8, 14), island)

@@ -31,7 +31,12 @@
 //! often (`Store::note_cold`) and writes them into their holes, under the log's lock while
 //! the segment is still marked (`Log::bring_back`), so their reads are local again. It
 //! runs on the maintenance thread, as `evict` does (never both at once); `bring_back_all`
-//! brings back every one (`pool object-store remove`).
+//! brings back every one (`pool object-store remove`). It only uses room the cache has;
+//! when a wanted segment finds less than a segment of room, the next `evict` gives back
+//! down to its target (oldest first), so a cache sitting just under its limit with no
+//! writes does not keep it wanted for ever. A segment must be read from the store
+//! `REFILL_AFTER_READS` times to be wanted, which bounds the churn of a working set
+//! larger than the cache.
 
 use std::sync::atomic::Ordering;
 
@@ -144,8 +149,8 @@ impl Core {
             if written.len() >= REFILL_BATCH {
                 break;
             }
-            // Only into room the cache has: bringing back never gives back others (a
-            // working set larger than the cache would only churn).
+            // Only into room the cache has: bringing back gives nothing back itself (the
+            // next `evict` makes room to its target when a wanted segment finds none).
             if let Some(limit) = tier.cache_bytes {
                 if store.local_bytes() + store.bytes_per_segment() > limit {
                     break;
