@@ -139,6 +139,11 @@ pub enum Kind {
     /// outgrow the data they point to, as a guest's scattered file-system metadata makes them
     /// (issue 36 part 5: the room kept to rewrite every map outgrew the cleaner's).
     ScatterCreate,
+    /// A guest writes its whole disk front to back, then flushes (`World::fill_volume`).
+    Fill,
+    /// A guest's burst of random one-block overwrites, a FLUSH every 16
+    /// (`World::overwrite`).
+    Overwrite,
     /// Not an operation: the seed's draw of a 64-node map cache (`World::tiny_node_cache`),
     /// named so that `--without SmallCache` turns it off like a kind.
     SmallCache,
@@ -192,7 +197,7 @@ const KINDS: [(Kind, u64); 17] = [
 /// own so that a seed run `--without` each of them replays as it did before they came
 /// (`tests/regressions.rs`). `RotateStep` (a batch of each rotation under way, what the
 /// rotation worker does) is on whenever `KeyRotate` is.
-pub const LATER_KINDS: [(Kind, u64); 9] = [
+pub const LATER_KINDS: [(Kind, u64); 11] = [
     (Kind::KeyRotate, 6),
     (Kind::RotateStep, 40),
     (Kind::KeyErase, 3),
@@ -202,6 +207,8 @@ pub const LATER_KINDS: [(Kind, u64); 9] = [
     (Kind::Idle, 6),
     (Kind::HugeCreate, 4),
     (Kind::ScatterCreate, 4),
+    (Kind::Fill, 3),
+    (Kind::Overwrite, 10),
 ];
 
 /// Faults a window arms on one member of a redundant pool (`World::fault`): every one
@@ -258,6 +265,8 @@ const CACHE_DEVICE_BYTES: u64 = 4 << 20;
 const HONEST_ENOSPC_PERCENT: u64 = 80;
 /// Volumes (clones included) at most, and snapshots per volume at most.
 const VOLS_MAX: usize = 5;
+/// Cells per write of `Kind::Fill` (1 MiB, as `qemu-img convert` and `dd bs=1M` write).
+const FILL_CELLS: u64 = 256;
 const SNAPS_MAX: usize = 3;
 
 /// What a run counted (printed at the end, and the numbers in BENCHMARKS.md).
@@ -318,6 +327,9 @@ pub struct Stats {
     pub scattered_volumes: u64,
     /// Runs whose map node cache held 64 nodes (`World::tiny_node_cache`).
     pub tiny_node_cache: u64,
+    /// Whole-volume fills (`Kind::Fill`) and random overwrite bursts (`Kind::Overwrite`).
+    pub fills: u64,
+    pub overwrites: u64,
     /// The object tier (`tier` layout): fault windows armed on the store, those in which
     /// it failed a request (how many it failed depends on the upload threads' order: not
     /// counted), flushes that failed under them, second writers and the fencings seen,
@@ -439,6 +451,11 @@ impl World {
                 // Its own generator: `later`'s draws after it (the cache device) stay.
                 Kind::HugeCreate => Rng::new(cfg.seed ^ 0x5eed_4a9e_0000_0003).chance(400),
                 Kind::ScatterCreate => Rng::new(cfg.seed ^ 0x5eed_5ca7_0000_0004).chance(300),
+                // Drawn together, from their own generator: a disk written whole, then
+                // overwritten at random.
+                Kind::Fill | Kind::Overwrite => {
+                    Rng::new(cfg.seed ^ 0x5eed_f111_0000_0005).chance(400)
+                }
                 _ => later.chance(600),
             };
             if drawn && !cfg.without.contains(&k) {
@@ -554,8 +571,8 @@ impl World {
             allow_fault_injection: true,
             cache_device: self.cache.clone(),
             cache_bytes: if self.tiny_node_cache { 0 } else { 8 << 20 },
-            // Off by default in the daemon (decision 0014, status); the simulator keeps
-            // checking it.
+            // The daemon's default since 2026-12-05 (decision 0014); the simulator ran
+            // with it on before that too.
             fill_holes: true,
             tier: self.tier.as_mut().map(|t| t.open()),
             // Every put and release checked against the others of the run (`store/live.rs`):
@@ -836,6 +853,13 @@ impl World {
     fn write(&mut self, vi: usize) -> R {
         let (c0, n) = self.range(vi, 256);
         let fua = self.rng.chance(100);
+        self.write_at(vi, c0, n, fua).map(|_| ())
+    }
+
+    /// Write cells `[c0, c0 + n)` of volume `vi` (one I/O: the range lies in one island)
+    /// with new values, and check the answer. `Ok(false)`: refused for space (after the
+    /// client's retry) or the machine died inside it.
+    fn write_at(&mut self, vi: usize, c0: u64, n: u64, fua: bool) -> Result<bool, String> {
         let mut buf = vec![0u8; (n * CELL) as usize];
         let mut values = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -862,6 +886,7 @@ impl World {
             self.within_wait_bound("a write", t)?;
         }
         self.stats.writes += 1;
+        let ok = got.is_ok();
         let cells = &mut self.vols[vi].cells[c0 as usize..(c0 + n) as usize];
         match got {
             _ if self.journal.frozen() => {
@@ -885,11 +910,59 @@ impl World {
                 ))
             }
         }
-        self.trace.text(if self.journal.frozen() {
-            "frozen"
-        } else {
-            "ok"
-        });
+        let frozen = self.journal.frozen();
+        self.trace.text(if frozen { "frozen" } else { "ok" });
+        Ok(!frozen && ok)
+    }
+
+    /// A guest writing its whole disk front to back (an image copied in, `dd`): writes of
+    /// `FILL_CELLS`, then a FLUSH. It stops at the first refusal for space, as a copy
+    /// does. On a near-full seed's big first volume it fills the pool with live data:
+    /// where cleaning's moves and rewritten map nodes cost about what it frees once
+    /// snapshots pin that data (issue 36's endless wait needed a disk filled, then
+    /// overwritten at random under two snapshots).
+    fn fill_volume(&mut self, vi: usize) -> R {
+        let cells = self.vols[vi].cells.len() as u64;
+        self.trace.text(&format!("fill {vi}"));
+        self.stats.fills += 1;
+        let mut c0 = 0;
+        while c0 < cells {
+            let n = self.vols[vi].clip(c0, FILL_CELLS.min(cells - c0));
+            if !self.write_at(vi, c0, n, false)? {
+                return Ok(());
+            }
+            c0 += n;
+        }
+        self.flush(vi)
+    }
+
+    /// A guest's sustained random overwrite (a database, fio): 32 to 256 writes of one
+    /// block each at random blocks of a hot region (the whole volume down to a sixteenth
+    /// of it), a FLUSH after every 16, as a guest with 16 writes in flight flushes.
+    /// Repeated uniform random overwrite leaves dead bytes spread thin over every segment
+    /// written since the last snapshot (the cleaner's worst case), which single writes
+    /// between other operations rarely do. It stops at the first refusal for space.
+    fn overwrite(&mut self, vi: usize) -> R {
+        let per = (self.vols[vi].block_size as u64 / CELL).max(1);
+        let blocks = self.vols[vi].cells.len() as u64 / per;
+        if blocks == 0 {
+            return Ok(());
+        }
+        let span = (blocks >> self.rng.below(5)).max(1);
+        let first = self.rng.below(blocks - span + 1);
+        let count = self.rng.range(32, 256);
+        self.trace
+            .text(&format!("overwrite {vi} {first}+{span} {count}"));
+        self.stats.overwrites += 1;
+        for i in 1..=count {
+            let c0 = (first + self.rng.below(span)) * per;
+            if !self.write_at(vi, c0, per, false)? {
+                return Ok(());
+            }
+            if i % 16 == 0 {
+                self.flush(vi)?;
+            }
+        }
         Ok(())
     }
 
@@ -2043,6 +2116,8 @@ impl World {
             Kind::TierRestore => self.tier_restore(),
             Kind::TierStep => self.tier_step(),
             Kind::Idle => self.idle(),
+            Kind::Fill => self.fill_volume(vi),
+            Kind::Overwrite => self.overwrite(vi),
             Kind::SmallCache => unreachable!("never on: not an operation"),
         }
     }

@@ -26,6 +26,7 @@ fn budget(layout: SimLayout) {
     let mut huge = 0;
     let mut scattered = 0;
     let mut tiny = 0;
+    let mut bursts = (0, 0);
     let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
         let cfg = Config {
@@ -42,6 +43,8 @@ fn budget(layout: SimLayout) {
                 huge += r.stats.huge_volumes;
                 scattered += r.stats.scattered_volumes;
                 tiny += r.stats.tiny_node_cache;
+                bursts.0 += r.stats.fills;
+                bursts.1 += r.stats.overwrites;
                 tier.0 += r.stats.store_commits_failed;
                 tier.1 += r.stats.fenced;
                 tier.2 += r.stats.restores;
@@ -68,6 +71,13 @@ fn budget(layout: SimLayout) {
     assert!(
         tiny > 0,
         "{seeds} seeds of {layout:?} ran no pool with a 64-node map cache"
+    );
+    // And disks written whole, then overwritten at random (`Kind::Fill`, `Kind::Overwrite`).
+    assert!(
+        bursts.0 > 0 && bursts.1 > 0,
+        "{seeds} seeds of {layout:?}: {} whole-volume fills, {} overwrite bursts",
+        bursts.0,
+        bursts.1
     );
     if layout == SimLayout::Tier {
         // And the object store's faults: refused flushes, fencings, restores.
