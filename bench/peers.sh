@@ -29,6 +29,10 @@
 #                        served with --fill-holes (decision 0014; the default since
 #                        2026-12-05, and 2026-12-04 17:30-23:30 UTC: then the same as
 #                        bulwark-single / bulwark-mirror2, kept so older runs compare)
+#   bulwark-single-holesfirst, bulwark-mirror2-holesfirst
+#                        served with --holes-first (experimental: the cleaner runs only
+#                        for the segments commits need, data fills holes; BENCHMARKS.md,
+#                        "Holes first")
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on
@@ -117,7 +121,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,qemu-raw-btrfs,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,qemu-raw-btrfs,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes,bulwark-single-holesfirst,bulwark-mirror2-holesfirst
 
 FULL=0
 REPEAT=1
@@ -482,10 +486,11 @@ start_nbdkit_file() {
     URI=$(nbd_uri "$d" "")
 }
 
-start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes]
+start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes|holes|holesfirst]
     local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=() serve_opts=()
     [ "${4:-}" = noholes ] && serve_opts=(--no-fill-holes)
     [ "${4:-}" = holes ] && serve_opts=(--fill-holes)
+    [ "${4:-}" = holesfirst ] && serve_opts=(--holes-first)
     [ "$PREALLOCATE" = 1 ] && prealloc=(--preallocate)
     if [ "${4:-}" = log ]; then
         truncate -s 64M "$d/log.img"
@@ -663,6 +668,8 @@ start_server() { # NAME DIR
         bulwark-single-holes) start_bulwark "$2" single lz4 holes ;;
         bulwark-mirror2-holes) start_bulwark "$2" mirror:2 lz4 holes ;;
         bulwark-mirror2-noholes) start_bulwark "$2" mirror:2 lz4 noholes ;;
+        bulwark-single-holesfirst) start_bulwark "$2" single lz4 holesfirst ;;
+        bulwark-mirror2-holesfirst) start_bulwark "$2" mirror:2 lz4 holesfirst ;;
     esac
     wait_ready "$URI" "$2/server.log"
     [ "${#BENCH_TARGET[@]}" -gt 0 ] || BENCH_TARGET=(bench --uri "$URI")

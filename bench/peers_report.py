@@ -26,7 +26,8 @@ PEERS = ["qemu-raw", "qemu-luks", "nbdkit-file", "qemu-raw-btrfs"]
 BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2",
             "bulwark-single-log", "bulwark-mirror2-log",
             "bulwark-single-noholes", "bulwark-mirror2-noholes",
-            "bulwark-single-holes", "bulwark-mirror2-holes"]
+            "bulwark-single-holes", "bulwark-mirror2-holes",
+            "bulwark-single-holesfirst", "bulwark-mirror2-holesfirst"]
 SERVER_ORDER = PEERS + BULWARKS
 SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
 METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]

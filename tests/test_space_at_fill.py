@@ -35,6 +35,11 @@ LAYOUTS = {
     "single-no-holes": ("single", 1, "160M", ("--no-fill-holes",)),
     "mirror:2-no-holes": ("mirror:2", 2, "160M", ("--no-fill-holes",)),
     "parity:2+1-no-holes": ("parity:2+1", 3, "96M", ("--no-fill-holes",)),
+    # Holes first (`serve --holes-first`, experimental): the holes of segments a quarter
+    # live take client data and the cleaner runs only for the segments commits need.
+    "single-holes-first": ("single", 1, "160M", ("--holes-first",)),
+    "mirror:2-holes-first": ("mirror:2", 2, "160M", ("--holes-first",)),
+    "parity:2+1-holes-first": ("parity:2+1", 3, "96M", ("--holes-first",)),
 }
 
 
@@ -102,6 +107,7 @@ DURABLE_CASES = {
     # id: (layout, devices, device size, serve arguments)
     "single": ("single", 1, "320M", ()),
     "single-no-holes": ("single", 1, "320M", ("--no-fill-holes",)),
+    "single-holes-first": ("single", 1, "320M", ("--holes-first",)),
     "mirror2": ("mirror:2", 2, "320M", ()),
     "parity2+1": ("parity:2+1", 3, "160M", ()),
 }

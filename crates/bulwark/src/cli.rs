@@ -781,6 +781,13 @@ pub struct ServeArgs {
     /// usable space they can be refused ("cleaning is stuck").
     #[arg(long)]
     pub no_fill_holes: bool,
+    /// Experimental: holes first. Near full, client writes go into the holes of any
+    /// segment at least a quarter live, and the cleaner runs only for the whole segments
+    /// commits need (F2FS's threaded logging): at 80-90% fill, less write amplification
+    /// and faster random overwrite (BENCHMARKS.md, "Holes first"). Not yet the default:
+    /// it has not passed the bar decision 0014 sets for that.
+    #[arg(long, conflicts_with = "no_fill_holes")]
+    pub holes_first: bool,
     /// Do not defragment when idle (by default, once no client has asked anything for 5
     /// seconds, blocks scattered by random overwrites are rewritten in block order).
     #[arg(long)]

@@ -64,6 +64,9 @@ pub const CLEAN_FUTILE_PASSES: u32 = 8;
 pub const QUIESCE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// Clean when fewer free segments than this remain (or `FREE_PERCENT_LOW` of the pool).
 pub const SEGMENTS_FREE_LOW: u32 = 8;
+/// With holes first (`OpenOptions::holes_first`): the cleaner runs when fewer free
+/// segments than this remain above what client data may not take (or a writer waits).
+pub const HOLES_FIRST_CLEAN_MARGIN: u32 = 4;
 /// Seconds with no client read or write before the defragmenter starts (`pool/defrag.rs`).
 pub const DEFRAG_IDLE_SECS: u64 = 5;
 pub const FREE_PERCENT_LOW: u32 = 10;

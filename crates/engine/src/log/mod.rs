@@ -199,6 +199,12 @@ pub struct Log {
     /// Client writes fill holes when free segments run short (decision 0014); off with an
     /// object tier (`track_freed`: its uploads are whole segments).
     fill_holes: AtomicBool,
+    /// Live bytes a segment must hold for its holes to be filled: `HOLE_LIVE_MIN`, or
+    /// `HOLES_FIRST_LIVE_MIN` with holes first (`set_holes_first`).
+    hole_live_min: AtomicU32,
+    /// Holes first (`set_holes_first`): the cleaner runs only for the whole segments
+    /// commits need (`pool::core::Core::low_on_space`).
+    holes_first: AtomicBool,
     /// A writer was about to be refused for space with holes free but none usable: until
     /// free segments are back at `low_free_segments`, the holes of any sealed segment that
     /// holds live records may be filled, not only those of nearly full ones
@@ -275,6 +281,8 @@ fn aligned(len: usize) -> u64 {
 
 /// Live bytes below which a segment's holes are left to the cleaner (`usable_for_holes`).
 const HOLE_LIVE_MIN: u32 = (SEGMENT_BYTES - SEGMENT_BYTES / 4) as u32;
+/// `HOLE_LIVE_MIN` with holes first (`Log::set_holes_first`): a segment a quarter live.
+const HOLES_FIRST_LIVE_MIN: u32 = (SEGMENT_BYTES / 4) as u32;
 
 /// Bytes the run `lens` takes laid end to end, at most a segment.
 fn run_bytes(lens: &[usize]) -> u32 {
@@ -331,6 +339,8 @@ impl Log {
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
             fill_holes: AtomicBool::new(true),
+            hole_live_min: AtomicU32::new(HOLE_LIVE_MIN),
+            holes_first: AtomicBool::new(false),
             holes_anywhere: AtomicBool::new(false),
             released: Mutex::new(Vec::new()),
             filled: AtomicU64::new(0),
@@ -878,13 +888,38 @@ impl Log {
         let live = self.live[seg as usize].load(Ordering::Acquire);
         state[seg as usize] == SegState::Sealed
             && seg >= self.reuse_floor
-            && (live >= HOLE_LIVE_MIN || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
+            && (live >= self.hole_live_min.load(Ordering::Relaxed)
+                || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
     }
 
     /// Client writes fill holes when free segments run short (on unless set off: tests that
     /// measure the cleaner alone).
     pub fn set_fill_holes(&self, on: bool) {
         self.fill_holes.store(on, Ordering::Relaxed);
+    }
+
+    /// Holes first (`OpenOptions::holes_first`, experimental): the holes of any segment at
+    /// least a quarter live take client data (`HOLES_FIRST_LIVE_MIN`), and the cleaner
+    /// runs only when free segments come within `HOLES_FIRST_CLEAN_MARGIN` of what client
+    /// data may not take, or a writer waits (`pool::core::Core::low_on_space`): it makes
+    /// the whole segments commits need, and the data goes into holes, as F2FS's threaded
+    /// logging does. Implies `set_fill_holes(true)`.
+    pub fn set_holes_first(&self, on: bool) {
+        self.holes_first.store(on, Ordering::Relaxed);
+        let min = if on {
+            HOLES_FIRST_LIVE_MIN
+        } else {
+            HOLE_LIVE_MIN
+        };
+        self.hole_live_min.store(min, Ordering::Relaxed);
+        if on {
+            self.set_fill_holes(true);
+        }
+    }
+
+    /// Whether holes come first (`set_holes_first`).
+    pub fn holes_first(&self) -> bool {
+        self.holes_first.load(Ordering::Relaxed)
     }
 
     /// What the hole table holds, and what client writes placed into holes since start.
@@ -1593,6 +1628,39 @@ mod tests {
             "a free segment, not the half-empty one"
         );
         assert_eq!(bytes_and_count(&log), (2 * QUARTER as u64, 1));
+    }
+
+    /// With holes first (`set_holes_first`) a half-live segment's holes take writes: the
+    /// cleaner runs only for the segments commits need, so the data goes into holes. A
+    /// segment less than a quarter live is still the cleaner's.
+    #[test]
+    fn holes_first_fills_a_half_live_segment() {
+        let log = Log::new(vec![0; 64], 0, true);
+        log.set_holes_first(true);
+        let addrs = fill_to_holes(&log);
+        // Segment 2 half live; segment 3 less than a quarter.
+        log.release_bytes(addrs[9], QUARTER as u32);
+        log.release_bytes(addrs[10], QUARTER as u32);
+        log.release_bytes(addrs[12], QUARTER as u32);
+        log.release_bytes(addrs[13], QUARTER as u32);
+        log.release_bytes(addrs[14], QUARTER as u32);
+        log.release_bytes(addrs[15], 4096);
+        commit(&log);
+        let free = log.free_segments();
+        let a = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(
+            a == addrs[9] || a == addrs[10],
+            "the half-live segment's hole"
+        );
+        assert_eq!(log.free_segments(), free, "no segment taken");
+        let b = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(b == addrs[9] || b == addrs[10], "and its other one");
+        let c = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(
+            !(addrs[12]..addrs[15] + QUARTER as u64).contains(&c),
+            "not the segment less than a quarter live"
+        );
+        assert_eq!(log.free_segments(), free - 1);
     }
 
     /// Once writers were about to be refused (holes anywhere), a write into a hole needs

@@ -603,7 +603,15 @@ impl Core {
         // segments at least 3/4 live), which commits need. A first version let it idle while
         // enough holes were known; it then started with too little room to gain
         // (`bench/full_pool.sh` and `test_space_at_fill` on parity at 90%: writes refused).
-        self.store.space_wanted() || self.store.free_segments() < self.store.low_free_segments()
+        // With holes first (`OpenOptions::holes_first`) it waits until free segments come
+        // within a margin of the client floor: it makes the whole segments commits need,
+        // and client data goes into holes meanwhile.
+        let start = if self.store.holes_first() {
+            self.store.reserved_segments() + crate::constants::HOLES_FIRST_CLEAN_MARGIN
+        } else {
+            self.store.low_free_segments()
+        };
+        self.store.space_wanted() || self.store.free_segments() < start
     }
 
     pub fn any_dirty(&self) -> bool {

@@ -61,6 +61,13 @@ pub struct OpenOptions {
     /// (`serve --no-fill-holes` leaves it off), as does the simulator; off in this default,
     /// so the engine's tests of the cleaner measure the cleaner alone.
     pub fill_holes: bool,
+    /// Holes first (experimental; implies `fill_holes`): below the cleaner's usual start,
+    /// client data goes into the holes of any segment at least a quarter live, and the
+    /// cleaner runs only for the whole segments commits need, when free segments come
+    /// within `HOLES_FIRST_CLEAN_MARGIN` of the client floor or a writer waits
+    /// (`Log::set_holes_first`; BENCHMARKS.md, "Holes first"). Off by default (`serve
+    /// --holes-first`).
+    pub holes_first: bool,
     /// When no client has asked anything for a while, rewrite blocks that random
     /// overwrites scattered in block order (`pool/defrag.rs`). On by default (`serve
     /// --no-defrag` turns it off).
@@ -88,6 +95,7 @@ impl Default for OpenOptions {
             tier: None,
             stepped: false,
             fill_holes: false,
+            holes_first: false,
             defrag: true,
             check_addresses: cfg!(debug_assertions),
         }

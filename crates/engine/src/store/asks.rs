@@ -219,6 +219,16 @@ impl Store {
         self.log.set_fill_holes(on);
     }
 
+    /// Holes first (`OpenOptions::holes_first`, `Log::set_holes_first`).
+    pub fn set_holes_first(&self, on: bool) {
+        self.log.set_holes_first(on);
+    }
+
+    /// Whether holes come first (`Log::holes_first`).
+    pub fn holes_first(&self) -> bool {
+        self.log.holes_first()
+    }
+
     /// Free segments below which writes fill holes and the cleaner may run.
     pub fn low_free_segments(&self) -> u32 {
         self.log.low_free_segments()

@@ -71,6 +71,9 @@ pub(super) fn build(
     let volumes = volume_states(families, &errors);
     store.install_log(Log::new(live, newest.high_water, complete), &data_segments);
     store.set_fill_holes(opts.fill_holes);
+    if opts.holes_first {
+        store.set_holes_first(true);
+    }
     // The object store (issue 22): taken before the import's commit, which publishes.
     let tier = match &tier_open {
         Some(t) => {
