@@ -44,7 +44,7 @@ impl Kind {
             .iter()
             .chain(LATER_KINDS.iter())
             .chain(tiered::TIER_KINDS.iter())
-            .chain([(Kind::SmallCache, 0)].iter())
+            .chain([(Kind::SmallCache, 0), (Kind::HolesFirst, 0)].iter())
             .map(|(k, _)| *k)
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(s))
     }
@@ -147,6 +147,9 @@ pub enum Kind {
     /// Not an operation: the seed's draw of a 64-node map cache (`World::tiny_node_cache`),
     /// named so that `--without SmallCache` turns it off like a kind.
     SmallCache,
+    /// Not an operation: the seed's draw of holes first (`OpenOptions::holes_first`,
+    /// `World::holes_first`), named so that `--without HolesFirst` turns it off.
+    HolesFirst,
 }
 
 /// How a new volume lays its cells out (`model::Vol::spread`).
@@ -327,6 +330,8 @@ pub struct Stats {
     pub scattered_volumes: u64,
     /// Runs whose map node cache held 64 nodes (`World::tiny_node_cache`).
     pub tiny_node_cache: u64,
+    /// Runs with holes first (`World::holes_first`).
+    pub holes_first: u64,
     /// Whole-volume fills (`Kind::Fill`) and random overwrite bursts (`Kind::Overwrite`).
     pub fills: u64,
     pub overwrites: u64,
@@ -375,6 +380,9 @@ pub struct World {
     big_volumes: bool,
     /// The map's node cache holds 64 nodes, not 8 MiB (`World::new`).
     tiny_node_cache: bool,
+    /// A third of the seeds run with holes first (`serve --holes-first`, experimental:
+    /// holes of segments a quarter live, the cleaner only for the segments commits need).
+    holes_first: bool,
     /// The pool has a separate log device (`SimLayout::Log`, or `Kind::LogChange`).
     log_device: bool,
     /// The pool keeps a second copy of everything (mirror, parity).
@@ -479,6 +487,8 @@ impl World {
         // of issue 37 was seen with very large thin volumes). Its own generator too.
         let tiny_node_cache = Rng::new(cfg.seed ^ 0x5eed_cac4_0000_0004).chance(333)
             && !cfg.without.contains(&Kind::SmallCache);
+        let holes_first = Rng::new(cfg.seed ^ 0x5eed_401e_0000_0006).chance(333)
+            && !cfg.without.contains(&Kind::HolesFirst);
         let tier = tiered::draw(cfg, &mut on);
         let base = match &cfg.dir {
             Some(d) => d.clone(),
@@ -517,6 +527,7 @@ impl World {
             trace: Trace::default(),
             stats: Stats {
                 tiny_node_cache: u64::from(tiny_node_cache),
+                holes_first: u64::from(holes_first),
                 ..Stats::default()
             },
             op: 0,
@@ -531,6 +542,7 @@ impl World {
             compression,
             big_volumes,
             tiny_node_cache,
+            holes_first,
             log_device: cfg.layout.log_device(),
             redundant: matches!(cfg.layout, SimLayout::Mirror | SimLayout::Parity),
             window: None,
@@ -574,6 +586,7 @@ impl World {
             // The daemon's default since 2026-12-05 (decision 0014); the simulator ran
             // with it on before that too.
             fill_holes: true,
+            holes_first: self.holes_first,
             tier: self.tier.as_mut().map(|t| t.open()),
             // Every put and release checked against the others of the run (`store/live.rs`):
             // a double release or a put over a live record fails the seed.
@@ -2118,7 +2131,7 @@ impl World {
             Kind::Idle => self.idle(),
             Kind::Fill => self.fill_volume(vi),
             Kind::Overwrite => self.overwrite(vi),
-            Kind::SmallCache => unreachable!("never on: not an operation"),
+            Kind::SmallCache | Kind::HolesFirst => unreachable!("never on: not an operation"),
         }
     }
 

@@ -27,6 +27,7 @@ fn budget(layout: SimLayout) {
     let mut scattered = 0;
     let mut tiny = 0;
     let mut bursts = (0, 0);
+    let mut holes_first = 0;
     let mut tier = (0, 0, 0);
     for seed in 1..=seeds {
         let cfg = Config {
@@ -45,6 +46,7 @@ fn budget(layout: SimLayout) {
                 tiny += r.stats.tiny_node_cache;
                 bursts.0 += r.stats.fills;
                 bursts.1 += r.stats.overwrites;
+                holes_first += r.stats.holes_first;
                 tier.0 += r.stats.store_commits_failed;
                 tier.1 += r.stats.fenced;
                 tier.2 += r.stats.restores;
@@ -78,6 +80,11 @@ fn budget(layout: SimLayout) {
         "{seeds} seeds of {layout:?}: {} whole-volume fills, {} overwrite bursts",
         bursts.0,
         bursts.1
+    );
+    // And holes first (`serve --holes-first`), except on the tier, which fills no holes.
+    assert!(
+        holes_first > 0 || layout == SimLayout::Tier,
+        "{seeds} seeds of {layout:?} ran no pool with holes first"
     );
     if layout == SimLayout::Tier {
         // And the object store's faults: refused flushes, fencings, restores.

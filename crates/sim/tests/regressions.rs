@@ -140,7 +140,12 @@ fn s1_seed_9500096_tier() {
         dir: None,
         log: false,
         // As it was found: scattered volumes, fills and overwrite bursts came later.
-        without: vec![Kind::ScatterCreate, Kind::Fill, Kind::Overwrite],
+        without: vec![
+            Kind::ScatterCreate,
+            Kind::Fill,
+            Kind::Overwrite,
+            Kind::HolesFirst,
+        ],
     };
     if let Err(f) = run(&cfg) {
         panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
@@ -164,7 +169,7 @@ fn w1_seed_1047_mirror() {
         dir: None,
         log: false,
         // Every kind there was when it was found; kinds added later go here.
-        without: Vec::new(),
+        without: vec![Kind::HolesFirst],
     };
     if let Err(f) = run(&cfg) {
         panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
@@ -182,7 +187,7 @@ fn holds(seed: u64, ops: u64, layout: SimLayout) {
         without: LATER_KINDS
             .iter()
             .map(|(k, _)| *k)
-            .chain([Kind::SmallCache])
+            .chain([Kind::SmallCache, Kind::HolesFirst])
             .collect(),
     };
     if let Err(f) = run(&cfg) {
@@ -206,6 +211,7 @@ fn holds_all(seed: u64, ops: u64, layout: SimLayout) {
             Kind::ScatterCreate,
             Kind::Fill,
             Kind::Overwrite,
+            Kind::HolesFirst,
         ],
     };
     if let Err(f) = run(&cfg) {

@@ -917,9 +917,10 @@ impl Log {
         }
     }
 
-    /// Whether holes come first (`set_holes_first`).
+    /// Whether holes come first (`set_holes_first`): never on a pool with an object tier,
+    /// which fills no holes (`track_freed`), so its cleaner starts at `low` as before.
     pub fn holes_first(&self) -> bool {
-        self.holes_first.load(Ordering::Relaxed)
+        self.holes_first.load(Ordering::Relaxed) && !self.track_freed.load(Ordering::Relaxed)
     }
 
     /// What the hole table holds, and what client writes placed into holes since start.
