@@ -133,23 +133,14 @@ fn f7_seed_720115_tier() {
 /// keeps the size as nothing.
 #[test]
 fn s1_seed_9500096_tier() {
-    let cfg = Config {
-        seed: 9500096,
-        ops: 1500,
-        layout: SimLayout::Tier,
-        dir: None,
-        log: false,
-        // As it was found: scattered volumes, fills and overwrite bursts came later.
-        without: vec![
-            Kind::ScatterCreate,
-            Kind::Fill,
-            Kind::Overwrite,
-            Kind::HolesFirst,
-        ],
-    };
-    if let Err(f) = run(&cfg) {
-        panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
-    }
+    // As it was found: scattered volumes, fills, overwrite bursts and holes first came later.
+    let later = [
+        Kind::ScatterCreate,
+        Kind::Fill,
+        Kind::Overwrite,
+        Kind::HolesFirst,
+    ];
+    holds_without(9500096, 1500, SimLayout::Tier, &later);
 }
 
 /// Issue 36's endless wait, found by the simulator (2026-12-05) with the wait rule of
@@ -162,57 +153,45 @@ fn s1_seed_9500096_tier() {
 /// the whole wait, stuck cleaning refused at once) the seed holds, holes on or off.
 #[test]
 fn w1_seed_1047_mirror() {
-    let cfg = Config {
-        seed: 1047,
-        ops: 3300,
-        layout: SimLayout::Mirror,
-        dir: None,
-        log: false,
-        // Every kind there was when it was found; kinds added later go here.
-        without: vec![Kind::HolesFirst],
-    };
-    if let Err(f) = run(&cfg) {
-        panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
-    }
+    // Every kind there was when it was found; kinds added later go here.
+    holds_without(1047, 3300, SimLayout::Mirror, &[Kind::HolesFirst]);
 }
 
 fn holds(seed: u64, ops: u64, layout: SimLayout) {
-    let cfg = Config {
-        seed,
-        ops,
-        layout,
-        dir: None,
-        log: false,
-        // The run as it was when the bug was found: without the kinds added since.
-        without: LATER_KINDS
-            .iter()
-            .map(|(k, _)| *k)
-            .chain([Kind::SmallCache, Kind::HolesFirst])
-            .collect(),
-    };
-    if let Err(f) = run(&cfg) {
-        panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
-    }
+    // The run as it was when the bug was found: without the kinds added since.
+    let later: Vec<Kind> = LATER_KINDS
+        .iter()
+        .map(|(k, _)| *k)
+        .chain([Kind::SmallCache, Kind::HolesFirst])
+        .collect();
+    holds_without(seed, ops, layout, &later);
 }
 
 /// A seed with every kind of operation the seed draws (F2 needs the later ones).
 fn holds_all(seed: u64, ops: u64, layout: SimLayout) {
+    // Kinds added after these seeds were found: the runs stay as they were then.
+    let later = [
+        Kind::Idle,
+        Kind::HugeCreate,
+        Kind::SmallCache,
+        Kind::ScatterCreate,
+        Kind::Fill,
+        Kind::Overwrite,
+        Kind::HolesFirst,
+    ];
+    holds_without(seed, ops, layout, &later);
+}
+
+/// Run `seed` for `ops` operations on `layout` with the kinds in `without` off; a failure
+/// panics with the line that replays it.
+fn holds_without(seed: u64, ops: u64, layout: SimLayout, without: &[Kind]) {
     let cfg = Config {
         seed,
         ops,
         layout,
         dir: None,
         log: false,
-        // Kinds added after these seeds were found: the runs stay as they were then.
-        without: vec![
-            Kind::Idle,
-            Kind::HugeCreate,
-            Kind::SmallCache,
-            Kind::ScatterCreate,
-            Kind::Fill,
-            Kind::Overwrite,
-            Kind::HolesFirst,
-        ],
+        without: without.to_vec(),
     };
     if let Err(f) = run(&cfg) {
         panic!("op {}: {}\nreplay: {}", f.op, f.message, f.replay);
