@@ -199,9 +199,6 @@ pub struct Log {
     /// Client writes fill holes when free segments run short (decision 0014); off with an
     /// object tier (`track_freed`: its uploads are whole segments).
     fill_holes: AtomicBool,
-    /// Live bytes a segment must hold for its holes to be filled: `HOLE_LIVE_MIN`, or
-    /// `HOLES_FIRST_LIVE_MIN` with holes first (`set_holes_first`).
-    hole_live_min: AtomicU32,
     /// Holes first (`set_holes_first`): the cleaner runs only for the whole segments
     /// commits need (`pool::core::Core::low_on_space`).
     holes_first: AtomicBool,
@@ -339,7 +336,6 @@ impl Log {
             freed: Mutex::new(Vec::new()),
             track_freed: AtomicBool::new(false),
             fill_holes: AtomicBool::new(true),
-            hole_live_min: AtomicU32::new(HOLE_LIVE_MIN),
             holes_first: AtomicBool::new(false),
             holes_anywhere: AtomicBool::new(false),
             released: Mutex::new(Vec::new()),
@@ -888,7 +884,7 @@ impl Log {
         let live = self.live[seg as usize].load(Ordering::Acquire);
         state[seg as usize] == SegState::Sealed
             && seg >= self.reuse_floor
-            && (live >= self.hole_live_min.load(Ordering::Relaxed)
+            && (live >= self.hole_live_min()
                 || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
     }
 
@@ -906,14 +902,17 @@ impl Log {
     /// logging does. Implies `set_fill_holes(true)`.
     pub fn set_holes_first(&self, on: bool) {
         self.holes_first.store(on, Ordering::Relaxed);
-        let min = if on {
+        if on {
+            self.set_fill_holes(true);
+        }
+    }
+
+    /// Live bytes a segment must hold for its holes to be filled (`usable_for_holes`).
+    fn hole_live_min(&self) -> u32 {
+        if self.holes_first.load(Ordering::Relaxed) {
             HOLES_FIRST_LIVE_MIN
         } else {
             HOLE_LIVE_MIN
-        };
-        self.hole_live_min.store(min, Ordering::Relaxed);
-        if on {
-            self.set_fill_holes(true);
         }
     }
 
