@@ -280,6 +280,10 @@ fn aligned(len: usize) -> u64 {
 const HOLE_LIVE_MIN: u32 = (SEGMENT_BYTES - SEGMENT_BYTES / 4) as u32;
 /// `HOLE_LIVE_MIN` with holes first (`Log::set_holes_first`): a segment a quarter live.
 const HOLES_FIRST_LIVE_MIN: u32 = (SEGMENT_BYTES / 4) as u32;
+/// With holes first, free segments above what client data may not take below which
+/// `HOLE_LIVE_MIN` holds again (`Log::hole_live_min`): four times the cleaner's start
+/// (`HOLES_FIRST_CLEAN_MARGIN`), so victims have decayed when it starts.
+const HOLES_FIRST_KEEP_VICTIMS: u32 = 4 * crate::constants::HOLES_FIRST_CLEAN_MARGIN;
 
 /// Bytes the run `lens` takes laid end to end, at most a segment.
 fn run_bytes(lens: &[usize]) -> u32 {
@@ -843,8 +847,9 @@ impl Log {
     fn take_hole(&self, g: &mut Inner, lens: &[usize], whole: bool) -> Option<(u32, u32, u32)> {
         let want = run_bytes(lens);
         let min = if whole { want } else { lens[0] as u32 };
+        let live_min = self.hole_live_min(g.free.len() as u32);
         let Inner { holes, state, .. } = g;
-        holes.take(want, min, |seg| self.usable_for_holes(state, seg))
+        holes.take(want, min, |seg| self.usable_with(state, seg, live_min))
     }
 
     /// Whether writes may fill the holes of any live segment now (`open_holes_anywhere`).
@@ -867,7 +872,7 @@ impl Log {
 
     /// Whether a hole of `seg` may be filled now (`take_hole`).
     fn hole_usable(&self, g: &Inner, seg: u32) -> bool {
-        self.usable_for_holes(&g.state, seg)
+        self.usable_for_holes(g, seg)
     }
 
     /// A segment's holes are filled only while it holds at least `HOLE_LIVE_MIN` live
@@ -880,12 +885,16 @@ impl Log {
     /// with live records will do. Never one with none: the next commit frees it whole, and
     /// the commit under way may have collected it already (a fill adds to the live count
     /// under the lock that takes the hole, so a segment being filled never counts zero).
-    fn usable_for_holes(&self, state: &[SegState], seg: u32) -> bool {
+    fn usable_for_holes(&self, g: &Inner, seg: u32) -> bool {
+        self.usable_with(&g.state, seg, self.hole_live_min(g.free.len() as u32))
+    }
+
+    /// `usable_for_holes` with the live bytes a segment must hold, `live_min`, worked out.
+    fn usable_with(&self, state: &[SegState], seg: u32, live_min: u32) -> bool {
         let live = self.live[seg as usize].load(Ordering::Acquire);
         state[seg as usize] == SegState::Sealed
             && seg >= self.reuse_floor
-            && (live >= self.hole_live_min()
-                || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
+            && (live >= live_min || (live > 0 && self.holes_anywhere.load(Ordering::Acquire)))
     }
 
     /// Client writes fill holes when free segments run short (on unless set off: tests that
@@ -907,9 +916,21 @@ impl Log {
         }
     }
 
-    /// Live bytes a segment must hold for its holes to be filled (`usable_for_holes`).
-    fn hole_live_min(&self) -> u32 {
-        if self.holes_first.load(Ordering::Relaxed) {
+    /// Live bytes a segment must hold for its holes to be filled (`usable_for_holes`), with
+    /// `free` segments free.
+    ///
+    /// With holes first, a quarter while free segments stay `HOLES_FIRST_KEEP_VICTIMS` above
+    /// what client data may not take; closer to it, 3/4 again, as without. Filling every
+    /// quarter-live segment to the brim left the cleaner, when it started, only segments
+    /// about as live as the pool (83%): with 4 KiB records each byte it moved cost a byte of
+    /// map nodes, so no pass gained, commits took the last free segments and 4 KiB writes
+    /// were refused at 83% of usable (`bench/fragmentation.sh 0.8 5 4k`, and at 0.84 on a
+    /// 640M device). Near the cleaner's start the half-live segments are left to decay into
+    /// victims it gains from, as the default does all along.
+    fn hole_live_min(&self, free: u32) -> u32 {
+        if self.holes_first.load(Ordering::Relaxed)
+            && free >= self.reserve(Stream::Data, 0) + HOLES_FIRST_KEEP_VICTIMS
+        {
             HOLES_FIRST_LIVE_MIN
         } else {
             HOLE_LIVE_MIN
@@ -929,7 +950,7 @@ impl Log {
             bytes: g.holes.bytes(),
             large_bytes: g
                 .holes
-                .large_bytes_usable(|seg| self.usable_for_holes(&g.state, seg), u64::MAX),
+                .large_bytes_usable(|seg| self.usable_for_holes(&g, seg), u64::MAX),
             count: g.holes.count(),
             filled_bytes: self.filled.load(Ordering::Relaxed),
             anywhere: self.holes_anywhere.load(Ordering::Relaxed),
@@ -1635,7 +1656,9 @@ mod tests {
     /// segment less than a quarter live is still the cleaner's.
     #[test]
     fn holes_first_fills_a_half_live_segment() {
-        let log = Log::new(vec![0; 64], 0, true);
+        // Enough segments that free ones stay `HOLES_FIRST_KEEP_VICTIMS` above the client
+        // floor once holes are filled (`fill_to_holes` stops just below `low`).
+        let log = Log::new(vec![0; 256], 0, true);
         log.set_holes_first(true);
         let addrs = fill_to_holes(&log);
         // Segment 2 half live; segment 3 less than a quarter.
@@ -1661,6 +1684,46 @@ mod tests {
             "not the segment less than a quarter live"
         );
         assert_eq!(log.free_segments(), free - 1);
+    }
+
+    /// With holes first, once free segments come within `HOLES_FIRST_KEEP_VICTIMS` of the
+    /// client floor a half-live segment is the cleaner's again: its holes are not filled,
+    /// so it decays into a victim the cleaner gains from. Before, every segment a quarter
+    /// live was filled to the brim, the cleaner found only segments about as live as the
+    /// pool, and 4 KiB writes were refused at 83% of usable (`bench/fragmentation.sh 0.8 5
+    /// 4k` with `serve --holes-first`); here the last write took the half-live hole.
+    #[test]
+    fn holes_first_leaves_half_live_segments_to_the_cleaner_near_its_start() {
+        let log = Log::new(vec![0; 256], 0, true);
+        log.set_holes_first(true);
+        let addrs = fill_to_holes(&log);
+        // Segments 2 and 3 half live.
+        for i in [8, 9, 12, 13] {
+            log.release_bytes(addrs[i], QUARTER as u32);
+        }
+        commit(&log);
+        let in_seg = |a: u64, i: usize| (addrs[i]..addrs[i] + 2 * QUARTER as u64).contains(&a);
+        let keep = log.reserved_segments() + HOLES_FIRST_KEEP_VICTIMS;
+        assert!(log.free_segments() >= keep, "room to fill half-live holes");
+        let a = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(in_seg(a, 8) || in_seg(a, 12), "a half-live segment's hole");
+        // Commits take free segments down to just below the mark.
+        while log.free_segments() >= keep {
+            log.alloc(Stream::Meta, QUARTER).unwrap();
+        }
+        let (three_quarters, half) = if in_seg(a, 8) { (8, 12) } else { (12, 8) };
+        let b = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(
+            in_seg(b, three_quarters),
+            "a 3/4-live segment's hole is still filled"
+        );
+        let free = log.free_segments();
+        let c = log.alloc(Stream::Data, QUARTER).unwrap();
+        assert!(
+            !in_seg(c, half),
+            "the half-live segment is left to the cleaner"
+        );
+        assert_eq!(log.free_segments(), free - 1, "a free segment instead");
     }
 
     /// Once writers were about to be refused (holes anywhere), a write into a hole needs
