@@ -30,9 +30,13 @@
 #                        2026-12-05, and 2026-12-04 17:30-23:30 UTC: then the same as
 #                        bulwark-single / bulwark-mirror2, kept so older runs compare)
 #   bulwark-single-holesfirst, bulwark-mirror2-holesfirst
-#                        served with --holes-first (experimental: the cleaner runs only
-#                        for the segments commits need, data fills holes; BENCHMARKS.md,
-#                        "Holes first")
+#                        served with --holes-first (the cleaner runs only for the segments
+#                        commits need, data fills holes; BENCHMARKS.md, "Holes first"; the
+#                        default since 2026-12-05 14:00 UTC, then the same as bulwark-single
+#                        / bulwark-mirror2, kept so older runs compare)
+#   bulwark-single-noholesfirst, bulwark-mirror2-noholesfirst
+#                        served with --no-holes-first (holes only in segments 3/4 live, the
+#                        cleaner at the usual mark: the default before holes first)
 #   bulwark-mirror2      bulwark layout mirror:2, encrypted, lz4
 #   bulwark-single-log   as bulwark-single, with the intent log on a separate log device
 #                        (--log-device: a file beside the pool's in the workdir, so on
@@ -121,7 +125,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BULWARK=${BULWARK_BIN:-$REPO/target/release/bulwark}
-ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,qemu-raw-btrfs,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes,bulwark-single-holesfirst,bulwark-mirror2-holesfirst
+ALL_SERVERS=qemu-raw,qemu-luks,nbdkit-file,qemu-raw-btrfs,bulwark-single,bulwark-single-nolz4,bulwark-mirror2,bulwark-single-log,bulwark-mirror2-log,bulwark-single-noholes,bulwark-mirror2-noholes,bulwark-single-holes,bulwark-mirror2-holes,bulwark-single-holesfirst,bulwark-mirror2-holesfirst,bulwark-single-noholesfirst,bulwark-mirror2-noholesfirst
 
 FULL=0
 REPEAT=1
@@ -486,11 +490,12 @@ start_nbdkit_file() {
     URI=$(nbd_uri "$d" "")
 }
 
-start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes|holes|holesfirst]
+start_bulwark() { # DIR LAYOUT COMPRESSION [log|noholes|holes|holesfirst|noholesfirst]
     local d=$1 layout=$2 compression=$3 devices=1 device_bytes=$DEVICE_BYTES log=() prealloc=() serve_opts=()
     [ "${4:-}" = noholes ] && serve_opts=(--no-fill-holes)
     [ "${4:-}" = holes ] && serve_opts=(--fill-holes)
     [ "${4:-}" = holesfirst ] && serve_opts=(--holes-first)
+    [ "${4:-}" = noholesfirst ] && serve_opts=(--no-holes-first)
     [ "$PREALLOCATE" = 1 ] && prealloc=(--preallocate)
     if [ "${4:-}" = log ]; then
         truncate -s 64M "$d/log.img"
@@ -670,6 +675,8 @@ start_server() { # NAME DIR
         bulwark-mirror2-noholes) start_bulwark "$2" mirror:2 lz4 noholes ;;
         bulwark-single-holesfirst) start_bulwark "$2" single lz4 holesfirst ;;
         bulwark-mirror2-holesfirst) start_bulwark "$2" mirror:2 lz4 holesfirst ;;
+        bulwark-single-noholesfirst) start_bulwark "$2" single lz4 noholesfirst ;;
+        bulwark-mirror2-noholesfirst) start_bulwark "$2" mirror:2 lz4 noholesfirst ;;
     esac
     wait_ready "$URI" "$2/server.log"
     [ "${#BENCH_TARGET[@]}" -gt 0 ] || BENCH_TARGET=(bench --uri "$URI")

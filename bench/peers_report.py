@@ -27,7 +27,8 @@ BULWARKS = ["bulwark-single", "bulwark-single-nolz4", "bulwark-mirror2",
             "bulwark-single-log", "bulwark-mirror2-log",
             "bulwark-single-noholes", "bulwark-mirror2-noholes",
             "bulwark-single-holes", "bulwark-mirror2-holes",
-            "bulwark-single-holesfirst", "bulwark-mirror2-holesfirst"]
+            "bulwark-single-holesfirst", "bulwark-mirror2-holesfirst",
+            "bulwark-single-noholesfirst", "bulwark-mirror2-noholesfirst"]
 SERVER_ORDER = PEERS + BULWARKS
 SINGLES = ["bulwark-single", "bulwark-single-nolz4"]
 METRICS = ["iops", "mb_per_s", "lat_p50_us", "lat_p99_us"]

@@ -287,8 +287,10 @@ class Pool:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         # BULWARK_TEST_SERVE_ARGS: options for every daemon of the run (the whole suite
         # with `--fill-holes`, say), before the test's own.
+        # A test's own `--no-fill-holes` wins over a run-wide `--holes-first` (they conflict).
         every = [a for a in os.environ.get("BULWARK_TEST_SERVE_ARGS", "").split()
-                 if a not in self.serve_args]
+                 if a not in self.serve_args
+                 and not (a == "--holes-first" and "--no-fill-holes" in self.serve_args)]
         self.proc = subprocess.Popen([str(self.bin), "serve", str(self.dir), *every,
                                       *self.serve_args],
                                      stdout=log, stderr=subprocess.STDOUT,

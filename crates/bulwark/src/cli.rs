@@ -781,14 +781,17 @@ pub struct ServeArgs {
     /// usable space they can be refused ("cleaning is stuck").
     #[arg(long)]
     pub no_fill_holes: bool,
-    /// Experimental: holes first. Near full, client writes go into the holes of any
-    /// segment at least a quarter live, and the cleaner runs only for the whole segments
-    /// commits need (F2FS's threaded logging): at 80-90% fill, less write amplification
-    /// and faster random overwrite (BENCHMARKS.md, "Holes first"). Not the default: durable
-    /// random 4 KiB overwrite of a 1 GiB volume at 80% fill was refused with ENOSPC at 83%
-    /// of usable space with it on (decision 0014).
-    #[arg(long, conflicts_with = "no_fill_holes")]
+    /// Holes first, the default (decision 0014): near full, client writes go into the
+    /// holes of any segment at least a quarter live, and the cleaner runs only for the
+    /// whole segments commits need (F2FS's threaded logging), so random overwrites at
+    /// 80-90% fill copy far less (BENCHMARKS.md, "Holes first"). The flag is kept for
+    /// scripts that pass it.
+    #[arg(long, conflicts_with_all = ["no_fill_holes", "no_holes_first"])]
     pub holes_first: bool,
+    /// Holes only in segments at least 3/4 live, with the cleaner starting at the usual
+    /// free-space mark: the rule before holes first became the default (for comparison).
+    #[arg(long)]
+    pub no_holes_first: bool,
     /// Do not defragment when idle (by default, once no client has asked anything for 5
     /// seconds, blocks scattered by random overwrites are rewritten in block order).
     #[arg(long)]

@@ -85,7 +85,8 @@ pub fn serve(dir: &Path, args: &ServeArgs) -> Result<()> {
     // Holes are the daemon's default (decision 0014); the engine's own default stays off
     // for the tests that measure the cleaner alone.
     opts.fill_holes = !args.no_fill_holes;
-    opts.holes_first = args.holes_first;
+    // Holes first too (decision 0014, "Holes first"), unless holes are off altogether.
+    opts.holes_first = args.holes_first || !(args.no_holes_first || args.no_fill_holes);
     opts.defrag = !args.no_defrag;
     // A pool whose every byte is local starts while its object store does not answer.
     crate::objects::SERVE_WITHOUT_STORE.store(true, std::sync::atomic::Ordering::Release);
