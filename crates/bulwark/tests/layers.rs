@@ -390,7 +390,8 @@ const POOL: Table = Table {
         // Group commit: which commit covers a FLUSH (model-checked: `crates/modelcheck`).
         ("group", &[]),
         // The cleaner's move against client writes: swap where the map still points at the
-        // old copy (model-checked: `crates/modelcheck`).
+        // old copy, and set every snapshot and clone tree that still holds it
+        // (model-checked: `crates/modelcheck`).
         ("relocate", &[]),
         // The state every volume handle shares.
         ("core", &["format", "group", "intentlog", "status", "tier"]),

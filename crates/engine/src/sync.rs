@@ -1,6 +1,6 @@
 //! The locks and atomics of the protocols that are model-checked (`crates/modelcheck`):
 //! the log's segment states (`log`), the reuse gate (`store::gate`), group commit
-//! (`pool::group`), the cleaner's swap (`pool::relocate`), a volume's uses
+//! (`pool::group`), the cleaner's swap and moves (`pool::relocate`), a volume's uses
 //! (`volume::uses`) and its stripe locks (`volume::stripes`) take theirs from here, not
 //! from `parking_lot` or `std` directly.
 //!

@@ -42,7 +42,8 @@ pub mod gate;
 pub mod group;
 
 /// The cleaner's move against client writes: the swap where the map still points at the
-/// old copy (`crates/engine/src/pool/relocate.rs`).
+/// old copy, and the move into every snapshot and clone tree that still holds it
+/// (`crates/engine/src/pool/relocate.rs`).
 #[path = "../../engine/src/pool/relocate.rs"]
 pub mod relocate;
 

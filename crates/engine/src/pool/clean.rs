@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::Core;
-use super::relocate::{swap_where_held, Relocation};
+use super::relocate::{install_where_held, swap_where_held, Relocation, SharedTrees};
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
@@ -94,6 +94,82 @@ impl Relocation for Mover<'_> {
 
     fn not_swapped(&self, new: &Blkptr) {
         self.core.store.release(Dead::unlinked(*new));
+    }
+}
+
+/// A move into the trees of a volume with snapshots or clones
+/// (`relocate::install_where_held`): each tree set dirties one more leaf for the next
+/// commit (held first, counted after), a move in the head is noted for the intent log.
+struct Installer<'a> {
+    core: &'a Core,
+}
+
+impl<'a> SharedTrees for Installer<'a> {
+    type Volume = VolumeState;
+    type Handle = Arc<VolumeState>;
+    type Tree = crate::map::Tree;
+    type Snap = crate::volume::snap::Snap;
+    type Ptr = Blkptr;
+    type Name = String;
+    type Room = crate::log::Pending<'a>;
+
+    fn map_lock<'v>(&self, v: &'v VolumeState) -> &'v crate::sync::Mutex<crate::map::Tree> {
+        v.map_lock()
+    }
+
+    fn snaps_lock<'v>(
+        &self,
+        v: &'v VolumeState,
+    ) -> &'v crate::sync::RwLock<Vec<crate::volume::snap::Snap>> {
+        v.snaps_lock()
+    }
+
+    fn tree<'s>(&self, s: &'s crate::volume::snap::Snap) -> &'s crate::map::Tree {
+        &s.tree
+    }
+
+    fn tree_mut<'s>(&self, s: &'s mut crate::volume::snap::Snap) -> &'s mut crate::map::Tree {
+        &mut s.tree
+    }
+
+    fn clone_name(&self, s: &crate::volume::snap::Snap) -> Option<String> {
+        (!s.base).then(|| s.name.clone())
+    }
+
+    fn clones_of(&self, v: &VolumeState, name: &String) -> Vec<Arc<VolumeState>> {
+        self.core.clones_of(v.name(), name)
+    }
+
+    fn holds(&self, t: &crate::map::Tree, lba: u64, p: &Blkptr) -> Result<bool> {
+        let store = &*self.core.store;
+        t.holds(store, store.nodes(), At::Data(lba), p)
+    }
+
+    fn set(&self, t: &mut crate::map::Tree, lba: u64, p: &Blkptr) -> Result<()> {
+        let store = &*self.core.store;
+        t.set(store, store.nodes(), lba, *p).map(|_| ())
+    }
+
+    fn hold_room(&self, trees: usize) -> Result<crate::log::Pending<'a>> {
+        // Each tree's leaf is one more dirty node for the next commit.
+        let core: &'a Core = self.core;
+        core.store.try_hold_nodes(trees)
+    }
+
+    fn head_moved(&self, v: &VolumeState, lba: u64, new: &Blkptr) {
+        note_move(v, lba, new);
+    }
+
+    fn installed(
+        &self,
+        v: &VolumeState,
+        head: &crate::map::Tree,
+        snaps: &[crate::volume::snap::Snap],
+    ) {
+        let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
+        self.core.note_dirty_cleaning(v.snaps_dirty(), dirty);
+        self.core
+            .note_dirty_cleaning(v.head_dirty(), head.dirty_nodes());
     }
 }
 
@@ -454,9 +530,10 @@ impl Core {
 
     /// Point every tree that holds `old` at block `lba` — the run of `v`'s trees from
     /// `k` on, and the runs of the clones of every snapshot in it (through their bases,
-    /// recursively) — at `new`: clones first, then `v`'s run, each run newest first, so
-    /// the trees holding `old` stay one connected run while it shrinks. Returns the number
-    /// of trees changed. Takes each volume's locks alone, never two volumes' at once.
+    /// recursively) — at `new`: `relocate::install_where_held` (clones first, then `v`'s
+    /// run, each run newest first, looked up and set under one hold of its locks). Returns
+    /// the number of trees changed. Takes each volume's locks alone, never two volumes' at
+    /// once.
     fn install_moved(
         &self,
         v: &VolumeState,
@@ -465,61 +542,7 @@ impl Core {
         old: &Blkptr,
         new: &Blkptr,
     ) -> Result<usize> {
-        let run =
-            |head: &crate::map::Tree, snaps: &[crate::volume::snap::Snap]| -> Result<Vec<usize>> {
-                let mut holders = Vec::new();
-                for j in k..=snaps.len() {
-                    let t = if j < snaps.len() {
-                        &snaps[j].tree
-                    } else {
-                        head
-                    };
-                    if !t.holds(&*self.store, self.store.nodes(), At::Data(lba), old)? {
-                        break;
-                    }
-                    holders.push(j);
-                }
-                Ok(holders)
-            };
-        let shared_with: Vec<String> = {
-            let head = v.map();
-            let snaps = v.snapshots();
-            run(&head, &snaps)?
-                .into_iter()
-                .filter(|&j| j < snaps.len() && !snaps[j].base)
-                .map(|j| snaps[j].name.clone())
-                .collect()
-        };
-        let mut changed = 0;
-        for name in shared_with {
-            for c in self.clones_of(v.name(), &name) {
-                changed += self.install_moved(&c, 0, lba, old, new)?;
-            }
-        }
-        let mut head = v.map();
-        let mut snaps = v.snapshots_mut();
-        let holders = run(&head, &snaps)?;
-        if holders.is_empty() {
-            return Ok(changed);
-        }
-        // Each tree's leaf is one more dirty node for the next commit.
-        let _held = self.store.try_hold_nodes(holders.len())?;
-        let n = snaps.len();
-        for &j in holders.iter().rev() {
-            let t = if j < n {
-                &mut snaps[j].tree
-            } else {
-                &mut *head
-            };
-            t.set(&*self.store, self.store.nodes(), lba, *new)?;
-            if j == n {
-                note_move(v, lba, new);
-            }
-        }
-        let dirty: usize = snaps.iter().map(|s| s.tree.dirty_nodes()).sum();
-        self.note_dirty_cleaning(v.snaps_dirty(), dirty);
-        self.note_dirty_cleaning(v.head_dirty(), head.dirty_nodes());
-        Ok(changed + holders.len())
+        install_where_held(&Installer { core: self }, v, k, lba, old, new)
     }
 
     /// Read record `old` (block `lba` of `v`) to move it: verified, from any copy (a bad

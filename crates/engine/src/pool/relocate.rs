@@ -9,11 +9,19 @@
 //! old copy is released; a block a writer changed keeps the writer's pointer and the new
 //! copy is released. Either way every copy is released once and no newer write is undone.
 //!
+//! A record that snapshots or clones share is moved into every tree that holds it
+//! (`install_where_held`): for one volume, the run of its trees from the oldest that held
+//! the record when the walk found it, stopping at the first that no longer does, looked
+//! up and set newest first under one hold of the map lock and the snapshot list; the
+//! clones of the snapshots in that run first, recursively, each volume's locks taken
+//! alone. A client write to a head in between keeps its pointer: the run stops before it.
+//!
 //! The map and what a swap does around it (the notes for the intent log, the releases)
-//! come in through [`Relocation`]; the lock is `crate::sync`'s, so `crates/modelcheck`
-//! checks this file under shuttle against threads playing writers and the cleaner.
+//! come in through [`Relocation`], the trees of a volume with snapshots and clones
+//! through [`SharedTrees`]; the locks are `crate::sync`'s, so `crates/modelcheck` checks
+//! this file under shuttle against threads playing writers, snapshots and the cleaner.
 
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard, RwLock};
 use crate::Result;
 
 /// What a batch of moves is installed into: a map of blocks to pointers, behind a lock.
@@ -67,4 +75,125 @@ pub fn swap_where_held<'m, R: Relocation>(
         }
     }
     (m, Ok(moved))
+}
+
+/// What a move into a volume's snapshot and clone trees is installed into
+/// (`install_where_held`): volumes, each a map lock over its head tree and a lock over its
+/// snapshots (oldest first, a clone's base first), and the clones of a snapshot, found by
+/// its name.
+pub trait SharedTrees {
+    /// A volume (its locks).
+    type Volume;
+    /// A volume found as a clone of a snapshot.
+    type Handle: std::ops::Deref<Target = Self::Volume>;
+    /// A tree: a head or a snapshot's.
+    type Tree;
+    /// A snapshot: it has a tree.
+    type Snap;
+    /// A block pointer: equal only to a pointer at the same copy of the same record.
+    type Ptr;
+    /// What the clones of a snapshot know it by.
+    type Name;
+    /// Room held for the nodes the sets dirty, kept until they are counted (`installed`).
+    type Room;
+
+    /// The volume's map lock, over its head tree.
+    fn map_lock<'v>(&self, v: &'v Self::Volume) -> &'v Mutex<Self::Tree>;
+    /// The volume's snapshot list's lock (taken after the map lock, never before).
+    fn snaps_lock<'v>(&self, v: &'v Self::Volume) -> &'v RwLock<Vec<Self::Snap>>;
+    /// A snapshot's tree.
+    fn tree<'s>(&self, s: &'s Self::Snap) -> &'s Self::Tree;
+    /// A snapshot's tree, to change.
+    fn tree_mut<'s>(&self, s: &'s mut Self::Snap) -> &'s mut Self::Tree;
+    /// The name the clones of `s` know it by; `None` for a clone's base (never cloned).
+    fn clone_name(&self, s: &Self::Snap) -> Option<Self::Name>;
+    /// The volumes cloned from snapshot `name` of `v` (no lock of `v` held).
+    fn clones_of(&self, v: &Self::Volume, name: &Self::Name) -> Vec<Self::Handle>;
+    /// Whether `t` points block `lba` at `p`.
+    fn holds(&self, t: &Self::Tree, lba: u64, p: &Self::Ptr) -> Result<bool>;
+    /// Point block `lba` of `t` at `p`.
+    fn set(&self, t: &mut Self::Tree, lba: u64, p: &Self::Ptr) -> Result<()>;
+    /// Room for `trees` more dirty nodes, held before the first set.
+    fn hold_room(&self, trees: usize) -> Result<Self::Room>;
+    /// The head of `v` points block `lba` at `new` now (under its locks).
+    fn head_moved(&self, v: &Self::Volume, lba: u64, new: &Self::Ptr);
+    /// Every set of this volume's run made, its locks still held: count what they dirtied.
+    fn installed(&self, v: &Self::Volume, head: &Self::Tree, snaps: &[Self::Snap]);
+}
+
+/// The run of `v`'s trees from `k` on (`k` a snapshot's index, or the number of snapshots
+/// for the head) that hold `old` at `lba`, stopping at the first that does not.
+fn run_holding<S: SharedTrees>(
+    s: &S,
+    head: &S::Tree,
+    snaps: &[S::Snap],
+    k: usize,
+    lba: u64,
+    old: &S::Ptr,
+) -> Result<Vec<usize>> {
+    let mut holders = Vec::new();
+    for j in k..=snaps.len() {
+        let t = match snaps.get(j) {
+            Some(snap) => s.tree(snap),
+            None => head,
+        };
+        if !s.holds(t, lba, old)? {
+            break;
+        }
+        holders.push(j);
+    }
+    Ok(holders)
+}
+
+/// Point every tree that holds `old` at block `lba` at `new`: the run of `v`'s trees from
+/// tree `k` on that hold it, and the runs of the clones of every snapshot in it (from
+/// their bases, recursively). Clones first, then `v`'s run, each run newest first, so the
+/// trees holding `old` stay one connected run while it shrinks; `v`'s run is looked up
+/// again and set under one hold of its map lock and its snapshot list (for write), so a
+/// client write to the head in between keeps its pointer. Returns the number of trees
+/// changed. Takes each volume's locks alone, never two volumes' at once (the map lock,
+/// then the snapshots: the order of `Volume::write` and a snapshot's commit).
+///
+/// Snapshots are neither taken nor destroyed meanwhile (the caller holds the commit
+/// lock): `k` names the same tree from the walk that found `old` to the set.
+pub fn install_where_held<S: SharedTrees>(
+    s: &S,
+    v: &S::Volume,
+    k: usize,
+    lba: u64,
+    old: &S::Ptr,
+    new: &S::Ptr,
+) -> Result<usize> {
+    let cloned: Vec<S::Name> = {
+        let head = s.map_lock(v).lock();
+        let snaps = s.snaps_lock(v).read();
+        run_holding(s, &head, &snaps, k, lba, old)?
+            .into_iter()
+            .filter_map(|j| snaps.get(j).and_then(|snap| s.clone_name(snap)))
+            .collect()
+    };
+    let mut changed = 0;
+    for name in cloned {
+        for c in s.clones_of(v, &name) {
+            changed += install_where_held(s, &c, 0, lba, old, new)?;
+        }
+    }
+    let mut head = s.map_lock(v).lock();
+    let mut snaps = s.snaps_lock(v).write();
+    let holders = run_holding(s, &head, &snaps, k, lba, old)?;
+    if holders.is_empty() {
+        return Ok(changed);
+    }
+    let _room = s.hold_room(holders.len())?;
+    for &j in holders.iter().rev() {
+        match snaps.get_mut(j) {
+            Some(snap) => s.set(s.tree_mut(snap), lba, new)?,
+            None => {
+                s.set(&mut head, lba, new)?;
+                s.head_moved(v, lba, new);
+            }
+        }
+    }
+    s.installed(v, &head, &snaps);
+    Ok(changed + holders.len())
 }

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use zeroize::Zeroizing;
 
 use super::{rotation, snap, VolumeState};
@@ -147,6 +147,12 @@ impl VolumeState {
     /// Its snapshots, to change.
     pub fn snapshots_mut(&self) -> RwLockWriteGuard<'_, Vec<snap::Snap>> {
         self.snaps.write()
+    }
+
+    /// The snapshot list's lock itself, for the cleaner's move into snapshot and clone
+    /// trees (`pool::relocate::install_where_held`, which takes it after `map_lock`).
+    pub fn snaps_lock(&self) -> &RwLock<Vec<snap::Snap>> {
+        &self.snaps
     }
 
     /// `snapshot create`: the next commit takes a snapshot of the head, named `name`,
