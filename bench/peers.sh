@@ -32,7 +32,7 @@
 #   bulwark-single-holesfirst, bulwark-mirror2-holesfirst
 #                        served with --holes-first (the cleaner runs only for the segments
 #                        commits need, data fills holes; BENCHMARKS.md, "Holes first"; the
-#                        default since 2026-12-05 14:00 UTC, then the same as bulwark-single
+#                        default since 2026-12-05 13:00 UTC, then the same as bulwark-single
 #                        / bulwark-mirror2, kept so older runs compare)
 #   bulwark-single-noholesfirst, bulwark-mirror2-noholesfirst
 #                        served with --no-holes-first (holes only in segments 3/4 live, the

@@ -487,7 +487,9 @@ impl World {
         // of issue 37 was seen with very large thin volumes). Its own generator too.
         let tiny_node_cache = Rng::new(cfg.seed ^ 0x5eed_cac4_0000_0004).chance(333)
             && !cfg.without.contains(&Kind::SmallCache);
-        let holes_first = Rng::new(cfg.seed ^ 0x5eed_401e_0000_0006).chance(333)
+        // Two thirds of the seeds run holes first, the daemon's default since 2026-12-05
+        // (decision 0014); the rest the engine's default rule (`serve --no-holes-first`).
+        let holes_first = Rng::new(cfg.seed ^ 0x5eed_401e_0000_0006).chance(667)
             && !cfg.without.contains(&Kind::HolesFirst);
         let tier = tiered::draw(cfg, &mut on);
         let base = match &cfg.dir {
