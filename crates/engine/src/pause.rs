@@ -11,7 +11,8 @@
 //! ```
 //!
 //! Points: `clean.batch` (the cleaner holds the commit lock between two batches of moves),
-//! `clean.end` (a pass has moved what it will, the commit lock still held).
+//! `clean.end` (a pass has moved what it will, the commit lock still held),
+//! `clean.install` (a record snapshots share is copied, not yet installed in their trees).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

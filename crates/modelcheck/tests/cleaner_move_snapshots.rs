@@ -22,11 +22,17 @@
 //!   snapshot), so a record is found once, at the oldest tree that holds it
 //!   (`find_moves_family`); then, record by record (`move_shared`), looks under the
 //!   volume's locks whether that tree still holds it and reads its value (`copy_if`),
-//!   writes the copy with the locks let go, installs it with `install_where_held`, and
-//!   releases the copy if no tree took it, else the old record unless a tree of another
-//!   volume of the clone graph still holds it, their locks taken together
-//!   (`dropped_in_family`, `Core::with_trees_of`). The records it moves are its victims':
-//!   those written before the threads start, then, in a second pass, all written by then.
+//!   writes the copy with the locks let go, and moves it with the engine's
+//!   `move_where_held`: installed with `install_where_held`, then the copy released if no
+//!   tree took it, else the old record unless a tree of another volume of the clone graph
+//!   still holds it, their locks taken together (the model's `dropped_in_family`,
+//!   `Core::with_trees_of`). An error ends the pass. The records it moves are its
+//!   victims': those written before the threads start, then, in a second pass, all
+//!   written by then.
+//! - the error path: each schedule draws a fault (`Fault::draw`, from shuttle's random
+//!   source, so a failing schedule replays): none (a third of them), the `n`th room
+//!   request of the moves failing with `NoSpace` (the engine's `try_hold_nodes` near full),
+//!   or the `n`th set of a tree to a copy failing (a map node unreadable).
 //!
 //! Budget and seeds: `bulwark_modelcheck::check` (`BULWARK_SHUTTLE_ITERATIONS`, default
 //! 1000 per scheduler; `BULWARK_SHUTTLE_SEED`; `BULWARK_SHUTTLE_SCHEDULERS`).
@@ -34,9 +40,10 @@
 use std::collections::HashMap;
 
 use bulwark_modelcheck::check;
-use bulwark_modelcheck::relocate::{install_where_held, SharedTrees};
+use bulwark_modelcheck::relocate::{move_where_held, SharedTrees};
 use bulwark_modelcheck::sync::{Mutex as MapLock, RwLock};
-use bulwark_modelcheck::Result;
+use bulwark_modelcheck::{Error, Result};
+use shuttle::rand::{thread_rng, RngCore};
 use shuttle::sync::{Arc, Mutex};
 use shuttle::thread;
 
@@ -76,6 +83,29 @@ impl Volume {
     }
 }
 
+/// The fault a schedule injects into the cleaner's move: none, the `n`th room request
+/// failing (`NoSpace`: the engine's `try_hold_nodes` near full, before any set of a run),
+/// or the `n`th set of a tree to the copy failing (a map node unreadable).
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    None,
+    Room(u32),
+    Set(u32),
+}
+
+impl Fault {
+    /// Drawn by the schedule (shuttle's random source, so a failure replays): a third of
+    /// the schedules each, the `n`th of the first six room requests or eight sets.
+    fn draw() -> Fault {
+        let r = thread_rng().next_u64();
+        match r % 3 {
+            0 => Fault::None,
+            1 => Fault::Room(1 + (r / 3 % 6) as u32),
+            _ => Fault::Set(1 + (r / 3 % 8) as u32),
+        }
+    }
+}
+
 /// A record: the value its bytes hold, and whether it is live (released: its space may be
 /// taken again, so no tree may point at it).
 struct Record {
@@ -96,10 +126,14 @@ struct Model {
     given: Mutex<HashMap<&'static str, Vec<Vec<u64>>>>,
     /// The values each snapshot (and a clone's base) held when it was taken.
     taken: Mutex<HashMap<(&'static str, String), Vec<u64>>>,
+    /// The fault this schedule injects, and the room requests and sets made so far.
+    fault: Fault,
+    rooms: Mutex<u32>,
+    sets: Mutex<u32>,
 }
 
 impl Model {
-    fn new() -> Model {
+    fn new(fault: Fault) -> Model {
         Model {
             commit_lock: MapLock::new(()),
             volumes: vec![Volume::new("v", None), Volume::new("c", Some(("v", "s1")))],
@@ -111,6 +145,9 @@ impl Model {
                 ("c", vec![Vec::new(); BLOCKS]),
             ])),
             taken: Mutex::new(HashMap::new()),
+            fault,
+            rooms: Mutex::new(0),
+            sets: Mutex::new(0),
         }
     }
 
@@ -278,7 +315,8 @@ impl Model {
         }
     }
 
-    /// A cleaning pass (`Core::clean`): the walk, then each record moved.
+    /// A cleaning pass (`Core::clean`): the walk, then each record moved; an error ends
+    /// the pass (`NoSpace` breaks its loop, another is returned).
     fn clean(&self) {
         let _c = self.commit_lock.lock();
         let victims_upto = *self.victims_upto.lock().unwrap();
@@ -309,20 +347,24 @@ impl Model {
             }
         }
         for (vol, k, lba, old) in moves {
-            self.move_shared(self.volume(vol), k, lba, old);
+            if self.move_shared(self.volume(vol), k, lba, old).is_err() {
+                break;
+            }
         }
     }
 
     /// `move_shared`: record `old`, found at tree `k` of `v`, block `lba`, copied and
-    /// installed in every tree that holds it.
-    fn move_shared(&self, v: &Volume, k: usize, lba: u64, old: u64) {
+    /// moved into every tree that holds it (`move_where_held`: installed, then the copy
+    /// released if no tree took it, else the old record unless a tree of the clone graph
+    /// still holds it).
+    fn move_shared(&self, v: &Volume, k: usize, lba: u64, old: u64) -> Result<bool> {
         // `copy_if`: still held there? Then read (under the reuse gate, in the engine).
         let value = {
             let head = v.map.lock();
             let snaps = v.snaps.read();
             let t = snaps.get(k).map_or(&*head, |s| &s.tree);
             if t[lba as usize] != old {
-                return;
+                return Ok(false);
             }
             let recs = self.records.lock().unwrap();
             assert!(
@@ -333,26 +375,14 @@ impl Model {
             recs[&old].value
         };
         let new = self.record(value);
-        match install_where_held(self, v, k, lba, &old, &new)
-            .expect("the model's trees do not fail")
-        {
-            0 => self.release(new),
-            _ => {
-                // `dropped_in_family`: the other volumes' trees, their locks together.
-                let others: Vec<&Arc<Volume>> =
-                    self.volumes.iter().filter(|o| o.name != v.name).collect();
-                let heads: Vec<_> = others.iter().map(|o| o.map.lock()).collect();
-                let lists: Vec<_> = others.iter().map(|o| o.snaps.read()).collect();
-                let held = heads.iter().any(|h| h[lba as usize] == old)
-                    || lists
-                        .iter()
-                        .any(|l| l.iter().any(|s| s.tree[lba as usize] == old));
-                drop((lists, heads));
-                if !held {
-                    self.release(old);
-                }
-            }
-        }
+        move_where_held(self, v, k, lba, &old, &new)
+    }
+
+    /// Whether this is the `n`th of the calls `count` counts and the fault names it.
+    fn fails(&self, count: &Mutex<u32>, n: Option<u32>) -> bool {
+        let mut c = count.lock().unwrap();
+        *c += 1;
+        n == Some(*c)
     }
 
     /// After every thread: each head holds the last value written to each block, each
@@ -400,8 +430,9 @@ impl Model {
     }
 }
 
-/// The model as the engine's `install_where_held` sees it: the volumes' locks, trees as
-/// vectors, the clones by origin; no room to hold and nothing to note.
+/// The model as the engine's `move_where_held` sees it: the volumes' locks, trees as
+/// vectors, the clones by origin, the releases; no room to hold (but a request may fail)
+/// and nothing to note.
 impl SharedTrees for Model {
     type Volume = Volume;
     type Handle = Arc<Volume>;
@@ -444,24 +475,60 @@ impl SharedTrees for Model {
     }
 
     fn set(&self, t: &mut Tree, lba: u64, p: &u64) -> Result<()> {
+        // A set back to the older record (undoing one, `set_run`) never fails, as in the
+        // engine: the leaf it sets is dirty, nothing is read.
+        let n = match self.fault {
+            Fault::Set(n) if *p > t[lba as usize] => Some(n),
+            _ => None,
+        };
+        if *p > t[lba as usize] && self.fails(&self.sets, n) {
+            return Err(Error::Corrupt("the model's injected set failure".into()));
+        }
         t[lba as usize] = *p;
         Ok(())
     }
 
     fn hold_room(&self, _trees: usize) -> Result<()> {
+        let n = match self.fault {
+            Fault::Room(n) => Some(n),
+            _ => None,
+        };
+        if self.fails(&self.rooms, n) {
+            return Err(Error::NoSpace);
+        }
         Ok(())
     }
 
     fn head_moved(&self, _v: &Volume, _lba: u64, _new: &u64) {}
 
     fn installed(&self, _v: &Volume, _head: &Tree, _snaps: &[Snap]) {}
+
+    fn copy_unused(&self, new: &u64) {
+        self.release(*new);
+    }
+
+    fn old_moved(&self, v: &Volume, lba: u64, old: &u64) {
+        // `dropped_in_family`: the other volumes' trees, their locks together.
+        let others: Vec<&Arc<Volume>> = self.volumes.iter().filter(|o| o.name != v.name).collect();
+        let heads: Vec<_> = others.iter().map(|o| o.map.lock()).collect();
+        let lists: Vec<_> = others.iter().map(|o| o.snaps.read()).collect();
+        let held = heads.iter().any(|h| h[lba as usize] == *old)
+            || lists
+                .iter()
+                .any(|l| l.iter().any(|s| s.tree[lba as usize] == *old));
+        drop((lists, heads));
+        if !held {
+            self.release(*old);
+        }
+    }
 }
 
 /// A cleaner's move into snapshot and clone trees never undoes a newer write in a head
 /// (the volume's or the clone's), every snapshot (and the clone's base) keeps reading what
 /// it held when it was taken, a read never finds a released record, and every record,
 /// copies included, is released once and only when no tree holds it any more (at the end,
-/// live exactly when some tree holds it).
+/// live exactly when some tree holds it), also when a move fails part way (no room for
+/// the nodes it dirties, a node unreadable).
 ///
 /// Before the threads: volume v writes blocks 0 and 1 (records 1 and 2), is snapshotted
 /// as s0, writes block 1 again (record 3), is snapshotted as s1, and clone c is made of
@@ -472,24 +539,37 @@ impl SharedTrees for Model {
 /// snapshot s2 of v and destroys s0, and one (the test's thread) reads the snapshots of
 /// both volumes and c's head and writes c's blocks (three times).
 ///
-/// Mutations run once (each reverted), at the default budget and seed: the run of a
-/// volume's trees looked up under one hold of its locks and set under another (the locks
-/// let go and taken again between, in `install_where_held`): both schedulers (random:
-/// "record 5 is live but no tree holds it: its space leaked", a write to c's head put
-/// under the cleaner's copy; PCT: "block 0 of v holds 1 at the end, but the last write to
-/// it wrote 7: a cleaner's move undid a newer write"); the snapshot list taken before the
-/// map lock: both ("deadlock!", with a client write holding the map lock); the cleaning
-/// pass letting the commit lock go after its walk (the model's, not
-/// `install_where_held`'s: the tree index the walk found goes stale when s0 is destroyed
-/// or s2 taken before the move): PCT, not the randomized scheduler ("snapshot v@s2 points
-/// block 0 at record 6, which was released"). Not caught, and not wrong under one hold of
-/// the locks (no other thread sees a tree between two sets): the sets made oldest first,
-/// and the clones' runs set after the volume's own; the model's trees never fail a set,
-/// which is when those orders matter (a run left half moved).
+/// Mutations run once (each reverted), at the default budget and seed, before the faults
+/// were drawn (the schedules differ since): the run of a volume's trees looked up under
+/// one hold of its locks and set under another (the locks let go and taken again between,
+/// in `install_where_held`): both schedulers (random: "record 5 is live but no tree holds
+/// it: its space leaked", a write to c's head put under the cleaner's copy; PCT: "block 0
+/// of v holds 1 at the end, but the last write to it wrote 7: a cleaner's move undid a
+/// newer write"); the snapshot list taken before the map lock: both ("deadlock!", with a
+/// client write holding the map lock); the cleaning pass letting the commit lock go after
+/// its walk (the model's, not `install_where_held`'s: the tree index the walk found goes
+/// stale when s0 is destroyed or s2 taken before the move): PCT, not the randomized
+/// scheduler ("snapshot v@s2 points block 0 at record 6, which was released"). Not caught,
+/// and not wrong under one hold of the locks (no other thread sees a tree between two
+/// sets): the sets made oldest first, and the clones' runs set after the volume's own.
+///
+/// The error path (the faults above) failed on the code as it was (both schedulers:
+/// random "record 10 is live but no tree holds it: its space leaked", PCT the same of
+/// record 8; run with the engine's files as they were and this model's `move_shared` as
+/// the engine's was, `install_where_held(..)?`): an error before any tree took the copy
+/// left it live with nothing pointing at it. Fixed: `install_where_held` returns the trees
+/// it changed with the error, and `move_where_held` releases the copy when none did.
+/// Then, each run once and reverted: the copy released on any error, also when some
+/// clones took it (both: PCT "the cleaner read record 10, released while tree 0 of c held
+/// it", random a clone's base pointing at a released record); a set error leaving the
+/// volume's run half set instead of undoing it (`set_run`): PCT, not the randomized
+/// scheduler ("the cleaner read record 4, released while tree 0 of c held it": the
+/// clone and v's head held the copy, v@s1 between them the old record, and a write to
+/// v's head released the copy).
 #[test]
 fn a_cleaner_move_into_snapshots_and_clones_never_undoes_a_write_or_changes_a_snapshot() {
     check(|| {
-        let m = Arc::new(Model::new());
+        let m = Arc::new(Model::new(Fault::draw()));
         m.write("v", 0, 1);
         m.write("v", 1, 2);
         m.snapshot_create("s0");

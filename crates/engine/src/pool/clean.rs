@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::core::Core;
-use super::relocate::{install_where_held, swap_where_held, Relocation, SharedTrees};
+use super::relocate::{move_where_held, swap_where_held, Relocation, SharedTrees};
 use crate::constants::{CLEAN_BATCH_SEGMENTS, MAP_FANOUT_SHIFT, RECORD_ALIGN};
 use crate::log::{segment_of, Stream};
 use crate::map::{At, Blkptr, Node, NodeStore, Visit};
@@ -98,8 +98,9 @@ impl Relocation for Mover<'_> {
 }
 
 /// A move into the trees of a volume with snapshots or clones
-/// (`relocate::install_where_held`): each tree set dirties one more leaf for the next
-/// commit (held first, counted after), a move in the head is noted for the intent log.
+/// (`relocate::move_where_held`): each tree set dirties one more leaf for the next commit
+/// (held first, counted after), a move in the head is noted for the intent log; a copy no
+/// tree took is released, and the old record once no tree of the clone graph holds it.
 struct Installer<'a> {
     core: &'a Core,
 }
@@ -170,6 +171,22 @@ impl<'a> SharedTrees for Installer<'a> {
         self.core.note_dirty_cleaning(v.snaps_dirty(), dirty);
         self.core
             .note_dirty_cleaning(v.head_dirty(), head.dirty_nodes());
+    }
+
+    fn copy_unused(&self, new: &Blkptr) {
+        self.core.store.release(Dead::unlinked(*new));
+    }
+
+    fn old_moved(&self, v: &VolumeState, lba: u64, old: &Blkptr) {
+        // Every holder the runs reach points at the new copy now (the trees around each
+        // run do not hold it: the one before was walked against it, and the one after
+        // broke the run): the old copy goes, once, unless a tree of the clone graph the
+        // runs do not reach still holds it (the bases of clones of two snapshots keep
+        // sharing a place after a rotation gave the origin's trees new records there: that
+        // base's own walk moves it later).
+        if let Some(dead) = self.core.dropped_in_family(v, At::Data(lba), old) {
+            self.core.store.release(dead);
+        }
     }
 }
 
@@ -500,49 +517,19 @@ impl Core {
         let Some((new, _pending)) = self.copy_if(v, lba, &old, stored, held)? else {
             return Ok(false);
         };
-        match self.install_moved(v, k, lba, &old, &new)? {
-            0 => {
-                self.store.release(Dead::unlinked(new));
-                Ok(false)
-            }
-            _ => {
-                // Every holder the runs reach points at the new copy now (the trees around
-                // each run do not hold it: the one before was walked against it, and the
-                // one after broke the run): the old copy goes, once, unless a tree of the
-                // clone graph the runs do not reach still holds it (the bases of clones of
-                // two snapshots keep sharing a place after a rotation gave the origin's
-                // trees new records there: that base's own walk moves it later). (On an
-                // error above, some holders point at the new copy and some at the old:
-                // both stay live.)
-                if let Some(dead) = self.dropped_in_family(v, At::Data(lba), &old) {
-                    self.store.release(dead);
-                }
-                Ok(true)
-            }
-        }
+        crate::pause::point_at(&self.dir, "clean.install");
+        // Installed in every tree that holds it; the copy released if none took it (an
+        // error, `NoSpace` near full, may stop the move before any did: released, not
+        // left counted live with nothing pointing at it until the pool is imported again),
+        // else the old record once no tree holds it. An error after some clones took it
+        // leaves both live: the clones point at the new copy, `v` at the old.
+        move_where_held(&Installer { core: self }, v, k, lba, &old, &new)
     }
 
     /// `Store::dropped` against every tree of the other volumes of `v`'s clone graph
     /// (their locks taken together, under the commit lock the pass holds).
     fn dropped_in_family(&self, v: &VolumeState, at: At, p: &Blkptr) -> Option<Dead> {
         Core::with_trees_of(&self.component(v), |far| self.store.dropped(far, at, p))
-    }
-
-    /// Point every tree that holds `old` at block `lba` — the run of `v`'s trees from
-    /// `k` on, and the runs of the clones of every snapshot in it (through their bases,
-    /// recursively) — at `new`: `relocate::install_where_held` (clones first, then `v`'s
-    /// run, each run newest first, looked up and set under one hold of its locks). Returns
-    /// the number of trees changed. Takes each volume's locks alone, never two volumes' at
-    /// once.
-    fn install_moved(
-        &self,
-        v: &VolumeState,
-        k: usize,
-        lba: u64,
-        old: &Blkptr,
-        new: &Blkptr,
-    ) -> Result<usize> {
-        install_where_held(&Installer { core: self }, v, k, lba, old, new)
     }
 
     /// Read record `old` (block `lba` of `v`) to move it: verified, from any copy (a bad
@@ -1175,6 +1162,103 @@ mod tests {
             Err(_) => panic!("a flush waited for the whole cleaning pass"),
         }
         writer.join().unwrap();
+        pool.close().unwrap();
+    }
+
+    /// A cleaning pass that runs out of room while it moves a record a snapshot shares
+    /// leaves the pool's live bytes as a recount finds them: the copy it had written is
+    /// released when no tree took it. The pass is stopped after the copy is written and
+    /// before it is installed (`clean.install`), the test takes the room left for dirty
+    /// nodes (what a client write near full takes meanwhile), and the install's
+    /// `try_hold_nodes` answers `NoSpace`. Before, `move_shared` returned that error
+    /// without releasing the copy: counted live with nothing pointing at it, its segment
+    /// could not empty until the pool was imported again (the live bytes after the pass
+    /// were one 4 KiB record over, and over the recount at import by as much).
+    #[test]
+    fn a_pass_out_of_room_for_a_shared_record_releases_the_copy_it_did_not_install() {
+        use crate::pool::OpenOptions;
+        use crate::volume::{Compression, VolumeOptions};
+        use std::time::Duration;
+
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OpenOptions {
+            stepped: true,
+            intent_log: false,
+            check_addresses: true,
+            ..OpenOptions::default()
+        };
+        let pool = crate::pool::test_pool(dir.path(), opts.clone());
+        let o = VolumeOptions {
+            size_bytes: 4 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", o, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        for lba in 0..64u64 {
+            v.write(lba * 4096, &[lba as u8 | 1; 4096], false).unwrap();
+        }
+        drop(v);
+        pool.snapshot_create("v", "s").unwrap();
+        let core = pool.core().clone();
+        core.commit().unwrap();
+        let seg = {
+            let v = core.find("v").unwrap();
+            let p = v.map().lookup(&*core.store, core.store.nodes(), 0).unwrap();
+            segment_of(p.addr[0])
+        };
+        let live_before = core.store.live_bytes_total();
+        let install = crate::pause::arm_at(dir.path(), "clean.install");
+        let pass = {
+            let core = core.clone();
+            std::thread::spawn(move || {
+                let _c = core.commit_lock.lock();
+                core.clean_victims_held(&[seg])
+            })
+        };
+        assert!(
+            install.wait_reached(Duration::from_secs(60)),
+            "the pass moved no record the snapshot shares"
+        );
+        // The copy is written; the room for the nodes its install dirties is taken.
+        let mut held = Vec::new();
+        let mut n = 1 << 20;
+        while n > 0 {
+            match core.store.try_hold_nodes(n) {
+                Ok(p) => held.push(p),
+                Err(Error::NoSpace) => n /= 2,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        install.release();
+        assert_eq!(pass.join().unwrap().unwrap(), 0, "no record moved");
+        drop(held);
+        drop(install);
+        assert_eq!(
+            core.store.live_bytes_total(),
+            live_before,
+            "the live bytes grew by a pass that moved nothing: the copy leaked"
+        );
+        // The live bytes as the pool counts them are what an import recounts.
+        core.commit().unwrap();
+        let live = core.store.live_bytes_total();
+        drop(core);
+        pool.close().unwrap();
+        drop(pool);
+        let pool = crate::pool::Pool::open(dir.path(), opts).unwrap();
+        assert_eq!(
+            pool.core().store.live_bytes_total(),
+            live,
+            "live bytes vs the recount"
+        );
+        let s = pool.volume("v@s").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in [0u64, 63] {
+            s.read(lba * 4096, &mut buf).unwrap();
+            assert_eq!(buf, vec![lba as u8 | 1; 4096], "v@s block {lba}");
+        }
+        drop(s);
         pool.close().unwrap();
     }
 }

@@ -15,6 +15,9 @@
 //! up and set newest first under one hold of the map lock and the snapshot list; the
 //! clones of the snapshots in that run first, recursively, each volume's locks taken
 //! alone. A client write to a head in between keeps its pointer: the run stops before it.
+//! An error (no room for the nodes the sets dirty, near full) may stop the move between
+//! two volumes' runs, never inside one (`set_run`); the copy is released if no tree took
+//! it, the old record once none holds it (`move_where_held`).
 //!
 //! The map and what a swap does around it (the notes for the intent log, the releases)
 //! come in through [`Relocation`], the trees of a volume with snapshots and clones
@@ -115,10 +118,18 @@ pub trait SharedTrees {
     fn set(&self, t: &mut Self::Tree, lba: u64, p: &Self::Ptr) -> Result<()>;
     /// Room for `trees` more dirty nodes, held before the first set.
     fn hold_room(&self, trees: usize) -> Result<Self::Room>;
-    /// The head of `v` points block `lba` at `new` now (under its locks).
+    /// The head of `v` points block `lba` at `new` now, its run wholly set (under its
+    /// locks).
     fn head_moved(&self, v: &Self::Volume, lba: u64, new: &Self::Ptr);
-    /// Every set of this volume's run made, its locks still held: count what they dirtied.
+    /// The sets of this volume's run made (and, after an error, undone), its locks still
+    /// held: count what they dirtied.
     fn installed(&self, v: &Self::Volume, head: &Self::Tree, snaps: &[Self::Snap]);
+    /// No tree took the copy `new` (none held the old one any more, or an error stopped
+    /// the move first): it is released.
+    fn copy_unused(&self, new: &Self::Ptr);
+    /// Every tree the runs reached points block `lba` at the copy now (no lock held): the
+    /// old record `old` is released unless a tree the runs do not reach still holds it.
+    fn old_moved(&self, v: &Self::Volume, lba: u64, old: &Self::Ptr);
 }
 
 /// The run of `v`'s trees from `k` on (`k` a snapshot's index, or the number of snapshots
@@ -145,14 +156,62 @@ fn run_holding<S: SharedTrees>(
     Ok(holders)
 }
 
+/// The trees of `holders` (indices as `run_holding`'s) point block `lba` at `new`, newest
+/// first. On an error the trees already set are set back to `old` (a set on a leaf it
+/// dirtied reads nothing: in the engine that cannot fail), so a run is set wholly or not
+/// at all: left half set past a snapshot with clones, the clones and the newer trees
+/// would hold `new` and the snapshot between them `old`, and a client write to the head,
+/// which looks only at the newest snapshot (`snap::head_drops`), would release `new` while
+/// the clones still point at it. Returns the trees left pointing at `new` (all of
+/// `holders`; on an error none, unless setting one back failed too) and what stopped it.
+fn set_run<S: SharedTrees>(
+    s: &S,
+    head: &mut S::Tree,
+    snaps: &mut [S::Snap],
+    holders: &[usize],
+    lba: u64,
+    old: &S::Ptr,
+    new: &S::Ptr,
+) -> (Vec<usize>, Result<()>) {
+    let mut set = Vec::with_capacity(holders.len());
+    for &j in holders.iter().rev() {
+        if let Err(e) = s.set(tree_at(s, head, snaps, j), lba, new) {
+            set.retain(|&j| s.set(tree_at(s, head, snaps, j), lba, old).is_err());
+            return (set, Err(e));
+        }
+        set.push(j);
+    }
+    (set, Ok(()))
+}
+
+/// Tree `j` of a volume: its snapshot `j`'s, or the head's (`j` the number of snapshots).
+fn tree_at<'t, S: SharedTrees>(
+    s: &S,
+    head: &'t mut S::Tree,
+    snaps: &'t mut [S::Snap],
+    j: usize,
+) -> &'t mut S::Tree {
+    match snaps.get_mut(j) {
+        Some(snap) => s.tree_mut(snap),
+        None => head,
+    }
+}
+
 /// Point every tree that holds `old` at block `lba` at `new`: the run of `v`'s trees from
 /// tree `k` on that hold it, and the runs of the clones of every snapshot in it (from
 /// their bases, recursively). Clones first, then `v`'s run, each run newest first, so the
 /// trees holding `old` stay one connected run while it shrinks; `v`'s run is looked up
 /// again and set under one hold of its map lock and its snapshot list (for write), so a
-/// client write to the head in between keeps its pointer. Returns the number of trees
-/// changed. Takes each volume's locks alone, never two volumes' at once (the map lock,
-/// then the snapshots: the order of `Volume::write` and a snapshot's commit).
+/// client write to the head in between keeps its pointer. Takes each volume's locks
+/// alone, never two volumes' at once (the map lock, then the snapshots: the order of
+/// `Volume::write` and a snapshot's commit).
+///
+/// Returns the number of trees changed, and what stopped it. An error (`NoSpace` from
+/// `hold_room`, near full; a map node unreadable) leaves the runs set before it set and
+/// the one it stopped unset (`set_run`): the clones already moved hold `new`, `v` and the
+/// clones not reached yet hold `old` (`v`'s run is set last), each volume's trees in one
+/// piece, so both records stay live and each is released once its last tree drops it.
+/// None changed: `new` went nowhere, and the caller gives it back (`move_where_held`).
 ///
 /// Snapshots are neither taken nor destroyed meanwhile (the caller holds the commit
 /// lock): `k` names the same tree from the walk that found `old` to the set.
@@ -163,7 +222,22 @@ pub fn install_where_held<S: SharedTrees>(
     lba: u64,
     old: &S::Ptr,
     new: &S::Ptr,
-) -> Result<usize> {
+) -> (usize, Result<()>) {
+    let mut changed = 0;
+    let result = install_counting(s, v, k, lba, old, new, &mut changed);
+    (changed, result)
+}
+
+/// `install_where_held`, adding the trees it changes to `changed` as it goes.
+fn install_counting<S: SharedTrees>(
+    s: &S,
+    v: &S::Volume,
+    k: usize,
+    lba: u64,
+    old: &S::Ptr,
+    new: &S::Ptr,
+    changed: &mut usize,
+) -> Result<()> {
     let cloned: Vec<S::Name> = {
         let head = s.map_lock(v).lock();
         let snaps = s.snaps_lock(v).read();
@@ -172,28 +246,47 @@ pub fn install_where_held<S: SharedTrees>(
             .filter_map(|j| snaps.get(j).and_then(|snap| s.clone_name(snap)))
             .collect()
     };
-    let mut changed = 0;
     for name in cloned {
         for c in s.clones_of(v, &name) {
-            changed += install_where_held(s, &c, 0, lba, old, new)?;
+            install_counting(s, &c, 0, lba, old, new, changed)?;
         }
     }
     let mut head = s.map_lock(v).lock();
     let mut snaps = s.snaps_lock(v).write();
     let holders = run_holding(s, &head, &snaps, k, lba, old)?;
     if holders.is_empty() {
-        return Ok(changed);
+        return Ok(());
     }
     let _room = s.hold_room(holders.len())?;
-    for &j in holders.iter().rev() {
-        match snaps.get_mut(j) {
-            Some(snap) => s.set(s.tree_mut(snap), lba, new)?,
-            None => {
-                s.set(&mut head, lba, new)?;
-                s.head_moved(v, lba, new);
-            }
-        }
+    let (set, result) = set_run(s, &mut head, &mut snaps, &holders, lba, old, new);
+    if set.contains(&snaps.len()) {
+        s.head_moved(v, lba, new);
     }
     s.installed(v, &head, &snaps);
-    Ok(changed + holders.len())
+    *changed += set.len();
+    result
+}
+
+/// The cleaner's move of record `old`, found at tree `k` of `v` (block `lba`), whose copy
+/// `new` is written: installed in every tree that holds it (`install_where_held`), then
+/// the copy released if no tree took it (`copy_unused`), else the old record
+/// (`old_moved`). Returns whether it moved. On an error after some trees took the copy
+/// (`v`'s run is set last, so `v` still holds `old`) neither is released: the trees set
+/// point at `new`, the rest at `old`.
+pub fn move_where_held<S: SharedTrees>(
+    s: &S,
+    v: &S::Volume,
+    k: usize,
+    lba: u64,
+    old: &S::Ptr,
+    new: &S::Ptr,
+) -> Result<bool> {
+    let (changed, result) = install_where_held(s, v, k, lba, old, new);
+    if changed == 0 {
+        s.copy_unused(new);
+        return result.map(|()| false);
+    }
+    result?;
+    s.old_moved(v, lba, old);
+    Ok(true)
 }
