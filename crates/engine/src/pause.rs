@@ -12,7 +12,9 @@
 //!
 //! Points: `clean.batch` (the cleaner holds the commit lock between two batches of moves),
 //! `clean.end` (a pass has moved what it will, the commit lock still held),
-//! `clean.install` (a record snapshots share is copied, not yet installed in their trees).
+//! `clean.install` (a record snapshots share is copied, not yet installed in their trees),
+//! `rotate.finish` (a rotation's walk is done and its master key read, its older keys not
+//! yet retired).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

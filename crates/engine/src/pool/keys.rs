@@ -322,6 +322,68 @@ mod tests {
         Secret::KeyFile(Zeroizing::new([b; 32]))
     }
 
+    /// `key unload` while a rotation's worker is between its last batch and retiring the
+    /// older keys (`rotate_finish`, pause point `rotate.finish`): the unload answers that
+    /// the key is gone, and it must stay gone. Before, the worker, which had read the
+    /// master key, installed its new key ring after the unload had taken the old one: the
+    /// volume was open again with no key loaded (writes accepted, `key load` answering
+    /// "already loaded"). Found by a read-only review of issue 37's lost write, 2026-12-05.
+    #[test]
+    fn a_rotation_finishing_as_the_key_is_unloaded_leaves_it_unloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
+        let o = VolumeOptions {
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: true,
+        };
+        pool.create_volume("v", o, Some(&kf(1))).unwrap();
+        {
+            let v = pool.volume("v").unwrap();
+            v.write(0, &[7u8; 4096], false).unwrap();
+            v.flush().unwrap();
+        }
+        let finish = crate::pause::arm_at(dir.path(), "rotate.finish");
+        pool.key_rotate("v").unwrap();
+        assert!(
+            finish.wait_reached(std::time::Duration::from_secs(60)),
+            "the rotation's walk did not end"
+        );
+        pool.unload_key("v").unwrap();
+        finish.release();
+        let st = pool.core().find("v").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while st.rotation_worker().running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rotation's worker did not end"
+            );
+            std::thread::yield_now();
+        }
+        assert!(
+            !st.key_loaded(),
+            "the unloaded volume was opened again by the rotation"
+        );
+        assert!(
+            pool.volume("v").is_err(),
+            "a handle opened with no key loaded"
+        );
+        // The next load finishes the rotation, and the data reads under the new key.
+        pool.load_key("v", &kf(1)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while st.rotation().is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rotation did not finish after the load"
+            );
+            std::thread::yield_now();
+        }
+        let mut b = [0u8; 4096];
+        pool.volume("v").unwrap().read(0, &mut b).unwrap();
+        assert_eq!(b, [7u8; 4096]);
+    }
+
     /// A single-device pool with volume "v" opened by `kf(1)` (slot 0) and `kf(2)` (slot 1),
     /// and `kf(1)` in a third slot too, as a `key change` to `kf(1)` used to leave it.
     fn pool_with_a_secret_in_two_slots(dir: &std::path::Path) -> Arc<Pool> {

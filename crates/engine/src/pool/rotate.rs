@@ -86,12 +86,11 @@ impl Core {
             let mut keys = st.data_keys();
             let g = ring::next_generation(&keys, st.name())?;
             keys.push(ring::new_data_key(&vmk, &st.uuid(), g));
-            st.set_key_ring(KeyRing::open(
-                &vmk,
-                &st.uuid(),
-                &keys,
-                self.store.run_salt(),
-            )?);
+            let ring = KeyRing::open(&vmk, &st.uuid(), &keys, self.store.run_salt())?;
+            if !st.set_key_ring(ring) {
+                keys.pop();
+                return Err(st.locked());
+            }
             g
         };
         // A write that read the key ring before may still be sealing under the older key:
@@ -368,19 +367,25 @@ impl Core {
         let to = st.rotation().as_ref().map(|r| r.to_generation).unwrap_or(0);
         {
             let vmk = st.vmk_or_locked()?;
+            crate::pause::point_at(&self.dir, "rotate.finish");
             // Snapshots still hold blocks under the older keys: those stay until a rotation
             // finishes with no snapshot left.
             let snapshots = st.snapshots().iter().filter(|s| !s.base).count();
             let mut keys = st.data_keys();
-            if snapshots == 0 {
-                keys.retain(|k| k.generation == to);
+            let kept: Vec<_> = keys
+                .iter()
+                .filter(|k| snapshots > 0 || k.generation == to)
+                .cloned()
+                .collect();
+            let ring = KeyRing::open(&vmk, &st.uuid(), &kept, self.store.run_salt())?;
+            if !st.set_key_ring(ring) {
+                // `key unload` took the key after the master key was read: the volume stays
+                // unloaded, its keys as they were, and the rotation finishes at the next
+                // load (its walk is done).
+                tracing::info!(volume = %st.name(), "key rotation finishes at the next key load");
+                return Ok(());
             }
-            st.set_key_ring(KeyRing::open(
-                &vmk,
-                &st.uuid(),
-                &keys,
-                self.store.run_salt(),
-            )?);
+            *keys = kept;
             if snapshots > 0 {
                 tracing::info!(volume = %st.name(), snapshots, "older data keys kept: snapshots hold blocks encrypted under them");
             }

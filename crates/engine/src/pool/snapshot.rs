@@ -586,9 +586,11 @@ impl Core {
                 // The origin writes under a new generation of its own from now on.
                 let mut ok = st.data_keys();
                 ok.push(crate::keys::ring::new_data_key(&from_vmk, &ouid, next_gen));
-                st.set_key_ring(crate::keys::ring::KeyRing::open(
-                    &from_vmk, &ouid, &ok, salt,
-                )?);
+                let ring = crate::keys::ring::KeyRing::open(&from_vmk, &ouid, &ok, salt)?;
+                if !st.set_key_ring(ring) {
+                    ok.pop();
+                    return Err(st.locked());
+                }
                 Some(k)
             }
         };

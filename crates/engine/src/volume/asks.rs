@@ -204,9 +204,18 @@ impl VolumeState {
     }
 
     /// A key ring with a new set of data keys (a rotation begins or ends, a clone's origin
-    /// takes a generation of its own), in place of the one open.
-    pub fn set_key_ring(&self, ring: KeyRing) {
-        *self.ring.write() = Some(Arc::new(ring));
+    /// takes a generation of its own), in place of the one open; only while one is open,
+    /// under the lock `key unload` takes it under. False when none is: the key was unloaded
+    /// meanwhile (a rotation's worker that read the master key just before would otherwise
+    /// open the volume again, unloaded as `key unload` had answered).
+    #[must_use]
+    pub fn set_key_ring(&self, ring: KeyRing) -> bool {
+        let mut open = self.ring.write();
+        if open.is_none() {
+            return false;
+        }
+        *open = Some(Arc::new(ring));
+        true
     }
 
     /// `key unload` and `key erase`, after `take_key` took the ring: the master key goes too.
