@@ -13,6 +13,7 @@
 //! space it counted. A run folds every operation and answer into a trace hash: the same
 //! seed prints the same hash.
 
+pub mod live;
 pub mod model;
 pub mod objects;
 pub mod rng;

@@ -1,0 +1,879 @@
+//! The live run (`bulwark-live`): the engine on its real threads, hunting what the
+//! stepped simulator cannot reach.
+//!
+//! The simulator (`world.rs`) steps every background loop on one thread, so it sees every
+//! interleaving a seed draws *between* operations but none *inside* one; shuttle
+//! (`crates/modelcheck`) checks the meeting points one protocol at a time. The daemon runs
+//! all of it at once: the maintenance thread (commits, the cleaner, the defragmenter), the
+//! rotation workers, scrub, and several clients on one volume, each on its own thread. This
+//! run does the same, with a model that needs no ordering between threads:
+//!
+//! - every 4 KiB cell of a volume belongs to one writer thread (in groups of
+//!   `Shape::group` cells; groups of one cell in a volume of 8 KiB blocks, so two threads
+//!   write halves of one block and the engine's read-modify-write must keep both);
+//! - a cell's value is a tag unique to the run, rising over time (`model::fill_cell`), so
+//!   a read that returns an *older* acknowledged value is told apart from any other wrong
+//!   answer;
+//! - there is no crash: a read must return exactly the last acknowledged write (a failed
+//!   write leaves the cell at either value);
+//! - a control thread does what an operator does meanwhile: `key unload` and `key load`
+//!   (the writers of that volume let go of their handles first, as NBD clients
+//!   disconnect), snapshots with their contents recorded while the volume's writers wait,
+//!   and read back later from the snapshot view, snapshot destroy, `key rotate`, scrub and
+//!   pool-wide flushes;
+//! - at the end every cell of every volume and of every snapshot kept is read, and again
+//!   after the pool is closed and imported.
+//!
+//! The interleavings are the machine's, not a seed's: a failure does not replay. It
+//! prints what it read and what it expected, which cell, volume and snapshot, and the
+//! operations the control thread had done just before.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bulwark_engine::{
+    Compression, DeviceSpec, Error, Layout, OpenOptions, Pool, Secret, Volume, VolumeOptions,
+};
+use zeroize::Zeroizing;
+
+use crate::model::{fill_cell, value_of, CELL};
+use crate::rng::Rng;
+
+/// What a live run does.
+#[derive(Debug, Clone)]
+pub struct LiveConfig {
+    /// Seeds the threads' choices (not their interleaving).
+    pub seed: u64,
+    pub duration: Duration,
+    /// `single`, `mirror`, `parity` or `log` (a separate intent log device).
+    pub layout: String,
+    /// Writer threads per volume.
+    pub writers: usize,
+    /// Where the pool's directory goes (default `/dev/shm`).
+    pub dir: Option<PathBuf>,
+    /// A node cache of one node (`cache_bytes` 0): every map walk reads from the devices.
+    pub tiny_cache: bool,
+    pub holes_first: bool,
+}
+
+/// What a live run did.
+#[derive(Debug, Default, Clone)]
+pub struct LiveReport {
+    pub writes: u64,
+    pub reads: u64,
+    pub flushes: u64,
+    pub refused_writes: u64,
+    pub cells_checked: u64,
+    pub key_cycles: u64,
+    pub snapshots: u64,
+    pub snapshot_cells_checked: u64,
+    pub rotations: u64,
+    pub scrubs: u64,
+    pub stale_cached_nodes: u64,
+    /// Bytes the cleaner wrote, and the most of the usable space used at a control step.
+    pub clean_written_bytes: u64,
+    pub most_used: f64,
+    /// The slowest operation: seconds, and what it was; how many took over a second.
+    pub slowest: (f64, String),
+    pub slow_ops: u64,
+    /// Seconds of the fill, of the run with every thread, and of the final checks.
+    pub seconds: (f64, f64, f64),
+}
+
+/// One volume's shape.
+struct Shape {
+    name: &'static str,
+    encrypted: bool,
+    block_size: u32,
+    /// Cells per island, and islands.
+    island_cells: u64,
+    islands: u64,
+    /// Bytes between two islands' starts (a huge thin volume spreads its islands over
+    /// terabytes, so its map is deep and mostly holes).
+    stride: u64,
+    /// Cells a writer owns together (a write never crosses a group).
+    group: u64,
+}
+
+impl Shape {
+    fn cells(&self) -> u64 {
+        self.island_cells * self.islands
+    }
+    fn offset(&self, cell: u64) -> u64 {
+        (cell / self.island_cells) * self.stride + (cell % self.island_cells) * CELL
+    }
+    fn size(&self) -> u64 {
+        (self.islands - 1) * self.stride + self.island_cells * CELL
+    }
+    /// The writer thread that owns `cell`.
+    fn owner(&self, cell: u64, writers: usize) -> usize {
+        ((cell / self.group) % writers as u64) as usize
+    }
+}
+
+/// A cell's model: the last acknowledged value, and another it may hold after a write
+/// that failed (`NONE`: no other).
+struct CellModel {
+    now: AtomicU64,
+    maybe: AtomicU64,
+}
+
+const NONE: u64 = u64::MAX;
+
+/// A snapshot kept: its name, and each cell's value and other possible value (`NONE`)
+/// when it was taken.
+type Kept = (String, Vec<(u64, u64)>);
+
+struct Vol {
+    shape: Shape,
+    key: Option<u8>,
+    cells: Vec<CellModel>,
+    /// Writers hold it shared while they hold a handle; the control thread takes it
+    /// whole to unload the key or to record a snapshot's contents.
+    gate: RwLock<()>,
+    /// Snapshots kept: name and each cell's values when it was taken (the second one
+    /// `NONE`, or a failed write's value the cell may hold).
+    snaps: Mutex<VecDeque<Kept>>,
+}
+
+/// A cell's name in its bytes: its volume and index, so a read that returns another
+/// volume's or another cell's bytes never passes.
+fn cell_id(vi: usize, cell: u64) -> u64 {
+    ((vi as u64) << 48) | cell
+}
+
+fn secret(b: u8) -> Secret {
+    Secret::KeyFile(Zeroizing::new([b; 32]))
+}
+
+/// The shapes of a run's volumes, sized for a pool of `usable` bytes about 75% full.
+fn shapes(usable: u64) -> Vec<Shape> {
+    let island = 256u64; // 1 MiB of 4 KiB cells
+    let big_islands = (usable * 25 / 100) / (island * CELL);
+    vec![
+        // Filled, overwritten all the time: the pool's fill, and the cleaner's work.
+        Shape {
+            name: "lw-fill",
+            encrypted: true,
+            block_size: 4096,
+            island_cells: island,
+            islands: big_islands.max(2),
+            stride: island * CELL,
+            group: 16,
+        },
+        // A huge thin volume (16 TiB; its islands 1 TiB apart): a deep, sparse map.
+        Shape {
+            name: "lw-huge",
+            encrypted: true,
+            block_size: 4096,
+            island_cells: 64,
+            islands: 16,
+            stride: 1 << 40,
+            group: 16,
+        },
+        // 8 KiB blocks written a 4 KiB cell at a time by different threads.
+        Shape {
+            name: "lw-halves",
+            encrypted: false,
+            block_size: 8192,
+            island_cells: island,
+            islands: 4,
+            stride: island * CELL,
+            group: 1,
+        },
+    ]
+}
+
+/// A run's shared state.
+struct Live {
+    pool: RwLock<Option<Arc<Pool>>>,
+    vols: Vec<Vol>,
+    next_value: AtomicU64,
+    stop: AtomicBool,
+    failures: Mutex<Vec<String>>,
+    /// The control thread's last operations (for a failure's report).
+    recent: Mutex<VecDeque<String>>,
+    writes: AtomicU64,
+    reads: AtomicU64,
+    flushes: AtomicU64,
+    refused: AtomicU64,
+    checked: AtomicU64,
+    snap_checked: AtomicU64,
+    writers: usize,
+    /// The slowest operation: seconds, and what it was.
+    slowest: Mutex<(f64, String)>,
+    /// Operations that took more than a second.
+    slow: AtomicU64,
+}
+
+impl Live {
+    /// Note how long an operation took, keeping the slowest.
+    fn timed(&self, start: Instant, what: &dyn Fn() -> String) {
+        let secs = start.elapsed().as_secs_f64();
+        if secs > 1.0 {
+            self.slow.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut s = self.slowest.lock().expect("slowest");
+        if secs > s.0 {
+            *s = (secs, what());
+        }
+    }
+    fn pool(&self) -> Arc<Pool> {
+        self.pool
+            .read()
+            .expect("pool lock")
+            .clone()
+            .expect("the pool is open")
+    }
+    fn fail(&self, m: String) {
+        let recent: Vec<String> = self
+            .recent
+            .lock()
+            .expect("recent")
+            .iter()
+            .cloned()
+            .collect();
+        let line = format!(
+            "{m}\n  control thread's last operations: {}",
+            recent.join("; ")
+        );
+        eprintln!("VIOLATION: {line}");
+        self.failures.lock().expect("failures").push(line);
+        self.stop.store(true, Ordering::Release);
+    }
+    fn note(&self, s: String) {
+        let mut r = self.recent.lock().expect("recent");
+        if r.len() == 8 {
+            r.pop_front();
+        }
+        r.push_back(s);
+    }
+    fn value(&self) -> u64 {
+        self.next_value.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Check cells `c0..c0+n` of volume `vi` as read into `buf`; `expect` gives each
+    /// cell's allowed values. `what` names the volume or snapshot.
+    fn check(
+        &self,
+        what: &str,
+        vi: usize,
+        c0: u64,
+        buf: &[u8],
+        expect: &dyn Fn(u64) -> (u64, u64),
+        scratch: &mut [u8],
+    ) -> bool {
+        for (i, b) in buf.chunks(CELL as usize).enumerate() {
+            let cell = c0 + i as u64;
+            let (now, maybe) = expect(cell);
+            let (got, exact) = value_of(b, cell_id(vi, cell), scratch);
+            if exact && (got == now || got == maybe) {
+                continue;
+            }
+            let how = if !exact {
+                "bytes that are no value of this cell (torn, another cell's, or garbage)"
+            } else if got < now {
+                "an OLDER value: an acknowledged write lost"
+            } else {
+                "a value never acknowledged for this cell"
+            };
+            self.fail(format!(
+                "{what} cell {cell} (offset {}) read {got} ({how}); expected {now}{}",
+                self.vols[vi].shape.offset(cell),
+                if maybe != NONE {
+                    format!(" or {maybe}")
+                } else {
+                    String::new()
+                }
+            ));
+            return false;
+        }
+        self.checked
+            .fetch_add(buf.len() as u64 / CELL, Ordering::Relaxed);
+        true
+    }
+}
+
+/// The pool's devices for `layout` in `dir`; the usable bytes are about the given size.
+fn create_pool(dir: &Path, layout: &str) -> Result<u64, String> {
+    let mib = 96u64;
+    let (l, count, size): (Layout, usize, u64) = match layout {
+        "single" | "log" => (Layout::Single, 1, mib << 20),
+        "mirror" => (Layout::Mirror(2), 2, mib << 20),
+        "parity" => ("parity:2+1".parse().expect("a layout"), 3, (mib / 2) << 20),
+        other => return Err(format!("layout {other}: single, mirror, parity or log")),
+    };
+    let mut logs = Vec::new();
+    if layout == "log" {
+        let log = dir.join("log-device.img");
+        std::fs::File::create(&log)
+            .and_then(|f| f.set_len(16 << 20))
+            .map_err(|e| format!("log device file: {e}"))?;
+        logs.push(log);
+    }
+    Pool::create_with_log(
+        dir,
+        l,
+        DeviceSpec::Files {
+            count,
+            size_bytes: size,
+        },
+        "live",
+        &logs,
+    )
+    .map_err(|e| format!("pool create: {e}"))?;
+    Ok(mib << 20)
+}
+
+fn options(cfg: &LiveConfig) -> OpenOptions {
+    OpenOptions {
+        cache_bytes: if cfg.tiny_cache { 0 } else { 8 << 20 },
+        // Many commits: each is a chance for a node's place to change under a reader.
+        commit_interval: Duration::from_millis(100),
+        fill_holes: true,
+        holes_first: cfg.holes_first,
+        check_addresses: true,
+        ..OpenOptions::default()
+    }
+}
+
+/// Run the engine on its real threads for `cfg.duration`; `Err` lists the violations.
+pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
+    let base = cfg.dir.clone().unwrap_or_else(|| PathBuf::from("/dev/shm"));
+    let dir = tempfile::Builder::new()
+        .prefix("bulwark-live-")
+        .tempdir_in(&base)
+        .map_err(|e| vec![format!("a directory in {}: {e}", base.display())])?;
+    let usable = create_pool(dir.path(), &cfg.layout).map_err(|e| vec![e])?;
+    let pool = Pool::open(dir.path(), options(cfg)).map_err(|e| vec![format!("open: {e}")])?;
+    let mut rng = Rng::new(cfg.seed);
+    let mut vols = Vec::new();
+    for shape in shapes(usable) {
+        let key = shape.encrypted.then(|| 1 + rng.below(200) as u8);
+        pool.create_volume(
+            shape.name,
+            VolumeOptions {
+                size_bytes: shape.size(),
+                block_size: shape.block_size,
+                compression: Compression::Lz4,
+                encryption: shape.encrypted,
+            },
+            key.map(secret).as_ref(),
+        )
+        .map_err(|e| vec![format!("volume create {}: {e}", shape.name)])?;
+        let cells = (0..shape.cells())
+            .map(|_| CellModel {
+                now: AtomicU64::new(0),
+                maybe: AtomicU64::new(NONE),
+            })
+            .collect();
+        vols.push(Vol {
+            shape,
+            key,
+            cells,
+            gate: RwLock::new(()),
+            snaps: Mutex::new(VecDeque::new()),
+        });
+    }
+    let live = Live {
+        pool: RwLock::new(Some(pool)),
+        vols,
+        next_value: AtomicU64::new(1),
+        stop: AtomicBool::new(false),
+        failures: Mutex::new(Vec::new()),
+        recent: Mutex::new(VecDeque::new()),
+        writes: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+        flushes: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        checked: AtomicU64::new(0),
+        snap_checked: AtomicU64::new(0),
+        writers: cfg.writers.max(1),
+        slowest: Mutex::new((0.0, String::new())),
+        slow: AtomicU64::new(0),
+    };
+    let t0 = Instant::now();
+    fill_first(&live).map_err(|e| vec![e])?;
+    let mut report = LiveReport::default();
+    let t1 = Instant::now();
+    let deadline = t1 + cfg.duration;
+    std::thread::scope(|s| {
+        for vi in 0..live.vols.len() {
+            for t in 0..live.writers {
+                let live = &live;
+                let seed = cfg.seed ^ ((vi as u64) << 32) ^ t as u64;
+                s.spawn(move || writer(live, vi, t, seed, deadline));
+            }
+        }
+        control(&live, cfg.seed.wrapping_mul(31), deadline, &mut report);
+    });
+    let t2 = Instant::now();
+    if live.failures.lock().expect("failures").is_empty() {
+        if let Err(e) = finish(&live, dir.path(), cfg, &mut report) {
+            live.fail(e);
+        }
+    }
+    report.seconds = (
+        (t1 - t0).as_secs_f64(),
+        (t2 - t1).as_secs_f64(),
+        t2.elapsed().as_secs_f64(),
+    );
+    report.slowest = live.slowest.lock().expect("slowest").clone();
+    report.slow_ops = live.slow.load(Ordering::Relaxed);
+    report.writes = live.writes.load(Ordering::Relaxed);
+    report.reads = live.reads.load(Ordering::Relaxed);
+    report.flushes = live.flushes.load(Ordering::Relaxed);
+    report.refused_writes = live.refused.load(Ordering::Relaxed);
+    report.cells_checked = live.checked.load(Ordering::Relaxed);
+    report.snapshot_cells_checked = live.snap_checked.load(Ordering::Relaxed);
+    let failures = std::mem::take(&mut *live.failures.lock().expect("failures"));
+    if failures.is_empty() {
+        Ok(report)
+    } else {
+        Err(failures)
+    }
+}
+
+/// Write every cell of the first volume once (the pool's fill), then flush.
+fn fill_first(live: &Live) -> Result<(), String> {
+    let pool = live.pool();
+    let v = &live.vols[0];
+    let h = pool
+        .volume(v.shape.name)
+        .map_err(|e| format!("open: {e}"))?;
+    let chunk = 64u64;
+    let mut buf = vec![0u8; (chunk * CELL) as usize];
+    let mut c = 0;
+    while c < v.shape.cells() {
+        let n = chunk.min(v.shape.island_cells - c % v.shape.island_cells);
+        let mut values = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let value = live.value();
+            fill_cell(
+                value,
+                cell_id(0, c + i),
+                &mut buf[(i * CELL) as usize..((i + 1) * CELL) as usize],
+            );
+            values.push(value);
+        }
+        h.write(v.shape.offset(c), &buf[..(n * CELL) as usize], false)
+            .map_err(|e| format!("fill of {} at cell {c}: {e}", v.shape.name))?;
+        for (i, value) in values.into_iter().enumerate() {
+            v.cells[(c + i as u64) as usize]
+                .now
+                .store(value, Ordering::Relaxed);
+        }
+        c += n;
+    }
+    h.flush().map_err(|e| format!("flush after the fill: {e}"))
+}
+
+/// A writer thread of volume `vi`: bursts of writes, reads and flushes on its own cells,
+/// each burst on a handle it opens and drops (as an NBD client connects and leaves).
+fn writer(live: &Live, vi: usize, t: usize, seed: u64, deadline: Instant) {
+    let mut rng = Rng::new(seed);
+    let v = &live.vols[vi];
+    let sh = &v.shape;
+    // The groups this thread owns.
+    let groups: Vec<u64> = (0..sh.cells().div_ceil(sh.group))
+        .filter(|g| sh.owner(g * sh.group, live.writers) == t)
+        .collect();
+    if groups.is_empty() {
+        return;
+    }
+    let mut buf = vec![0u8; (sh.group * CELL) as usize];
+    let mut scratch = vec![0u8; CELL as usize];
+    while !live.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+        let _gate = v.gate.read().expect("gate");
+        let h: Arc<Volume> = match live.pool().volume(sh.name) {
+            Ok(h) => h,
+            Err(e) => {
+                live.fail(format!(
+                    "{} writer {t}: open with the key loaded: {e}",
+                    sh.name
+                ));
+                return;
+            }
+        };
+        for _ in 0..rng.range(10, 200) {
+            if live.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let g = groups[rng.below(groups.len() as u64) as usize];
+            let c0 = g * sh.group + rng.below(sh.group);
+            let end = ((g + 1) * sh.group).min(sh.cells());
+            let n = 1 + rng.below(end - c0);
+            let bytes = &mut buf[..(n * CELL) as usize];
+            match rng.below(100) {
+                0..=64 => {
+                    let values: Vec<u64> = (0..n).map(|_| live.value()).collect();
+                    for (i, &value) in values.iter().enumerate() {
+                        fill_cell(
+                            value,
+                            cell_id(vi, c0 + i as u64),
+                            &mut bytes[i * CELL as usize..(i + 1) * CELL as usize],
+                        );
+                    }
+                    let fua = rng.chance(50);
+                    let start = Instant::now();
+                    let got = h.write(sh.offset(c0), bytes, fua);
+                    live.timed(start, &|| {
+                        format!(
+                            "{} write of {n} cells at {c0} (fua {fua}): {:?}",
+                            sh.name,
+                            got.as_ref().map(|_| ())
+                        )
+                    });
+                    match got {
+                        Ok(()) => {
+                            for (i, &value) in values.iter().enumerate() {
+                                let m = &v.cells[(c0 + i as u64) as usize];
+                                m.now.store(value, Ordering::Release);
+                                m.maybe.store(NONE, Ordering::Release);
+                            }
+                            live.writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(Error::NoSpace) => {
+                            for (i, &value) in values.iter().enumerate() {
+                                v.cells[(c0 + i as u64) as usize]
+                                    .maybe
+                                    .store(value, Ordering::Release);
+                            }
+                            live.refused.fetch_add(1, Ordering::Relaxed);
+                            // As a client given ENOSPC: it lets go of the volume for now
+                            // (so the operator, who may be waiting to free space, gets in).
+                            break;
+                        }
+                        Err(e) => {
+                            live.fail(format!("{} writer {t}: write at cell {c0}: {e}", sh.name));
+                            return;
+                        }
+                    }
+                }
+                65..=94 => {
+                    let start = Instant::now();
+                    let got = h.read(sh.offset(c0), bytes);
+                    live.timed(start, &|| format!("{} read of {n} cells at {c0}", sh.name));
+                    if let Err(e) = got {
+                        live.fail(format!("{} writer {t}: read at cell {c0}: {e}", sh.name));
+                        return;
+                    }
+                    live.reads.fetch_add(1, Ordering::Relaxed);
+                    let expect = |cell: u64| {
+                        let m = &v.cells[cell as usize];
+                        (
+                            m.now.load(Ordering::Acquire),
+                            m.maybe.load(Ordering::Acquire),
+                        )
+                    };
+                    if !live.check(sh.name, vi, c0, bytes, &expect, &mut scratch) {
+                        return;
+                    }
+                    // What it read, it reads from now on.
+                    for (i, b) in bytes.chunks(CELL as usize).enumerate() {
+                        let m = &v.cells[(c0 + i as u64) as usize];
+                        let got = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+                        let got = if b.iter().all(|&x| x == 0) { 0 } else { got };
+                        m.now.store(got, Ordering::Release);
+                        m.maybe.store(NONE, Ordering::Release);
+                    }
+                }
+                _ => {
+                    let start = Instant::now();
+                    let got = h.flush();
+                    live.timed(start, &|| {
+                        format!("{} flush: {:?}", sh.name, got.as_ref().map(|_| ()))
+                    });
+                    if let Err(e) = got {
+                        live.fail(format!("{} writer {t}: flush: {e}", sh.name));
+                        return;
+                    }
+                    live.flushes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        drop(h);
+    }
+}
+
+/// The operator: key cycles, snapshots (recorded and read back), rotation, scrub, flushes.
+fn control(live: &Live, seed: u64, deadline: Instant, report: &mut LiveReport) {
+    let mut rng = Rng::new(seed);
+    let mut scratch = vec![0u8; CELL as usize];
+    let mut next_snap = 0u64;
+    while !live.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(rng.range(5, 150)));
+        let vi = rng.below(live.vols.len() as u64) as usize;
+        let v = &live.vols[vi];
+        let name = v.shape.name;
+        let pool = live.pool();
+        let start = Instant::now();
+        let op = rng.below(100);
+        match op {
+            // Key unload and load, the handles let go of first.
+            0..=29 => {
+                let Some(key) = v.key else { continue };
+                let _all = v.gate.write().expect("gate");
+                live.note(format!("key unload {name}"));
+                let t = Instant::now();
+                let got = pool.unload_key(name);
+                live.timed(t, &|| {
+                    format!("key unload {name}: {:?}", got.as_ref().map(|_| ()))
+                });
+                if let Err(e) = got {
+                    live.fail(format!("key unload of {name} with no handle open: {e}"));
+                    return;
+                }
+                match pool.volume(name) {
+                    Err(Error::Locked(_)) => {}
+                    other => {
+                        live.fail(format!(
+                            "{name} opened after key unload: {:?}",
+                            other.map(|_| ())
+                        ));
+                        return;
+                    }
+                }
+                if rng.chance(300) {
+                    std::thread::sleep(Duration::from_millis(rng.range(1, 50)));
+                }
+                live.note(format!("key load {name}"));
+                let t = Instant::now();
+                let got = pool.load_key(name, &secret(key));
+                live.timed(t, &|| {
+                    format!("key load {name}: {:?}", got.as_ref().map(|_| ()))
+                });
+                if let Err(e) = got {
+                    live.fail(format!("key load of {name}: {e}"));
+                    return;
+                }
+                report.key_cycles += 1;
+            }
+            // A snapshot whose contents are known: the volume's writers wait for it.
+            30..=49 => {
+                let snap = format!("s{next_snap}");
+                next_snap += 1;
+                let contents = {
+                    let _all = v.gate.write().expect("gate");
+                    live.note(format!("snapshot create {name}@{snap}"));
+                    if let Err(e) = pool.snapshot_create(name, &snap) {
+                        if matches!(e, Error::NoSpace) {
+                            continue;
+                        }
+                        live.fail(format!("snapshot create {name}@{snap}: {e}"));
+                        return;
+                    }
+                    v.cells
+                        .iter()
+                        .map(|m| {
+                            (
+                                m.now.load(Ordering::Acquire),
+                                m.maybe.load(Ordering::Acquire),
+                            )
+                        })
+                        .collect::<Vec<(u64, u64)>>()
+                };
+                report.snapshots += 1;
+                let mut snaps = v.snaps.lock().expect("snaps");
+                snaps.push_back((snap, contents));
+                // Keep at most two (one of the filled volume, whose overwrites each
+                // snapshot pins): destroy the oldest.
+                if snaps.len() > if vi == 0 { 1 } else { 2 } {
+                    let (old, _) = snaps.pop_front().expect("more than one");
+                    live.note(format!("snapshot destroy {name}@{old}"));
+                    if let Err(e) = pool.snapshot_destroy(name, &old) {
+                        live.fail(format!("snapshot destroy {name}@{old}: {e}"));
+                        return;
+                    }
+                }
+            }
+            // Read part of a snapshot kept.
+            50..=69 => {
+                let snaps = v.snaps.lock().expect("snaps");
+                let Some((snap, contents)) =
+                    snaps.get(rng.below(snaps.len().max(1) as u64) as usize)
+                else {
+                    continue;
+                };
+                let view = format!("{name}@{snap}");
+                if !check_snapshot(live, vi, &view, contents, rng.next_u64(), 64, &mut scratch) {
+                    return;
+                }
+            }
+            70..=79 => {
+                if v.key.is_none() {
+                    continue;
+                }
+                live.note(format!("key rotate {name}"));
+                match pool.key_rotate(name) {
+                    Ok(_) => report.rotations += 1,
+                    // A rotation under way, or no room for it now.
+                    Err(Error::Busy(_)) | Err(Error::NoSpace) | Err(Error::Invalid(_)) => {}
+                    Err(e) => {
+                        live.fail(format!("key rotate {name}: {e}"));
+                        return;
+                    }
+                }
+            }
+            80..=84 => {
+                live.note("scrub".into());
+                match pool.scrub_start() {
+                    Ok(()) => report.scrubs += 1,
+                    Err(Error::Busy(_)) => {}
+                    Err(e) => {
+                        live.fail(format!("scrub start: {e}"));
+                        return;
+                    }
+                }
+            }
+            _ => {
+                live.note("pool flush".into());
+                if let Err(e) = pool.flush() {
+                    live.fail(format!("pool flush: {e}"));
+                    return;
+                }
+            }
+        }
+        live.timed(start, &|| {
+            let last = live.recent.lock().expect("recent").back().cloned();
+            format!("control op {op} on {name} ({last:?}, the gate's wait included)")
+        });
+        let space = pool.status().space;
+        report.clean_written_bytes = space.clean_written_bytes;
+        report.most_used = report
+            .most_used
+            .max(space.used_bytes as f64 / space.usable_bytes.max(1) as f64);
+        let stale = pool.stale_cached_nodes();
+        if stale > 0 {
+            live.fail(format!(
+                "{stale} stale map nodes were found in the node cache"
+            ));
+            return;
+        }
+    }
+}
+
+/// Read `n` cells of snapshot view `view` from a place `pick` chooses (all of them when
+/// `n` is 0) and check them against `contents`.
+fn check_snapshot(
+    live: &Live,
+    vi: usize,
+    view: &str,
+    contents: &[(u64, u64)],
+    pick: u64,
+    n: u64,
+    scratch: &mut [u8],
+) -> bool {
+    let sh = &live.vols[vi].shape;
+    let h = match live.pool().volume(view) {
+        Ok(h) => h,
+        Err(e) => {
+            live.fail(format!("open {view}: {e}"));
+            return false;
+        }
+    };
+    let (first, count) = if n == 0 {
+        (0, sh.cells())
+    } else {
+        (
+            pick % sh.cells().saturating_sub(n).max(1),
+            n.min(sh.cells()),
+        )
+    };
+    let mut buf = vec![0u8; CELL as usize * 64];
+    let mut c = first;
+    while c < first + count {
+        let k = 64
+            .min(first + count - c)
+            .min(sh.island_cells - c % sh.island_cells);
+        let bytes = &mut buf[..(k * CELL) as usize];
+        if let Err(e) = h.read(sh.offset(c), bytes) {
+            live.fail(format!("read of {view} at cell {c}: {e}"));
+            return false;
+        }
+        let expect = |cell: u64| contents[cell as usize];
+        if !live.check(view, vi, c, bytes, &expect, scratch) {
+            return false;
+        }
+        live.snap_checked.fetch_add(k, Ordering::Relaxed);
+        c += k;
+    }
+    true
+}
+
+/// Every cell of every volume and kept snapshot, then again after a close and an import.
+fn finish(
+    live: &Live,
+    dir: &Path,
+    cfg: &LiveConfig,
+    report: &mut LiveReport,
+) -> Result<(), String> {
+    let mut scratch = vec![0u8; CELL as usize];
+    for round in 0..2 {
+        let pool = live.pool();
+        for (vi, v) in live.vols.iter().enumerate() {
+            if round == 1 {
+                if let Some(k) = v.key {
+                    pool.load_key(v.shape.name, &secret(k))
+                        .map_err(|e| format!("key load of {} after import: {e}", v.shape.name))?;
+                }
+            }
+            let all: Vec<u64> = v
+                .cells
+                .iter()
+                .map(|m| m.now.load(Ordering::Acquire))
+                .collect();
+            let maybe: Vec<u64> = v
+                .cells
+                .iter()
+                .map(|m| m.maybe.load(Ordering::Acquire))
+                .collect();
+            let h = pool
+                .volume(v.shape.name)
+                .map_err(|e| format!("open {}: {e}", v.shape.name))?;
+            let sh = &v.shape;
+            let mut buf = vec![0u8; CELL as usize * 64];
+            let mut c = 0;
+            while c < sh.cells() {
+                let k = 64.min(sh.island_cells - c % sh.island_cells);
+                let bytes = &mut buf[..(k * CELL) as usize];
+                h.read(sh.offset(c), bytes)
+                    .map_err(|e| format!("final read of {} at cell {c}: {e}", sh.name))?;
+                let expect = |cell: u64| (all[cell as usize], maybe[cell as usize]);
+                if !live.check(sh.name, vi, c, bytes, &expect, &mut scratch) {
+                    return Ok(());
+                }
+                c += k;
+            }
+            drop(h);
+            for (snap, contents) in v.snaps.lock().expect("snaps").iter() {
+                let view = format!("{}@{snap}", sh.name);
+                if !check_snapshot(live, vi, &view, contents, 0, 0, &mut scratch) {
+                    return Ok(());
+                }
+            }
+        }
+        report.stale_cached_nodes += pool.stale_cached_nodes();
+        if report.stale_cached_nodes > 0 {
+            return Err(format!(
+                "{} stale map nodes were found in the node cache",
+                report.stale_cached_nodes
+            ));
+        }
+        if round == 0 {
+            pool.close().map_err(|e| format!("close: {e}"))?;
+            drop(pool);
+            *live.pool.write().expect("pool lock") = None;
+            let pool =
+                Pool::open(dir, options(cfg)).map_err(|e| format!("import after close: {e}"))?;
+            *live.pool.write().expect("pool lock") = Some(pool);
+        }
+    }
+    if let Some(p) = live.pool.write().expect("pool lock").take() {
+        p.close().map_err(|e| format!("close: {e}"))?;
+    }
+    Ok(())
+}
