@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bulwark_sim::live::{live, LiveConfig};
 
-fn run(layout: &str, tiny_cache: bool, holes_first: bool) {
+fn run(layout: &str, tiny_cache: bool, holes_first: bool, crash: bool) {
     let seconds: u64 = std::env::var("BULWARK_LIVE_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -21,6 +21,7 @@ fn run(layout: &str, tiny_cache: bool, holes_first: bool) {
         dir: None,
         tiny_cache,
         holes_first,
+        crash,
     };
     match live(&cfg) {
         Ok(r) => {
@@ -36,15 +37,15 @@ fn run(layout: &str, tiny_cache: bool, holes_first: bool) {
 
 #[test]
 fn live_single_holds() {
-    run("single", false, true);
+    run("single", false, true, false);
 }
 
 #[test]
-fn live_mirror_with_a_one_node_cache_holds() {
-    run("mirror", true, false);
+fn live_mirror_with_a_one_node_cache_and_a_crash_holds() {
+    run("mirror", true, false, true);
 }
 
 #[test]
-fn live_log_device_holds() {
-    run("log", false, true);
+fn live_log_device_with_a_crash_holds() {
+    run("log", false, true, true);
 }

@@ -602,6 +602,12 @@ impl Store {
         }
     }
 
+    /// The log, for tests that set up its segments by hand.
+    #[cfg(test)]
+    pub(crate) fn log_for_tests(&self) -> &Log {
+        &self.log
+    }
+
     /// Store metadata records (map nodes, the volume table): lz4-compressed, checksummed,
     /// `METADATA_COPIES` copies in different segments, end to end per copy.
     #[track_caller]
@@ -635,7 +641,23 @@ impl Store {
             .take(METADATA_COPIES)
             .enumerate()
         {
-            if let Err(e) = self.put(stream, copy, &buf, &mut recs, None) {
+            let mut put = self.put(stream, copy, &buf, &mut recs, None);
+            if copy > 0 && matches!(put, Err(Error::NoSpace)) {
+                // No segment can be opened for the second copies: they go after the first
+                // ones, in their segment (or the next the first stream opens). A commit must
+                // not fail for want of a second segment: a pool that cannot commit is
+                // poisoned, and one whose import cannot commit is lost to its users. An
+                // import opens both heads afresh, so after a commit that took the last
+                // segments but one, the next import needed two and failed (found by
+                // `bulwark-live --crash` on parity near full). The next commit with room
+                // writes its copies apart again.
+                tracing::warn!(
+                    records = recs.len(),
+                    "no free segment for the second copy of metadata: both copies written in one segment"
+                );
+                put = self.put(Stream::Meta, copy, &buf, &mut recs, None);
+            }
+            if let Err(e) = put {
                 for r in recs.iter().filter(|_| copy > 0) {
                     self.release_addr(r.ptr.addr[0], r.ptr.len as usize);
                 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W]
-//!              [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--dir D]
+//!              [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--crash] [--dir D] [--log]
 //! ```
 
 use std::path::PathBuf;
@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use bulwark_sim::live::{live, LiveConfig};
 
-const USAGE: &str = "usage: bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W] [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--dir D] [--log]";
+const USAGE: &str = "usage: bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W] [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--crash] [--dir D] [--log]";
 
 fn main() -> ExitCode {
     let mut it = std::env::args().skip(1);
     let (mut seconds, mut layouts, mut writers, mut seed, mut runs) =
         (30u64, vec!["single".to_string()], 3usize, 1u64, 1u64);
     let (mut tiny, mut holes, mut dir) = (false, false, None::<PathBuf>);
+    let mut crash = false;
     while let Some(flag) = it.next() {
         let mut value = || it.next();
         let ok = match flag.as_str() {
@@ -52,6 +53,10 @@ fn main() -> ExitCode {
                     .try_init();
                 Some(())
             }
+            "--crash" => {
+                crash = true;
+                Some(())
+            }
             "--holes-first" => {
                 holes = true;
                 Some(())
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
                 writers,
                 dir: dir.clone(),
                 tiny_cache: tiny,
+                crash,
                 holes_first: holes,
             };
             match live(&cfg) {
@@ -83,10 +89,11 @@ fn main() -> ExitCode {
                 Err(fails) => {
                     failed += 1;
                     println!(
-                        "FAIL live seed {} layout {layout}{}{}: {}",
+                        "FAIL live seed {} layout {layout}{}{}{}: {}",
                         cfg.seed,
                         if tiny { " tiny-cache" } else { "" },
                         if holes { " holes-first" } else { "" },
+                        if crash { " crash" } else { "" },
                         fails.join("\n")
                     );
                 }
