@@ -76,6 +76,7 @@ pub struct LiveReport {
     pub snapshots: u64,
     pub snapshot_cells_checked: u64,
     pub rotations: u64,
+    pub clones: u64,
     pub scrubs: u64,
     pub stale_cached_nodes: u64,
     /// The crash at the end: unsynced writes kept, dropped and torn.
@@ -121,89 +122,84 @@ impl Shape {
     }
 }
 
-/// A cell's model: the last acknowledged value, and another it may hold after a write
-/// that failed (`NONE`: no other).
-struct CellModel {
-    now: AtomicU64,
-    maybe: AtomicU64,
+/// A cell's model: what a read may return now, and after a crash.
+struct CellModel(Mutex<CellState>);
+
+#[derive(Default)]
+struct CellState {
+    /// The last acknowledged value.
+    now: u64,
+    /// Values of writes that failed since: the cell may hold any of them.
+    maybe: Vec<u64>,
     /// For a crash (`LiveConfig::crash`): the last value made durable by its writer's own
     /// FLUSH or FUA before the machine stopped, and every value written or tried since.
     /// After the crash the cell must read one of them: older is a flushed write lost.
-    dur: AtomicU64,
-    since: Mutex<Vec<u64>>,
+    dur: u64,
+    since: Vec<u64>,
 }
 
 impl CellModel {
     fn new() -> CellModel {
-        CellModel {
-            now: AtomicU64::new(0),
-            maybe: AtomicU64::new(NONE),
-            dur: AtomicU64::new(0),
-            since: Mutex::new(Vec::new()),
-        }
+        CellModel(Mutex::new(CellState::default()))
+    }
+    fn state(&self) -> std::sync::MutexGuard<'_, CellState> {
+        self.0.lock().expect("cell")
     }
     /// What a read may return now: the last acknowledged value first.
     fn now_allowed(&self) -> Vec<u64> {
-        let mut a = vec![self.now.load(Ordering::Acquire)];
-        let m = self.maybe.load(Ordering::Acquire);
-        if m != NONE {
-            a.push(m);
-        }
+        let c = self.state();
+        let mut a = vec![c.now];
+        a.extend(c.maybe.iter().copied());
         a
     }
     /// What a read may return after a crash: the last durable value first.
     fn crash_allowed(&self) -> Vec<u64> {
-        let mut a = vec![self.dur.load(Ordering::Acquire)];
-        a.extend(self.since.lock().expect("since").iter().copied());
+        let c = self.state();
+        let mut a = vec![c.dur];
+        a.extend(c.since.iter().copied());
         a
     }
     /// A write of `value` acknowledged (or, `durable`, made durable by FUA before the
     /// machine stopped).
     fn written(&self, value: u64, durable: bool) {
-        self.now.store(value, Ordering::Release);
-        self.maybe.store(NONE, Ordering::Release);
-        let mut since = self.since.lock().expect("since");
+        let mut c = self.state();
+        c.now = value;
+        c.maybe.clear();
         if durable {
-            self.dur.store(value, Ordering::Release);
-            since.clear();
+            c.dur = value;
+            c.since.clear();
         } else {
-            since.push(value);
+            c.since.push(value);
         }
     }
     /// A write of `value` that failed: the cell may hold it.
     fn tried(&self, value: u64) {
-        self.maybe.store(value, Ordering::Release);
-        self.since.lock().expect("since").push(value);
+        let mut c = self.state();
+        c.maybe.push(value);
+        c.since.push(value);
     }
     /// A read returned `value` (one of the allowed): from now on the cell reads it.
     fn pin(&self, value: u64) {
-        self.now.store(value, Ordering::Release);
-        self.maybe.store(NONE, Ordering::Release);
+        let mut c = self.state();
+        c.now = value;
+        c.maybe.clear();
     }
-    /// Its writer's FLUSH returned before the machine stopped.
+    /// Its writer's FLUSH returned before the machine stopped: the cell holds `now` or
+    /// one of `maybe`, durably.
     fn flushed(&self) {
-        let mut since = self.since.lock().expect("since");
-        self.dur
-            .store(self.now.load(Ordering::Acquire), Ordering::Release);
-        since.clear();
-        let m = self.maybe.load(Ordering::Acquire);
-        if m != NONE {
-            since.push(m);
-        }
+        let mut c = self.state();
+        c.dur = c.now;
+        c.since = c.maybe.clone();
     }
     /// Everything it holds is durable (a clean close, or the check after a crash).
     fn settled(&self) {
-        let mut since = self.since.lock().expect("since");
-        self.dur
-            .store(self.now.load(Ordering::Acquire), Ordering::Release);
-        since.clear();
+        let mut c = self.state();
+        c.dur = c.now;
+        c.since = c.maybe.clone();
     }
 }
 
-const NONE: u64 = u64::MAX;
-
-/// A snapshot kept: its name, and each cell's value and other possible value (`NONE`)
-/// when it was taken.
+/// A snapshot kept: its name, and each cell's possible values when it was taken.
 type Kept = (String, Vec<Vec<u64>>);
 
 struct Vol {
@@ -493,7 +489,7 @@ pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
             for t in 0..live.writers {
                 let live = &live;
                 let seed = cfg.seed ^ ((vi as u64) << 32) ^ t as u64;
-                s.spawn(move || writer(live, vi, t, seed, deadline));
+                s.spawn(move || writer(live, vi, t, seed));
             }
         }
         control(
@@ -586,7 +582,7 @@ fn fill_first(live: &Live) -> Result<(), String> {
 
 /// A writer thread of volume `vi`: bursts of writes, reads and flushes on its own cells,
 /// each burst on a handle it opens and drops (as an NBD client connects and leaves).
-fn writer(live: &Live, vi: usize, t: usize, seed: u64, deadline: Instant) {
+fn writer(live: &Live, vi: usize, t: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let v = &live.vols[vi];
     let sh = &v.shape;
@@ -599,7 +595,9 @@ fn writer(live: &Live, vi: usize, t: usize, seed: u64, deadline: Instant) {
     }
     let mut buf = vec![0u8; (sh.group * CELL) as usize];
     let mut scratch = vec![0u8; CELL as usize];
-    while !live.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+    // Until the control thread says stop (after the machine stopped, for a crash: the
+    // writers are at work when it does).
+    while !live.stop.load(Ordering::Acquire) {
         let _gate = v.gate.read().expect("gate");
         let h: Arc<Volume> = match live.pool().volume(sh.name) {
             Ok(h) => h,
@@ -623,7 +621,57 @@ fn writer(live: &Live, vi: usize, t: usize, seed: u64, deadline: Instant) {
             let n = 1 + rng.below(end - c0);
             let bytes = &mut buf[..(n * CELL) as usize];
             match rng.below(100) {
-                0..=64 => {
+                // Trim (whole blocks read as zeros after it; a part of a block is left
+                // as it is) or zeroes (every cell reads as zeros).
+                60..=64 => {
+                    let zero = rng.chance(400);
+                    let fua = zero && rng.chance(100);
+                    let start = Instant::now();
+                    let got = if zero {
+                        h.write_zeroes(sh.offset(c0), n * CELL, fua)
+                    } else {
+                        h.trim(sh.offset(c0), n * CELL)
+                    };
+                    live.timed(start, &|| {
+                        format!(
+                            "{} {} of {n} cells at {c0}",
+                            sh.name,
+                            if zero { "zero" } else { "trim" }
+                        )
+                    });
+                    let per_block = sh.block_size as u64 / CELL;
+                    let cleared = |c: u64| {
+                        let first = c - c % per_block;
+                        zero || (first >= c0 && first + per_block <= c0 + n)
+                    };
+                    let durable = fua && !live.frozen.load(Ordering::Acquire);
+                    match got {
+                        Ok(()) => {
+                            for c in (c0..c0 + n).filter(|&c| cleared(c)) {
+                                v.cells[c as usize].written(0, durable);
+                            }
+                            live.writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            for c in (c0..c0 + n).filter(|&c| cleared(c)) {
+                                v.cells[c as usize].tried(0);
+                            }
+                            if live.frozen.load(Ordering::Acquire) {
+                                return;
+                            }
+                            if !matches!(e, Error::NoSpace) {
+                                live.fail(format!(
+                                    "{} writer {t}: trim or zero at cell {c0}: {e}",
+                                    sh.name
+                                ));
+                                return;
+                            }
+                            live.refused.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                }
+                0..=59 => {
                     let values: Vec<u64> = (0..n).map(|_| live.value()).collect();
                     for (i, &value) in values.iter().enumerate() {
                         fill_cell(
@@ -823,7 +871,7 @@ fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveRep
                 }
             }
             // Read part of a snapshot kept.
-            50..=69 => {
+            50..=61 => {
                 let snaps = v.snaps.lock().expect("snaps");
                 let Some((snap, contents)) =
                     snaps.get(rng.below(snaps.len().max(1) as u64) as usize)
@@ -834,6 +882,47 @@ fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveRep
                 if !check_snapshot(live, vi, &view, contents, rng.next_u64(), 64, &mut scratch) {
                     return;
                 }
+            }
+            // A clone of a kept snapshot, under a key of its own: it reads as the snapshot,
+            // then as its own writes; destroyed after (a snapshot with clones cannot be).
+            62..=69 => {
+                let snaps = v.snaps.lock().expect("snaps");
+                let Some((snap, contents)) =
+                    snaps.get(rng.below(snaps.len().max(1) as u64) as usize)
+                else {
+                    continue;
+                };
+                let clone = format!("{name}-c{next_snap}");
+                next_snap += 1;
+                let key = v.key.map(|_| 1 + rng.below(200) as u8);
+                live.note(format!("clone {name}@{snap} {clone}"));
+                match pool.volume_clone(name, snap, &clone, key.map(secret).as_ref()) {
+                    Ok(()) => {}
+                    // The origin's key rotation under way, or no room.
+                    Err(Error::Busy(_)) | Err(Error::NoSpace) => continue,
+                    Err(e) => {
+                        live.fail(format!("clone of {name}@{snap} as {clone}: {e}"));
+                        return;
+                    }
+                }
+                if !check_snapshot(
+                    live,
+                    vi,
+                    &clone,
+                    contents,
+                    rng.next_u64(),
+                    256,
+                    &mut scratch,
+                ) || !write_clone(live, vi, &pool, &clone, &mut rng, &mut scratch)
+                {
+                    return;
+                }
+                live.note(format!("volume destroy {clone}"));
+                if let Err(e) = pool.destroy_volume(&clone) {
+                    live.fail(format!("volume destroy {clone}: {e}"));
+                    return;
+                }
+                report.clones += 1;
             }
             70..=79 => {
                 if v.key.is_none() {
@@ -886,6 +975,47 @@ fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveRep
             return;
         }
     }
+}
+
+/// Write a few cells of clone `clone` (of volume `vi`) and read each back.
+fn write_clone(
+    live: &Live,
+    vi: usize,
+    pool: &Pool,
+    clone: &str,
+    rng: &mut Rng,
+    scratch: &mut [u8],
+) -> bool {
+    let sh = &live.vols[vi].shape;
+    let h = match pool.volume(clone) {
+        Ok(h) => h,
+        Err(e) => {
+            live.fail(format!("open {clone}: {e}"));
+            return false;
+        }
+    };
+    let mut buf = vec![0u8; CELL as usize];
+    for _ in 0..16 {
+        let c = rng.below(sh.cells());
+        let value = live.value();
+        fill_cell(value, cell_id(vi, c), &mut buf);
+        match h.write(sh.offset(c), &buf, false) {
+            Ok(()) => {}
+            Err(Error::NoSpace) => return true,
+            Err(e) => {
+                live.fail(format!("write of {clone} at cell {c}: {e}"));
+                return false;
+            }
+        }
+        if let Err(e) = h.read(sh.offset(c), &mut buf) {
+            live.fail(format!("read of {clone} at cell {c}: {e}"));
+            return false;
+        }
+        if !live.check(clone, vi, c, &buf, &|_| vec![value], scratch) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Read `n` cells of snapshot view `view` from a place `pick` chooses (all of them when
