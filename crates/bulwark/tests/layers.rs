@@ -246,8 +246,11 @@ const SIM: Table = Table {
         ("objects", &[]),
         // The world: the pool, the driver of operations, steps and crashes.
         ("world", &["model", "rng", "objects"]),
-        // The command line (the binary; it reaches the rest as `bulwark_sim::`).
+        // The live run: the engine on its real threads, checked with the model's cells.
+        ("live", &["model", "rng"]),
+        // The command lines (the binaries; they reach the rest as `bulwark_sim::`).
         ("main", &[]),
+        ("bin", &[]),
     ],
 };
 

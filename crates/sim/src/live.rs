@@ -341,6 +341,17 @@ impl Live {
     fn value(&self) -> u64 {
         self.next_value.fetch_add(1, Ordering::Relaxed)
     }
+    /// The run's counts, into its report.
+    fn counts(&self, report: &mut LiveReport) {
+        report.slowest = self.slowest.lock().expect("slowest").clone();
+        report.slow_ops = self.slow.load(Ordering::Relaxed);
+        report.writes = self.writes.load(Ordering::Relaxed);
+        report.reads = self.reads.load(Ordering::Relaxed);
+        report.flushes = self.flushes.load(Ordering::Relaxed);
+        report.refused_writes = self.refused.load(Ordering::Relaxed);
+        report.cells_checked = self.checked.load(Ordering::Relaxed);
+        report.snapshot_cells_checked = self.snap_checked.load(Ordering::Relaxed);
+    }
 
     /// Check cells `c0..c0+n` of volume `vi` as read into `buf`; `expect` gives each
     /// cell's allowed values. `what` names the volume or snapshot.
@@ -352,7 +363,7 @@ impl Live {
         buf: &[u8],
         expect: &dyn Fn(u64) -> Vec<u64>,
         scratch: &mut [u8],
-    ) -> bool {
+    ) -> Step {
         for (i, b) in buf.chunks(CELL as usize).enumerate() {
             let cell = c0 + i as u64;
             let allowed = expect(cell);
@@ -368,15 +379,14 @@ impl Live {
             } else {
                 "a value never acknowledged for this cell"
             };
-            self.fail(format!(
+            return Err(format!(
                 "{what} cell {cell} (offset {}) read {got} ({how}); expected one of {allowed:?}",
                 self.vols[vi].shape.offset(cell),
             ));
-            return false;
         }
         self.checked
             .fetch_add(buf.len() as u64 / CELL, Ordering::Relaxed);
-        true
+        Ok(())
     }
 }
 
@@ -436,49 +446,7 @@ pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
     // Every device opened under the directory keeps its unsynced writes apart (for a
     // crash at the end; unused otherwise).
     let journal = crash::arm(dir.path());
-    let pool = Pool::open(dir.path(), options(cfg)).map_err(|e| vec![format!("open: {e}")])?;
-    let mut rng = Rng::new(cfg.seed);
-    let mut vols = Vec::new();
-    for shape in shapes(usable) {
-        let key = shape.encrypted.then(|| 1 + rng.below(200) as u8);
-        pool.create_volume(
-            shape.name,
-            VolumeOptions {
-                size_bytes: shape.size(),
-                block_size: shape.block_size,
-                compression: Compression::Lz4,
-                encryption: shape.encrypted,
-            },
-            key.map(secret).as_ref(),
-        )
-        .map_err(|e| vec![format!("volume create {}: {e}", shape.name)])?;
-        let cells = (0..shape.cells()).map(|_| CellModel::new()).collect();
-        vols.push(Vol {
-            shape,
-            key,
-            cells,
-            gate: RwLock::new(()),
-            snaps: Mutex::new(VecDeque::new()),
-        });
-    }
-    let live = Live {
-        pool: RwLock::new(Some(pool)),
-        vols,
-        next_value: AtomicU64::new(1),
-        stop: AtomicBool::new(false),
-        frozen: AtomicBool::new(false),
-        failures: Mutex::new(Vec::new()),
-        recent: Mutex::new(VecDeque::new()),
-        writes: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-        flushes: AtomicU64::new(0),
-        refused: AtomicU64::new(0),
-        checked: AtomicU64::new(0),
-        snap_checked: AtomicU64::new(0),
-        writers: cfg.writers.max(1),
-        slowest: Mutex::new((0.0, String::new())),
-        slow: AtomicU64::new(0),
-    };
+    let live = start(dir.path(), cfg, usable).map_err(|e| vec![e])?;
     let t0 = Instant::now();
     fill_first(&live).map_err(|e| vec![e])?;
     let mut report = LiveReport::default();
@@ -502,17 +470,8 @@ pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
     });
     let t2 = Instant::now();
     if cfg.crash && live.failures.lock().expect("failures").is_empty() {
-        // Power off: the pool is dropped on frozen devices, then each unsynced write is
-        // kept, dropped or torn, and the pool imported.
-        drop(live.pool.write().expect("pool lock").take());
-        let mut rng = Rng::new(cfg.seed ^ 0xC8A5);
-        match journal.crash(&mut |n| rng.below(n)) {
-            Ok(out) => report.crash = Some((out.kept, out.dropped, out.torn)),
-            Err(e) => live.fail(format!("applying the crash: {e}")),
-        }
-        match Pool::open(dir.path(), options(cfg)) {
-            Ok(p) => *live.pool.write().expect("pool lock") = Some(p),
-            Err(e) => live.fail(format!("the pool does not import after the crash: {e}")),
+        if let Err(e) = power_off(&live, dir.path(), cfg, &journal, &mut report) {
+            live.fail(e);
         }
     }
     if live.failures.lock().expect("failures").is_empty() {
@@ -525,14 +484,7 @@ pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
         (t2 - t1).as_secs_f64(),
         t2.elapsed().as_secs_f64(),
     );
-    report.slowest = live.slowest.lock().expect("slowest").clone();
-    report.slow_ops = live.slow.load(Ordering::Relaxed);
-    report.writes = live.writes.load(Ordering::Relaxed);
-    report.reads = live.reads.load(Ordering::Relaxed);
-    report.flushes = live.flushes.load(Ordering::Relaxed);
-    report.refused_writes = live.refused.load(Ordering::Relaxed);
-    report.cells_checked = live.checked.load(Ordering::Relaxed);
-    report.snapshot_cells_checked = live.snap_checked.load(Ordering::Relaxed);
+    live.counts(&mut report);
     let mut failures = std::mem::take(&mut *live.failures.lock().expect("failures"));
     if failures.is_empty() {
         return Ok(report);
@@ -543,6 +495,74 @@ pub fn live(cfg: &LiveConfig) -> Result<LiveReport, Vec<String>> {
     let kept = dir.keep();
     failures.push(format!("the pool's directory is kept: {}", kept.display()));
     Err(failures)
+}
+
+/// The pool opened in `dir` with the run's volumes, and the run's shared state.
+fn start(dir: &Path, cfg: &LiveConfig, usable: u64) -> Result<Live, String> {
+    let pool = Pool::open(dir, options(cfg)).map_err(|e| format!("open: {e}"))?;
+    let mut rng = Rng::new(cfg.seed);
+    let mut vols = Vec::new();
+    for shape in shapes(usable) {
+        let key = shape.encrypted.then(|| 1 + rng.below(200) as u8);
+        pool.create_volume(
+            shape.name,
+            VolumeOptions {
+                size_bytes: shape.size(),
+                block_size: shape.block_size,
+                compression: Compression::Lz4,
+                encryption: shape.encrypted,
+            },
+            key.map(secret).as_ref(),
+        )
+        .map_err(|e| format!("volume create {}: {e}", shape.name))?;
+        let cells = (0..shape.cells()).map(|_| CellModel::new()).collect();
+        vols.push(Vol {
+            shape,
+            key,
+            cells,
+            gate: RwLock::new(()),
+            snaps: Mutex::new(VecDeque::new()),
+        });
+    }
+    Ok(Live {
+        pool: RwLock::new(Some(pool)),
+        vols,
+        next_value: AtomicU64::new(1),
+        stop: AtomicBool::new(false),
+        frozen: AtomicBool::new(false),
+        failures: Mutex::new(Vec::new()),
+        recent: Mutex::new(VecDeque::new()),
+        writes: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+        flushes: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        checked: AtomicU64::new(0),
+        snap_checked: AtomicU64::new(0),
+        writers: cfg.writers.max(1),
+        slowest: Mutex::new((0.0, String::new())),
+        slow: AtomicU64::new(0),
+    })
+}
+
+/// Power off: the pool is dropped on frozen devices, then each unsynced write is kept,
+/// dropped or torn, and the pool imported.
+fn power_off(
+    live: &Live,
+    dir: &Path,
+    cfg: &LiveConfig,
+    journal: &CrashJournal,
+    report: &mut LiveReport,
+) -> Result<(), String> {
+    drop(live.pool.write().expect("pool lock").take());
+    let mut rng = Rng::new(cfg.seed ^ 0xC8A5);
+    let out = journal
+        .crash(&mut |n| rng.below(n))
+        .map_err(|e| format!("applying the crash: {e}"))?;
+    report.crash = Some((out.kept, out.dropped, out.torn));
+    let pool = Pool::open(dir, options(cfg))
+        .map_err(|e| format!("the pool does not import after the crash: {e}"))?;
+    *live.pool.write().expect("pool lock") = Some(pool);
+    Ok(())
 }
 
 /// Write every cell of the first volume once (the pool's fill), then flush.
@@ -580,34 +600,50 @@ fn fill_first(live: &Live) -> Result<(), String> {
     Ok(())
 }
 
+/// After an operation of a writer: go on, end the burst (let go of the handle), or stop.
+enum Next {
+    Go,
+    EndBurst,
+    Stop,
+}
+
+/// A writer thread of one volume, and the cells it owns.
+struct Writer<'a> {
+    live: &'a Live,
+    vi: usize,
+    t: usize,
+    /// The groups of cells this thread owns.
+    groups: Vec<u64>,
+    scratch: Vec<u8>,
+}
+
 /// A writer thread of volume `vi`: bursts of writes, reads and flushes on its own cells,
 /// each burst on a handle it opens and drops (as an NBD client connects and leaves).
 fn writer(live: &Live, vi: usize, t: usize, seed: u64) {
     let mut rng = Rng::new(seed);
-    let v = &live.vols[vi];
-    let sh = &v.shape;
-    // The groups this thread owns.
+    let sh = &live.vols[vi].shape;
     let groups: Vec<u64> = (0..sh.cells().div_ceil(sh.group))
         .filter(|g| sh.owner(g * sh.group, live.writers) == t)
         .collect();
     if groups.is_empty() {
         return;
     }
+    let mut w = Writer {
+        live,
+        vi,
+        t,
+        groups,
+        scratch: vec![0u8; CELL as usize],
+    };
     let mut buf = vec![0u8; (sh.group * CELL) as usize];
-    let mut scratch = vec![0u8; CELL as usize];
     // Until the control thread says stop (after the machine stopped, for a crash: the
     // writers are at work when it does).
     while !live.stop.load(Ordering::Acquire) {
-        let _gate = v.gate.read().expect("gate");
+        let _gate = live.vols[vi].gate.read().expect("gate");
         let h: Arc<Volume> = match live.pool().volume(sh.name) {
             Ok(h) => h,
             Err(e) => {
-                if !live.frozen.load(Ordering::Acquire) {
-                    live.fail(format!(
-                        "{} writer {t}: open with the key loaded: {e}",
-                        sh.name
-                    ));
-                }
+                w.failed(&format!("open with the key loaded: {e}"));
                 return;
             }
         };
@@ -615,156 +651,177 @@ fn writer(live: &Live, vi: usize, t: usize, seed: u64) {
             if live.stop.load(Ordering::Acquire) {
                 return;
             }
-            let g = groups[rng.below(groups.len() as u64) as usize];
+            let g = w.groups[rng.below(w.groups.len() as u64) as usize];
             let c0 = g * sh.group + rng.below(sh.group);
             let end = ((g + 1) * sh.group).min(sh.cells());
             let n = 1 + rng.below(end - c0);
             let bytes = &mut buf[..(n * CELL) as usize];
-            match rng.below(100) {
-                // Trim (whole blocks read as zeros after it; a part of a block is left
-                // as it is) or zeroes (every cell reads as zeros).
+            let next = match rng.below(100) {
+                0..=59 => w.write(&h, c0, bytes, rng.chance(50)),
                 60..=64 => {
                     let zero = rng.chance(400);
-                    let fua = zero && rng.chance(100);
-                    let start = Instant::now();
-                    let got = if zero {
-                        h.write_zeroes(sh.offset(c0), n * CELL, fua)
-                    } else {
-                        h.trim(sh.offset(c0), n * CELL)
-                    };
-                    live.timed(start, &|| {
-                        format!(
-                            "{} {} of {n} cells at {c0}",
-                            sh.name,
-                            if zero { "zero" } else { "trim" }
-                        )
-                    });
-                    let per_block = sh.block_size as u64 / CELL;
-                    let cleared = |c: u64| {
-                        let first = c - c % per_block;
-                        zero || (first >= c0 && first + per_block <= c0 + n)
-                    };
-                    let durable = fua && !live.frozen.load(Ordering::Acquire);
-                    match got {
-                        Ok(()) => {
-                            for c in (c0..c0 + n).filter(|&c| cleared(c)) {
-                                v.cells[c as usize].written(0, durable);
-                            }
-                            live.writes.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            for c in (c0..c0 + n).filter(|&c| cleared(c)) {
-                                v.cells[c as usize].tried(0);
-                            }
-                            if live.frozen.load(Ordering::Acquire) {
-                                return;
-                            }
-                            if !matches!(e, Error::NoSpace) {
-                                live.fail(format!(
-                                    "{} writer {t}: trim or zero at cell {c0}: {e}",
-                                    sh.name
-                                ));
-                                return;
-                            }
-                            live.refused.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                    }
+                    w.clear(&h, c0, n, zero, zero && rng.chance(100))
                 }
-                0..=59 => {
-                    let values: Vec<u64> = (0..n).map(|_| live.value()).collect();
-                    for (i, &value) in values.iter().enumerate() {
-                        fill_cell(
-                            value,
-                            cell_id(vi, c0 + i as u64),
-                            &mut bytes[i * CELL as usize..(i + 1) * CELL as usize],
-                        );
-                    }
-                    let fua = rng.chance(50);
-                    let start = Instant::now();
-                    let got = h.write(sh.offset(c0), bytes, fua);
-                    live.timed(start, &|| {
-                        format!(
-                            "{} write of {n} cells at {c0} (fua {fua}): {:?}",
-                            sh.name,
-                            got.as_ref().map(|_| ())
-                        )
-                    });
-                    // Read after the answer: a FUA answered before the machine stopped.
-                    let durable = fua && !live.frozen.load(Ordering::Acquire);
-                    match got {
-                        Ok(()) => {
-                            for (i, &value) in values.iter().enumerate() {
-                                v.cells[(c0 + i as u64) as usize].written(value, durable);
-                            }
-                            live.writes.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) if live.frozen.load(Ordering::Acquire) => {
-                            for (i, &value) in values.iter().enumerate() {
-                                v.cells[(c0 + i as u64) as usize].tried(value);
-                            }
-                            return;
-                        }
-                        Err(Error::NoSpace) => {
-                            for (i, &value) in values.iter().enumerate() {
-                                v.cells[(c0 + i as u64) as usize].tried(value);
-                            }
-                            live.refused.fetch_add(1, Ordering::Relaxed);
-                            // As a client given ENOSPC: it lets go of the volume for now
-                            // (so the operator, who may be waiting to free space, gets in).
-                            break;
-                        }
-                        Err(e) => {
-                            live.fail(format!("{} writer {t}: write at cell {c0}: {e}", sh.name));
-                            return;
-                        }
-                    }
-                }
-                65..=94 => {
-                    let start = Instant::now();
-                    let got = h.read(sh.offset(c0), bytes);
-                    live.timed(start, &|| format!("{} read of {n} cells at {c0}", sh.name));
-                    if let Err(e) = got {
-                        if !live.frozen.load(Ordering::Acquire) {
-                            live.fail(format!("{} writer {t}: read at cell {c0}: {e}", sh.name));
-                        }
-                        return;
-                    }
-                    live.reads.fetch_add(1, Ordering::Relaxed);
-                    let expect = |cell: u64| v.cells[cell as usize].now_allowed();
-                    if !live.check(sh.name, vi, c0, bytes, &expect, &mut scratch) {
-                        return;
-                    }
-                    // What it read, it reads from now on.
-                    for (i, b) in bytes.chunks(CELL as usize).enumerate() {
-                        v.cells[(c0 + i as u64) as usize].pin(value_in(b));
-                    }
-                }
-                _ => {
-                    let start = Instant::now();
-                    let got = h.flush();
-                    live.timed(start, &|| {
-                        format!("{} flush: {:?}", sh.name, got.as_ref().map(|_| ()))
-                    });
-                    if let Err(e) = got {
-                        if !live.frozen.load(Ordering::Acquire) {
-                            live.fail(format!("{} writer {t}: flush: {e}", sh.name));
-                        }
-                        return;
-                    }
-                    // Read after the answer: it returned before the machine stopped.
-                    if !live.frozen.load(Ordering::Acquire) {
-                        for &g in &groups {
-                            for c in g * sh.group..((g + 1) * sh.group).min(sh.cells()) {
-                                v.cells[c as usize].flushed();
-                            }
-                        }
-                    }
-                    live.flushes.fetch_add(1, Ordering::Relaxed);
+                65..=94 => w.read(&h, c0, bytes),
+                _ => w.flush(&h),
+            };
+            match next {
+                Next::Go => {}
+                Next::EndBurst => break,
+                Next::Stop => return,
+            }
+        }
+    }
+}
+
+impl Writer<'_> {
+    fn frozen(&self) -> bool {
+        self.live.frozen.load(Ordering::Acquire)
+    }
+    fn cell(&self, c: u64) -> &CellModel {
+        &self.live.vols[self.vi].cells[c as usize]
+    }
+    /// An error the run fails on, unless the machine has stopped (then every answer may be
+    /// an error).
+    fn failed(&self, what: &str) {
+        if !self.frozen() {
+            let name = self.live.vols[self.vi].shape.name;
+            self.live.fail(format!("{name} writer {}: {what}", self.t));
+        }
+    }
+
+    /// Cells `c0..` written with new values; `fua` asks for them durable at once.
+    fn write(&mut self, h: &Volume, c0: u64, bytes: &mut [u8], fua: bool) -> Next {
+        let sh = &self.live.vols[self.vi].shape;
+        let n = bytes.len() as u64 / CELL;
+        let values: Vec<u64> = (0..n).map(|_| self.live.value()).collect();
+        for (i, &value) in values.iter().enumerate() {
+            fill_cell(
+                value,
+                cell_id(self.vi, c0 + i as u64),
+                &mut bytes[i * CELL as usize..(i + 1) * CELL as usize],
+            );
+        }
+        let start = Instant::now();
+        let got = h.write(sh.offset(c0), bytes, fua);
+        self.live.timed(start, &|| {
+            format!(
+                "{} write of {n} cells at {c0} (fua {fua}): {:?}",
+                sh.name,
+                got.as_ref().map(|_| ())
+            )
+        });
+        // Read after the answer: a FUA answered before the machine stopped.
+        let durable = fua && !self.frozen();
+        let cells = (c0..).zip(values);
+        match got {
+            Ok(()) => {
+                cells.for_each(|(c, value)| self.cell(c).written(value, durable));
+                self.live.writes.fetch_add(1, Ordering::Relaxed);
+                Next::Go
+            }
+            Err(e) => {
+                cells.for_each(|(c, value)| self.cell(c).tried(value));
+                self.refused(e, c0)
+            }
+        }
+    }
+
+    /// A write refused: for space, the burst ends, as a client given ENOSPC lets go of the
+    /// volume for now (so the operator, who may be waiting to free space, gets in).
+    fn refused(&self, e: Error, c0: u64) -> Next {
+        if self.frozen() {
+            return Next::Stop;
+        }
+        if !matches!(e, Error::NoSpace) {
+            self.failed(&format!("write at cell {c0}: {e}"));
+            return Next::Stop;
+        }
+        self.live.refused.fetch_add(1, Ordering::Relaxed);
+        Next::EndBurst
+    }
+
+    /// Trim (whole blocks read as zeros after it; a part of a block is left as it is) or,
+    /// `zero`, zeroes (every cell reads as zeros).
+    fn clear(&mut self, h: &Volume, c0: u64, n: u64, zero: bool, fua: bool) -> Next {
+        let sh = &self.live.vols[self.vi].shape;
+        let start = Instant::now();
+        let got = if zero {
+            h.write_zeroes(sh.offset(c0), n * CELL, fua)
+        } else {
+            h.trim(sh.offset(c0), n * CELL)
+        };
+        self.live.timed(start, &|| {
+            let what = if zero { "zero" } else { "trim" };
+            format!("{} {what} of {n} cells at {c0}", sh.name)
+        });
+        let per_block = sh.block_size as u64 / CELL;
+        let cleared = (c0..c0 + n).filter(|&c| {
+            let first = c - c % per_block;
+            zero || (first >= c0 && first + per_block <= c0 + n)
+        });
+        let durable = fua && !self.frozen();
+        match got {
+            Ok(()) => {
+                cleared.for_each(|c| self.cell(c).written(0, durable));
+                self.live.writes.fetch_add(1, Ordering::Relaxed);
+                Next::Go
+            }
+            Err(e) => {
+                cleared.for_each(|c| self.cell(c).tried(0));
+                self.refused(e, c0)
+            }
+        }
+    }
+
+    /// Read cells `c0..` and check them; what it read, it reads from now on.
+    fn read(&mut self, h: &Volume, c0: u64, bytes: &mut [u8]) -> Next {
+        let live = self.live;
+        let v = &live.vols[self.vi];
+        let n = bytes.len() as u64 / CELL;
+        let start = Instant::now();
+        let got = h.read(v.shape.offset(c0), bytes);
+        live.timed(start, &|| {
+            format!("{} read of {n} cells at {c0}", v.shape.name)
+        });
+        if let Err(e) = got {
+            self.failed(&format!("read at cell {c0}: {e}"));
+            return Next::Stop;
+        }
+        live.reads.fetch_add(1, Ordering::Relaxed);
+        let expect = |cell: u64| v.cells[cell as usize].now_allowed();
+        if let Err(m) = live.check(v.shape.name, self.vi, c0, bytes, &expect, &mut self.scratch) {
+            live.fail(m);
+            return Next::Stop;
+        }
+        for (i, b) in bytes.chunks(CELL as usize).enumerate() {
+            self.cell(c0 + i as u64).pin(value_in(b));
+        }
+        Next::Go
+    }
+
+    /// FLUSH: answered before the machine stopped, every cell this thread owns is durable.
+    fn flush(&mut self, h: &Volume) -> Next {
+        let sh = &self.live.vols[self.vi].shape;
+        let start = Instant::now();
+        let got = h.flush();
+        self.live.timed(start, &|| {
+            format!("{} flush: {:?}", sh.name, got.as_ref().map(|_| ()))
+        });
+        if let Err(e) = got {
+            self.failed(&format!("flush: {e}"));
+            return Next::Stop;
+        }
+        // Read after the answer: it returned before the machine stopped.
+        if !self.frozen() {
+            for &g in &self.groups {
+                for c in g * sh.group..((g + 1) * sh.group).min(sh.cells()) {
+                    self.cell(c).flushed();
                 }
             }
         }
-        drop(h);
+        self.live.flushes.fetch_add(1, Ordering::Relaxed);
+        Next::Go
     }
 }
 
@@ -780,187 +837,65 @@ fn control(
     // The machine stops under the running threads, or the writers end their bursts.
     if let Some(j) = journal {
         live.frozen.store(true, Ordering::Release);
+        // While writes are unsynced (at most two seconds of waiting for some): a crash
+        // of a machine whose writers all waited for space, or just after a commit synced
+        // everything, would test nothing.
+        let want = 1 + (seed % 64) as usize;
+        for _ in 0..2000 {
+            if j.unsynced() >= want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         j.freeze();
     }
     live.stop.store(true, Ordering::Release);
 }
 
+/// The control thread's state: its choices, and the names it gave.
+struct Operator<'a> {
+    live: &'a Live,
+    rng: Rng,
+    scratch: Vec<u8>,
+    next_name: u64,
+}
+
+/// What an operator's step found wrong (the run fails with it).
+type Step = Result<(), String>;
+
 fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveReport) {
-    let mut rng = Rng::new(seed);
-    let mut scratch = vec![0u8; CELL as usize];
-    let mut next_snap = 0u64;
+    let mut op = Operator {
+        live,
+        rng: Rng::new(seed),
+        scratch: vec![0u8; CELL as usize],
+        next_name: 0,
+    };
     while !live.stop.load(Ordering::Acquire) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(rng.range(5, 150)));
-        let vi = rng.below(live.vols.len() as u64) as usize;
-        let v = &live.vols[vi];
-        let name = v.shape.name;
+        std::thread::sleep(Duration::from_millis(op.rng.range(5, 150)));
+        let vi = op.rng.below(live.vols.len() as u64) as usize;
+        let name = live.vols[vi].shape.name;
         let pool = live.pool();
         let start = Instant::now();
-        let op = rng.below(100);
-        match op {
-            // Key unload and load, the handles let go of first.
-            0..=29 => {
-                let Some(key) = v.key else { continue };
-                let _all = v.gate.write().expect("gate");
-                live.note(format!("key unload {name}"));
-                let t = Instant::now();
-                let got = pool.unload_key(name);
-                live.timed(t, &|| {
-                    format!("key unload {name}: {:?}", got.as_ref().map(|_| ()))
-                });
-                if let Err(e) = got {
-                    live.fail(format!("key unload of {name} with no handle open: {e}"));
-                    return;
-                }
-                match pool.volume(name) {
-                    Err(Error::Locked(_)) => {}
-                    other => {
-                        live.fail(format!(
-                            "{name} opened after key unload: {:?}",
-                            other.map(|_| ())
-                        ));
-                        return;
-                    }
-                }
-                if rng.chance(300) {
-                    std::thread::sleep(Duration::from_millis(rng.range(1, 50)));
-                }
-                live.note(format!("key load {name}"));
-                let t = Instant::now();
-                let got = pool.load_key(name, &secret(key));
-                live.timed(t, &|| {
-                    format!("key load {name}: {:?}", got.as_ref().map(|_| ()))
-                });
-                if let Err(e) = got {
-                    live.fail(format!("key load of {name}: {e}"));
-                    return;
-                }
-                report.key_cycles += 1;
-            }
-            // A snapshot whose contents are known: the volume's writers wait for it.
-            30..=49 => {
-                let snap = format!("s{next_snap}");
-                next_snap += 1;
-                let contents = {
-                    let _all = v.gate.write().expect("gate");
-                    live.note(format!("snapshot create {name}@{snap}"));
-                    if let Err(e) = pool.snapshot_create(name, &snap) {
-                        if matches!(e, Error::NoSpace) {
-                            continue;
-                        }
-                        live.fail(format!("snapshot create {name}@{snap}: {e}"));
-                        return;
-                    }
-                    v.cells
-                        .iter()
-                        .map(CellModel::now_allowed)
-                        .collect::<Vec<Vec<u64>>>()
-                };
-                report.snapshots += 1;
-                let mut snaps = v.snaps.lock().expect("snaps");
-                snaps.push_back((snap, contents));
-                // Keep at most two (one of the filled volume, whose overwrites each
-                // snapshot pins): destroy the oldest.
-                if snaps.len() > if vi == 0 { 1 } else { 2 } {
-                    let (old, _) = snaps.pop_front().expect("more than one");
-                    live.note(format!("snapshot destroy {name}@{old}"));
-                    if let Err(e) = pool.snapshot_destroy(name, &old) {
-                        live.fail(format!("snapshot destroy {name}@{old}: {e}"));
-                        return;
-                    }
-                }
-            }
-            // Read part of a snapshot kept.
-            50..=61 => {
-                let snaps = v.snaps.lock().expect("snaps");
-                let Some((snap, contents)) =
-                    snaps.get(rng.below(snaps.len().max(1) as u64) as usize)
-                else {
-                    continue;
-                };
-                let view = format!("{name}@{snap}");
-                if !check_snapshot(live, vi, &view, contents, rng.next_u64(), 64, &mut scratch) {
-                    return;
-                }
-            }
-            // A clone of a kept snapshot, under a key of its own: it reads as the snapshot,
-            // then as its own writes; destroyed after (a snapshot with clones cannot be).
-            62..=69 => {
-                let snaps = v.snaps.lock().expect("snaps");
-                let Some((snap, contents)) =
-                    snaps.get(rng.below(snaps.len().max(1) as u64) as usize)
-                else {
-                    continue;
-                };
-                let clone = format!("{name}-c{next_snap}");
-                next_snap += 1;
-                let key = v.key.map(|_| 1 + rng.below(200) as u8);
-                live.note(format!("clone {name}@{snap} {clone}"));
-                match pool.volume_clone(name, snap, &clone, key.map(secret).as_ref()) {
-                    Ok(()) => {}
-                    // The origin's key rotation under way, or no room.
-                    Err(Error::Busy(_)) | Err(Error::NoSpace) => continue,
-                    Err(e) => {
-                        live.fail(format!("clone of {name}@{snap} as {clone}: {e}"));
-                        return;
-                    }
-                }
-                if !check_snapshot(
-                    live,
-                    vi,
-                    &clone,
-                    contents,
-                    rng.next_u64(),
-                    256,
-                    &mut scratch,
-                ) || !write_clone(live, vi, &pool, &clone, &mut rng, &mut scratch)
-                {
-                    return;
-                }
-                live.note(format!("volume destroy {clone}"));
-                if let Err(e) = pool.destroy_volume(&clone) {
-                    live.fail(format!("volume destroy {clone}: {e}"));
-                    return;
-                }
-                report.clones += 1;
-            }
-            70..=79 => {
-                if v.key.is_none() {
-                    continue;
-                }
-                live.note(format!("key rotate {name}"));
-                match pool.key_rotate(name) {
-                    Ok(_) => report.rotations += 1,
-                    // A rotation under way, or no room for it now.
-                    Err(Error::Busy(_)) | Err(Error::NoSpace) | Err(Error::Invalid(_)) => {}
-                    Err(e) => {
-                        live.fail(format!("key rotate {name}: {e}"));
-                        return;
-                    }
-                }
-            }
-            80..=84 => {
-                live.note("scrub".into());
-                match pool.scrub_start() {
-                    Ok(()) => report.scrubs += 1,
-                    Err(Error::Busy(_)) => {}
-                    Err(e) => {
-                        live.fail(format!("scrub start: {e}"));
-                        return;
-                    }
-                }
-            }
+        let kind = op.rng.below(100);
+        let step = match kind {
+            0..=29 => op.key_cycle(&pool, vi, report),
+            30..=49 => op.snapshot(&pool, vi, report),
+            50..=61 => op.read_snapshot(vi),
+            62..=69 => op.clone(&pool, vi, report),
+            70..=79 => op.rotate(&pool, vi, report),
+            80..=84 => op.scrub(&pool, report),
             _ => {
                 live.note("pool flush".into());
-                if let Err(e) = pool.flush() {
-                    live.fail(format!("pool flush: {e}"));
-                    return;
-                }
+                pool.flush().map_err(|e| format!("pool flush: {e}"))
             }
+        };
+        if let Err(m) = step {
+            live.fail(m);
+            return;
         }
         live.timed(start, &|| {
             let last = live.recent.lock().expect("recent").back().cloned();
-            format!("control op {op} on {name} ({last:?}, the gate's wait included)")
+            format!("control op {kind} on {name} ({last:?}, the gate's wait included)")
         });
         let space = pool.status().space;
         report.clean_written_bytes = space.clean_written_bytes;
@@ -977,6 +912,149 @@ fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveRep
     }
 }
 
+impl Operator<'_> {
+    /// Key unload and load, the volume's handles let go of first (its writers wait).
+    fn key_cycle(&mut self, pool: &Pool, vi: usize, report: &mut LiveReport) -> Step {
+        let live = self.live;
+        let v = &live.vols[vi];
+        let name = v.shape.name;
+        let Some(key) = v.key else { return Ok(()) };
+        let _all = v.gate.write().expect("gate");
+        live.note(format!("key unload {name}"));
+        let t = Instant::now();
+        let got = pool.unload_key(name);
+        live.timed(t, &|| {
+            format!("key unload {name}: {:?}", got.as_ref().map(|_| ()))
+        });
+        got.map_err(|e| format!("key unload of {name} with no handle open: {e}"))?;
+        match pool.volume(name) {
+            Err(Error::Locked(_)) => {}
+            other => {
+                return Err(format!(
+                    "{name} opened after key unload: {:?}",
+                    other.map(|_| ())
+                ))
+            }
+        }
+        if self.rng.chance(300) {
+            std::thread::sleep(Duration::from_millis(self.rng.range(1, 50)));
+        }
+        live.note(format!("key load {name}"));
+        let t = Instant::now();
+        let got = pool.load_key(name, &secret(key));
+        live.timed(t, &|| {
+            format!("key load {name}: {:?}", got.as_ref().map(|_| ()))
+        });
+        got.map_err(|e| format!("key load of {name}: {e}"))?;
+        report.key_cycles += 1;
+        Ok(())
+    }
+
+    /// A snapshot whose contents are known (the volume's writers wait for it); the oldest
+    /// destroyed past two (one of the filled volume, whose overwrites each snapshot pins).
+    fn snapshot(&mut self, pool: &Pool, vi: usize, report: &mut LiveReport) -> Step {
+        let live = self.live;
+        let v = &live.vols[vi];
+        let name = v.shape.name;
+        let snap = format!("s{}", self.next_name);
+        self.next_name += 1;
+        let contents = {
+            let _all = v.gate.write().expect("gate");
+            live.note(format!("snapshot create {name}@{snap}"));
+            match pool.snapshot_create(name, &snap) {
+                Ok(()) => {}
+                Err(Error::NoSpace) => return Ok(()),
+                Err(e) => return Err(format!("snapshot create {name}@{snap}: {e}")),
+            }
+            v.cells
+                .iter()
+                .map(CellModel::now_allowed)
+                .collect::<Vec<Vec<u64>>>()
+        };
+        report.snapshots += 1;
+        let mut snaps = v.snaps.lock().expect("snaps");
+        snaps.push_back((snap, contents));
+        if snaps.len() > if vi == 0 { 1 } else { 2 } {
+            let (old, _) = snaps.pop_front().expect("more than one");
+            live.note(format!("snapshot destroy {name}@{old}"));
+            pool.snapshot_destroy(name, &old)
+                .map_err(|e| format!("snapshot destroy {name}@{old}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Read part of a snapshot kept.
+    fn read_snapshot(&mut self, vi: usize) -> Step {
+        let live = self.live;
+        let v = &live.vols[vi];
+        let snaps = v.snaps.lock().expect("snaps");
+        let Some((snap, contents)) = snaps.get(self.rng.below(snaps.len().max(1) as u64) as usize)
+        else {
+            return Ok(());
+        };
+        let view = format!("{}@{snap}", v.shape.name);
+        let pick = self.rng.next_u64();
+        check_snapshot(live, vi, &view, contents, pick, 64, &mut self.scratch)
+    }
+
+    /// A clone of a kept snapshot, under a key of its own: it reads as the snapshot, then
+    /// as its own writes; destroyed after (a snapshot with clones cannot be).
+    fn clone(&mut self, pool: &Pool, vi: usize, report: &mut LiveReport) -> Step {
+        let live = self.live;
+        let v = &live.vols[vi];
+        let name = v.shape.name;
+        let snaps = v.snaps.lock().expect("snaps");
+        let Some((snap, contents)) = snaps.get(self.rng.below(snaps.len().max(1) as u64) as usize)
+        else {
+            return Ok(());
+        };
+        let clone = format!("{name}-c{}", self.next_name);
+        self.next_name += 1;
+        let key = v.key.map(|_| 1 + self.rng.below(200) as u8);
+        live.note(format!("clone {name}@{snap} {clone}"));
+        match pool.volume_clone(name, snap, &clone, key.map(secret).as_ref()) {
+            Ok(()) => {}
+            // The origin's key rotation under way, or no room.
+            Err(Error::Busy(_)) | Err(Error::NoSpace) => return Ok(()),
+            Err(e) => return Err(format!("clone of {name}@{snap} as {clone}: {e}")),
+        }
+        let pick = self.rng.next_u64();
+        check_snapshot(live, vi, &clone, contents, pick, 256, &mut self.scratch)?;
+        write_clone(live, vi, pool, &clone, &mut self.rng, &mut self.scratch)?;
+        live.note(format!("volume destroy {clone}"));
+        pool.destroy_volume(&clone)
+            .map_err(|e| format!("volume destroy {clone}: {e}"))?;
+        report.clones += 1;
+        Ok(())
+    }
+
+    fn rotate(&mut self, pool: &Pool, vi: usize, report: &mut LiveReport) -> Step {
+        let v = &self.live.vols[vi];
+        let name = v.shape.name;
+        if v.key.is_none() {
+            return Ok(());
+        }
+        self.live.note(format!("key rotate {name}"));
+        match pool.key_rotate(name) {
+            Ok(_) => report.rotations += 1,
+            // A rotation under way, or no room for it now.
+            Err(Error::Busy(_)) | Err(Error::NoSpace) | Err(Error::Invalid(_)) => {}
+            Err(e) => return Err(format!("key rotate {name}: {e}")),
+        }
+        Ok(())
+    }
+
+    fn scrub(&mut self, pool: &Pool, report: &mut LiveReport) -> Step {
+        self.live.note("scrub".into());
+        match pool.scrub_start() {
+            Ok(()) => report.scrubs += 1,
+            Err(Error::Busy(_)) => {}
+            Err(e) => return Err(format!("scrub start: {e}")),
+        }
+        Ok(())
+    }
+}
+
 /// Write a few cells of clone `clone` (of volume `vi`) and read each back.
 fn write_clone(
     live: &Live,
@@ -985,15 +1063,11 @@ fn write_clone(
     clone: &str,
     rng: &mut Rng,
     scratch: &mut [u8],
-) -> bool {
+) -> Step {
     let sh = &live.vols[vi].shape;
-    let h = match pool.volume(clone) {
-        Ok(h) => h,
-        Err(e) => {
-            live.fail(format!("open {clone}: {e}"));
-            return false;
-        }
-    };
+    let h = pool
+        .volume(clone)
+        .map_err(|e| format!("open {clone}: {e}"))?;
     let mut buf = vec![0u8; CELL as usize];
     for _ in 0..16 {
         let c = rng.below(sh.cells());
@@ -1001,21 +1075,14 @@ fn write_clone(
         fill_cell(value, cell_id(vi, c), &mut buf);
         match h.write(sh.offset(c), &buf, false) {
             Ok(()) => {}
-            Err(Error::NoSpace) => return true,
-            Err(e) => {
-                live.fail(format!("write of {clone} at cell {c}: {e}"));
-                return false;
-            }
+            Err(Error::NoSpace) => return Ok(()),
+            Err(e) => return Err(format!("write of {clone} at cell {c}: {e}")),
         }
-        if let Err(e) = h.read(sh.offset(c), &mut buf) {
-            live.fail(format!("read of {clone} at cell {c}: {e}"));
-            return false;
-        }
-        if !live.check(clone, vi, c, &buf, &|_| vec![value], scratch) {
-            return false;
-        }
+        h.read(sh.offset(c), &mut buf)
+            .map_err(|e| format!("read of {clone} at cell {c}: {e}"))?;
+        live.check(clone, vi, c, &buf, &|_| vec![value], scratch)?;
     }
-    true
+    Ok(())
 }
 
 /// Read `n` cells of snapshot view `view` from a place `pick` chooses (all of them when
@@ -1028,15 +1095,12 @@ fn check_snapshot(
     pick: u64,
     n: u64,
     scratch: &mut [u8],
-) -> bool {
+) -> Step {
     let sh = &live.vols[vi].shape;
-    let h = match live.pool().volume(view) {
-        Ok(h) => h,
-        Err(e) => {
-            live.fail(format!("open {view}: {e}"));
-            return false;
-        }
-    };
+    let h = live
+        .pool()
+        .volume(view)
+        .map_err(|e| format!("open {view}: {e}"))?;
     let (first, count) = if n == 0 {
         (0, sh.cells())
     } else {
@@ -1052,18 +1116,14 @@ fn check_snapshot(
             .min(first + count - c)
             .min(sh.island_cells - c % sh.island_cells);
         let bytes = &mut buf[..(k * CELL) as usize];
-        if let Err(e) = h.read(sh.offset(c), bytes) {
-            live.fail(format!("read of {view} at cell {c}: {e}"));
-            return false;
-        }
+        h.read(sh.offset(c), bytes)
+            .map_err(|e| format!("read of {view} at cell {c}: {e}"))?;
         let expect = |cell: u64| contents[cell as usize].clone();
-        if !live.check(view, vi, c, bytes, &expect, scratch) {
-            return false;
-        }
+        live.check(view, vi, c, bytes, &expect, scratch)?;
         live.snap_checked.fetch_add(k, Ordering::Relaxed);
         c += k;
     }
-    true
+    Ok(())
 }
 
 /// Every cell of every volume and kept snapshot (after a crash: each its last durable
@@ -1111,9 +1171,7 @@ fn finish(
                         m.now_allowed()
                     }
                 };
-                if !live.check(&what, vi, c, bytes, &expect, &mut scratch) {
-                    return Ok(());
-                }
+                live.check(&what, vi, c, bytes, &expect, &mut scratch)?;
                 for (i, b) in bytes.chunks(CELL as usize).enumerate() {
                     let m = &v.cells[(c + i as u64) as usize];
                     m.pin(value_in(b));
@@ -1124,9 +1182,7 @@ fn finish(
             drop(h);
             for (snap, contents) in v.snaps.lock().expect("snaps").iter() {
                 let view = format!("{}@{snap}", sh.name);
-                if !check_snapshot(live, vi, &view, contents, 0, 0, &mut scratch) {
-                    return Ok(());
-                }
+                check_snapshot(live, vi, &view, contents, 0, 0, &mut scratch)?;
             }
         }
         report.stale_cached_nodes += pool.stale_cached_nodes();
