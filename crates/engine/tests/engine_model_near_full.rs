@@ -457,8 +457,14 @@ impl Run {
         self.open();
         let after = self.pool().status().space;
         // The volume table is rewritten by the import's own commit; allow a few records.
+        // And one batch of the cleaner in flight when `before` was read: the pool is not
+        // stepped, so a pass that began after the commit above may have placed a batch's
+        // copies (at most 256 KiB of stored bytes and the record that reaches it, the
+        // engine's `MOVE_BATCH_BYTES`) and not yet released the records they replace; the
+        // close finishes the pass. Seen once: 262,584 bytes over (seed 0x18ee688da54bd482,
+        // whose replay then passed). A drift, unlike that, grows with every restart.
         let diff = after.used_bytes.abs_diff(before.used_bytes);
-        if diff > 64 << 10 {
+        if diff > (64 << 10) + (256 << 10) + (16 << 10) {
             self.fail(format!(
                 "used bytes {} before a clean restart, {} after (the running pool's count drifted)",
                 before.used_bytes, after.used_bytes
