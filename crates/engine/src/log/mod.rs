@@ -686,6 +686,26 @@ impl Log {
         Ok((seg as u64 * SEGMENT_BYTES + off as u64, n))
     }
 
+    /// Make sealed segment `seg` the head of `stream` again from byte `off` (at import:
+    /// `Store::resume_meta_head`). `false`, and nothing changed, when the stream has a head
+    /// already, `seg` is not sealed, or `off` leaves no room. Like a head that fills a
+    /// hole, the segment keeps its incarnation, epoch and stream.
+    pub fn resume_head(&self, stream: Stream, seg: u32, off: u32) -> bool {
+        let mut g = self.inner.lock();
+        let h = stream as usize;
+        if g.heads[h].is_some()
+            || g.state.get(seg as usize) != Some(&SegState::Sealed)
+            || off as u64 >= SEGMENT_BYTES
+        {
+            return false;
+        }
+        g.state[seg as usize] = SegState::Open;
+        g.heads[h] = Some((seg, off));
+        g.limits[h] = SEGMENT_BYTES as u32;
+        g.hole_head[h] = false;
+        true
+    }
+
     /// Where the run `lens` of `stream` goes now, or `NoSpace`: the one decision behind
     /// `alloc_run` and `space_available`, so a writer woken by the second finds room in
     /// the first. Client data and the cleaner's moves may not eat into what the next commit

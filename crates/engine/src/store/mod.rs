@@ -608,8 +608,44 @@ impl Store {
         &self.log
     }
 
+    /// At import, with fewer free segments than metadata copies: go on writing the first
+    /// metadata stream in the segment of `table`'s first copy (the newest commit's volume
+    /// table), after it and after every record of `keep` in that segment (the intent log's
+    /// slots there, which a crash before the import's own commit must find as they are).
+    /// An import's commit opens its heads afresh: without this it needed a free segment
+    /// for its first copies when the pool had none, and the pool could not be imported.
+    /// Whatever lies further in that segment was written after the newest commit and is
+    /// named by nothing durable. `false`: nothing resumed (no room after them, the segment
+    /// is not one the log holds sealed, or the pool has an object tier).
+    pub fn resume_meta_head(&self, table: &Blkptr, keep: &[Blkptr]) -> bool {
+        let first = table.addr[0];
+        // Not with an object tier: a segment's earlier bytes may be the store's alone.
+        if first == ADDR_NONE || self.is_tiered() {
+            return false;
+        }
+        let seg = crate::log::segment_of(first);
+        let end = std::iter::once(table)
+            .chain(keep)
+            .flat_map(|p| p.addrs().iter().map(move |&a| (a, p.len)))
+            .filter(|&(a, _)| a != ADDR_NONE && crate::log::segment_of(a) == seg)
+            .map(|(a, len)| a + self.red.footprint(len as usize) as u64)
+            .max()
+            .unwrap_or(first);
+        let off = (end - seg as u64 * SEGMENT_BYTES).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+        let resumed = off < SEGMENT_BYTES && self.log.resume_head(Stream::Meta, seg, off as u32);
+        if resumed {
+            tracing::warn!(
+                segment = seg,
+                offset = off,
+                "fewer free segments than copies of metadata at import: its commit goes on after the last one in the newest volume table's segment"
+            );
+        }
+        resumed
+    }
+
     /// Store metadata records (map nodes, the volume table): lz4-compressed, checksummed,
-    /// `METADATA_COPIES` copies in different segments, end to end per copy.
+    /// `METADATA_COPIES` copies in different segments (in one, when no segment can be
+    /// opened for the second), end to end per copy.
     #[track_caller]
     pub fn write_meta_batch(&self, raws: &[Vec<u8>]) -> Result<Vec<Blkptr>> {
         let mut buf = Vec::new();

@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::constants::METADATA_COPIES;
 use crate::log::Log;
+use crate::map::Blkptr;
 use crate::pool::core::{Core, DefragStats, SbState};
 use crate::pool::format::config::PoolConfig;
 use crate::pool::format::labels::back_region_of;
@@ -181,6 +183,13 @@ pub(super) fn build(
     if let (Some(_), Some(l)) = (&dev_chain, &logdev) {
         l.state.lock().next_head = dev_slot % l.slots.max(1);
     }
+    // The intent log's slots on the main devices: the replayed chain's and the head the
+    // newest superblock names (kept as they are until the import's commit is durable).
+    let log_slots: Vec<Blkptr> = chain_slots
+        .iter()
+        .copied()
+        .chain(newest.log_head.map(crate::pool::intentlog::block::slot_ptr))
+        .collect();
     // The replayed chain's slots stay counted until the import's commit replaces it.
     if !chain_slots.is_empty() {
         *core.intent.lock() = Some(crate::pool::intentlog::block::Chain {
@@ -193,6 +202,14 @@ pub(super) fn build(
     }
     for v in core.volumes.read().values() {
         core.store.note_dirty(v.head_dirty(), v.map().dirty_nodes());
+    }
+    #[cfg(test)]
+    take_free_at_import(&core);
+    // Its commit opens both metadata heads afresh: with fewer free segments than copies,
+    // the first copies go on after the newest table in its segment (the second ones follow
+    // them when no segment can be opened for them, `Store::write_meta_batch`).
+    if core.store.free_segments() < METADATA_COPIES as u32 {
+        core.store.resume_meta_head(&newest.root, &log_slots);
     }
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
@@ -338,5 +355,27 @@ mod tests {
         pool.core().store.release(Dead::superseded(kept));
         let m = refused(|| pool.core().store.release(Dead::superseded(kept)));
         assert!(m.contains("double release"), "{m}");
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// For tests: the free segments an import on this thread leaves before its commit
+    /// (the rest taken by the second metadata stream, each to its last byte), as a pool
+    /// that a commit left this full would have.
+    pub(crate) static FREE_AT_IMPORT: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(test)]
+fn take_free_at_import(core: &Core) {
+    if let Some(keep) = FREE_AT_IMPORT.with(|f| f.get()) {
+        let log = core.store.log_for_tests();
+        while log.free_segments() > keep {
+            log.alloc(
+                crate::log::Stream::Meta2,
+                crate::constants::SEGMENT_BYTES as usize,
+            )
+            .expect("a free segment");
+        }
     }
 }
