@@ -203,14 +203,7 @@ pub(super) fn build(
     for v in core.volumes.read().values() {
         core.store.note_dirty(v.head_dirty(), v.map().dirty_nodes());
     }
-    #[cfg(test)]
-    take_free_at_import(&core);
-    // Its commit opens both metadata heads afresh: with fewer free segments than copies,
-    // the first copies go on after the newest table in its segment (the second ones follow
-    // them when no segment can be opened for them, `Store::write_meta_batch`).
-    if core.store.free_segments() < METADATA_COPIES as u32 {
-        core.store.resume_meta_head(&newest.root, &log_slots);
-    }
+    resume_if_full(&core, &newest.root, &log_slots);
     // Reserve a fresh nonce range and bring every member's superblock to one generation.
     core.commit()?;
     for dead in replaced {
@@ -358,6 +351,18 @@ mod tests {
     }
 }
 
+/// The import's commit opens both metadata heads afresh: with fewer free segments than
+/// copies, the first copies go on after the newest table (`table`) in its segment, past the
+/// intent log's slots (`log_slots`); the second ones follow them when no segment can be
+/// opened for them (`Store::write_meta_batch`).
+fn resume_if_full(core: &Core, table: &Blkptr, log_slots: &[Blkptr]) {
+    #[cfg(test)]
+    take_free_at_import(core);
+    if core.store.free_segments() < METADATA_COPIES as u32 {
+        core.store.resume_meta_head(table, log_slots);
+    }
+}
+
 #[cfg(test)]
 thread_local! {
     /// For tests: the free segments an import on this thread leaves before its commit
@@ -376,6 +381,135 @@ fn take_free_at_import(core: &Core) {
                 crate::constants::SEGMENT_BYTES as usize,
             )
             .expect("a free segment");
+        }
+    }
+}
+
+#[cfg(test)]
+mod full_at_import {
+    /// A pool that a commit left with no free segment (and the second metadata stream's
+    /// head full) imports: the import's commit goes on after the newest volume table in
+    /// its segment, both copies there. Before, an import's commit opened both heads afresh
+    /// and the pool could not be imported ("the pool is out of space"); a commit near full
+    /// may take the last segment, so that state is one a pool can be closed in.
+    #[test]
+    fn a_pool_with_no_free_segment_left_by_its_last_commit_imports() {
+        use super::FREE_AT_IMPORT;
+        use crate::pool::OpenOptions;
+        use crate::volume::{Compression, VolumeOptions};
+
+        let dir = tempfile::tempdir().unwrap();
+        let opts = OpenOptions {
+            stepped: true,
+            ..OpenOptions::default()
+        };
+        let pool = crate::pool::test_pool(dir.path(), opts.clone());
+        let o = VolumeOptions {
+            size_bytes: 1 << 20,
+            block_size: 4096,
+            compression: Compression::Off,
+            encryption: false,
+        };
+        pool.create_volume("v", o, None).unwrap();
+        let v = pool.volume("v").unwrap();
+        v.write(8192, &[9u8; 4096], false).unwrap();
+        v.flush().unwrap();
+        drop(v);
+        pool.close().unwrap();
+        drop(pool);
+        FREE_AT_IMPORT.with(|f| f.set(Some(0)));
+        let opened = crate::pool::Pool::open(dir.path(), opts.clone());
+        FREE_AT_IMPORT.with(|f| f.set(None));
+        let pool = opened.expect("a pool with no free segment imports");
+        let mut got = vec![0u8; 4096];
+        pool.volume("v").unwrap().read(8192, &mut got).unwrap();
+        assert_eq!(got, vec![9u8; 4096]);
+        // Its commits go on in the head the import resumed; closed, it imports again.
+        pool.flush().unwrap();
+        pool.close().unwrap();
+        drop(pool);
+        let pool = crate::pool::Pool::open(dir.path(), opts).expect("imports again");
+        pool.volume("v").unwrap().read(8192, &mut got).unwrap();
+        assert_eq!(got, vec![9u8; 4096]);
+    }
+
+    /// The import that resumes the metadata head after the newest table, with the intent
+    /// log's chain in that segment: a crash at any write of its commit leaves the chain
+    /// whole, and the next import replays it again (the flushed write reads back). The
+    /// head resumes after the chain's slots and the slot the superblock names, which a
+    /// crash before the import's commit must find as they were.
+    #[test]
+    fn an_import_resumed_after_the_table_keeps_the_intent_log_it_replays() {
+        use super::FREE_AT_IMPORT;
+        use crate::device::crash;
+        use crate::pool::OpenOptions;
+        use crate::volume::{Compression, VolumeOptions};
+
+        let base = tempfile::tempdir().unwrap();
+        let (saved, work) = (base.path().join("saved"), base.path().join("work"));
+        std::fs::create_dir(&saved).unwrap();
+        let opts = OpenOptions {
+            stepped: true,
+            allow_fault_injection: true,
+            ..OpenOptions::default()
+        };
+        {
+            let journal = crash::arm(&saved);
+            // Mirrored: the intent log's slots have one copy (on a single device, two).
+            crate::pool::Pool::create(
+                &saved,
+                crate::redundancy::Layout::Mirror(2),
+                crate::pool::DeviceSpec::Files {
+                    count: 2,
+                    size_bytes: 64 << 20,
+                },
+            )
+            .unwrap();
+            let pool = crate::pool::Pool::open(&saved, opts.clone()).unwrap();
+            let o = VolumeOptions {
+                size_bytes: 1 << 20,
+                block_size: 4096,
+                compression: Compression::Off,
+                encryption: false,
+            };
+            pool.create_volume("v", o, None).unwrap();
+            let v = pool.volume("v").unwrap();
+            v.write(4096, &[5u8; 4096], false).unwrap();
+            // Durable through the intent log, not a commit.
+            v.flush().unwrap();
+            journal.freeze();
+            drop(v);
+            drop(pool);
+            journal.crash(&mut |_| 1).unwrap();
+        }
+        for k in 0..16 {
+            let _ = std::fs::remove_dir_all(&work);
+            std::fs::create_dir(&work).unwrap();
+            for f in std::fs::read_dir(&saved).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), work.join(f.file_name())).unwrap();
+            }
+            let journal = crash::arm(&work);
+            FREE_AT_IMPORT.with(|f| f.set(Some(0)));
+            journal.freeze_after(k);
+            let opened = crate::pool::Pool::open(&work, opts.clone());
+            FREE_AT_IMPORT.with(|f| f.set(None));
+            journal.freeze();
+            drop(opened);
+            // Every write the import made before the crash kept.
+            journal.crash(&mut |_| 0).unwrap();
+            drop(journal);
+            let pool = crate::pool::Pool::open(&work, opts.clone())
+                .unwrap_or_else(|e| panic!("after a crash at write {k} of the import: {e}"));
+            let mut got = vec![0u8; 4096];
+            pool.volume("v").unwrap().read(4096, &mut got).unwrap();
+            assert!(
+                got.iter().all(|&b| b == 5),
+                "the flushed write lost (reads {:?}...) after a crash at write {k} of an import \
+                 that resumed the head",
+                &got[..8]
+            );
+            pool.close().unwrap();
         }
     }
 }

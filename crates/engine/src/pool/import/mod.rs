@@ -12,7 +12,7 @@
 //! and the walk of every map), `replay` (the intent log), `build` (`Core`, and the import's
 //! commit).
 
-pub(super) mod build;
+mod build;
 mod devices;
 mod recount;
 mod replay;
