@@ -870,6 +870,15 @@ fn control_until(live: &Live, seed: u64, deadline: Instant, report: &mut LiveRep
         scratch: vec![0u8; CELL as usize],
         next_name: 0,
     };
+    // Every run cycles the filled volume's key and snapshots it at least once, however few
+    // steps a slow machine gives it.
+    let first = op
+        .key_cycle(&live.pool(), 0, report)
+        .and_then(|()| op.snapshot(&live.pool(), 0, report));
+    if let Err(m) = first {
+        live.fail(m);
+        return;
+    }
     while !live.stop.load(Ordering::Acquire) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(op.rng.range(5, 150)));
         let vi = op.rng.below(live.vols.len() as u64) as usize;
