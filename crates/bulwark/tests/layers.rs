@@ -369,7 +369,14 @@ const POOL: Table = Table {
     src: "../engine/src/pool",
     root: "mod",
     within: &["pool"],
-    tests_only: &["Pool", "OpenOptions", "DeviceSpec", "Layout", "test_pool"],
+    tests_only: &[
+        "Pool",
+        "OpenOptions",
+        "DeviceSpec",
+        "Layout",
+        "test_pool",
+        "test_volume",
+    ],
     root_items: &[
         (
             "Pool",
@@ -379,6 +386,10 @@ const POOL: Table = Table {
         ("DeviceSpec", "re-exported from `options`, for tests"),
         ("Layout", "re-exported from `redundancy`, for tests"),
         ("test_pool", "a one-device pool for unit tests (`facade`)"),
+        (
+            "test_volume",
+            "a plain volume's options for unit tests (`facade`)",
+        ),
     ],
     layers: &[
         // What the pool keeps, as bytes and files: labels, the table, the anchor, pool.json.

@@ -438,6 +438,17 @@ impl Drop for Pool {
     }
 }
 
+/// For unit tests: a plain volume of `size_bytes` in 4 KiB blocks, uncompressed.
+#[cfg(test)]
+pub(crate) fn test_volume(size_bytes: u64) -> crate::volume::VolumeOptions {
+    crate::volume::VolumeOptions {
+        size_bytes,
+        block_size: 4096,
+        compression: crate::volume::Compression::Off,
+        encryption: false,
+    }
+}
+
 /// For unit tests: a `single` pool on one 64 MiB device file in `dir`, opened with `opts`.
 #[cfg(test)]
 pub(crate) fn test_pool(dir: &Path, opts: OpenOptions) -> Arc<Pool> {

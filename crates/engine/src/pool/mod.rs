@@ -36,9 +36,9 @@ mod stepped;
 pub mod tier;
 pub mod txg;
 
-#[cfg(test)]
-pub(crate) use facade::test_pool;
 pub use facade::Pool;
+#[cfg(test)]
+pub(crate) use facade::{test_pool, test_volume};
 
 pub use crate::redundancy::Layout;
 pub use core::KeptSnapshot;

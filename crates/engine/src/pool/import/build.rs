@@ -396,7 +396,6 @@ mod full_at_import {
     fn a_pool_with_no_free_segment_left_by_its_last_commit_imports() {
         use super::FREE_AT_IMPORT;
         use crate::pool::OpenOptions;
-        use crate::volume::{Compression, VolumeOptions};
 
         let dir = tempfile::tempdir().unwrap();
         let opts = OpenOptions {
@@ -404,13 +403,8 @@ mod full_at_import {
             ..OpenOptions::default()
         };
         let pool = crate::pool::test_pool(dir.path(), opts.clone());
-        let o = VolumeOptions {
-            size_bytes: 1 << 20,
-            block_size: 4096,
-            compression: Compression::Off,
-            encryption: false,
-        };
-        pool.create_volume("v", o, None).unwrap();
+        pool.create_volume("v", crate::pool::test_volume(1 << 20), None)
+            .unwrap();
         let v = pool.volume("v").unwrap();
         v.write(8192, &[9u8; 4096], false).unwrap();
         v.flush().unwrap();
@@ -443,7 +437,6 @@ mod full_at_import {
         use super::FREE_AT_IMPORT;
         use crate::device::crash;
         use crate::pool::OpenOptions;
-        use crate::volume::{Compression, VolumeOptions};
 
         let base = tempfile::tempdir().unwrap();
         let (saved, work) = (base.path().join("saved"), base.path().join("work"));
@@ -466,13 +459,8 @@ mod full_at_import {
             )
             .unwrap();
             let pool = crate::pool::Pool::open(&saved, opts.clone()).unwrap();
-            let o = VolumeOptions {
-                size_bytes: 1 << 20,
-                block_size: 4096,
-                compression: Compression::Off,
-                encryption: false,
-            };
-            pool.create_volume("v", o, None).unwrap();
+            pool.create_volume("v", crate::pool::test_volume(1 << 20), None)
+                .unwrap();
             let v = pool.volume("v").unwrap();
             v.write(4096, &[5u8; 4096], false).unwrap();
             // Durable through the intent log, not a commit.

@@ -538,8 +538,6 @@ mod tests {
     #[test]
     fn a_commit_with_one_free_segment_writes_both_metadata_copies_in_it() {
         use crate::pool::OpenOptions;
-        use crate::volume::{Compression, VolumeOptions};
-
         let dir = tempfile::tempdir().unwrap();
         let opts = OpenOptions {
             stepped: true,
@@ -547,13 +545,8 @@ mod tests {
             ..OpenOptions::default()
         };
         let pool = crate::pool::test_pool(dir.path(), opts.clone());
-        let o = VolumeOptions {
-            size_bytes: 1 << 20,
-            block_size: 4096,
-            compression: Compression::Off,
-            encryption: false,
-        };
-        pool.create_volume("v", o, None).unwrap();
+        pool.create_volume("v", crate::pool::test_volume(1 << 20), None)
+            .unwrap();
         let v = pool.volume("v").unwrap();
         v.write(0, &[7u8; 4096], false).unwrap();
         drop(v);
