@@ -18,7 +18,13 @@ fn run(layout: &str, tiny_cache: bool, holes_first: bool, crash: bool) {
         duration: Duration::from_secs(seconds),
         layout: layout.into(),
         writers: 3,
-        dir: None,
+        // The system's temporary directory, not /dev/shm (the binary's default): four
+        // pools of 96-144 MiB at once may not fit a container's small /dev/shm.
+        dir: Some(
+            std::env::var_os("BULWARK_LIVE_DIR")
+                .map(Into::into)
+                .unwrap_or_else(std::env::temp_dir),
+        ),
         tiny_cache,
         holes_first,
         crash,
