@@ -668,7 +668,17 @@ impl Redundancy {
                 }
             }
         }
-        if ok == 0 {
+        // Durable only where enough members synced to read every record back: one copy of
+        // a mirror, K shards of parity K+M. With 2 of 3 parity:2+1 members failing their
+        // sync, one that synced answered the FLUSH (and the intent log told the host's
+        // anchor the log had reached its blocks), and after a power loss the import found
+        // a flushed record on no device ("the record it names is not on the devices";
+        // `bulwark-live --crash`, parity, seed 5011).
+        let needed = match self.layout {
+            Layout::Parity { k, .. } => k as usize,
+            _ => 1,
+        };
+        if ok < needed {
             return Err(Error::Poisoned);
         }
         Ok(())
@@ -808,6 +818,32 @@ mod tests {
         fn will_write(&self, offset: u64, len: u64) {
             self.noted.lock().push((offset, len));
         }
+    }
+
+    /// A FLUSH of parity:2+1 is durable only when two members synced: with two of three
+    /// failing their sync it is refused, not answered by the one that synced. With one
+    /// failing it goes on (degraded). A mirror needs one copy.
+    #[test]
+    fn a_flush_needs_as_many_synced_members_as_the_layout_reads_from() {
+        let make = |layout: Layout, failing: &[bool]| {
+            let members = failing
+                .iter()
+                .enumerate()
+                .map(|(i, &fail)| {
+                    let d = Arc::new(Stub {
+                        fail_flush: fail,
+                        ..Stub::new(&format!("/dev/test{i}"))
+                    });
+                    Member::new(d.path.clone(), Some(d as Arc<dyn Device>))
+                })
+                .collect();
+            Redundancy::new(layout, members, 8)
+        };
+        let parity = Layout::Parity { k: 2, m: 1 };
+        assert!(make(parity, &[true, false, true]).flush().is_err());
+        assert!(make(parity, &[false, false, true]).flush().is_ok());
+        assert!(make(Layout::Mirror(2), &[true, false]).flush().is_ok());
+        assert!(make(Layout::Mirror(2), &[true, true]).flush().is_err());
     }
 
     /// A segment that opens is announced to every member that holds part of it, at the
