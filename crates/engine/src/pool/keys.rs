@@ -316,7 +316,7 @@ impl Core {
 mod tests {
     use super::*;
     use crate::pool::{DeviceSpec, Layout, OpenOptions, Pool};
-    use crate::volume::{Compression, VolumeOptions};
+    use crate::volume::VolumeOptions;
 
     fn kf(b: u8) -> Secret {
         Secret::KeyFile(Zeroizing::new([b; 32]))
@@ -333,10 +333,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
         let o = VolumeOptions {
-            size_bytes: 1 << 20,
-            block_size: 4096,
-            compression: Compression::Off,
             encryption: true,
+            ..crate::pool::test_volume(1 << 20)
         };
         pool.create_volume("v", o, Some(&kf(1))).unwrap();
         {
@@ -398,10 +396,8 @@ mod tests {
         .unwrap();
         let pool = Pool::open(dir, OpenOptions::default()).unwrap();
         let o = VolumeOptions {
-            size_bytes: 1 << 20,
-            block_size: 4096,
-            compression: Compression::Off,
             encryption: true,
+            ..crate::pool::test_volume(1 << 20)
         };
         pool.create_volume("v", o, Some(&kf(1))).unwrap();
         pool.volume("v")
