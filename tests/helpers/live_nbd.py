@@ -115,7 +115,8 @@ class Volume:
         self.cells = [Cell() for _ in cells]
         self.owner = owner  # cell index -> writer number
         self.key = run.dir / f"{name}.key"
-        self.snaps = []  # (name, {index: value})
+        self.snaps = []  # (name, [value per cell]), oldest first
+        self.clones = []  # kept clones: (name, snapshot, [value per cell], key file)
         self.lock = threading.Condition()
         self.pause = 0  # operator wants the writers stopped; 2: disconnected too
         self.paused = 0
@@ -404,6 +405,8 @@ class Run:
     def load_keys(self):
         for v in self.vols:
             self.cli("key", "load", v.name, "--key-file", v.key)
+            for cname, _snap, _cm, key in v.clones:
+                self.cli("key", "load", cname, "--key-file", key)
 
     def with_retry(self, vol, what, *args):
         """A command that refuses a volume in use: the writers have disconnected, so
@@ -523,8 +526,8 @@ class Run:
     # --- the operator
     def operator(self):
         rng = random.Random(self.rng.random())
-        ops = ["key_cycle", "snapshot", "read_snapshot", "clone", "rollback", "rotate",
-               "scrub", "resize"]
+        ops = ["key_cycle", "snapshot", "read_snapshot", "clone", "drop_clone", "rollback",
+               "rotate", "scrub", "resize"]
         if self.a.kill:
             ops.append("kill")
         first = ["key_cycle", "snapshot"] + (["kill"] if self.a.kill else [])
@@ -573,13 +576,17 @@ class Run:
             self.count("snapshots")
         finally:
             v.release()
-        while len(v.snaps) > 3:
-            old, _m = v.snaps.pop(0)
+        if len(v.snaps) > 3:
+            old, _m = v.snaps[0]
             r = self.with_retry(v, "snapshot destroy", "snapshot", "destroy",
                                 f"{v.name}@{old}")
-            if r.returncode != 0:
+            if r.returncode == 0:
+                v.snaps.pop(0)
+                self.count("snapshots destroyed")
+            elif "clone" in r.stderr:
+                self.count("snapshot destroys refused (a clone)")
+            else:
                 raise RuntimeError(f"snapshot destroy {v.name}@{old}: {r.stderr.strip()}")
-            self.count("snapshots destroyed")
 
     def op_read_snapshot(self, v, rng, _):
         if not v.snaps:
@@ -637,35 +644,67 @@ class Run:
                 c = rng.choice([c for c, _, _ in batch])
                 self.check_read(v, c, h.pread(CELL, v.offsets[c]), f"clone {cname} written",
                                 expect=values(cm[c]))
+            h.flush()  # a kill later must find them
         finally:
             bye(h)
         self.verify(v, f"clone {cname}{' (independent)' if extra else ''} read whole",
                     export=cname, model=cm)
+        self.count("independent clones" if extra else "clones")
+        if len(v.clones) < 2 and rng.random() < 0.3:
+            # kept a while: its snapshot cannot go, nor a rollback past it
+            v.clones.append((cname, name, cm, key))
+            return
+        self.destroy_clone(v, cname)
+
+    def destroy_clone(self, v, cname):
         r = self.with_retry(v, "clone destroy", "volume", "destroy", cname)
         if r.returncode != 0:
             raise RuntimeError(f"volume destroy {cname}: {r.stderr.strip()}")
-        self.count("independent clones" if extra else "clones")
+
+    def op_drop_clone(self, v, rng, _):
+        if not v.clones:
+            return
+        cname, snap, cm, _key = v.clones.pop(0)
+        self.verify(v, f"kept clone {cname} of @{snap}", export=cname, model=cm)
+        self.destroy_clone(v, cname)
+        self.count("kept clones destroyed")
 
     def op_rollback(self, v, rng, _):
+        """To the newest snapshot, or with --destroy-newer to an older one (refused, with
+        nothing changed, when a newer one has a clone: issue 36)."""
         if not v.snaps:
             return
-        name, model = v.snaps[-1]
+        k = rng.randrange(len(v.snaps))
+        name, model = v.snaps[k]
+        newer = [n for n, _ in v.snaps[k + 1:]]
+        args = ["--destroy-newer"] if newer else []
+        cloned = [c for c in v.clones if c[1] in newer]
         v.hold(disconnect=True)
         try:
-            r = self.with_retry(v, "rollback", "volume", "rollback", f"{v.name}@{name}")
+            r = self.with_retry(v, "rollback", "volume", "rollback", f"{v.name}@{name}", *args)
             if r.returncode != 0:
-                # A refusal must leave the snapshot whole (issue 36).
                 self.count("rollbacks refused")
-                self.note_refusal(v, "rollback", r.stderr.strip())
-                self.verify(v, f"snapshot {name} after a refused rollback",
-                            export=f"{v.name}@{name}", model=model)
+                if not cloned:
+                    self.note_refusal(v, "rollback", r.stderr.strip())
+                # A refusal changes nothing: the volume, every snapshot, every clone.
+                for sn, sm in v.snaps:
+                    self.verify(v, f"snapshot {sn} after a refused rollback to {name}",
+                                export=f"{v.name}@{sn}", model=sm)
+                for cname, snap, cm, _key in v.clones:
+                    self.verify(v, f"clone {cname} after a refused rollback",
+                                export=cname, model=cm)
+                self.verify(v, f"after a refused rollback to {name}")
                 return
+            if cloned:
+                self.violation(f"rollback of {v.name} to {name} --destroy-newer went past "
+                               f"{[c[1] for c in cloned]}, which have clones")
+            del v.snaps[k + 1:]
             for c, m in zip(v.cells, model):
                 *c.maybe, c.cur = sorted(values(m))
                 c.dur, c.since = c.cur, list(c.maybe)
             for w in v.writers:
                 w.dirty.clear()
-            self.count("rollbacks")
+            self.count("rollbacks" + (" past newer snapshots" if newer else ""))
             self.verify(v, f"after rollback to {name}")
         finally:
             v.release()
@@ -751,6 +790,8 @@ class Run:
                 for name, model in v.snaps:
                     self.verify(v, f"snapshot {name} at the end", export=f"{v.name}@{name}",
                                 model=model)
+                for cname, snap, cm, _key in v.clones:
+                    self.verify(v, f"clone {cname} at the end", export=cname, model=cm)
             self.stop_daemon()
             self.start()
             self.load_keys()
@@ -759,6 +800,9 @@ class Run:
                 for name, model in v.snaps:
                     self.verify(v, f"snapshot {name} after a clean restart",
                                 export=f"{v.name}@{name}", model=model)
+                for cname, snap, cm, _key in v.clones:
+                    self.verify(v, f"clone {cname} after a clean restart", export=cname,
+                                model=cm)
         self.stop_daemon()
 
 
