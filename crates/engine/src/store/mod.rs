@@ -118,6 +118,37 @@ pub struct Refusal {
     pub free_segments: u32,
 }
 
+/// How often a writer's refusal for space is logged with its details. Near full nearly
+/// every write is refused (10-18 a second in the live runs), one journal line each.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Which refusals for space are logged: the first, one whose reason differs from the
+/// last logged, and then one per `REFUSAL_LOG_EVERY`, saying how many went unlogged
+/// since. `status` still counts every one (`space_refusals`, `last_refusal`).
+#[derive(Debug, Default)]
+struct RefusalLog {
+    last: Option<(std::time::Instant, String)>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    /// `Some(n)`: log this refusal, with `n` not logged since the last line; `None`: not.
+    fn admit(&mut self, now: std::time::Instant, why: &str) -> Option<u64> {
+        match &self.last {
+            Some((at, last_why))
+                if last_why == why && now.saturating_duration_since(*at) < REFUSAL_LOG_EVERY =>
+            {
+                self.unlogged += 1;
+                None
+            }
+            _ => {
+                self.last = Some((now, why.to_string()));
+                Some(std::mem::take(&mut self.unlogged))
+            }
+        }
+    }
+}
+
 /// Cleaning cannot gain space (`Store::set_clean_stuck`).
 #[derive(Debug, Clone)]
 pub struct CleanStuck {
@@ -171,6 +202,7 @@ pub struct Store {
     /// Waits for space that ended in `NoSpace`, and the last one's reason (`status`).
     space_refusals: AtomicU64,
     last_refusal: Mutex<Option<Refusal>>,
+    refusal_log: Mutex<RefusalLog>,
     /// Rounds of the maintenance thread that committed and cleaned for space: a writer that
     /// sees several pass with no segment freed stops waiting.
     clean_rounds: AtomicU64,
@@ -268,6 +300,7 @@ impl Store {
             clean_rounds: AtomicU64::new(0),
             space_refusals: AtomicU64::new(0),
             last_refusal: Mutex::new(None),
+            refusal_log: Mutex::new(RefusalLog::default()),
             clean_stuck: Mutex::new(None),
             client_ops: AtomicU64::new(0),
             client_ops_taken: AtomicU64::new(0),
@@ -1336,18 +1369,21 @@ impl Store {
                 return Ok(());
             }
             let free = self.log.free_segments();
-            // Rare, and the one record of why: what the pool looked like when it refused.
-            tracing::warn!(
-                free,
-                client_floor = self.log.reserve(Stream::Data, 0),
-                commit_need = self.log.commit_need(0),
-                clean_budget = self.log.clean_budget(),
-                clean_for_records = self.log.clean_budget_for_records(),
-                holes = ?self.log.holes(),
-                next_commit = ?self.commit_room(),
-                victim = self.log.any_victim(),
-                "a writer's wait for space refused: {why}"
-            );
+            // The one record of why: what the pool looked like when it refused.
+            if let Some(unlogged) = self.refusal_log.lock().admit(crate::env::now(), why) {
+                tracing::warn!(
+                    free,
+                    client_floor = self.log.reserve(Stream::Data, 0),
+                    commit_need = self.log.commit_need(0),
+                    clean_budget = self.log.clean_budget(),
+                    clean_for_records = self.log.clean_budget_for_records(),
+                    holes = ?self.log.holes(),
+                    next_commit = ?self.commit_room(),
+                    victim = self.log.any_victim(),
+                    unlogged,
+                    "a writer's wait for space refused: {why}"
+                );
+            }
             self.note_refusal(why, free);
             Err(Error::NoSpace)
         };
@@ -1443,7 +1479,44 @@ impl CommitRoom {
 
 #[cfg(test)]
 mod tests {
-    use super::CommitRoom;
+    use super::{CommitRoom, RefusalLog, REFUSAL_LOG_EVERY};
+
+    /// Near full, refusals came 10-18 a second, each a journal line: now the first, one
+    /// per `REFUSAL_LOG_EVERY` after it (saying how many went unlogged), and any with a
+    /// new reason.
+    #[test]
+    fn refusals_for_space_are_logged_once_per_interval_with_the_count_left_out() {
+        let t0 = std::time::Instant::now();
+        let mut log = RefusalLog::default();
+        let stuck = "cleaning is stuck";
+        assert_eq!(log.admit(t0, stuck), Some(0), "the first is logged");
+        for ms in 1..=15 {
+            let at = t0 + std::time::Duration::from_millis(ms * 60);
+            assert_eq!(
+                log.admit(at, stuck),
+                None,
+                "refusal {ms} within the interval"
+            );
+        }
+        let other = "waited its bound";
+        assert_eq!(
+            log.admit(t0 + std::time::Duration::from_secs(1), other),
+            Some(15),
+            "a new reason is logged at once, with those left out"
+        );
+        assert_eq!(
+            log.admit(t0 + std::time::Duration::from_secs(2), other),
+            None
+        );
+        assert_eq!(
+            log.admit(
+                t0 + std::time::Duration::from_secs(1) + REFUSAL_LOG_EVERY,
+                other
+            ),
+            Some(1),
+            "one interval after the last line, the next is logged"
+        );
+    }
 
     /// With cleaning stuck, the writers of `test_space_at_fill` (`single-fill-holes-0.9`,
     /// random 4 KiB overwrites at 90%) were refused in three states the next commit would
