@@ -242,10 +242,22 @@ class Writer(threading.Thread):
                 flags = nbd.CMD_FLAG_FUA if fua else 0
                 ck = h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), off, flags=flags)
                 ops.append(("write", cells, tags, fua, ck, None))
-            elif r < 0.92:
+            elif r < 0.82:
                 buf = nbd.Buffer(CELL * len(cells))
                 ck = h.aio_pread(buf, off)
                 ops.append(("read", cells, None, False, ck, buf))
+            elif r < 0.92:
+                # A cell another connection owns: the server says CAN_MULTI_CONN, so what
+                # that connection was told is done before this read is sent must show.
+                f = rng.randrange(len(v.offsets))
+                if v.owner(f) == self.n or f in used:
+                    continue
+                used.add(f)
+                cell = v.cells[f]
+                floor = (cell.cur, tuple(cell.maybe))
+                buf = nbd.Buffer(CELL)
+                ck = h.aio_pread(buf, v.offsets[f])
+                ops.append(("foreign", [f], floor, False, ck, buf))
             else:
                 kind = "trim" if r < 0.96 else "zero"
                 for c in cells:
@@ -278,6 +290,14 @@ class Writer(threading.Thread):
                 for k, c in enumerate(cells):
                     run.check_read(v, c, data[k * CELL:(k + 1) * CELL], "read")
                 run.count("reads checked", len(cells))
+                continue
+            if kind == "foreign":
+                if not ok:
+                    if run.up.is_set():
+                        run.violation(f"{v.name}: read of cell {cells[0]} failed: {err}")
+                    continue
+                run.check_foreign(v, cells[0], buf.to_bytearray(), *tags)
+                run.count("reads of other connections' cells")
                 continue
             for c, t in zip(cells, tags):
                 cell = v.cells[c]
@@ -369,6 +389,18 @@ class Run:
             return
         self.violation(f"{v.name} cell {c} ({where}): read {tag}, expected {cell.cur} "
                        f"(or a failed write's {cell.maybe}){older(tag, [cell.cur])}")
+
+    def check_foreign(self, v: Volume, c: int, buf, cur, maybe):
+        """A read of a cell another connection writes: the value it was told of before
+        this read was sent, or a later one (tags rise; zeroes may be a later trim)."""
+        tag, bad = decode(buf, v.vid, c)
+        if bad:
+            self.violation(f"{v.name} cell {c} (read by another connection): {bad}")
+        # (After a trim or zero, `cur` is ZERO and what came before is not known.)
+        elif cur != ZERO and tag != ZERO and tag < cur and tag not in maybe:
+            self.violation(f"{v.name} cell {c} (read by another connection): read {tag}, "
+                           f"older than {cur}, acknowledged before the read was sent (an "
+                           f"OLDER value: an acknowledged write lost)")
 
     # --- the daemon
     def cli(self, *args, check=True, timeout=300):
