@@ -667,7 +667,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("crates/bulwark/src/volume.rs", "rows", 102),
     ("crates/csi/src/controller.rs", "create_volume", 196),
     ("crates/csi/src/node.rs", "stage", 123),
-    ("crates/engine/src/pool/clean.rs", "find_moves", 107),
     ("crates/engine/src/pool/clean.rs", "move_records", 133),
     ("crates/engine/src/pool/core.rs", "device_replace", 108),
     ("crates/engine/src/pool/create.rs", "create_in", 263),

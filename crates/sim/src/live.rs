@@ -59,10 +59,17 @@ pub struct LiveConfig {
     pub writers: usize,
     /// Where the pool's directory goes (default `/dev/shm`).
     pub dir: Option<PathBuf>,
-    /// A node cache of one node (`cache_bytes` 0): every map walk reads from the devices.
+    /// The smallest node cache (`cache_bytes` 0: 64 nodes), which the threads' walks
+    /// keep evicting: map walks read from the devices.
     pub tiny_cache: bool,
     pub holes_first: bool,
+    /// Bytes between the starts of `lw-huge`'s 16 islands (`HUGE_SPREAD`, 1 TiB: a 16 TiB
+    /// volume); `1 << 56` makes it 1 EiB, as the tester's volumes were.
+    pub huge_spread: u64,
 }
+
+/// `LiveConfig::huge_spread` by default.
+pub const HUGE_SPREAD: u64 = 1 << 40;
 
 /// What a live run did.
 #[derive(Debug, Default, Clone)]
@@ -234,7 +241,7 @@ fn secret(b: u8) -> Secret {
 }
 
 /// The shapes of a run's volumes, sized for a pool of `usable` bytes about 75% full.
-fn shapes(usable: u64) -> Vec<Shape> {
+fn shapes(usable: u64, huge_spread: u64) -> Vec<Shape> {
     let island = 256u64; // 1 MiB of 4 KiB cells
     let big_islands = (usable * 25 / 100) / (island * CELL);
     vec![
@@ -248,14 +255,14 @@ fn shapes(usable: u64) -> Vec<Shape> {
             stride: island * CELL,
             group: 16,
         },
-        // A huge thin volume (16 TiB; its islands 1 TiB apart): a deep, sparse map.
+        // A huge thin volume (16 TiB by default; its islands 1 TiB apart): a deep, sparse map.
         Shape {
             name: "lw-huge",
             encrypted: true,
             block_size: 4096,
             island_cells: 64,
             islands: 16,
-            stride: 1 << 40,
+            stride: huge_spread,
             group: 16,
         },
         // 8 KiB blocks written a 4 KiB cell at a time by different threads.
@@ -502,7 +509,7 @@ fn start(dir: &Path, cfg: &LiveConfig, usable: u64) -> Result<Live, String> {
     let pool = Pool::open(dir, options(cfg)).map_err(|e| format!("open: {e}"))?;
     let mut rng = Rng::new(cfg.seed);
     let mut vols = Vec::new();
-    for shape in shapes(usable) {
+    for shape in shapes(usable, cfg.huge_spread) {
         let key = shape.encrypted.then(|| 1 + rng.below(200) as u8);
         pool.create_volume(
             shape.name,

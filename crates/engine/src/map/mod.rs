@@ -275,6 +275,12 @@ impl NodeCache {
         self.nodes.remove(key);
     }
 
+    /// Forgets every node (tests: what a small cache under other walks' loads does).
+    #[cfg(test)]
+    pub fn clear(&self) {
+        self.nodes.clear();
+    }
+
     /// Whether `key` is cached (any place), without counting it as used.
     pub fn contains(&self, key: &(u64, u8, u64)) -> bool {
         self.nodes.peek(key).is_some()

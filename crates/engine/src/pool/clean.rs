@@ -201,6 +201,15 @@ struct Move {
     tree: Option<usize>,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Chunks `find_moves` walked on this thread (a test counts them).
+    static CHUNKS_WALKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Set by a test: the node cache is emptied before each step over holes, as other
+    /// threads' walks evict a small cache's nodes between two steps.
+    static EVICT_BEFORE_STEP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// A node store that answers only from the cache: a node not there is noted, for loading
 /// after the map lock is released, and reported as unreadable to the walk.
 struct CachedOnly {
@@ -600,16 +609,8 @@ impl Core {
         let mut lo = 0;
         while lo < blocks {
             // Chunks wholly in holes are stepped over, not walked one by one (a thin
-            // volume of 1E would hold the commit lock for 2^36 of them). From cached nodes
-            // only: on a miss the chunk is walked, which loads what it lacks.
-            let skip_to = {
-                let cached = CachedOnly {
-                    misses: RefCell::new(Vec::new()),
-                };
-                v.map()
-                    .next_mapped(&cached, self.store.nodes(), lo, blocks)
-                    .unwrap_or(lo)
-            };
+            // volume of 1E would hold the commit lock for 2^36 of them).
+            let skip_to = self.next_mapped_loading(v, lo, blocks);
             // Chunks start at multiples of the chunk (upper nodes are touched once, by
             // the chunk that starts where they do).
             lo = lo.max(skip_to / WALK_CHUNK_BLOCKS * WALK_CHUNK_BLOCKS);
@@ -617,6 +618,8 @@ impl Core {
                 break;
             }
             let hi = (lo + WALK_CHUNK_BLOCKS).min(blocks);
+            #[cfg(test)]
+            CHUNKS_WALKED.with(|n| n.set(n.get() + 1));
             let found = moves.len();
             let mut tries = 0;
             loop {
@@ -691,6 +694,41 @@ impl Core {
             lo = hi;
         }
         Ok(())
+    }
+
+    /// `Tree::next_mapped` of `v`'s map from `lo`, as the walks read: from cached nodes
+    /// under the map lock, what they miss loaded without it, and after `WALK_CACHED_TRIES`
+    /// tries from the devices under it. Before, a miss gave up the step and walked the
+    /// chunk at `lo`: with a cache that could not keep the map's upper nodes (a small
+    /// `--cache-size`, other volumes' walks) a pass stepped through a 1E thin volume a
+    /// chunk at a time, holding the commit lock, and every FLUSH waited behind it. `lo` on
+    /// an error: the walk of the chunk there reports it.
+    fn next_mapped_loading(&self, v: &VolumeState, lo: u64, end: u64) -> u64 {
+        let tree_id = v.map().id;
+        #[cfg(test)]
+        if EVICT_BEFORE_STEP.with(|e| e.get()) {
+            self.store.nodes().clear();
+        }
+        for tries in 0..=WALK_CACHED_TRIES {
+            let cached = CachedOnly {
+                misses: RefCell::new(Vec::new()),
+            };
+            let disk_ok = tries == WALK_CACHED_TRIES;
+            let store: &dyn NodeStore = if disk_ok { &*self.store } else { &cached };
+            let found = v.map().next_mapped(store, self.store.nodes(), lo, end);
+            let misses = cached.misses.into_inner();
+            if misses.is_empty() {
+                return found.unwrap_or(lo);
+            }
+            for (level, index, ptr) in misses {
+                if let Ok(node) = self.store.load_node(&ptr, level, index) {
+                    self.store
+                        .nodes()
+                        .insert((tree_id, level, index), ptr, Arc::new(node));
+                }
+            }
+        }
+        lo
     }
 
     /// Write record `old` (block `lba` of `v`, which `v`'s own map holds) again at a new
@@ -1003,6 +1041,56 @@ mod tests {
                 c.read(lba * 4096, &mut buf).unwrap();
                 assert_eq!(buf, vec![lba as u8 | 1; 4096], "{name} block {lba}");
             }
+        }
+    }
+
+    /// A pass over a thin volume steps over its holes also when the node cache cannot
+    /// keep the map's upper nodes. Before, the step gave up on a cache miss and walked
+    /// the chunk instead, one chunk of 4096 blocks per miss: with the cache emptied
+    /// before each step (as other threads' walks evict a small cache's nodes) this 1 TiB
+    /// volume took 65,536 chunk walks, a 1E one 2^36 (the live run with `--huge-spread 56
+    /// --tiny-cache` held the commit lock for minutes, every FLUSH waiting).
+    #[test]
+    fn a_pass_steps_over_holes_with_a_cache_too_small_for_the_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = crate::pool::OpenOptions {
+            cache_bytes: 0,
+            ..crate::pool::OpenOptions::default()
+        };
+        let pool = crate::pool::test_pool(dir.path(), opts);
+        let blocks = 1u64 << 28;
+        pool.create_volume("huge", crate::pool::test_volume(blocks * 4096), None)
+            .unwrap();
+        let v = pool.volume("huge").unwrap();
+        let far = blocks - 1;
+        for lba in [0, blocks / 2, far] {
+            v.write(lba * 4096, &[lba as u8 | 1; 4096], false).unwrap();
+        }
+        let core = pool.core();
+        core.commit().unwrap();
+        let st = core.find("huge").unwrap();
+        let ptr = st
+            .map()
+            .lookup(&*core.store, core.store.nodes(), far)
+            .unwrap();
+        let seg = segment_of(ptr.addr[0]);
+        let before = CHUNKS_WALKED.with(|n| n.get());
+        EVICT_BEFORE_STEP.with(|e| e.set(true));
+        {
+            let _c = core.commit_lock.lock();
+            core.clean_victims_held(&[seg]).unwrap();
+        }
+        EVICT_BEFORE_STEP.with(|e| e.set(false));
+        let walked = CHUNKS_WALKED.with(|n| n.get()) - before;
+        assert!(
+            walked <= 8,
+            "the pass walked {walked} chunks of a volume with three blocks written"
+        );
+        core.commit().unwrap();
+        let mut buf = vec![0u8; 4096];
+        for lba in [0, blocks / 2, far] {
+            v.read(lba * 4096, &mut buf).unwrap();
+            assert_eq!(buf, vec![lba as u8 | 1; 4096], "block {lba}");
         }
     }
 

@@ -3,16 +3,16 @@
 //!
 //! ```text
 //! bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W]
-//!              [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--crash] [--dir D] [--log]
+//!              [--seed S] [--runs R] [--tiny-cache] [--huge-spread LOG2] [--holes-first] [--crash] [--dir D] [--log]
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bulwark_sim::live::{live, LiveConfig};
+use bulwark_sim::live::{live, LiveConfig, HUGE_SPREAD};
 
-const USAGE: &str = "usage: bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W] [--seed S] [--runs R] [--tiny-cache] [--holes-first] [--crash] [--dir D] [--log]";
+const USAGE: &str = "usage: bulwark-live [--seconds N] [--layout single|mirror|parity|log|all] [--writers W] [--seed S] [--runs R] [--tiny-cache] [--huge-spread LOG2] [--holes-first] [--crash] [--dir D] [--log]";
 
 fn main() -> ExitCode {
     let mut it = std::env::args().skip(1);
@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         (30u64, vec!["single".to_string()], 3usize, 1u64, 1u64);
     let (mut tiny, mut holes, mut dir) = (false, false, None::<PathBuf>);
     let mut crash = false;
+    let mut spread = HUGE_SPREAD;
     while let Some(flag) = it.next() {
         let mut value = || it.next();
         let ok = match flag.as_str() {
@@ -37,6 +38,10 @@ fn main() -> ExitCode {
                     vec![v]
                 }
             }),
+            "--huge-spread" => value()
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|&b| (12..=56).contains(&b))
+                .map(|b| spread = 1u64 << b),
             "--tiny-cache" => {
                 tiny = true;
                 Some(())
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
                 tiny_cache: tiny,
                 crash,
                 holes_first: holes,
+                huge_spread: spread,
             };
             match live(&cfg) {
                 Ok(rep) => println!(
