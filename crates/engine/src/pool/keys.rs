@@ -382,6 +382,81 @@ mod tests {
         assert_eq!(b, [7u8; 4096]);
     }
 
+    /// `volume destroy` of an independent clone (`--independent`: a clone whose key
+    /// rotation re-encrypts what it inherited) while its rotation's worker finishes, just
+    /// before it detaches the clone from its origin (pause point `rotate.detach`). The
+    /// destroy released what the clone held alone; the worker then detached the destroyed
+    /// clone, and with the clone gone from the pool its base's clone graph came out empty:
+    /// every record of the base was released, the origin snapshot's included, and their
+    /// segments could be reused under it. Found by the live run through the daemon
+    /// (tests/helpers/live_nbd.py, seed 408): "segment 161 live count underflow" in the
+    /// cleaner, then "no copy verified" reading the origin.
+    #[test]
+    fn an_independent_clone_destroyed_as_its_rotation_finishes_leaves_the_origin_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
+        let o = VolumeOptions {
+            encryption: true,
+            ..crate::pool::test_volume(1 << 20)
+        };
+        pool.create_volume("o", o, Some(&kf(1))).unwrap();
+        let block = |lba: u64| [lba as u8 | 1; 4096];
+        {
+            let v = pool.volume("o").unwrap();
+            for lba in 0..256u64 {
+                v.write(lba * 4096, &block(lba), false).unwrap();
+            }
+            v.flush().unwrap();
+        }
+        pool.snapshot_create("o", "s").unwrap();
+        pool.core().commit().unwrap();
+        let used = pool.status().space.used_bytes;
+        pool.volume_clone("o", "s", "c", Some(&kf(2))).unwrap();
+        let finish = crate::pause::arm_at(dir.path(), "rotate.detach");
+        pool.key_rotate("c").unwrap();
+        assert!(
+            finish.wait_reached(std::time::Duration::from_secs(60)),
+            "the clone's rotation did not reach its end"
+        );
+        let st = pool.core().find("c").unwrap();
+        pool.destroy_volume("c").unwrap();
+        finish.release();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while st.rotation_worker().running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rotation's worker did not end"
+            );
+            std::thread::yield_now();
+        }
+        drop(st);
+        pool.core().commit().unwrap();
+        // The clone's own records are gone and the origin's all counted: the pool uses
+        // what it used before the clone's rotation wrote anything.
+        let now = pool.status().space.used_bytes;
+        assert!(
+            now >= used,
+            "the origin's records were released: {now} bytes used, {used} before the clone"
+        );
+        pool.close().unwrap();
+        drop(pool);
+        let pool = Pool::open(dir.path(), OpenOptions::default()).unwrap();
+        pool.load_key("o", &kf(1)).unwrap();
+        assert_eq!(
+            pool.status().space.used_bytes,
+            now,
+            "the import recounts other than the running count"
+        );
+        let mut b = [0u8; 4096];
+        for name in ["o", "o@s"] {
+            let v = pool.volume(name).unwrap();
+            for lba in [0u64, 100, 255] {
+                v.read(lba * 4096, &mut b).unwrap();
+                assert_eq!(b, block(lba), "{name} block {lba}");
+            }
+        }
+    }
+
     /// A single-device pool with volume "v" opened by `kf(1)` (slot 0) and `kf(2)` (slot 1),
     /// and `kf(1)` in a third slot too, as a `key change` to `kf(1)` used to leave it.
     fn pool_with_a_secret_in_two_slots(dir: &std::path::Path) -> Arc<Pool> {

@@ -394,6 +394,7 @@ impl Core {
         self.forget_old_tables()?;
         // A clone whose inherited blocks are all re-encrypted shares nothing with its
         // origin any more (`--independent`).
+        crate::pause::point_at(&self.dir, "rotate.detach");
         self.detach_clone(st)?;
         tracing::info!(volume = %st.name(), generation = to, "key rotation finished: new writes and the volume's blocks use the new data key");
         Ok(())

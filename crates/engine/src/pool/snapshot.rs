@@ -657,7 +657,12 @@ impl Core {
     /// Then its base goes (what only the base held is released) and it has no origin.
     pub(crate) fn detach_clone(&self, st: &VolumeState) -> Result<()> {
         let _c = self.commit_lock.lock();
-        if st.origin().is_none() || st.snapshots().iter().any(|s| !s.base) {
+        // Destroyed meanwhile (a rotation's worker finishing as `volume destroy` ran): the
+        // destroy released what the clone held alone, and the clone is out of the pool, so
+        // its clone graph would come out empty and the base's every record, the origin
+        // snapshot's too, would be released (`an_independent_clone_destroyed_as_its_
+        // rotation_finishes_leaves_the_origin_whole`).
+        if st.is_destroyed() || st.origin().is_none() || st.snapshots().iter().any(|s| !s.base) {
             return Ok(());
         }
         self.commit_held()?;
@@ -793,6 +798,14 @@ impl Core {
             let mut snaps = st.snapshots_mut();
             if !snaps.first().is_some_and(|b| b.base) {
                 return Ok(());
+            }
+            // The origin snapshot is one of them: with none, every record of the base
+            // would count as the base's alone.
+            if far.is_empty() {
+                return Err(Error::Corrupt(format!(
+                    "clone '{}': its origin's trees were not found; its base is kept",
+                    st.name()
+                )));
             }
             let (gone, _) = self.store.unique_to(&snaps[0].tree, far)?;
             for dead in gone {
