@@ -93,6 +93,26 @@ def decode(buf, vid: int, index: int):
     return tag, None
 
 
+class Bufs:
+    """`nbd.Buffer`s kept for reuse. libnbd 1.14's Python binding keeps alive every
+    Buffer an aio command used (measured: 80 MiB more after 20,000 4 KiB writes with
+    fresh Buffers, none with reused ones), so a minute's run grew to 2 GiB."""
+
+    def __init__(self):
+        self.free = {}
+
+    def take(self, n: int, data=None):
+        kept = self.free.get(n)
+        b = kept.pop() if kept else nbd.Buffer(n)
+        if data is not None:
+            b.to_buffer()[:] = data
+        return b
+
+    def give(self, b):
+        if b is not None:
+            self.free.setdefault(b.size(), []).append(b)
+
+
 class Skipped(Exception):
     """An operator's command refused in a way --in-use-ok lets pass."""
 
@@ -134,6 +154,11 @@ class Volume:
             self.lock.notify_all()
             while self.paused < len(self.writers) and not self.run.stop.is_set():
                 self.lock.wait(0.1)
+            if self.paused < len(self.writers):
+                # The run stopped (a hang) with writers still in their requests: no
+                # command that needs them gone may run.
+                self.pause = 0
+                raise Skipped()
 
     def release(self):
         with self.lock:
@@ -149,6 +174,7 @@ class Writer(threading.Thread):
         self.mine = [i for i in range(len(vol.offsets)) if vol.owner(i) == n]
         self.dirty = set()
         self.pending = []
+        self.bufs = Bufs()
         self.h = None
 
     def disconnect(self):
@@ -240,10 +266,11 @@ class Writer(threading.Thread):
                 for c, t in zip(cells, tags):
                     v.cells[c].since.append(t)
                 flags = nbd.CMD_FLAG_FUA if fua else 0
-                ck = h.aio_pwrite(nbd.Buffer.from_bytearray(bytearray(data)), off, flags=flags)
-                ops.append(("write", cells, tags, fua, ck, None))
+                buf = self.bufs.take(len(data), data)
+                ck = h.aio_pwrite(buf, off, flags=flags)
+                ops.append(("write", cells, tags, fua, ck, buf))
             elif r < 0.82:
-                buf = nbd.Buffer(CELL * len(cells))
+                buf = self.bufs.take(CELL * len(cells))
                 ck = h.aio_pread(buf, off)
                 ops.append(("read", cells, None, False, ck, buf))
             elif r < 0.92:
@@ -255,7 +282,7 @@ class Writer(threading.Thread):
                 used.add(f)
                 cell = v.cells[f]
                 floor = (cell.cur, tuple(cell.maybe))
-                buf = nbd.Buffer(CELL)
+                buf = self.bufs.take(CELL)
                 ck = h.aio_pread(buf, v.offsets[f])
                 ops.append(("foreign", [f], floor, False, ck, buf))
             else:
@@ -276,6 +303,7 @@ class Writer(threading.Thread):
                 return
         self.pending = []
         for kind, cells, tags, fua, ck, buf in ops:
+            self.bufs.give(buf)  # its command is done: its bytes are read below, first
             try:
                 h.aio_command_completed(ck)
                 ok, err = True, None
@@ -661,12 +689,13 @@ class Run:
             for c in picks:
                 self.check_read(v, c, h.pread(CELL, v.offsets[c]), f"clone {cname}",
                                 expect=values(cm[c]))
+            bufs = [nbd.Buffer(CELL) for _ in range(8)]
             for _ in range(rng.randint(1, 40)):
                 batch = []
-                for c in set(rng.choices(range(len(v.offsets)), k=8)):
+                for c, buf in zip(set(rng.choices(range(len(v.offsets)), k=8)), bufs):
                     t = next(TAGS)
-                    ck = h.aio_pwrite(nbd.Buffer.from_bytearray(
-                        bytearray(cell_bytes(v.vid, c, t))), v.offsets[c])
+                    buf.to_buffer()[:] = cell_bytes(v.vid, c, t)
+                    ck = h.aio_pwrite(buf, v.offsets[c])
                     batch.append((c, t, ck))
                 while h.aio_in_flight() > 0:
                     h.poll(1000)
