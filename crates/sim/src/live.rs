@@ -84,6 +84,8 @@ pub struct LiveReport {
     pub snapshot_cells_checked: u64,
     pub rotations: u64,
     pub clones: u64,
+    /// Of them, made independent (their key rotated at once).
+    pub independent_clones: u64,
     pub scrubs: u64,
     pub stale_cached_nodes: u64,
     /// The crash at the end: unsynced writes kept, dropped and torn.
@@ -1034,9 +1036,26 @@ impl Operator<'_> {
             Err(Error::Busy(_)) | Err(Error::NoSpace) => return Ok(()),
             Err(e) => return Err(format!("clone of {name}@{snap} as {clone}: {e}")),
         }
+        // Half of the encrypted ones made independent (`--independent`: the clone's key
+        // rotation re-encrypts what it inherited, then detaches it), and destroyed while
+        // that may still run.
+        let independent = key.is_some() && self.rng.below(2) == 0;
+        if independent {
+            live.note(format!("key rotate {clone} (independent)"));
+            match pool.key_rotate(&clone) {
+                Ok(_) => report.independent_clones += 1,
+                Err(Error::Busy(_)) | Err(Error::NoSpace) => {}
+                Err(e) => return Err(format!("key rotate {clone}: {e}")),
+            }
+        }
         let pick = self.rng.next_u64();
         check_snapshot(live, vi, &clone, contents, pick, 256, &mut self.scratch)?;
         write_clone(live, vi, pool, &clone, &mut self.rng, &mut self.scratch)?;
+        if independent {
+            // The destroy lands anywhere in the re-encryption, its end included (where
+            // the daemon's run found a destroy freeing the origin's data, 6432e02).
+            std::thread::sleep(Duration::from_millis(self.rng.below(200)));
+        }
         live.note(format!("volume destroy {clone}"));
         pool.destroy_volume(&clone)
             .map_err(|e| format!("volume destroy {clone}: {e}"))?;
