@@ -682,13 +682,7 @@ impl Core {
                 }
                 drop(tree);
                 // Load what the walk missed without the map lock, then walk the chunk again.
-                for (level, index, ptr) in misses {
-                    if let Ok(node) = self.store.load_node(&ptr, level, index) {
-                        self.store
-                            .nodes()
-                            .insert((tree_id, level, index), ptr, Arc::new(node));
-                    }
-                }
+                self.cache_missed(tree_id, misses);
                 tries += 1;
             }
             lo = hi;
@@ -720,15 +714,22 @@ impl Core {
             if misses.is_empty() {
                 return found.unwrap_or(lo);
             }
-            for (level, index, ptr) in misses {
-                if let Ok(node) = self.store.load_node(&ptr, level, index) {
-                    self.store
-                        .nodes()
-                        .insert((tree_id, level, index), ptr, Arc::new(node));
-                }
-            }
+            self.cache_missed(tree_id, misses);
         }
         lo
+    }
+
+    /// Read the nodes of tree `tree_id` a `CachedOnly` walk missed into the node cache
+    /// (called without the map lock). One that does not read stays out: the walk that
+    /// reads it from the devices reports it.
+    fn cache_missed(&self, tree_id: u64, misses: Vec<(u8, u64, Blkptr)>) {
+        for (level, index, ptr) in misses {
+            if let Ok(node) = self.store.load_node(&ptr, level, index) {
+                self.store
+                    .nodes()
+                    .insert((tree_id, level, index), ptr, Arc::new(node));
+            }
+        }
     }
 
     /// Write record `old` (block `lba` of `v`, which `v`'s own map holds) again at a new

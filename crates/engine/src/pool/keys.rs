@@ -322,6 +322,26 @@ mod tests {
         Secret::KeyFile(Zeroizing::new([b; 32]))
     }
 
+    /// A test pool in `dir` with `name`, an encrypted 1 MiB volume opened by `kf(1)`.
+    fn pool_with_encrypted(dir: &std::path::Path, name: &str) -> Arc<Pool> {
+        let pool = crate::pool::test_pool(dir, OpenOptions::default());
+        let o = VolumeOptions {
+            encryption: true,
+            ..crate::pool::test_volume(1 << 20)
+        };
+        pool.create_volume(name, o, Some(&kf(1))).unwrap();
+        pool
+    }
+
+    /// Wait (60 s at most, else fail saying `what`) while `busy` holds.
+    fn wait_while(what: &str, busy: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while busy() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    }
+
     /// `key unload` while a rotation's worker is between its last batch and retiring the
     /// older keys (`rotate_finish`, pause point `rotate.finish`): the unload answers that
     /// the key is gone, and it must stay gone. Before, the worker, which had read the
@@ -331,12 +351,7 @@ mod tests {
     #[test]
     fn a_rotation_finishing_as_the_key_is_unloaded_leaves_it_unloaded() {
         let dir = tempfile::tempdir().unwrap();
-        let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
-        let o = VolumeOptions {
-            encryption: true,
-            ..crate::pool::test_volume(1 << 20)
-        };
-        pool.create_volume("v", o, Some(&kf(1))).unwrap();
+        let pool = pool_with_encrypted(dir.path(), "v");
         {
             let v = pool.volume("v").unwrap();
             v.write(0, &[7u8; 4096], false).unwrap();
@@ -351,14 +366,9 @@ mod tests {
         pool.unload_key("v").unwrap();
         finish.release();
         let st = pool.core().find("v").unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while st.rotation_worker().running() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the rotation's worker did not end"
-            );
-            std::thread::yield_now();
-        }
+        wait_while("the rotation's worker did not end", || {
+            st.rotation_worker().running()
+        });
         assert!(
             !st.key_loaded(),
             "the unloaded volume was opened again by the rotation"
@@ -369,14 +379,9 @@ mod tests {
         );
         // The next load finishes the rotation, and the data reads under the new key.
         pool.load_key("v", &kf(1)).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while st.rotation().is_some() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the rotation did not finish after the load"
-            );
-            std::thread::yield_now();
-        }
+        wait_while("the rotation did not finish after the load", || {
+            st.rotation().is_some()
+        });
         let mut b = [0u8; 4096];
         pool.volume("v").unwrap().read(0, &mut b).unwrap();
         assert_eq!(b, [7u8; 4096]);
@@ -394,12 +399,7 @@ mod tests {
     #[test]
     fn an_independent_clone_destroyed_as_its_rotation_finishes_leaves_the_origin_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let pool = crate::pool::test_pool(dir.path(), OpenOptions::default());
-        let o = VolumeOptions {
-            encryption: true,
-            ..crate::pool::test_volume(1 << 20)
-        };
-        pool.create_volume("o", o, Some(&kf(1))).unwrap();
+        let pool = pool_with_encrypted(dir.path(), "o");
         let block = |lba: u64| [lba as u8 | 1; 4096];
         {
             let v = pool.volume("o").unwrap();
@@ -421,14 +421,9 @@ mod tests {
         let st = pool.core().find("c").unwrap();
         pool.destroy_volume("c").unwrap();
         finish.release();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while st.rotation_worker().running() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the rotation's worker did not end"
-            );
-            std::thread::yield_now();
-        }
+        wait_while("the rotation's worker did not end", || {
+            st.rotation_worker().running()
+        });
         drop(st);
         pool.core().commit().unwrap();
         // The clone's own records are gone and the origin's all counted: the pool uses
