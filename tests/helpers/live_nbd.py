@@ -590,6 +590,14 @@ class Run:
         finally:
             bye(h)
 
+    def verify_family(self, v: Volume, where: str):
+        """`verify` of `v`, each snapshot kept and each clone kept."""
+        self.verify(v, where)
+        for name, model in list(v.snaps):
+            self.verify(v, f"snapshot {name} {where}", export=f"{v.name}@{name}", model=model)
+        for cname, _snap, cm, _key, _ind in v.clones:
+            self.verify(v, f"clone {cname} {where}", export=cname, model=cm)
+
     # --- the operator
     def operator(self):
         rng = random.Random(self.rng.random())
@@ -756,13 +764,7 @@ class Run:
                 if not cloned:
                     self.note_refusal(v, "rollback", r.stderr.strip())
                 # A refusal changes nothing: the volume, every snapshot, every clone.
-                for sn, sm in v.snaps:
-                    self.verify(v, f"snapshot {sn} after a refused rollback to {name}",
-                                export=f"{v.name}@{sn}", model=sm)
-                for cname, snap, cm, _key, _ind in v.clones:
-                    self.verify(v, f"clone {cname} after a refused rollback",
-                                export=cname, model=cm)
-                self.verify(v, f"after a refused rollback to {name}")
+                self.verify_family(v, f"after a refused rollback to {name}")
                 return
             if cloned:
                 self.violation(f"rollback of {v.name} to {name} --destroy-newer went past "
@@ -858,23 +860,12 @@ class Run:
             if self.a.plant_older:
                 self.plant_older()
             for v in self.vols:
-                self.verify(v, "at the end")
-                for name, model in v.snaps:
-                    self.verify(v, f"snapshot {name} at the end", export=f"{v.name}@{name}",
-                                model=model)
-                for cname, snap, cm, _key, _ind in v.clones:
-                    self.verify(v, f"clone {cname} at the end", export=cname, model=cm)
+                self.verify_family(v, "at the end")
             self.stop_daemon()
             self.start()
             self.load_keys()
             for v in self.vols:
-                self.verify(v, "after a clean restart")
-                for name, model in v.snaps:
-                    self.verify(v, f"snapshot {name} after a clean restart",
-                                export=f"{v.name}@{name}", model=model)
-                for cname, snap, cm, _key, _ind in v.clones:
-                    self.verify(v, f"clone {cname} after a clean restart", export=cname,
-                                model=cm)
+                self.verify_family(v, "after a clean restart")
         self.stop_daemon()
 
 
